@@ -1,0 +1,143 @@
+//! [`Dict`]: GlusterFS's `dict_t`, the xdata that rides along with fops and
+//! replies and the container for extended attributes.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use crate::types::Gfid;
+
+/// A typed value in a [`Dict`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Value {
+    /// A signed integer.
+    I64(i64),
+    /// An unsigned integer.
+    U64(u64),
+    /// A UTF-8 string.
+    Str(String),
+    /// Raw bytes (xattr values are always bytes).
+    Bytes(Bytes),
+    /// A gfid.
+    Gfid(Gfid),
+}
+
+/// String keys to typed values, ordered by key so its encoding is stable.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Dict {
+    map: BTreeMap<String, Value>,
+}
+
+impl Dict {
+    /// An empty dict.
+    pub fn new() -> Dict {
+        Dict::default()
+    }
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+    /// True when there are no keys.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+    /// Sets a key.
+    pub fn set(&mut self, key: impl Into<String>, v: Value) {
+        self.map.insert(key.into(), v);
+    }
+    /// Builder form of [`Dict::set`].
+    pub fn with(mut self, key: impl Into<String>, v: Value) -> Dict {
+        self.set(key, v);
+        self
+    }
+    /// Sets a byte value.
+    pub fn set_bytes(&mut self, key: impl Into<String>, v: impl Into<Bytes>) {
+        self.map.insert(key.into(), Value::Bytes(v.into()));
+    }
+    /// Sets an unsigned integer.
+    pub fn set_u64(&mut self, key: impl Into<String>, v: u64) {
+        self.map.insert(key.into(), Value::U64(v));
+    }
+    /// Sets a string.
+    pub fn set_str(&mut self, key: impl Into<String>, v: impl Into<String>) {
+        self.map.insert(key.into(), Value::Str(v.into()));
+    }
+    /// The value of a key.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.map.get(key)
+    }
+    /// True if the key is present.
+    pub fn contains(&self, key: &str) -> bool {
+        self.map.contains_key(key)
+    }
+    /// Removes a key, returning its value.
+    pub fn remove(&mut self, key: &str) -> Option<Value> {
+        self.map.remove(key)
+    }
+    /// A byte value (strings are returned as their bytes).
+    pub fn get_bytes(&self, key: &str) -> Option<Bytes> {
+        match self.map.get(key)? {
+            Value::Bytes(b) => Some(b.clone()),
+            Value::Str(s) => Some(Bytes::copy_from_slice(s.as_bytes())),
+            _ => None,
+        }
+    }
+    /// An integer value, converting between the integer kinds.
+    pub fn get_u64(&self, key: &str) -> Option<u64> {
+        match self.map.get(key)? {
+            Value::U64(v) => Some(*v),
+            Value::I64(v) => u64::try_from(*v).ok(),
+            Value::Str(s) => s.parse().ok(),
+            _ => None,
+        }
+    }
+    /// A string value.
+    pub fn get_str(&self, key: &str) -> Option<&str> {
+        match self.map.get(key)? {
+            Value::Str(s) => Some(s),
+            Value::Bytes(b) => std::str::from_utf8(b).ok(),
+            _ => None,
+        }
+    }
+    /// Iterates in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Value)> {
+        self.map.iter()
+    }
+    /// The keys in order.
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.map.keys()
+    }
+}
+
+impl FromIterator<(String, Value)> for Dict {
+    fn from_iter<I: IntoIterator<Item = (String, Value)>>(iter: I) -> Dict {
+        Dict { map: iter.into_iter().collect() }
+    }
+}
+
+impl IntoIterator for Dict {
+    type Item = (String, Value);
+    type IntoIter = std::collections::btree_map::IntoIter<String, Value>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.map.into_iter()
+    }
+}
+
+/// Well-known xdata keys.
+pub mod keys {
+    /// Ask locks to return the number of inodelks held on the inode in the
+    /// reply's xdata (GlusterFS's `GLUSTERFS_INODELK_COUNT`); the value names
+    /// the lock domain.
+    pub const INODELK_COUNT: &str = "glusterfs.inodelk-count";
+    /// Entry lock count, likewise.
+    pub const ENTRYLK_COUNT: &str = "glusterfs.entrylk-count";
+    /// Posix lock count, likewise.
+    pub const POSIXLK_COUNT: &str = "glusterfs.posixlk-count";
+    /// On a create-type fop: the gfid the new inode must get (AFR sets the
+    /// same gfid on every replica).
+    pub const GFID_REQ: &str = "gfid-req";
+    /// The xattr that stores an inode's gfid on a brick.
+    pub const GFID_XATTR: &str = "trusted.gfid";
+    /// The brick root's volume-id xattr.
+    pub const VOLUME_ID_XATTR: &str = "trusted.glusterfs.volume-id";
+}

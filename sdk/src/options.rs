@@ -1,0 +1,475 @@
+//! Option declarations ([`OptionDecl`]) and the GlusterFS value forms they
+//! accept: booleans as `on/off/yes/no/enable/disable/true/false/1/0`, sizes
+//! as `64MB` or `1GB` (powers of 1024), times as `600s`, `5m`, `100ms`,
+//! percentages as `10%`, enumerations case-insensitively.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The type of an option's value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OptType {
+    /// on/off and synonyms.
+    Bool,
+    /// A signed integer.
+    Int,
+    /// A byte size with an optional KB/MB/GB/TB/PB suffix (1024-based).
+    Size,
+    /// A duration; a bare number is seconds.
+    Time,
+    /// A percentage, with or without `%`.
+    Percent,
+    /// Any string.
+    Str,
+    /// One of the listed words.
+    Enum(&'static [&'static str]),
+    /// A comma-separated list.
+    List,
+    /// An absolute path.
+    Path,
+}
+
+impl OptType {
+    /// The accepted form, for error messages.
+    pub fn form(&self) -> String {
+        match self {
+            OptType::Bool => "a boolean (on/off, yes/no, enable/disable, true/false, 1/0)".into(),
+            OptType::Int => "an integer".into(),
+            OptType::Size => "a size (bytes, or with KB/MB/GB/TB/PB, e.g. 64MB)".into(),
+            OptType::Time => "a time (seconds, or with ms/s/m/h/d, e.g. 600s)".into(),
+            OptType::Percent => "a percentage (e.g. 10%)".into(),
+            OptType::Str => "a string".into(),
+            OptType::Enum(v) => format!("one of {}", v.join(", ")),
+            OptType::List => "a comma-separated list".into(),
+            OptType::Path => "an absolute path".into(),
+        }
+    }
+}
+
+/// One declared option of a translator type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OptionDecl {
+    /// The option key; a `*` matches any run of characters, as in
+    /// GlusterFS's `auth.addr.*.allow`.
+    pub name: &'static str,
+    /// The value type.
+    pub ty: OptType,
+    /// The default, in the volfile's textual form.
+    pub default: Option<&'static str>,
+    /// Inclusive bounds for numeric types (in bytes, seconds or percent).
+    pub range: Option<(f64, f64)>,
+    /// What the option does; shown by `xlfs volfile check` and docs.
+    pub description: &'static str,
+}
+
+impl OptionDecl {
+    /// A declaration with no default, range or description.
+    pub const fn new(name: &'static str, ty: OptType) -> OptionDecl {
+        OptionDecl { name, ty, default: None, range: None, description: "" }
+    }
+    /// Sets the default.
+    pub const fn default(mut self, v: &'static str) -> OptionDecl {
+        self.default = Some(v);
+        self
+    }
+    /// Sets the inclusive range.
+    pub const fn range(mut self, min: f64, max: f64) -> OptionDecl {
+        self.range = Some((min, max));
+        self
+    }
+    /// Sets the description.
+    pub const fn desc(mut self, d: &'static str) -> OptionDecl {
+        self.description = d;
+        self
+    }
+
+    /// True if this declaration covers the key `key`.
+    pub fn matches(&self, key: &str) -> bool {
+        glob_match(self.name, key)
+    }
+
+    /// Parses and range-checks a value of this option.
+    pub fn parse(&self, raw: &str) -> Result<OptValue, OptionError> {
+        let bad = || OptionError::BadValue { name: self.name.to_string(), value: raw.to_string(), expected: self.ty.form() };
+        let v = match self.ty {
+            OptType::Bool => OptValue::Bool(parse_bool(raw).ok_or_else(bad)?),
+            OptType::Int => OptValue::Int(raw.trim().parse().map_err(|_| bad())?),
+            OptType::Size => OptValue::Size(parse_size(raw).ok_or_else(bad)?),
+            OptType::Time => OptValue::Time(parse_time(raw).ok_or_else(bad)?),
+            OptType::Percent => OptValue::Percent(parse_percent(raw).ok_or_else(bad)?),
+            OptType::Str => OptValue::Str(raw.to_string()),
+            OptType::Enum(allowed) => {
+                let hit = allowed.iter().find(|a| a.eq_ignore_ascii_case(raw.trim())).ok_or_else(bad)?;
+                OptValue::Str(hit.to_string())
+            }
+            OptType::List => OptValue::List(
+                raw.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+            ),
+            OptType::Path => {
+                if !raw.starts_with('/') {
+                    return Err(bad());
+                }
+                OptValue::Path(PathBuf::from(raw))
+            }
+        };
+        if let (Some((lo, hi)), Some(n)) = (self.range, v.as_f64()) {
+            if n < lo || n > hi {
+                return Err(OptionError::OutOfRange { name: self.name.to_string(), value: raw.to_string(), min: lo, max: hi });
+            }
+        }
+        Ok(v)
+    }
+}
+
+fn glob_match(pattern: &str, s: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == s,
+        Some((pre, rest)) => {
+            let Some(tail) = s.strip_prefix(pre) else { return false };
+            if rest.is_empty() {
+                return true;
+            }
+            (0..=tail.len()).any(|i| tail.is_char_boundary(i) && glob_match(rest, &tail[i..]))
+        }
+    }
+}
+
+/// A parsed option value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OptValue {
+    /// A boolean.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A size in bytes.
+    Size(u64),
+    /// A duration.
+    Time(Duration),
+    /// A percentage.
+    Percent(f64),
+    /// A string (also enum values, in their declared spelling).
+    Str(String),
+    /// A list.
+    List(Vec<String>),
+    /// A path.
+    Path(PathBuf),
+}
+
+impl OptValue {
+    fn as_f64(&self) -> Option<f64> {
+        match self {
+            OptValue::Int(i) => Some(*i as f64),
+            OptValue::Size(s) => Some(*s as f64),
+            OptValue::Time(t) => Some(t.as_secs_f64()),
+            OptValue::Percent(p) => Some(*p),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for OptValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OptValue::Bool(b) => f.write_str(if *b { "on" } else { "off" }),
+            OptValue::Int(i) => write!(f, "{i}"),
+            OptValue::Size(s) => f.write_str(&format_size(*s)),
+            OptValue::Time(t) => {
+                if t.subsec_millis() != 0 {
+                    write!(f, "{}ms", t.as_millis())
+                } else {
+                    write!(f, "{}s", t.as_secs())
+                }
+            }
+            OptValue::Percent(p) => write!(f, "{p}%"),
+            OptValue::Str(s) => f.write_str(s),
+            OptValue::List(l) => f.write_str(&l.join(",")),
+            OptValue::Path(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+fn format_size(s: u64) -> String {
+    const UNITS: [(&str, u64); 5] = [("PB", 1 << 50), ("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)];
+    for (u, m) in UNITS {
+        if s >= m && s % m == 0 {
+            return format!("{}{u}", s / m);
+        }
+    }
+    s.to_string()
+}
+
+/// Parses GlusterFS boolean forms.
+pub fn parse_bool(s: &str) -> Option<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "on" | "yes" | "true" | "enable" | "1" => Some(true),
+        "off" | "no" | "false" | "disable" | "0" => Some(false),
+        _ => None,
+    }
+}
+
+fn split_number(s: &str) -> Option<(f64, String)> {
+    let s = s.trim();
+    let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    if end == 0 {
+        return None;
+    }
+    let n: f64 = s[..end].parse().ok()?;
+    Some((n, s[end..].trim().to_ascii_lowercase()))
+}
+
+/// Parses a size: `4096`, `64KB`, `64MB`, `1GB`, `1.5GB` (1024-based; a
+/// trailing `B`, `iB` or none are all accepted).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let (n, unit) = split_number(s)?;
+    let mult: u64 = match unit.as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        "p" | "pb" | "pib" => 1 << 50,
+        _ => return None,
+    };
+    let v = n * mult as f64;
+    if !v.is_finite() || v > u64::MAX as f64 || v.fract() != 0.0 {
+        return None;
+    }
+    Some(v as u64)
+}
+
+/// Parses a time: `42`, `600s`, `100ms`, `5m`, `2h`, `1d`.
+pub fn parse_time(s: &str) -> Option<Duration> {
+    let (n, unit) = split_number(s)?;
+    let secs = match unit.as_str() {
+        "ms" | "msec" => n / 1000.0,
+        "" | "s" | "sec" | "secs" => n,
+        "m" | "min" | "mins" => n * 60.0,
+        "h" | "hr" | "hrs" | "hour" | "hours" => n * 3600.0,
+        "d" | "day" | "days" => n * 86400.0,
+        "w" | "wk" | "week" | "weeks" => n * 604800.0,
+        _ => return None,
+    };
+    Duration::try_from_secs_f64(secs).ok()
+}
+
+/// Parses a percentage: `10%` or `10`.
+pub fn parse_percent(s: &str) -> Option<f64> {
+    let t = s.trim();
+    let t = t.strip_suffix('%').unwrap_or(t).trim();
+    let v: f64 = t.parse().ok()?;
+    (v.is_finite() && (0.0..=100.0).contains(&v)).then_some(v)
+}
+
+/// Why an option was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OptionError {
+    /// No declaration matches the key.
+    #[error("unknown option '{name}' (known options: {})", known.join(", "))]
+    Unknown {
+        /// The key given.
+        name: String,
+        /// The declared keys.
+        known: Vec<String>,
+    },
+    /// The value is not of the declared form.
+    #[error("option '{name}': bad value '{value}', expected {expected}")]
+    BadValue {
+        /// The option.
+        name: String,
+        /// The value given.
+        value: String,
+        /// The accepted form.
+        expected: String,
+    },
+    /// The value is outside the declared range.
+    #[error("option '{name}': value '{value}' is out of range {min}..={max}")]
+    OutOfRange {
+        /// The option.
+        name: String,
+        /// The value given.
+        value: String,
+        /// Lower bound.
+        min: f64,
+        /// Upper bound.
+        max: f64,
+    },
+}
+
+/// A translator's resolved options: every given option parsed, and every
+/// declared option with a default filled in.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Options {
+    values: BTreeMap<String, (OptValue, bool)>,
+}
+
+impl Options {
+    /// Validates `given` (key, raw value) pairs against `decls` and fills
+    /// defaults.
+    pub fn resolve<'a>(
+        decls: &[OptionDecl],
+        given: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Options, OptionError> {
+        let mut values = BTreeMap::new();
+        for (key, raw) in given {
+            let decl = decls.iter().find(|d| d.name == key).or_else(|| decls.iter().find(|d| d.matches(key)));
+            let Some(decl) = decl else {
+                return Err(OptionError::Unknown {
+                    name: key.to_string(),
+                    known: decls.iter().map(|d| d.name.to_string()).collect(),
+                });
+            };
+            values.insert(key.to_string(), (decl.parse(raw)?, true));
+        }
+        for d in decls {
+            if d.name.contains('*') || values.contains_key(d.name) {
+                continue;
+            }
+            if let Some(def) = d.default {
+                values.insert(d.name.to_string(), (d.parse(def)?, false));
+            }
+        }
+        Ok(Options { values })
+    }
+
+    /// The value of a key.
+    pub fn get(&self, key: &str) -> Option<&OptValue> {
+        self.values.get(key).map(|(v, _)| v)
+    }
+    /// True when the key was given explicitly rather than defaulted.
+    pub fn is_set(&self, key: &str) -> bool {
+        self.values.get(key).is_some_and(|(_, set)| *set)
+    }
+    /// A boolean value.
+    pub fn bool(&self, key: &str) -> Option<bool> {
+        match self.get(key)? {
+            OptValue::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+    /// An integer value.
+    pub fn int(&self, key: &str) -> Option<i64> {
+        match self.get(key)? {
+            OptValue::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+    /// A size in bytes.
+    pub fn size(&self, key: &str) -> Option<u64> {
+        match self.get(key)? {
+            OptValue::Size(s) => Some(*s),
+            _ => None,
+        }
+    }
+    /// A duration.
+    pub fn time(&self, key: &str) -> Option<Duration> {
+        match self.get(key)? {
+            OptValue::Time(t) => Some(*t),
+            _ => None,
+        }
+    }
+    /// A percentage.
+    pub fn percent(&self, key: &str) -> Option<f64> {
+        match self.get(key)? {
+            OptValue::Percent(p) => Some(*p),
+            _ => None,
+        }
+    }
+    /// A string or enum value.
+    pub fn str(&self, key: &str) -> Option<&str> {
+        match self.get(key)? {
+            OptValue::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    /// A list value.
+    pub fn list(&self, key: &str) -> Option<&[String]> {
+        match self.get(key)? {
+            OptValue::List(l) => Some(l),
+            _ => None,
+        }
+    }
+    /// A path value.
+    pub fn path(&self, key: &str) -> Option<&std::path::Path> {
+        match self.get(key)? {
+            OptValue::Path(p) => Some(p),
+            _ => None,
+        }
+    }
+    /// All values in key order, with whether each was given explicitly.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &OptValue, bool)> {
+        self.values.iter().map(|(k, (v, set))| (k.as_str(), v, *set))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gluster_value_forms() {
+        for t in ["on", "YES", "enable", "true", "1"] {
+            assert_eq!(parse_bool(t), Some(true), "{t}");
+        }
+        for f in ["off", "no", "Disable", "false", "0"] {
+            assert_eq!(parse_bool(f), Some(false), "{f}");
+        }
+        assert_eq!(parse_bool("maybe"), None);
+        assert_eq!(parse_size("64MB"), Some(64 << 20));
+        assert_eq!(parse_size("1GB"), Some(1 << 30));
+        assert_eq!(parse_size("128KB"), Some(128 << 10));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("1.5GB"), Some(3 << 29));
+        assert_eq!(parse_size("12XB"), None);
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_time("600s"), Some(Duration::from_secs(600)));
+        assert_eq!(parse_time("42"), Some(Duration::from_secs(42)));
+        assert_eq!(parse_time("100ms"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_time("5m"), Some(Duration::from_secs(300)));
+        assert_eq!(parse_time("soon"), None);
+        assert_eq!(parse_percent("10%"), Some(10.0));
+        assert_eq!(parse_percent("101%"), None);
+    }
+
+    const DECLS: &[OptionDecl] = &[
+        OptionDecl::new("thread-count", OptType::Int).default("16").range(1.0, 64.0),
+        OptionDecl::new("mode", OptType::Enum(&["fast", "safe"])).default("safe"),
+        OptionDecl::new("auth.addr.*.allow", OptType::List),
+        OptionDecl::new("cache-size", OptType::Size).default("32MB"),
+    ];
+
+    #[test]
+    fn resolve_validates_and_defaults() {
+        let o = Options::resolve(DECLS, [("mode", "FAST"), ("auth.addr./b1.allow", "127.0.0.1,*")]).expect("valid");
+        assert_eq!(o.str("mode"), Some("fast"));
+        assert_eq!(o.int("thread-count"), Some(16));
+        assert!(!o.is_set("thread-count"));
+        assert_eq!(o.size("cache-size"), Some(32 << 20));
+        assert_eq!(o.list("auth.addr./b1.allow").map(|l| l.len()), Some(2));
+
+        let e = Options::resolve(DECLS, [("thread-cont", "4")]).expect_err("typo");
+        assert!(e.to_string().contains("unknown option 'thread-cont'") && e.to_string().contains("thread-count"), "{e}");
+        let e = Options::resolve(DECLS, [("thread-count", "many")]).expect_err("bad");
+        assert!(e.to_string().contains("'many'") && e.to_string().contains("integer"), "{e}");
+        let e = Options::resolve(DECLS, [("thread-count", "100")]).expect_err("range");
+        assert!(matches!(e, OptionError::OutOfRange { .. }), "{e}");
+        let e = Options::resolve(DECLS, [("mode", "medium")]).expect_err("enum");
+        assert!(e.to_string().contains("one of fast, safe"), "{e}");
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for raw in ["64MB", "600s", "100ms", "on", "10%"] {
+            let ty = match raw {
+                "64MB" => OptType::Size,
+                "600s" | "100ms" => OptType::Time,
+                "on" => OptType::Bool,
+                _ => OptType::Percent,
+            };
+            let d = OptionDecl::new("x", ty);
+            let v = d.parse(raw).expect("parses");
+            assert_eq!(d.parse(&v.to_string()).expect("reparses"), v);
+        }
+    }
+}

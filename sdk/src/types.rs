@@ -1,0 +1,394 @@
+//! The value types fops are made of: [`Gfid`], [`Iatt`], [`Loc`], [`Fd`],
+//! lock descriptions and the rest.
+
+use std::fmt;
+
+/// A 128-bit GlusterFS-style file id, the same on every brick of a volume.
+/// The root directory's is `00000000-0000-0000-0000-000000000001`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Gfid(pub [u8; 16]);
+
+impl Gfid {
+    /// The null gfid, meaning "not known".
+    pub const NULL: Gfid = Gfid([0; 16]);
+    /// The volume root.
+    pub const ROOT: Gfid = Gfid([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+
+    /// True for [`Gfid::NULL`].
+    pub fn is_null(&self) -> bool {
+        self.0 == [0; 16]
+    }
+
+    /// A fresh random (version 4) gfid.
+    pub fn random() -> Gfid {
+        let mut b = [0u8; 16];
+        crate::rand::fill(&mut b);
+        b[6] = (b[6] & 0x0f) | 0x40;
+        b[8] = (b[8] & 0x3f) | 0x80;
+        Gfid(b)
+    }
+
+    /// Parses the canonical `8-4-4-4-12` hex form.
+    pub fn parse(s: &str) -> Option<Gfid> {
+        let hex: Vec<u8> = s.bytes().filter(|&c| c != b'-').collect();
+        if hex.len() != 32 || s.len() != 36 {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, pair) in hex.chunks(2).enumerate() {
+            let hi = (pair[0] as char).to_digit(16)?;
+            let lo = (pair[1] as char).to_digit(16)?;
+            out[i] = (hi * 16 + lo) as u8;
+        }
+        Some(Gfid(out))
+    }
+
+    /// A 64-bit inode number derived from the gfid (as GlusterFS's FUSE bridge
+    /// does); the root is 1.
+    pub fn ino(&self) -> u64 {
+        if *self == Gfid::ROOT {
+            return 1;
+        }
+        u64::from_be_bytes(self.0[8..16].try_into().unwrap_or([0; 8]))
+    }
+}
+
+impl fmt::Display for Gfid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = &self.0;
+        for (i, byte) in b.iter().enumerate() {
+            if matches!(i, 4 | 6 | 8 | 10) {
+                f.write_str("-")?;
+            }
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Gfid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gfid({self})")
+    }
+}
+
+/// The kind of an inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum FileType {
+    /// Not known (the iatt is empty).
+    #[default]
+    Unknown,
+    /// Regular file.
+    Regular,
+    /// Directory.
+    Directory,
+    /// Symbolic link.
+    Symlink,
+    /// Block device.
+    BlockDev,
+    /// Character device.
+    CharDev,
+    /// Named pipe.
+    Fifo,
+    /// Unix socket.
+    Socket,
+}
+
+impl FileType {
+    /// The type encoded in the `S_IFMT` bits of a mode.
+    pub fn from_mode(mode: u32) -> FileType {
+        match mode & 0o170000 {
+            0o100000 => FileType::Regular,
+            0o040000 => FileType::Directory,
+            0o120000 => FileType::Symlink,
+            0o060000 => FileType::BlockDev,
+            0o020000 => FileType::CharDev,
+            0o010000 => FileType::Fifo,
+            0o140000 => FileType::Socket,
+            _ => FileType::Unknown,
+        }
+    }
+}
+
+/// A point in time: seconds and nanoseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Timespec {
+    /// Seconds.
+    pub sec: i64,
+    /// Nanoseconds, below 1e9.
+    pub nsec: u32,
+}
+
+/// An inode's attributes, GlusterFS's `struct iatt`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Iatt {
+    /// The inode's gfid.
+    pub gfid: Gfid,
+    /// Inode number (derived from the gfid above the brick).
+    pub ino: u64,
+    /// Device of the brick.
+    pub dev: u64,
+    /// Type and permission bits, as `st_mode`.
+    pub mode: u32,
+    /// Hard link count.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Device number for device files.
+    pub rdev: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Preferred I/O block size.
+    pub blksize: u32,
+    /// 512-byte blocks allocated.
+    pub blocks: u64,
+    /// Last access.
+    pub atime: Timespec,
+    /// Last data change.
+    pub mtime: Timespec,
+    /// Last status change.
+    pub ctime: Timespec,
+}
+
+impl Iatt {
+    /// The file type from the mode.
+    pub fn file_type(&self) -> FileType {
+        FileType::from_mode(self.mode)
+    }
+    /// True for directories.
+    pub fn is_dir(&self) -> bool {
+        self.file_type() == FileType::Directory
+    }
+}
+
+/// Attribute changes for setattr; `None` leaves a field alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SetAttr {
+    /// New permission bits (the type bits are ignored).
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New access time.
+    pub atime: Option<TimeSet>,
+    /// New modification time.
+    pub mtime: Option<TimeSet>,
+}
+
+/// How a timestamp is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeSet {
+    /// The brick's current time.
+    Now,
+    /// This time.
+    At(Timespec),
+}
+
+/// Where a path-based fop applies: an inode by gfid, or a name in a parent
+/// directory (GlusterFS's `loc_t` without the string path).
+///
+/// Lookup and creating fops use `parent` + `name`; others may give just
+/// `gfid`. When both are set, `gfid` names the inode expected at that entry.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Loc {
+    /// The inode, or [`Gfid::NULL`] when not known yet.
+    pub gfid: Gfid,
+    /// The parent directory, or NULL when resolving by gfid alone.
+    pub parent: Gfid,
+    /// The entry name in `parent` (a single component, no `/`).
+    pub name: String,
+}
+
+impl Loc {
+    /// A location by gfid alone.
+    pub fn gfid(gfid: Gfid) -> Loc {
+        Loc { gfid, parent: Gfid::NULL, name: String::new() }
+    }
+    /// A location by parent and name.
+    pub fn entry(parent: Gfid, name: impl Into<String>) -> Loc {
+        Loc { gfid: Gfid::NULL, parent, name: name.into() }
+    }
+    /// The volume root.
+    pub fn root() -> Loc {
+        Loc::gfid(Gfid::ROOT)
+    }
+    /// Sets the expected gfid of an entry location.
+    pub fn with_gfid(mut self, gfid: Gfid) -> Loc {
+        self.gfid = gfid;
+        self
+    }
+    /// True when the location names an entry (parent and name).
+    pub fn is_entry(&self) -> bool {
+        !self.parent.is_null() && !self.name.is_empty()
+    }
+}
+
+/// An open file descriptor's id, chosen by the caller that opens it (the FUSE
+/// bridge, the client API, protocol/server) and unique within that caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct FdId(pub u64);
+
+/// An open fd as fd-based fops name it: its id and the inode it is open on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Fd {
+    /// The fd's id.
+    pub id: FdId,
+    /// The inode the fd is open on.
+    pub gfid: Gfid,
+}
+
+/// One directory entry from readdir or readdirp.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct DirEntry {
+    /// The entry name.
+    pub name: String,
+    /// The offset to continue from after this entry.
+    pub d_off: u64,
+    /// The entry's type.
+    pub d_type: FileType,
+    /// Attributes (readdirp only; zeroed for readdir).
+    pub iatt: Iatt,
+}
+
+/// Filesystem statistics, `struct statvfs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Statvfs {
+    /// Block size.
+    pub bsize: u64,
+    /// Fragment size.
+    pub frsize: u64,
+    /// Blocks in all.
+    pub blocks: u64,
+    /// Free blocks.
+    pub bfree: u64,
+    /// Blocks free to unprivileged users.
+    pub bavail: u64,
+    /// Inodes in all.
+    pub files: u64,
+    /// Free inodes.
+    pub ffree: u64,
+    /// Inodes free to unprivileged users.
+    pub favail: u64,
+    /// Filesystem id.
+    pub fsid: u64,
+    /// Mount flags.
+    pub flag: u64,
+    /// Longest name.
+    pub namemax: u64,
+}
+
+/// The kind of a byte-range lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockType {
+    /// Shared.
+    Read,
+    /// Exclusive.
+    Write,
+    /// Release.
+    Unlock,
+}
+
+/// A byte-range lock, `struct flock` with a lock owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Flock {
+    /// Read, write or unlock.
+    pub ty: LockType,
+    /// First byte.
+    pub start: u64,
+    /// Length; 0 means to the end of the file.
+    pub len: u64,
+    /// The process id of the holder (informational; reported by GETLK).
+    pub pid: u32,
+    /// The lock owner; locks of one owner never conflict with each other.
+    pub owner: u64,
+}
+
+impl Flock {
+    /// A lock over the whole file.
+    pub fn whole(ty: LockType, owner: u64) -> Flock {
+        Flock { ty, start: 0, len: 0, pid: 0, owner }
+    }
+    /// The last byte covered (inclusive), `u64::MAX` for "to end of file".
+    pub fn end(&self) -> u64 {
+        if self.len == 0 { u64::MAX } else { self.start.saturating_add(self.len - 1) }
+    }
+}
+
+/// What an lk or inodelk call does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LkCmd {
+    /// Report a conflicting lock (or Unlock if none).
+    GetLk,
+    /// Acquire or release without waiting; EAGAIN on conflict.
+    SetLk,
+    /// Acquire, waiting for conflicting locks to go.
+    SetLkw,
+}
+
+/// What an entrylk call does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EntrylkCmd {
+    /// Acquire, waiting.
+    Lock,
+    /// Acquire without waiting; EAGAIN on conflict.
+    LockNb,
+    /// Release.
+    Unlock,
+}
+
+/// Entry lock kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EntrylkType {
+    /// Shared.
+    Read,
+    /// Exclusive.
+    Write,
+}
+
+/// How xattrop combines the given values with the stored ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum XattropOp {
+    /// Element-wise add of big-endian 32-bit integers (AFR's pending counters).
+    AddArray,
+    /// Element-wise add of big-endian 64-bit integers.
+    AddArray64,
+}
+
+/// What seek looks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SeekWhat {
+    /// The next data at or after the offset.
+    Data,
+    /// The next hole at or after the offset.
+    Hole,
+}
+
+/// A lease request (GlusterFS's `gf_lease`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LeaseCmd {
+    /// Read lease.
+    Read,
+    /// Read-write lease.
+    Write,
+    /// Give up a lease.
+    Unlock,
+}
+
+/// Flags for rename.
+pub mod rename_flags {
+    /// Fail with EEXIST if the target exists.
+    pub const NOREPLACE: u32 = 1;
+    /// Swap the two entries atomically.
+    pub const EXCHANGE: u32 = 2;
+}
+
+/// Flags for setxattr.
+pub mod xattr_flags {
+    /// Fail with EEXIST if the attribute exists.
+    pub const CREATE: u32 = 1;
+    /// Fail with ENODATA if the attribute does not exist.
+    pub const REPLACE: u32 = 2;
+}
