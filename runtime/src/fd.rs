@@ -1,0 +1,1 @@
+//! fd (being written).

@@ -1,0 +1,1 @@
+//! graph (being written).

@@ -1,0 +1,1 @@
+//! inode (being written).

@@ -1,0 +1,15 @@
+//! # xlfs-runtime
+//!
+//! The core runtime around the translators: the volfile parser
+//! ([`volfile`]), the translator registry ([`registry`]) and graph
+//! ([`graph`]), the inode and fd tables ([`inode`], [`fd`]) the FUSE bridge
+//! will use, and the in-process client API ([`client`], like GlusterFS's
+//! libgfapi). The `xlfs` binary is in `main.rs`.
+#![deny(missing_docs)]
+
+pub mod client;
+pub mod fd;
+pub mod graph;
+pub mod inode;
+pub mod registry;
+pub mod volfile;

@@ -1,0 +1,2 @@
+//! The `xlfs` command.
+fn main() {}

@@ -1,0 +1,1 @@
+//! volfile (being written).
