@@ -7,6 +7,7 @@
 //! libgfapi). The `xlfs` binary is in `main.rs`.
 #![deny(missing_docs)]
 
+pub mod cli;
 pub mod client;
 pub mod fd;
 pub mod graph;

@@ -1,1 +1,100 @@
-//! registry (being written).
+//! The registry of translator types: maps the `type` names used in volfiles
+//! (`storage/posix`) to their [`XlatorType`] (options, child counts,
+//! constructor). [`Registry::builtin`] holds the built-in translators;
+//! plugins add theirs with [`Registry::register`].
+
+use std::collections::BTreeMap;
+
+use xlfs_sdk::XlatorType;
+
+/// Translator types by name.
+#[derive(Clone, Debug, Default)]
+pub struct Registry {
+    types: BTreeMap<&'static str, XlatorType>,
+}
+
+/// Why a type could not be registered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// A type of that name is already registered.
+    #[error("translator type '{0}' is already registered")]
+    Duplicate(String),
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// The built-in translator types ([`xlfs_xlators::builtin_types`]).
+    pub fn builtin() -> Registry {
+        let mut r = Registry::new();
+        for ty in xlfs_xlators::builtin_types() {
+            // Built-in names are distinct; a clash is a programming error
+            // that the registry's tests catch, so keep the first.
+            if let Err(e) = r.register(ty) {
+                tracing::error!("{e}");
+            }
+        }
+        r
+    }
+
+    /// Adds a type; refuses a name already present.
+    pub fn register(&mut self, ty: XlatorType) -> Result<(), RegistryError> {
+        if self.types.contains_key(ty.name) {
+            return Err(RegistryError::Duplicate(ty.name.to_string()));
+        }
+        self.types.insert(ty.name, ty);
+        Ok(())
+    }
+
+    /// The type called `name`.
+    pub fn get(&self, name: &str) -> Option<&XlatorType> {
+        self.types.get(name)
+    }
+
+    /// Every registered type name, sorted.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.types.keys().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xlfs_sdk::{InitCtx, InitError};
+
+    const TEST_TYPE: XlatorType = XlatorType {
+        name: "test/extra",
+        description: "test",
+        options: &[],
+        min_children: 0,
+        max_children: 0,
+        build: |_: InitCtx| Err(InitError::new("test only")),
+    };
+
+    #[test]
+    fn builtin_holds_every_builtin_type_once() {
+        let r = Registry::builtin();
+        let builtin = xlfs_xlators::builtin_types();
+        assert_eq!(r.names().len(), builtin.len(), "duplicate built-in type names");
+        for ty in builtin {
+            assert_eq!(r.get(ty.name).map(|t| t.name), Some(ty.name));
+        }
+        assert!(r.names().contains(&"storage/posix"));
+    }
+
+    #[test]
+    fn register_adds_and_refuses_duplicates() {
+        let mut r = Registry::builtin();
+        assert!(r.get("test/extra").is_none());
+        r.register(TEST_TYPE).expect("new name");
+        assert_eq!(r.get("test/extra").map(|t| t.max_children), Some(0));
+        assert_eq!(r.register(TEST_TYPE), Err(RegistryError::Duplicate("test/extra".into())));
+        let names = r.names();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(names, sorted);
+    }
+}

@@ -266,7 +266,7 @@ pub fn parse_percent(s: &str) -> Option<f64> {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum OptionError {
     /// No declaration matches the key.
-    #[error("unknown option '{name}' (known options: {})", known.join(", "))]
+    #[error("unknown option '{name}' ({})", if known.is_empty() { "this translator takes no options".to_string() } else { format!("known options: {}", known.join(", ")) })]
     Unknown {
         /// The key given.
         name: String,
