@@ -374,7 +374,7 @@ struct Node {
 pub struct Graph {
     spec: GraphSpec,
     /// Indexed like `spec.nodes`.
-    nodes: Vec<Node>,
+    nodes: Arc<[Node]>,
     built_at: SystemTime,
     state: watch::Receiver<TopState>,
     shut: AtomicBool,
@@ -383,6 +383,17 @@ pub struct Graph {
 impl std::fmt::Debug for Graph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Graph").field("origin", &self.spec.origin).field("top", &self.spec.top_name()).finish()
+    }
+}
+
+/// Sends a graph event to `nodes` in `order`; what a node's `notify`
+/// returns goes on to its parents.
+fn broadcast_to(nodes: &[Node], order: &[usize], event: &Event) {
+    for &i in order {
+        let n = &nodes[i];
+        if let Some(up) = n.xl.notify(event.clone(), EventFrom::Graph) {
+            n.sink.send(up);
+        }
     }
 }
 
@@ -437,7 +448,16 @@ impl Graph {
                 }
             }
         }
-        let nodes: Vec<Node> = built.into_iter().map(|n| n.expect("every node reachable from the top is built")).collect();
+        let nodes: Arc<[Node]> = built.into_iter().map(|n| n.expect("every node reachable from the top is built")).collect();
+        let top_down: Arc<[usize]> = spec.order.iter().rev().copied().collect();
+        for n in nodes.iter() {
+            let (weak, order) = (Arc::downgrade(&nodes), top_down.clone());
+            n.sink.set_broadcast(move |ev| {
+                if let Some(nodes) = weak.upgrade() {
+                    broadcast_to(&nodes, &order, ev);
+                }
+            });
+        }
 
         for (p, s) in spec.nodes.iter().enumerate() {
             for (k, &c) in s.children.iter().enumerate() {
@@ -497,11 +517,8 @@ impl Graph {
     /// Sends a graph event ([`EventFrom::Graph`]) to every node, top first.
     /// What a node's `notify` returns goes on to its parents.
     pub fn broadcast(&self, event: Event) {
-        for n in self.top_down() {
-            if let Some(up) = n.xl.notify(event.clone(), EventFrom::Graph) {
-                n.sink.send(up);
-            }
-        }
+        let order: Vec<usize> = self.spec.order.iter().rev().copied().collect();
+        broadcast_to(&self.nodes, &order, &event);
     }
 
     /// Every node's diagnostic state, top first, as GlusterFS's statedump:
@@ -909,6 +926,23 @@ end-volume
             let line = format!("{n}:ClientGone {{ client_id: \"c1\" }}:Graph");
             assert_eq!(log.iter().filter(|l| **l == line).count(), 1, "{n}: {log:?}");
         }
+    }
+
+    #[test]
+    fn a_node_can_broadcast_through_its_sink() {
+        let g = build(DIAMOND);
+        take_log();
+        let leaf = g.spec.nodes.iter().position(|n| &*n.name == "shared").expect("shared node");
+        g.nodes[leaf].sink.broadcast(Event::ClientGone { client_id: "c2".into() });
+        let log = take_log();
+        for n in ["top", "a", "b", "shared"] {
+            let line = format!("{n}:ClientGone {{ client_id: \"c2\" }}:Graph");
+            assert_eq!(log.iter().filter(|l| **l == line).count(), 1, "{n}: {log:?}");
+        }
+        let sink = g.nodes[leaf].sink.clone();
+        drop(g);
+        sink.broadcast(Event::ClientGone { client_id: "c3".into() });
+        assert!(take_log().iter().all(|l| !l.contains("c3")), "a dropped graph hears nothing");
     }
 
     #[test]

@@ -168,6 +168,7 @@ struct ParentLink {
 struct SinkInner {
     parents: RwLock<Vec<ParentLink>>,
     hook: RwLock<Option<TopHook>>,
+    graph: RwLock<Option<TopHook>>,
 }
 
 /// How a translator sends events to its parents. The runtime gives each
@@ -206,6 +207,22 @@ impl EventSink {
     /// Runtime use: links a parent that holds this node as child `index`.
     pub fn attach_parent(&self, parent: Weak<dyn Xlator>, index: usize, parent_sink: EventSink) {
         self.0.parents.write().push(ParentLink { xl: parent, index, sink: parent_sink });
+    }
+
+    /// Sends a graph event to every node of the graph this node is in, as
+    /// the graph itself does ([`EventFrom::Graph`]); protocol/server sends
+    /// [`Event::ClientGone`] this way when a connection ends. Does nothing
+    /// before the runtime has linked the sink to its graph.
+    pub fn broadcast(&self, event: Event) {
+        let graph = self.0.graph.read().clone();
+        if let Some(graph) = graph {
+            graph(&event);
+        }
+    }
+
+    /// Runtime use: what [`EventSink::broadcast`] calls.
+    pub fn set_broadcast(&self, f: impl Fn(&Event) + Send + Sync + 'static) {
+        *self.0.graph.write() = Some(Arc::new(f));
     }
 
     /// Runtime use: observes every event this sink sends (the graph watches

@@ -1,0 +1,1 @@
+//! The RPC transport shared by protocol/client and protocol/server (being written).
