@@ -175,8 +175,9 @@ pub enum Fop {
     Entrylk { domain: String, loc: Loc, name: String, cmd: EntrylkCmd, ty: EntrylkType },
     /// Entrylk by fd of the directory.
     Fentrylk { domain: String, fd: Fd, name: String, cmd: EntrylkCmd, ty: EntrylkType },
-    /// Atomically combine `xattrs` with the stored values; replies with the
-    /// values before the change.
+    /// Atomically combine `xattrs` with the stored values (a missing xattr
+    /// counts as zeros); replies with the values after the change, as
+    /// GlusterFS does. A value of all zeros only reads (nothing is written).
     Xattrop { loc: Loc, op: XattropOp, xattrs: Dict },
     /// Xattrop by fd.
     Fxattrop { fd: Fd, op: XattropOp, xattrs: Dict },

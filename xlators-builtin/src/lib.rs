@@ -19,6 +19,21 @@ pub mod features {
     pub mod locks;
 }
 
+#[cfg(test)]
+mod test_util;
+
+pub mod protocol {
+    //! The network: the RPC transport and the client and server translators.
+    pub mod client;
+    pub mod rpc;
+    pub mod server;
+}
+
+pub mod performance {
+    //! Translators that trade work for speed.
+    pub mod io_threads;
+}
+
 pub mod debug {
     //! Diagnosis and fault injection.
     pub mod error_gen;
@@ -27,5 +42,6 @@ pub mod debug {
 
 /// Every built-in translator type.
 pub fn builtin_types() -> Vec<XlatorType> {
-    vec![storage::posix::TYPE, features::locks::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE]
+    vec![storage::posix::TYPE, features::locks::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE, performance::io_threads::TYPE,
+        protocol::client::TYPE, protocol::server::TYPE]
 }
