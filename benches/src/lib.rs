@@ -1,0 +1,43 @@
+//! Helpers shared by the criterion benches in `benches/benches/`: building a
+//! graph over a fresh brick directory on tmpfs, and the runtime to drive it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use xlfs_runtime::graph::Graph;
+use xlfs_runtime::registry::Registry;
+
+/// A scratch directory for a brick: on tmpfs (`/dev/shm`) when it exists, so
+/// that benches measure translators rather than a disk.
+pub fn scratch_dir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    let base: PathBuf = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+    tempfile::Builder::new().prefix("xlfs-bench-").tempdir_in(base).expect("scratch dir")
+}
+
+/// A multi-thread runtime like the one the `xlfs` binary runs.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime")
+}
+
+/// Builds and activates the graph in `volfile` (text), waiting until it is up.
+pub fn graph(rt: &tokio::runtime::Runtime, volfile: &str) -> Graph {
+    let g = Graph::from_str(volfile, "bench.vol", &Registry::builtin()).expect("bench volfile builds");
+    g.activate();
+    rt.block_on(g.wait_up(Duration::from_secs(10))).expect("graph up");
+    g
+}
+
+/// A volfile of `storage/posix` on `dir` with the given translators stacked
+/// on top, each as `(type, options)`, bottom first.
+pub fn stack(dir: &Path, layers: &[(&str, &[(&str, &str)])]) -> String {
+    let mut v = format!("volume l0\n    type storage/posix\n    option directory {}\nend-volume\n", dir.display());
+    for (i, (ty, opts)) in layers.iter().enumerate() {
+        v.push_str(&format!("volume l{}\n    type {ty}\n", i + 1));
+        for (k, val) in opts.iter() {
+            v.push_str(&format!("    option {k} {val}\n"));
+        }
+        v.push_str(&format!("    subvolumes l{i}\nend-volume\n"));
+    }
+    v
+}

@@ -1,0 +1,1 @@
+//! Runnable walkthroughs: see `examples/` (run with `cargo run -p xlfs-examples --example NAME`).
