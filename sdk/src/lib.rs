@@ -10,6 +10,7 @@
 //! Dependencies point one way: `xlfs-sdk` <- `xlfs-xlators` <- `xlfs-runtime`.
 #![deny(missing_docs)]
 
+pub mod abi;
 pub mod ctx;
 pub mod dict;
 pub mod errno;

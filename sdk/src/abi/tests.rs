@@ -1,0 +1,777 @@
+//! Round trips, prefixes, hostile input and handshake rules of ABI v1.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use proptest::collection::{btree_map, vec};
+use proptest::prelude::*;
+use proptest::strategy::{Union, ValueTree};
+use proptest::test_runner::{Config, TestRunner};
+
+use super::codec::IATT_SIZE;
+use super::*;
+use crate::types::*;
+use crate::{CallCtx, Dict, Errno, Event, Fop, FopKind, FopResult, Reply, Request, Response, Upcall, Value};
+
+// ---- allocation accounting: bytes allocated by the current thread ----
+
+thread_local! {
+    static ALLOCATED: Cell<usize> = const { Cell::new(0) };
+}
+
+struct CountingAlloc;
+
+fn count(bytes: usize) {
+    let _ = ALLOCATED.try_with(|c| c.set(c.get().saturating_add(bytes)));
+}
+
+// SAFETY: forwards every call to the system allocator unchanged.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout.size());
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+/// Runs `f`, returning its result and the bytes this thread allocated.
+fn allocated_by<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let before = ALLOCATED.with(Cell::get);
+    let out = f();
+    (out, ALLOCATED.with(Cell::get) - before)
+}
+
+// ---- strategies for the model types ----
+
+fn gfid() -> impl Strategy<Value = Gfid> {
+    prop_oneof![Just(Gfid::NULL), Just(Gfid::ROOT), any::<[u8; 16]>().prop_map(Gfid)]
+}
+
+fn name() -> impl Strategy<Value = String> {
+    prop_oneof!["[a-z0-9._-]{0,12}", "\\PC{0,8}"]
+}
+
+fn timespec() -> impl Strategy<Value = Timespec> {
+    (any::<i64>(), any::<u32>()).prop_map(|(sec, nsec)| Timespec { sec, nsec })
+}
+
+fn iatt() -> impl Strategy<Value = Iatt> {
+    let ids = (gfid(), any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>());
+    let rest = (any::<u64>(), any::<u64>(), any::<u32>(), any::<u64>(), timespec(), timespec(), timespec());
+    (ids, rest).prop_map(
+        |((gfid, ino, dev, mode, nlink, uid, gid), (rdev, size, blksize, blocks, atime, mtime, ctime))| Iatt {
+            gfid,
+            ino,
+            dev,
+            mode,
+            nlink,
+            uid,
+            gid,
+            rdev,
+            size,
+            blksize,
+            blocks,
+            atime,
+            mtime,
+            ctime,
+        },
+    )
+}
+
+fn loc() -> impl Strategy<Value = Loc> {
+    (gfid(), gfid(), name()).prop_map(|(gfid, parent, name)| Loc { gfid, parent, name })
+}
+
+fn fd() -> impl Strategy<Value = Fd> {
+    (any::<u64>(), gfid()).prop_map(|(id, gfid)| Fd { id: FdId(id), gfid })
+}
+
+fn time_set() -> impl Strategy<Value = TimeSet> {
+    prop_oneof![Just(TimeSet::Now), timespec().prop_map(TimeSet::At)]
+}
+
+fn set_attr() -> impl Strategy<Value = SetAttr> {
+    (any::<Option<u32>>(), any::<Option<u32>>(), any::<Option<u32>>(), proptest::option::of(time_set()), proptest::option::of(time_set()))
+        .prop_map(|(mode, uid, gid, atime, mtime)| SetAttr { mode, uid, gid, atime, mtime })
+}
+
+fn flock() -> impl Strategy<Value = Flock> {
+    let ty = prop_oneof![Just(LockType::Read), Just(LockType::Write), Just(LockType::Unlock)];
+    (ty, any::<u64>(), any::<u64>(), any::<u32>(), any::<u64>())
+        .prop_map(|(ty, start, len, pid, owner)| Flock { ty, start, len, pid, owner })
+}
+
+fn lk_cmd() -> impl Strategy<Value = LkCmd> {
+    prop_oneof![Just(LkCmd::GetLk), Just(LkCmd::SetLk), Just(LkCmd::SetLkw)]
+}
+
+fn entrylk() -> impl Strategy<Value = (EntrylkCmd, EntrylkType)> {
+    let cmd = prop_oneof![Just(EntrylkCmd::Lock), Just(EntrylkCmd::LockNb), Just(EntrylkCmd::Unlock)];
+    (cmd, prop_oneof![Just(EntrylkType::Read), Just(EntrylkType::Write)])
+}
+
+fn xattrop_op() -> impl Strategy<Value = XattropOp> {
+    prop_oneof![Just(XattropOp::AddArray), Just(XattropOp::AddArray64)]
+}
+
+fn data() -> impl Strategy<Value = Bytes> {
+    vec(any::<u8>(), 0..64).prop_map(Bytes::from)
+}
+
+fn value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        any::<i64>().prop_map(Value::I64),
+        any::<u64>().prop_map(Value::U64),
+        "\\PC{0,16}".prop_map(Value::Str),
+        data().prop_map(Value::Bytes),
+        gfid().prop_map(Value::Gfid),
+    ]
+}
+
+fn dict() -> impl Strategy<Value = Dict> {
+    btree_map(name(), value(), 0..5).prop_map(|m| m.into_iter().collect())
+}
+
+fn dirent() -> impl Strategy<Value = DirEntry> {
+    let d_type = (0u8..8).prop_map(|t| {
+        use FileType::*;
+        [Unknown, Regular, Directory, Symlink, BlockDev, CharDev, Fifo, Socket][t as usize]
+    });
+    (name(), any::<u64>(), d_type, iatt()).prop_map(|(name, d_off, d_type, iatt)| DirEntry { name, d_off, d_type, iatt })
+}
+
+fn statvfs() -> impl Strategy<Value = Statvfs> {
+    any::<[u64; 11]>().prop_map(|v| Statvfs {
+        bsize: v[0],
+        frsize: v[1],
+        blocks: v[2],
+        bfree: v[3],
+        bavail: v[4],
+        files: v[5],
+        ffree: v[6],
+        favail: v[7],
+        fsid: v[8],
+        flag: v[9],
+        namemax: v[10],
+    })
+}
+
+/// A strategy for fops of one kind; exhaustive over [`FopKind`].
+fn fop_of(kind: FopKind) -> BoxedStrategy<Fop> {
+    use FopKind as K;
+    let u32_ = any::<u32>;
+    let u64_ = any::<u64>;
+    match kind {
+        K::Lookup => loc().prop_map(|loc| Fop::Lookup { loc }).boxed(),
+        K::Stat => loc().prop_map(|loc| Fop::Stat { loc }).boxed(),
+        K::Fstat => fd().prop_map(|fd| Fop::Fstat { fd }).boxed(),
+        K::Setattr => (loc(), set_attr()).prop_map(|(loc, attr)| Fop::Setattr { loc, attr }).boxed(),
+        K::Fsetattr => (fd(), set_attr()).prop_map(|(fd, attr)| Fop::Fsetattr { fd, attr }).boxed(),
+        K::Truncate => (loc(), u64_()).prop_map(|(loc, offset)| Fop::Truncate { loc, offset }).boxed(),
+        K::Ftruncate => (fd(), u64_()).prop_map(|(fd, offset)| Fop::Ftruncate { fd, offset }).boxed(),
+        K::Access => (loc(), u32_()).prop_map(|(loc, mask)| Fop::Access { loc, mask }).boxed(),
+        K::Readlink => (loc(), u32_()).prop_map(|(loc, size)| Fop::Readlink { loc, size }).boxed(),
+        K::Mknod => (loc(), u32_(), u64_(), u32_())
+            .prop_map(|(loc, mode, rdev, umask)| Fop::Mknod { loc, mode, rdev, umask })
+            .boxed(),
+        K::Mkdir => (loc(), u32_(), u32_()).prop_map(|(loc, mode, umask)| Fop::Mkdir { loc, mode, umask }).boxed(),
+        K::Unlink => (loc(), u32_()).prop_map(|(loc, flags)| Fop::Unlink { loc, flags }).boxed(),
+        K::Rmdir => (loc(), u32_()).prop_map(|(loc, flags)| Fop::Rmdir { loc, flags }).boxed(),
+        K::Symlink => (name(), loc(), u32_())
+            .prop_map(|(target, loc, umask)| Fop::Symlink { target, loc, umask })
+            .boxed(),
+        K::Rename => (loc(), loc(), u32_()).prop_map(|(old, new, flags)| Fop::Rename { old, new, flags }).boxed(),
+        K::Link => (loc(), loc()).prop_map(|(old, new)| Fop::Link { old, new }).boxed(),
+        K::Create => (loc(), u32_(), u32_(), u32_(), u64_())
+            .prop_map(|(loc, flags, mode, umask, fd)| Fop::Create { loc, flags, mode, umask, fd: FdId(fd) })
+            .boxed(),
+        K::Open => (loc(), u32_(), u64_()).prop_map(|(loc, flags, fd)| Fop::Open { loc, flags, fd: FdId(fd) }).boxed(),
+        K::Readv => (fd(), u32_(), u64_(), u32_())
+            .prop_map(|(fd, size, offset, flags)| Fop::Readv { fd, size, offset, flags })
+            .boxed(),
+        K::Writev => (fd(), data(), u64_(), u32_())
+            .prop_map(|(fd, data, offset, flags)| Fop::Writev { fd, data, offset, flags })
+            .boxed(),
+        K::Flush => fd().prop_map(|fd| Fop::Flush { fd }).boxed(),
+        K::Fsync => (fd(), any::<bool>()).prop_map(|(fd, datasync)| Fop::Fsync { fd, datasync }).boxed(),
+        K::Opendir => (loc(), u64_()).prop_map(|(loc, fd)| Fop::Opendir { loc, fd: FdId(fd) }).boxed(),
+        K::Readdir => (fd(), u32_(), u64_()).prop_map(|(fd, size, offset)| Fop::Readdir { fd, size, offset }).boxed(),
+        K::Readdirp => (fd(), u32_(), u64_()).prop_map(|(fd, size, offset)| Fop::Readdirp { fd, size, offset }).boxed(),
+        K::Fsyncdir => (fd(), any::<bool>()).prop_map(|(fd, datasync)| Fop::Fsyncdir { fd, datasync }).boxed(),
+        K::Statfs => loc().prop_map(|loc| Fop::Statfs { loc }).boxed(),
+        K::Setxattr => (loc(), dict(), u32_()).prop_map(|(loc, xattrs, flags)| Fop::Setxattr { loc, xattrs, flags }).boxed(),
+        K::Getxattr => (loc(), name()).prop_map(|(loc, name)| Fop::Getxattr { loc, name }).boxed(),
+        K::Removexattr => (loc(), name()).prop_map(|(loc, name)| Fop::Removexattr { loc, name }).boxed(),
+        K::Fsetxattr => (fd(), dict(), u32_()).prop_map(|(fd, xattrs, flags)| Fop::Fsetxattr { fd, xattrs, flags }).boxed(),
+        K::Fgetxattr => (fd(), name()).prop_map(|(fd, name)| Fop::Fgetxattr { fd, name }).boxed(),
+        K::Fremovexattr => (fd(), name()).prop_map(|(fd, name)| Fop::Fremovexattr { fd, name }).boxed(),
+        K::Lk => (fd(), lk_cmd(), flock()).prop_map(|(fd, cmd, lock)| Fop::Lk { fd, cmd, lock }).boxed(),
+        K::Inodelk => (name(), loc(), lk_cmd(), flock())
+            .prop_map(|(domain, loc, cmd, lock)| Fop::Inodelk { domain, loc, cmd, lock })
+            .boxed(),
+        K::Finodelk => (name(), fd(), lk_cmd(), flock())
+            .prop_map(|(domain, fd, cmd, lock)| Fop::Finodelk { domain, fd, cmd, lock })
+            .boxed(),
+        K::Entrylk => (name(), loc(), name(), entrylk())
+            .prop_map(|(domain, loc, name, (cmd, ty))| Fop::Entrylk { domain, loc, name, cmd, ty })
+            .boxed(),
+        K::Fentrylk => (name(), fd(), name(), entrylk())
+            .prop_map(|(domain, fd, name, (cmd, ty))| Fop::Fentrylk { domain, fd, name, cmd, ty })
+            .boxed(),
+        K::Xattrop => (loc(), xattrop_op(), dict()).prop_map(|(loc, op, xattrs)| Fop::Xattrop { loc, op, xattrs }).boxed(),
+        K::Fxattrop => (fd(), xattrop_op(), dict()).prop_map(|(fd, op, xattrs)| Fop::Fxattrop { fd, op, xattrs }).boxed(),
+        K::Fallocate => (fd(), u32_(), u64_(), u64_())
+            .prop_map(|(fd, mode, offset, len)| Fop::Fallocate { fd, mode, offset, len })
+            .boxed(),
+        K::Discard => (fd(), u64_(), u64_()).prop_map(|(fd, offset, len)| Fop::Discard { fd, offset, len }).boxed(),
+        K::Zerofill => (fd(), u64_(), u64_()).prop_map(|(fd, offset, len)| Fop::Zerofill { fd, offset, len }).boxed(),
+        K::Seek => (fd(), u64_(), prop_oneof![Just(SeekWhat::Data), Just(SeekWhat::Hole)])
+            .prop_map(|(fd, offset, what)| Fop::Seek { fd, offset, what })
+            .boxed(),
+        K::Rchecksum => (fd(), u64_(), u32_()).prop_map(|(fd, offset, len)| Fop::Rchecksum { fd, offset, len }).boxed(),
+        K::Lease => (loc(), prop_oneof![Just(LeaseCmd::Read), Just(LeaseCmd::Write), Just(LeaseCmd::Unlock)], any::<[u8; 16]>())
+            .prop_map(|(loc, cmd, lease_id)| Fop::Lease { loc, cmd, lease_id })
+            .boxed(),
+        K::Ipc => any::<i32>().prop_map(|op| Fop::Ipc { op }).boxed(),
+        K::CopyFileRange => (fd(), u64_(), fd(), u64_(), u64_(), u32_())
+            .prop_map(|(fd_in, off_in, fd_out, off_out, len, flags)| Fop::CopyFileRange {
+                fd_in,
+                off_in,
+                fd_out,
+                off_out,
+                len,
+                flags,
+            })
+            .boxed(),
+        K::Release => fd().prop_map(|fd| Fop::Release { fd }).boxed(),
+        K::Releasedir => fd().prop_map(|fd| Fop::Releasedir { fd }).boxed(),
+        K::Forget => gfid().prop_map(|gfid| Fop::Forget { gfid }).boxed(),
+    }
+}
+
+fn fop() -> impl Strategy<Value = Fop> {
+    proptest::sample::select(FopKind::ALL).prop_flat_map(fop_of)
+}
+
+/// One strategy per reply variant, in tag order.
+fn reply_variants() -> Vec<BoxedStrategy<Reply>> {
+    vec![
+        Just(Reply::Empty).boxed(),
+        (iatt(), iatt()).prop_map(|(iatt, postparent)| Reply::Entry { iatt, postparent }).boxed(),
+        iatt().prop_map(Reply::Attr).boxed(),
+        (iatt(), iatt()).prop_map(|(pre, post)| Reply::PrePost { pre, post }).boxed(),
+        (iatt(), iatt()).prop_map(|(pre, post)| Reply::Parent { pre, post }).boxed(),
+        iatt().prop_map(|iatt| Reply::Rename { iatt }).boxed(),
+        (data(), iatt()).prop_map(|(data, iatt)| Reply::Read { data, iatt }).boxed(),
+        (name(), iatt()).prop_map(|(target, iatt)| Reply::Readlink { target, iatt }).boxed(),
+        vec(dirent(), 0..4).prop_map(Reply::Dirents).boxed(),
+        statvfs().prop_map(Reply::Statfs).boxed(),
+        dict().prop_map(Reply::Xattrs).boxed(),
+        flock().prop_map(Reply::Lock).boxed(),
+        any::<u64>().prop_map(Reply::Offset).boxed(),
+        (any::<u32>(), any::<[u8; 32]>()).prop_map(|(weak, strong)| Reply::Checksum { weak, strong }).boxed(),
+        (any::<u64>(), iatt()).prop_map(|(len, post)| Reply::Copied { len, post }).boxed(),
+    ]
+}
+
+fn reply() -> impl Strategy<Value = Reply> {
+    Union::new(reply_variants())
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    (fop(), dict()).prop_map(|(fop, xdata)| Request { fop, xdata })
+}
+
+fn response() -> impl Strategy<Value = Response> {
+    (reply(), dict()).prop_map(|(reply, xdata)| Response { reply, xdata })
+}
+
+fn fop_result() -> impl Strategy<Value = FopResult> {
+    prop_oneof![response().prop_map(Ok), any::<i32>().prop_map(|e| Err(Errno(e)))]
+}
+
+fn call_ctx() -> impl Strategy<Value = CallCtx> {
+    (any::<u32>(), any::<u32>(), vec(any::<u32>(), 0..8), any::<u32>(), any::<u64>(), name()).prop_map(
+        |(uid, gid, groups, pid, lk_owner, client)| CallCtx {
+            uid,
+            gid,
+            groups: Arc::from(groups),
+            pid,
+            lk_owner,
+            client_id: Arc::from(client),
+        },
+    )
+}
+
+fn upcall() -> impl Strategy<Value = Upcall> {
+    prop_oneof![
+        (gfid(), name(), name(), any::<u64>()).prop_map(|(gfid, domain, holder_client, holder_owner)| {
+            Upcall::InodelkContention { gfid, domain, holder_client, holder_owner }
+        }),
+        (gfid(), name(), name(), name()).prop_map(|(gfid, domain, name, holder_client)| {
+            Upcall::EntrylkContention { gfid, domain, name, holder_client }
+        }),
+        gfid().prop_map(|gfid| Upcall::Invalidate { gfid }),
+    ]
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        Just(Event::ChildUp),
+        Just(Event::ChildDown),
+        Just(Event::ChildConnecting),
+        Just(Event::ParentUp),
+        Just(Event::ParentDown),
+        upcall().prop_map(Event::Upcall),
+        name().prop_map(|client_id| Event::ClientGone { client_id }),
+    ]
+}
+
+// ---- helpers ----
+
+fn enc<T: Wire>(v: &T) -> (Vec<u8>, Option<Bytes>) {
+    let mut buf = Vec::new();
+    let payload = encode(v, &mut buf);
+    (buf, payload)
+}
+
+fn dec<T: Wire>(header: &[u8], payload: Option<Bytes>) -> Result<T, DecodeError> {
+    decode(header, payload, &Limits::DEFAULT)
+}
+
+/// Decodes what `v` encodes to, and checks the value and its re-encoding
+/// (the encoding is canonical) are the same.
+fn round_trip<T: Wire + PartialEq + Debug>(v: &T) -> Result<(), TestCaseError> {
+    let (buf, payload) = enc(v);
+    let back: T = dec(&buf, payload.clone()).map_err(|e| TestCaseError::fail(format!("{e} decoding {v:?}")))?;
+    prop_assert_eq!(&back, v);
+    let (again, payload2) = enc(&back);
+    prop_assert_eq!(again, buf);
+    prop_assert_eq!(payload2, payload);
+    Ok(())
+}
+
+/// Every strict prefix of `v`'s header fails to decode, with or without
+/// its payload.
+fn prefixes_fail<T: Wire + Debug>(v: &T) {
+    let (buf, payload) = enc(v);
+    for n in 0..buf.len() {
+        assert!(dec::<T>(&buf[..n], payload.clone()).is_err(), "prefix {n}/{} of {v:?} decoded", buf.len());
+        assert!(dec::<T>(&buf[..n], None).is_err(), "prefix {n}/{} of {v:?} decoded without payload", buf.len());
+    }
+}
+
+fn sample<S: Strategy>(s: &S, runner: &mut TestRunner) -> S::Value {
+    s.new_tree(runner).expect("strategy").current()
+}
+
+// ---- round trips ----
+
+proptest! {
+    #[test]
+    fn fop_round_trips(v in fop()) { round_trip(&v)?; }
+
+    #[test]
+    fn reply_round_trips(v in reply()) { round_trip(&v)?; }
+
+    #[test]
+    fn request_round_trips(v in request()) { round_trip(&v)?; }
+
+    #[test]
+    fn response_round_trips(v in response()) { round_trip(&v)?; }
+
+    #[test]
+    fn result_round_trips(v in fop_result()) { round_trip(&v)?; }
+
+    #[test]
+    fn dict_round_trips(v in dict()) { round_trip(&v)?; }
+
+    #[test]
+    fn call_ctx_round_trips(v in call_ctx()) { round_trip(&v)?; }
+
+    #[test]
+    fn event_round_trips(v in event()) { round_trip(&v)?; }
+
+    #[test]
+    fn value_types_round_trip(
+        g in gfid(), i in iatt(), l in loc(), f in fd(), a in set_attr(), k in flock(),
+        d in dirent(), s in statvfs(), e in any::<i32>(), t in timespec(),
+    ) {
+        round_trip(&g)?;
+        round_trip(&i)?;
+        round_trip(&l)?;
+        round_trip(&f)?;
+        round_trip(&a)?;
+        round_trip(&k)?;
+        round_trip(&d)?;
+        round_trip(&s)?;
+        round_trip(&Errno(e))?;
+        round_trip(&t)?;
+    }
+}
+
+#[test]
+fn every_fop_kind_is_encodable_and_round_trips() {
+    let mut runner = TestRunner::new(Config::with_cases(32));
+    for &kind in FopKind::ALL {
+        runner
+            .run(&fop_of(kind), |fop| {
+                prop_assert_eq!(fop.kind(), kind);
+                let (buf, payload) = enc(&fop);
+                prop_assert_eq!(&buf[..2], &(kind as u16).to_le_bytes()[..]);
+                prop_assert_eq!(payload.is_some(), kind == FopKind::Writev);
+                round_trip(&fop)
+            })
+            .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+    }
+    // Codes outside FopKind's are refused.
+    for code in [0u16, FopKind::ALL.len() as u16 + 1, u16::MAX] {
+        assert_eq!(dec::<Fop>(&code.to_le_bytes(), None), Err(DecodeError::UnknownFop(code)));
+    }
+}
+
+#[test]
+fn every_reply_variant_round_trips_with_its_tag() {
+    let mut runner = TestRunner::new(Config::with_cases(32));
+    for (tag, strategy) in reply_variants().into_iter().enumerate() {
+        runner
+            .run(&strategy, |reply| {
+                let (buf, payload) = enc(&reply);
+                prop_assert_eq!(buf[0] as usize, tag);
+                prop_assert_eq!(payload.is_some(), matches!(reply, Reply::Read { .. }));
+                round_trip(&reply)
+            })
+            .unwrap_or_else(|e| panic!("reply tag {tag}: {e}"));
+    }
+    assert_eq!(dec::<Reply>(&[15], None), Err(DecodeError::UnknownTag { what: "reply", tag: 15 }));
+}
+
+#[test]
+fn strict_prefixes_fail_to_decode() {
+    let mut runner = TestRunner::deterministic();
+    for &kind in FopKind::ALL {
+        let fop = sample(&fop_of(kind), &mut runner);
+        prefixes_fail(&fop);
+        let xdata = Dict::new().with("k", Value::U64(1)).with("s", Value::Str("v".into()));
+        prefixes_fail(&Request { fop, xdata });
+    }
+    for strategy in reply_variants() {
+        let reply = sample(&strategy, &mut runner);
+        prefixes_fail(&reply);
+        let resp = Response { reply, xdata: sample(&dict(), &mut runner) };
+        prefixes_fail(&resp);
+        prefixes_fail::<FopResult>(&Ok(resp));
+    }
+    prefixes_fail::<FopResult>(&Err(Errno::ENOENT));
+    for _ in 0..16 {
+        prefixes_fail(&sample(&event(), &mut runner));
+        prefixes_fail(&sample(&call_ctx(), &mut runner));
+        prefixes_fail(&sample(&dict(), &mut runner));
+    }
+    let mut hello = Vec::new();
+    encode_hello(AbiVersion::CURRENT, &mut hello);
+    for n in 0..hello.len() {
+        assert!(decode_hello(&hello[..n]).is_err());
+    }
+}
+
+// ---- the byte layout of ABI.md ----
+
+#[test]
+fn layout_matches_abi_md() {
+    let req = Request::with_xdata(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "a") }, Dict::new().with("k", Value::U64(7)));
+    let mut want = vec![1, 0];
+    want.extend([0; 16]);
+    want.extend(Gfid::ROOT.0);
+    want.extend([1, 0, 0, 0, b'a']);
+    want.extend([1, 0, 0, 0, 1, 0, 0, 0, b'k', 1, 7, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(enc(&req), (want, None));
+
+    let data = Bytes::from_static(b"abc");
+    let fop = Fop::Writev { fd: Fd { id: FdId(5), gfid: Gfid::ROOT }, data: data.clone(), offset: 9, flags: 2 };
+    let mut want = vec![20, 0, 5, 0, 0, 0, 0, 0, 0, 0];
+    want.extend(Gfid::ROOT.0);
+    want.extend([3, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0]);
+    assert_eq!(enc(&fop), (want, Some(data)));
+
+    assert_eq!(enc(&FopResult::Err(Errno::ENOENT)).0, [1, 2, 0, 0, 0]);
+    assert_eq!(enc(&Event::ClientGone { client_id: "c".into() }).0, [6, 1, 0, 0, 0, b'c']);
+    assert_eq!(enc(&Iatt::default()).0.len(), IATT_SIZE);
+    assert_eq!(enc(&Statvfs::default()).0.len(), 88);
+    assert_eq!(enc(&Flock::whole(LockType::Write, 1)).0.len(), 29);
+    assert_eq!(enc(&Reply::Empty).0, [0]);
+
+    let mut hello = Vec::new();
+    encode_hello(AbiVersion::new(1, 0), &mut hello);
+    assert_eq!(hello, *b"XLFS\x01\x00\x00\x00");
+}
+
+// ---- payloads ----
+
+#[test]
+fn payload_travels_beside_the_header_without_copy() {
+    let data = Bytes::from(vec![7u8; 100_000]);
+    let req = Request::new(Fop::Writev { fd: Fd::default(), data: data.clone(), offset: 0, flags: 0 });
+    let (header, payload) = enc(&req);
+    assert!(header.len() < 100, "data went into the header");
+    let back: Request = dec(&header, payload).expect("decode");
+    let Fop::Writev { data: got, .. } = &back.fop else { panic!("not a writev: {back:?}") };
+    assert_eq!(got.as_ptr(), data.as_ptr(), "payload was copied");
+
+    let resp: FopResult = Ok(Reply::Read { data: data.clone(), iatt: Iatt::default() }.into());
+    let (header, payload) = enc(&resp);
+    assert!(header.len() < 200);
+    let back: FopResult = dec(&header, payload).expect("decode");
+    let Ok(Response { reply: Reply::Read { data: got, .. }, .. }) = &back else { panic!("{back:?}") };
+    assert_eq!(got.as_ptr(), data.as_ptr(), "payload was copied");
+}
+
+#[test]
+fn payload_mismatches_are_errors() {
+    let fop = Fop::Writev { fd: Fd::default(), data: Bytes::from_static(b"0123456789"), offset: 0, flags: 0 };
+    let (header, _) = enc(&fop);
+    let short = Some(Bytes::from_static(b"01234"));
+    assert_eq!(dec::<Fop>(&header, short), Err(DecodeError::PayloadMismatch { declared: 10, actual: 5 }));
+    assert_eq!(dec::<Fop>(&header, None), Err(DecodeError::PayloadMismatch { declared: 10, actual: 0 }));
+
+    // Empty data: an absent and an empty payload are the same.
+    let empty = Fop::Writev { fd: Fd::default(), data: Bytes::new(), offset: 0, flags: 0 };
+    let (header, payload) = enc(&empty);
+    assert_eq!(payload, Some(Bytes::new()));
+    assert_eq!(dec::<Fop>(&header, None), Ok(empty.clone()));
+    assert_eq!(
+        dec::<Fop>(&header, Some(Bytes::from_static(b"x"))),
+        Err(DecodeError::PayloadMismatch { declared: 0, actual: 1 })
+    );
+
+    // A value without a data field takes no payload.
+    let (header, payload) = enc(&Fop::Lookup { loc: Loc::root() });
+    assert_eq!(payload, None);
+    assert!(dec::<Fop>(&header, Some(Bytes::new())).is_ok());
+    assert_eq!(
+        dec::<Fop>(&header, Some(Bytes::from_static(b"xyz"))),
+        Err(DecodeError::PayloadMismatch { declared: 0, actual: 3 })
+    );
+
+    // A declared length over the limit.
+    let mut header = vec![20, 0];
+    header.extend([0; 24]);
+    header.extend(u64::MAX.to_le_bytes());
+    header.extend([0; 12]);
+    assert!(matches!(dec::<Fop>(&header, None), Err(DecodeError::TooLong { what: "payload", .. })));
+}
+
+// ---- hostile input ----
+
+/// Header of a LOOKUP up to its name's length prefix.
+fn lookup_up_to_name(name_len: u32) -> Vec<u8> {
+    let mut h = vec![1, 0];
+    h.extend([0; 32]);
+    h.extend(name_len.to_le_bytes());
+    h
+}
+
+#[test]
+fn huge_length_prefixes_do_not_allocate() {
+    assert!(allocated_by(|| Vec::<u8>::with_capacity(4096)).1 >= 4096, "allocation counter is not counting");
+    let limits = Limits::DEFAULT;
+    type Decoder = fn(&[u8], &Limits) -> Result<(), DecodeError>;
+    let cases: Vec<(Vec<u8>, Decoder)> = vec![
+        // A name of 4 GiB.
+        (lookup_up_to_name(u32::MAX), |h, l| decode::<Fop>(h, None, l).map(drop)),
+        // A name at the limit with 3 bytes behind it.
+        ([lookup_up_to_name(4096), vec![b'a'; 3]].concat(), |h, l| decode::<Fop>(h, None, l).map(drop)),
+        // 65536 dirents (the limit) and no bytes for them.
+        ([vec![8], 65536u32.to_le_bytes().to_vec()].concat(), |h, l| decode::<Reply>(h, None, l).map(drop)),
+        // u32::MAX dirents.
+        ([vec![8], u32::MAX.to_le_bytes().to_vec()].concat(), |h, l| decode::<Reply>(h, None, l).map(drop)),
+        // 4096 dict keys and a few bytes.
+        ([vec![10], 4096u32.to_le_bytes().to_vec(), vec![0; 40]].concat(), |h, l| decode::<Reply>(h, None, l).map(drop)),
+        // A dict string value of 1 MiB with nothing behind it.
+        (
+            [vec![10], 1u32.to_le_bytes().to_vec(), vec![1, 0, 0, 0, b'k', 2], (1u32 << 20).to_le_bytes().to_vec()].concat(),
+            |h, l| decode::<Reply>(h, None, l).map(drop),
+        ),
+        // 65536 groups and no bytes for them.
+        ([vec![0; 8], 65536u32.to_le_bytes().to_vec()].concat(), |h, l| decode::<CallCtx>(h, None, l).map(drop)),
+        // u32::MAX groups.
+        ([vec![0; 8], u32::MAX.to_le_bytes().to_vec()].concat(), |h, l| decode::<CallCtx>(h, None, l).map(drop)),
+    ];
+    for (i, (header, decoder)) in cases.iter().enumerate() {
+        let (result, bytes) = allocated_by(|| decoder(header, &limits));
+        let err = result.expect_err("hostile input decoded");
+        assert!(
+            matches!(err, DecodeError::TooLong { .. } | DecodeError::Truncated { .. }),
+            "case {i}: unexpected {err:?}"
+        );
+        assert!(bytes < 1024, "case {i}: decoding {} bytes allocated {bytes} bytes ({err})", header.len());
+    }
+}
+
+#[test]
+fn limits_are_enforced_and_configurable() {
+    let (header, _) = enc(&Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "x".repeat(4097)) });
+    assert_eq!(dec::<Fop>(&header, None), Err(DecodeError::TooLong { what: "name", len: 4097, max: 4096 }));
+
+    let dirents = Reply::Dirents(vec![DirEntry::default(); 3]);
+    let (header, _) = enc(&dirents);
+    let small = Limits { max_dirents: 2, ..Limits::DEFAULT };
+    assert!(matches!(decode::<Reply>(&header, None, &small), Err(DecodeError::TooLong { what: "dirent list", .. })));
+    assert_eq!(decode::<Reply>(&header, None, &Limits { max_dirents: 3, ..small }), Ok(dirents));
+
+    let tiny = Limits { max_header: 4, ..Limits::DEFAULT };
+    assert!(matches!(decode::<Reply>(&header, None, &tiny), Err(DecodeError::TooLong { what: "header", .. })));
+
+    let keys: Dict = (0..5).map(|i| (format!("k{i}"), Value::U64(i))).collect();
+    let (header, _) = enc(&keys);
+    let few = Limits { max_dict_keys: 4, ..Limits::DEFAULT };
+    assert!(matches!(decode::<Dict>(&header, None, &few), Err(DecodeError::TooLong { what: "dict", .. })));
+
+    let long = Dict::new().with("k", Value::Bytes(Bytes::from(vec![0; 100])));
+    let (header, _) = enc(&long);
+    let short = Limits { max_string: 99, ..Limits::DEFAULT };
+    assert!(matches!(decode::<Dict>(&header, None, &short), Err(DecodeError::TooLong { what: "dict bytes", .. })));
+
+    let writev = Fop::Writev { fd: Fd::default(), data: Bytes::from(vec![1; 10]), offset: 0, flags: 0 };
+    let (header, payload) = enc(&writev);
+    let small_payload = Limits { max_payload: 9, ..Limits::DEFAULT };
+    assert!(matches!(decode::<Fop>(&header, payload, &small_payload), Err(DecodeError::TooLong { what: "payload", .. })));
+}
+
+#[test]
+fn unknown_tags_are_errors() {
+    fn unknown<T>(what: &'static str, tag: u8) -> Result<T, DecodeError> {
+        Err(DecodeError::UnknownTag { what, tag })
+    }
+    assert_eq!(dec::<Event>(&[7], None), unknown("event", 7));
+    assert_eq!(dec::<Event>(&[5, 3], None), unknown("upcall", 3));
+    assert_eq!(dec::<FopResult>(&[2], None), unknown("result", 2));
+    assert_eq!(dec::<Value>(&[5], None), unknown("dict value", 5));
+    assert_eq!(dec::<Reply>(&[255], None), unknown("reply", 255));
+    // FSYNC with datasync = 2.
+    let mut fsync = vec![22, 0];
+    fsync.extend([0; 24]);
+    fsync.push(2);
+    assert_eq!(dec::<Fop>(&fsync, None), unknown("bool", 2));
+    // SETATTR with an option flag of 2.
+    let mut setattr = lookup_up_to_name(0);
+    setattr[0] = 4;
+    setattr.push(2);
+    assert_eq!(dec::<Fop>(&setattr, None), unknown("option", 2));
+    // A dirent of file type 8.
+    let mut dirents = vec![8, 1, 0, 0, 0, 0, 0, 0, 0];
+    dirents.extend([0; 8]);
+    dirents.push(8);
+    dirents.extend([0; IATT_SIZE]);
+    assert_eq!(dec::<Reply>(&dirents, None), unknown("file type", 8));
+    // LK with cmd 3.
+    let mut lk = vec![34, 0];
+    lk.extend([0; 24]);
+    lk.push(3);
+    lk.extend([0; 29]);
+    assert_eq!(dec::<Fop>(&lk, None), unknown("lk cmd", 3));
+}
+
+#[test]
+fn malformed_input_is_refused() {
+    // Trailing bytes.
+    let (mut header, _) = enc(&Fop::Lookup { loc: Loc::root() });
+    header.push(0);
+    assert_eq!(dec::<Fop>(&header, None), Err(DecodeError::TrailingBytes(1)));
+
+    // A name that is not UTF-8.
+    let mut bad = lookup_up_to_name(2);
+    bad.extend([0xc3, 0x28]);
+    assert_eq!(dec::<Fop>(&bad, None), Err(DecodeError::BadUtf8 { what: "name" }));
+
+    // Dict keys out of order, and repeated.
+    let entry = |k: u8| vec![1, 0, 0, 0, k, 1, 0, 0, 0, 0, 0, 0, 0, 0];
+    let dict = |keys: &[u8]| [2u32.to_le_bytes().to_vec(), entry(keys[0]), entry(keys[1])].concat();
+    assert!(dec::<Dict>(&dict(b"ab"), None).is_ok());
+    assert_eq!(dec::<Dict>(&dict(b"ba"), None), Err(DecodeError::UnsortedKeys));
+    assert_eq!(dec::<Dict>(&dict(b"aa"), None), Err(DecodeError::UnsortedKeys));
+
+    // Empty input.
+    assert!(matches!(dec::<Request>(&[], None), Err(DecodeError::Truncated { offset: 0, .. })));
+}
+
+proptest! {
+    /// Arbitrary bytes never panic any decoder, and what decodes re-encodes
+    /// to the same bytes.
+    #[test]
+    fn arbitrary_bytes_never_panic(header in vec(any::<u8>(), 0..256), payload in proptest::option::of(data())) {
+        fn check<T: Wire + PartialEq + Debug>(h: &[u8], p: &Option<Bytes>) -> Result<(), TestCaseError> {
+            if let Ok(v) = dec::<T>(h, p.clone()) {
+                let (again, payload) = enc(&v);
+                prop_assert_eq!(&again[..], h);
+                prop_assert_eq!(payload.unwrap_or_default(), p.clone().unwrap_or_default());
+            }
+            Ok(())
+        }
+        check::<Fop>(&header, &payload)?;
+        check::<Reply>(&header, &payload)?;
+        check::<Request>(&header, &payload)?;
+        check::<FopResult>(&header, &payload)?;
+        check::<Dict>(&header, &payload)?;
+        check::<CallCtx>(&header, &payload)?;
+        check::<Event>(&header, &payload)?;
+        let _ = decode_hello(&header);
+    }
+}
+
+// ---- handshake ----
+
+#[test]
+fn handshake_compatibility_rule() {
+    let v = AbiVersion::new;
+    assert_eq!(check_compatible(v(1, 0), v(1, 0)), Ok(()));
+    assert_eq!(check_compatible(v(1, 3), v(1, 1)), Ok(()));
+
+    let err = check_compatible(v(1, 1), v(1, 2)).expect_err("1.1 host must refuse a 1.2 plugin");
+    assert_eq!(err, VersionError::MinorTooNew { host: v(1, 1), peer: v(1, 2) });
+    let msg = err.to_string();
+    assert!(msg.contains("v1.1") && msg.contains("v1.2"), "{msg}");
+
+    for (host, peer) in [(v(1, 0), v(2, 0)), (v(2, 0), v(1, 0))] {
+        let err = check_compatible(host, peer).expect_err("major mismatch must be refused");
+        assert_eq!(err, VersionError::MajorMismatch { host, peer });
+        let msg = err.to_string();
+        assert!(msg.contains(&host.to_string()) && msg.contains(&peer.to_string()), "{msg}");
+    }
+    assert_eq!(AbiVersion::CURRENT, v(ABI_MAJOR, ABI_MINOR));
+}
+
+#[test]
+fn hello_round_trips_and_tolerates_later_extensions() {
+    let mut buf = Vec::new();
+    encode_hello(AbiVersion::CURRENT, &mut buf);
+    assert_eq!(buf.len(), HELLO_LEN);
+    assert_eq!(decode_hello(&buf), Ok(AbiVersion::CURRENT));
+
+    // A later version's hello, with bytes this version does not know.
+    let mut later = Vec::new();
+    encode_hello(AbiVersion::new(2, 7), &mut later);
+    later.extend(b"future fields");
+    let peer = decode_hello(&later).expect("any version's hello decodes");
+    assert_eq!(peer, AbiVersion::new(2, 7));
+    assert!(check_compatible(AbiVersion::CURRENT, peer).is_err());
+
+    assert_eq!(decode_hello(b"NOPE\x01\x00\x00\x00"), Err(DecodeError::BadMagic(*b"NOPE")));
+    assert!(matches!(decode_hello(b"XLFS\x01"), Err(DecodeError::Truncated { .. })));
+}
