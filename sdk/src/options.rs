@@ -114,10 +114,10 @@ impl OptionDecl {
                 OptValue::Path(PathBuf::from(raw))
             }
         };
-        if let (Some((lo, hi)), Some(n)) = (self.range, v.as_f64()) {
-            if n < lo || n > hi {
-                return Err(OptionError::OutOfRange { name: self.name.to_string(), value: raw.to_string(), min: lo, max: hi });
-            }
+        if let (Some((lo, hi)), Some(n)) = (self.range, v.as_f64())
+            && (n < lo || n > hi)
+        {
+            return Err(OptionError::OutOfRange { name: self.name.to_string(), value: raw.to_string(), min: lo, max: hi });
         }
         Ok(v)
     }
@@ -193,7 +193,7 @@ impl fmt::Display for OptValue {
 fn format_size(s: u64) -> String {
     const UNITS: [(&str, u64); 5] = [("PB", 1 << 50), ("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)];
     for (u, m) in UNITS {
-        if s >= m && s % m == 0 {
+        if s >= m && s.is_multiple_of(m) {
             return format!("{}{u}", s / m);
         }
     }
