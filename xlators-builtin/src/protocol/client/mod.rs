@@ -1,0 +1,910 @@
+//! protocol/client: a leaf that sends every fop to one subvolume of a
+//! remote protocol/server (GlusterFS's client xlator). Wire format:
+//! `sdk/WIRE.md`; transport: [`super::rpc`].
+//!
+//! - **Connection.** On `ParentUp` it connects to `remote-host:remote-port`
+//!   and says `ChildConnecting`; after the handshake (ABI version,
+//!   `remote-subvolume`, `username`/`password`) it says `ChildUp`. When the
+//!   connection drops, or the server refuses the handshake (the server's
+//!   reason is logged and shown by `dump()` as `last-error`), it says
+//!   `ChildDown` and tries again, waiting `reconnect-min`, doubling up to
+//!   `reconnect-max`, until `ParentDown` or `fini`. Events are sent only
+//!   when they change the state.
+//! - **Fops.** Many in flight on the connection, matched to replies by id.
+//!   While disconnected a fop fails at once with ENOTCONN; fops in flight
+//!   when the connection drops fail with ENOTCONN; no fop waits longer than
+//!   `frame-timeout` (then ENOTCONN, as GlusterFS's call bail). A read
+//!   whose reply could not fit in `max-frame-size`, or a call that does not
+//!   fit, is EINVAL.
+//! - **Liveness.** A PING goes out every `min(ping-timeout / 3, 5 s)`; when
+//!   nothing at all has arrived for `ping-timeout` the server is declared
+//!   down (connection closed, `ChildDown`, fops in flight ENOTCONN).
+//!   `ping-timeout 0` turns this off.
+//! - **Fds across reconnects.** Every fd opened through this client is
+//!   remembered (gfid, flags, file or directory). The server forgets a
+//!   connection's fds when it ends, so after a reconnect each fd is opened
+//!   again (by gfid, with the same fd id, without O_CREAT/O_EXCL/O_TRUNC)
+//!   just before its next use, as GlusterFS's client_reopen does. An fd
+//!   whose reopen fails, or that held POSIX locks when `strict-locks` is on
+//!   (its locks are gone), is EBADF from then on. Locks do not survive a
+//!   reconnect: the server frees a gone connection's locks.
+//! - **Upcalls** from the server become [`Event::Upcall`]s for the parents.
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::runtime::Handle;
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use xlfs_sdk::abi::{self, AbiVersion};
+use xlfs_sdk::options::{OptType, OptionDecl};
+use xlfs_sdk::{
+    CallCtx, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, FopKind,
+    FopResult, Gfid, InitCtx, InitError, LkCmd, Loc, LockType, Reply, Request, Response, Xlator,
+    XlatorType,
+};
+
+use super::rpc::{
+    Frame, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, Hello, Message, OUT_QUEUE, Outgoing,
+    SocketOptions, hello_keys, limits_for, with_transport_options, write_loop,
+};
+
+/// The translator type.
+pub const TYPE: XlatorType = XlatorType {
+    name: "protocol/client",
+    description: "sends fops to a subvolume of a remote protocol/server over TCP",
+    options: OPTIONS,
+    min_children: 0,
+    max_children: 0,
+    build,
+};
+
+const OPTIONS: &[OptionDecl] = with_transport_options![
+    OptionDecl::new("remote-host", OptType::Str).desc("Host name or IPv4 address of the brick's server (required)."),
+    OptionDecl::new("remote-port", OptType::Int)
+        .default("49152")
+        .range(1.0, 65535.0)
+        .desc("TCP port of the brick's server."),
+    OptionDecl::new("remote-subvolume", OptType::Str)
+        .desc("The server's subvolume to use, usually the brick directory (required)."),
+    OptionDecl::new("ping-timeout", OptType::Time).default("42").range(0.0, 1013.0).desc(
+        "Declare the brick down when nothing has arrived from it for this long (pings keep an idle connection \
+         busy); 0 turns pings off.",
+    ),
+    OptionDecl::new("frame-timeout", OptType::Time)
+        .default("1800")
+        .range(0.001, 604800.0)
+        .desc("Longest a fop waits for its reply; then it fails with ENOTCONN."),
+    OptionDecl::new("username", OptType::Str).desc("Login name sent in the handshake (for auth.login)."),
+    OptionDecl::new("password", OptType::Str).desc("Login password sent in the handshake."),
+    OptionDecl::new("max-frame-size", OptType::Size)
+        .default("128MB")
+        .range(1048576.0, 4294967295.0)
+        .desc("Largest frame sent or accepted; a bigger frame from the server closes the connection."),
+    OptionDecl::new("reconnect-min", OptType::Time)
+        .default("100ms")
+        .range(0.001, 3600.0)
+        .desc("First wait before reconnecting; doubled after each failed attempt."),
+    OptionDecl::new("reconnect-max", OptType::Time)
+        .default("3s")
+        .range(0.001, 3600.0)
+        .desc("Longest wait between reconnect attempts."),
+    OptionDecl::new("send-gids", OptType::Bool)
+        .default("on")
+        .desc("Send the caller's supplementary groups with each fop; off sends none."),
+    OptionDecl::new("strict-locks", OptType::Bool).default("off").desc(
+        "After a reconnect, do not reopen fds that held POSIX locks (their locks are lost): they fail with EBADF.",
+    ),
+];
+
+/// Longest wait for the TCP connection and for the HELLO_REPLY.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for a closing connection's last frames to be written.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+/// Most fops in flight at once; more wait for a slot (within frame-timeout).
+const MAX_PENDING: usize = 1 << 16;
+/// Room for a read reply's header beside its data.
+const REPLY_OVERHEAD: usize = 64 << 10;
+/// Longest ping interval.
+const MAX_PING_INTERVAL: Duration = Duration::from_secs(5);
+
+fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
+    let name = init.name.clone();
+    Client::new(init)
+        .map(|c| Arc::new(c) as Arc<dyn Xlator>)
+        .map_err(|e| InitError::new(format!("{name}: {e}")))
+}
+
+#[derive(Debug)]
+struct Config {
+    host: String,
+    port: u16,
+    subvolume: String,
+    ping_timeout: Duration,
+    frame_timeout: Duration,
+    username: Option<String>,
+    password: Option<String>,
+    max_frame: usize,
+    reconnect_min: Duration,
+    reconnect_max: Duration,
+    send_gids: bool,
+    strict_locks: bool,
+    sock: SocketOptions,
+}
+
+#[derive(Default)]
+struct Counters {
+    calls: AtomicU64,
+    enotconn: AtomicU64,
+    frame_timeouts: AtomicU64,
+    connects: AtomicU64,
+    disconnects: AtomicU64,
+    ping_timeouts: AtomicU64,
+    upcalls: AtomicU64,
+    reopens: AtomicU64,
+    reopen_failures: AtomicU64,
+}
+
+/// An fd opened through this client.
+#[derive(Clone, Copy, Debug)]
+struct FdRec {
+    gfid: Gfid,
+    flags: u32,
+    dir: bool,
+    /// The connection it is open on.
+    generation: u64,
+    /// Its reopen failed: EBADF.
+    bad: bool,
+    /// It was granted a POSIX lock (for strict-locks).
+    locked: bool,
+}
+
+/// One connection to the server.
+struct Conn {
+    generation: u64,
+    tx: Mutex<Option<mpsc::Sender<Outgoing>>>,
+    /// Reply waiters by request id; None once the connection is closed.
+    pending: Mutex<Option<HashMap<u64, oneshot::Sender<FopResult>>>>,
+}
+
+impl Conn {
+    async fn send(&self, out: Outgoing) -> bool {
+        let tx = self.tx.lock().clone();
+        match tx {
+            Some(tx) => tx.send(out).await.is_ok(),
+            None => false,
+        }
+    }
+
+    fn try_send(&self, out: Outgoing) {
+        if let Some(tx) = self.tx.lock().as_ref() {
+            let _ = tx.try_send(out);
+        }
+    }
+
+    /// Closes: no more frames, every waiter fails with ENOTCONN.
+    fn close(&self) {
+        self.tx.lock().take();
+        drop(self.pending.lock().take());
+    }
+
+    fn inflight(&self) -> usize {
+        self.pending.lock().as_ref().map_or(0, HashMap::len)
+    }
+}
+
+/// Removes a reply waiter that is not going to wait any more.
+struct PendingGuard<'a> {
+    conn: &'a Conn,
+    id: u64,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(map) = self.conn.pending.lock().as_mut() {
+            map.remove(&self.id);
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Status {
+    phase: &'static str,
+    last_error: String,
+    assigned_id: String,
+    generation: u64,
+}
+
+struct Inner {
+    name: String,
+    cfg: Config,
+    events: EventSink,
+    rt: Handle,
+    client_id: String,
+    conn: Mutex<Option<Arc<Conn>>>,
+    fds: Mutex<HashMap<FdId, FdRec>>,
+    reopen: tokio::sync::Mutex<()>,
+    next_id: AtomicU64,
+    slots: Semaphore,
+    /// ParentUp sets it, ParentDown and fini clear it.
+    run: watch::Sender<bool>,
+    /// The connection manager task is alive.
+    managing: AtomicBool,
+    last_event: Mutex<Option<Event>>,
+    status: Mutex<Status>,
+    counters: Counters,
+}
+
+/// The protocol/client translator.
+struct Client {
+    inner: Arc<Inner>,
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+impl Client {
+    fn new(init: InitCtx) -> Result<Client, String> {
+        let InitCtx {
+            name,
+            options: o,
+            events,
+            ..
+        } = init;
+        super::rpc::check_transport(&o)?;
+        let rt = Handle::try_current()
+            .map_err(|_| "protocol/client must be built inside a tokio runtime".to_string())?;
+        let required = |k: &str| {
+            o.str(k)
+                .filter(|v| !v.trim().is_empty())
+                .map(str::to_string)
+                .ok_or_else(|| format!("option '{k}' is required"))
+        };
+        let time = |k: &str, d: Duration| o.time(k).unwrap_or(d);
+        let reconnect_min = time("reconnect-min", Duration::from_millis(100));
+        let cfg = Config {
+            host: required("remote-host")?,
+            port: o.int("remote-port").unwrap_or(49152).clamp(1, 65535) as u16,
+            subvolume: required("remote-subvolume")?,
+            ping_timeout: time("ping-timeout", Duration::from_secs(42)),
+            frame_timeout: time("frame-timeout", Duration::from_secs(1800)),
+            username: o.str("username").map(str::to_string),
+            password: o.str("password").map(str::to_string),
+            max_frame: o
+                .size("max-frame-size")
+                .unwrap_or(128 << 20)
+                .min(u64::from(u32::MAX)) as usize,
+            reconnect_min,
+            reconnect_max: time("reconnect-max", Duration::from_secs(3)).max(reconnect_min),
+            send_gids: o.bool("send-gids").unwrap_or(true),
+            strict_locks: o.bool("strict-locks").unwrap_or(false),
+            sock: SocketOptions::from_options(&o),
+        };
+        let client_id = format!(
+            "{}-{}-{}-{}",
+            hostname(),
+            std::process::id(),
+            name,
+            Gfid::random()
+        );
+        let (run, _) = watch::channel(false);
+        Ok(Client {
+            inner: Arc::new(Inner {
+                name,
+                cfg,
+                events,
+                rt,
+                client_id,
+                conn: Mutex::new(None),
+                fds: Mutex::new(HashMap::new()),
+                reopen: tokio::sync::Mutex::new(()),
+                next_id: AtomicU64::new(1),
+                slots: Semaphore::new(MAX_PENDING),
+                run,
+                managing: AtomicBool::new(false),
+                last_event: Mutex::new(None),
+                status: Mutex::new(Status {
+                    phase: "idle",
+                    ..Status::default()
+                }),
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// Starts the connection manager unless it runs.
+    fn start(&self) {
+        self.inner.run.send_replace(true);
+        if !self.inner.managing.swap(true, Ordering::AcqRel) {
+            let inner = self.inner.clone();
+            self.inner.rt.spawn(async move {
+                loop {
+                    manage(&inner).await;
+                    inner.managing.store(false, Ordering::Release);
+                    // A ParentUp that came while the manager was ending.
+                    if !*inner.run.borrow() || inner.managing.swap(true, Ordering::AcqRel) {
+                        break;
+                    }
+                }
+            });
+        }
+    }
+}
+
+impl Xlator for Client {
+    fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
+        Box::pin(self.inner.call(ctx, req))
+    }
+
+    fn notify(&self, event: Event, from: EventFrom) -> Option<Event> {
+        match (from, event) {
+            (EventFrom::Graph, Event::ParentUp) => {
+                self.start();
+                None
+            }
+            (EventFrom::Graph, Event::ParentDown) => {
+                self.inner.run.send_replace(false);
+                None
+            }
+            (EventFrom::Graph, _) => None,
+            (EventFrom::Child(_), e) => Some(e),
+        }
+    }
+
+    fn dump(&self) -> Vec<(String, String)> {
+        let i = &self.inner;
+        let c = &i.counters;
+        let st = i.status.lock();
+        let inflight = i.conn.lock().as_ref().map_or(0, |c| c.inflight());
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
+        vec![
+            ("state".into(), st.phase.to_string()),
+            ("remote".into(), format!("{}:{}", i.cfg.host, i.cfg.port)),
+            ("remote-subvolume".into(), i.cfg.subvolume.clone()),
+            ("client-id".into(), i.client_id.clone()),
+            ("server-client-id".into(), st.assigned_id.clone()),
+            ("connection".into(), st.generation.to_string()),
+            ("inflight".into(), inflight.to_string()),
+            ("fds".into(), i.fds.lock().len().to_string()),
+            ("calls-total".into(), n(&c.calls)),
+            ("enotconn-total".into(), n(&c.enotconn)),
+            ("frame-timeouts-total".into(), n(&c.frame_timeouts)),
+            ("connects-total".into(), n(&c.connects)),
+            ("disconnects-total".into(), n(&c.disconnects)),
+            ("ping-timeouts-total".into(), n(&c.ping_timeouts)),
+            ("upcalls-total".into(), n(&c.upcalls)),
+            ("reopens-total".into(), n(&c.reopens)),
+            ("reopen-failures-total".into(), n(&c.reopen_failures)),
+            ("last-error".into(), st.last_error.clone()),
+        ]
+    }
+
+    fn fini(&self) {
+        self.inner.run.send_replace(false);
+    }
+}
+
+/// The fds a fop names (both of copy_file_range's).
+fn fop_fds(fop: &Fop) -> [Option<Fd>; 2] {
+    match fop {
+        Fop::CopyFileRange { fd_in, fd_out, .. } => [Some(*fd_in), Some(*fd_out)],
+        f => [f.fd().copied(), None],
+    }
+}
+
+impl Inner {
+    fn current(&self) -> Option<Arc<Conn>> {
+        self.conn.lock().clone()
+    }
+
+    /// Sends a state event to the parents unless it is the last one sent.
+    fn emit(&self, e: Event) {
+        {
+            let mut last = self.last_event.lock();
+            if last.as_ref() == Some(&e) {
+                return;
+            }
+            *last = Some(e.clone());
+        }
+        tracing::debug!(client = %self.name, event = ?e, "state event");
+        self.events.send(e);
+    }
+
+    fn set_error(&self, msg: String, refused: bool) {
+        let mut st = self.status.lock();
+        if st.last_error != msg {
+            if refused {
+                tracing::warn!(client = %self.name, "{msg}");
+            } else {
+                tracing::info!(client = %self.name, "{msg}");
+            }
+        } else {
+            tracing::debug!(client = %self.name, "{msg}");
+        }
+        st.last_error = msg;
+    }
+
+    async fn call(&self, ctx: CallCtx, req: Request) -> FopResult {
+        self.counters.calls.fetch_add(1, Ordering::Relaxed);
+        let kind = req.fop.kind();
+        let res = match tokio::time::timeout(self.cfg.frame_timeout, self.call_inner(ctx, req))
+            .await
+        {
+            Ok(r) => r,
+            Err(_) => {
+                self.counters.frame_timeouts.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(client = %self.name, fop = kind.name(), "no reply within frame-timeout {:?}", self.cfg.frame_timeout);
+                Err(Errno::ENOTCONN)
+            }
+        };
+        if res == Err(Errno::ENOTCONN) {
+            self.counters.enotconn.fetch_add(1, Ordering::Relaxed);
+        }
+        res
+    }
+
+    async fn call_inner(&self, mut ctx: CallCtx, req: Request) -> FopResult {
+        let _slot = self.slots.acquire().await.map_err(|_| Errno::ENOTCONN)?;
+        let conn = self.current().ok_or(Errno::ENOTCONN)?;
+        if !self.cfg.send_gids {
+            ctx.groups = Arc::from(Vec::new());
+        }
+        match req.fop.kind() {
+            FopKind::Release | FopKind::Releasedir => {
+                let rec = req.fop.fd().and_then(|fd| self.fds.lock().remove(&fd.id));
+                if rec.is_some_and(|r| r.bad || r.generation != conn.generation) {
+                    // The server already let go of it with the old connection.
+                    return Ok(Response::from(Reply::Empty));
+                }
+            }
+            _ => {
+                for fd in fop_fds(&req.fop).into_iter().flatten() {
+                    self.ensure_open(&conn, &ctx, fd).await?;
+                }
+            }
+        }
+        let open = match &req.fop {
+            Fop::Open { loc, flags, fd } | Fop::Create { loc, flags, fd, .. } => {
+                Some((*fd, loc.gfid, *flags, false))
+            }
+            Fop::Opendir { loc, fd } => Some((*fd, loc.gfid, 0, true)),
+            _ => None,
+        };
+        let locked = match &req.fop {
+            Fop::Lk { fd, cmd, lock } if *cmd != LkCmd::GetLk && lock.ty != LockType::Unlock => {
+                Some(fd.id)
+            }
+            _ => None,
+        };
+        let res = self.roundtrip(&conn, ctx, req).await;
+        if let Ok(resp) = &res {
+            let mut fds = self.fds.lock();
+            if let Some((id, gfid, flags, dir)) = open {
+                let gfid = match (&resp.reply, gfid.is_null()) {
+                    (Reply::Entry { iatt, .. }, true) => iatt.gfid,
+                    _ => gfid,
+                };
+                let rec = FdRec {
+                    gfid,
+                    flags,
+                    dir,
+                    generation: conn.generation,
+                    bad: false,
+                    locked: false,
+                };
+                fds.insert(id, rec);
+            }
+            if let Some(r) = locked.and_then(|id| fds.get_mut(&id)) {
+                r.locked = true;
+            }
+        }
+        res
+    }
+
+    /// Reopens `fd` on `conn` if it was opened on an earlier connection.
+    async fn ensure_open(&self, conn: &Arc<Conn>, ctx: &CallCtx, fd: Fd) -> Result<(), Errno> {
+        let decided = |fds: &HashMap<FdId, FdRec>| match fds.get(&fd.id) {
+            None => Some(Ok(())),
+            Some(r) if r.bad => Some(Err(Errno::EBADF)),
+            Some(r) if r.generation == conn.generation => Some(Ok(())),
+            Some(_) => None,
+        };
+        if let Some(r) = decided(&self.fds.lock()) {
+            return r;
+        }
+        let _one_at_a_time = self.reopen.lock().await;
+        let rec = {
+            let fds = self.fds.lock();
+            if let Some(r) = decided(&fds) {
+                return r;
+            }
+            match fds.get(&fd.id) {
+                Some(r) => *r,
+                None => return Ok(()),
+            }
+        };
+        let gfid = if rec.gfid.is_null() {
+            fd.gfid
+        } else {
+            rec.gfid
+        };
+        let fail = |why: String| {
+            self.counters
+                .reopen_failures
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(client = %self.name, fd = fd.id.0, %gfid, "fd not reopened after reconnect: {why}; EBADF from now on");
+            if let Some(r) = self.fds.lock().get_mut(&fd.id) {
+                r.bad = true;
+            }
+            Err(Errno::EBADF)
+        };
+        if self.cfg.strict_locks && rec.locked {
+            return fail("it held POSIX locks and strict-locks is on".into());
+        }
+        if gfid.is_null() {
+            return fail("its gfid is not known".into());
+        }
+        let no_create = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32;
+        let fop = match rec.dir {
+            true => Fop::Opendir {
+                loc: Loc::gfid(gfid),
+                fd: fd.id,
+            },
+            false => Fop::Open {
+                loc: Loc::gfid(gfid),
+                flags: rec.flags & !no_create,
+                fd: fd.id,
+            },
+        };
+        match self.roundtrip(conn, ctx.clone(), Request::new(fop)).await {
+            Ok(_) => {
+                self.counters.reopens.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(client = %self.name, fd = fd.id.0, %gfid, "fd reopened");
+                if let Some(r) = self.fds.lock().get_mut(&fd.id) {
+                    r.generation = conn.generation;
+                    r.gfid = gfid;
+                }
+                Ok(())
+            }
+            Err(Errno::ENOTCONN) => Err(Errno::ENOTCONN),
+            Err(e) => fail(format!("reopen failed with {e:?}")),
+        }
+    }
+
+    /// Sends one call on `conn` and waits for its reply.
+    async fn roundtrip(&self, conn: &Conn, ctx: CallCtx, req: Request) -> FopResult {
+        if let Fop::Readv { size, .. } = &req.fop
+            && (*size as usize).saturating_add(REPLY_OVERHEAD) > self.cfg.max_frame
+        {
+            tracing::warn!(client = %self.name, size, "read reply could not fit in max-frame-size {}: EINVAL", self.cfg.max_frame);
+            return Err(Errno::EINVAL);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame = Message::Call { ctx, req }
+            .to_frame(id)
+            .and_then(|f| f.check_size(self.cfg.max_frame).map(|()| f));
+        let frame = frame.map_err(|e| {
+            tracing::warn!(client = %self.name, "call not sent: {e}");
+            Errno::EINVAL
+        })?;
+        let (tx, rx) = oneshot::channel();
+        match self.conn_pending_insert(conn, id, tx) {
+            true => {}
+            false => return Err(Errno::ENOTCONN),
+        }
+        let _guard = PendingGuard { conn, id };
+        if !conn.send(frame.into()).await {
+            return Err(Errno::ENOTCONN);
+        }
+        rx.await.unwrap_or(Err(Errno::ENOTCONN))
+    }
+
+    fn conn_pending_insert(&self, conn: &Conn, id: u64, tx: oneshot::Sender<FopResult>) -> bool {
+        match conn.pending.lock().as_mut() {
+            Some(map) => {
+                map.insert(id, tx);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Connects and does the handshake.
+    async fn connect(
+        &self,
+        generation: u64,
+    ) -> Result<
+        (
+            Arc<Conn>,
+            FrameReader<OwnedReadHalf>,
+            JoinHandle<std::io::Result<()>>,
+        ),
+        (String, bool),
+    > {
+        let cfg = &self.cfg;
+        let addr = format!("{}:{}", cfg.host, cfg.port);
+        let plain = |e: String| (e, false);
+        let stream = match tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            TcpStream::connect((cfg.host.as_str(), cfg.port)),
+        )
+        .await
+        {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(plain(format!("cannot connect to {addr}: {e}"))),
+            Err(_) => {
+                return Err(plain(format!(
+                    "cannot connect to {addr}: no answer within {HANDSHAKE_TIMEOUT:?}"
+                )));
+            }
+        };
+        if let Err(e) = cfg.sock.apply(socket2::SockRef::from(&stream)) {
+            tracing::debug!(client = %self.name, error = %e, "socket options not applied");
+        }
+        let (rd, wr) = stream.into_split();
+        let (tx, rx) = mpsc::channel(OUT_QUEUE);
+        let writer = tokio::spawn(write_loop(wr, rx));
+        let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
+        let mut params = Dict::new();
+        params.set_str(hello_keys::VOLUME, cfg.subvolume.clone());
+        params.set_str(hello_keys::CLIENT_ID, self.client_id.clone());
+        if let Some(u) = &cfg.username {
+            params.set_str(hello_keys::USERNAME, u.clone());
+        }
+        if let Some(p) = &cfg.password {
+            params.set_str(hello_keys::PASSWORD, p.clone());
+        }
+        let hello = Message::Hello(Hello {
+            version: AbiVersion::CURRENT,
+            params,
+        })
+        .to_frame(0)
+        .map_err(|e| plain(e.to_string()))?;
+        let wait = if cfg.ping_timeout.is_zero() {
+            HANDSHAKE_TIMEOUT
+        } else {
+            HANDSHAKE_TIMEOUT.min(cfg.ping_timeout)
+        };
+        let answer = async {
+            tx.send(hello.into())
+                .await
+                .map_err(|_| format!("connection to {addr} closed during the handshake"))?;
+            match tokio::time::timeout(wait, reader.next()).await {
+                Ok(Ok(Some(f))) => Ok(f),
+                Ok(Ok(None)) => Err(format!("{addr} closed the connection during the handshake")),
+                Ok(Err(e)) => Err(format!("handshake with {addr}: {e}")),
+                Err(_) => Err(format!("no handshake answer from {addr} within {wait:?}")),
+            }
+        };
+        let frame = match answer.await {
+            Ok(f) => f,
+            Err(e) => {
+                writer.abort();
+                return Err(plain(e));
+            }
+        };
+        let reply = match Message::from_frame(frame, &limits_for(HANDSHAKE_MAX_FRAME)) {
+            Ok(Message::HelloReply(r)) => r,
+            Ok(Message::Goodbye(reason)) => Err((
+                format!("{addr} said goodbye during the handshake: {reason}"),
+                true,
+            ))?,
+            Ok(m) => Err((
+                format!("handshake with {addr}: unexpected {} frame", m.kind()),
+                true,
+            ))?,
+            Err(e) => Err((format!("handshake with {addr}: {e}"), true))?,
+        };
+        if reply.version.major != abi::ABI_MAJOR {
+            writer.abort();
+            return Err((
+                format!(
+                    "{addr} speaks ABI {}, this client {}",
+                    reply.version,
+                    AbiVersion::CURRENT
+                ),
+                true,
+            ));
+        }
+        if !reply.accepted {
+            writer.abort();
+            return Err((
+                format!(
+                    "{addr} refused the connection to '{}': {}",
+                    cfg.subvolume, reply.reason
+                ),
+                true,
+            ));
+        }
+        reader.set_max_frame(cfg.max_frame);
+        let assigned = reply
+            .info
+            .get_str(hello_keys::ASSIGNED_CLIENT_ID)
+            .unwrap_or_default()
+            .to_string();
+        let conn = Arc::new(Conn {
+            generation,
+            tx: Mutex::new(Some(tx)),
+            pending: Mutex::new(Some(HashMap::new())),
+        });
+        let mut st = self.status.lock();
+        st.assigned_id = assigned;
+        st.generation = generation;
+        Ok((conn, reader, writer))
+    }
+
+    /// Serves a connection until it ends; returns why.
+    async fn run_connection(
+        &self,
+        conn: &Conn,
+        reader: &mut FrameReader<OwnedReadHalf>,
+        run: &mut watch::Receiver<bool>,
+    ) -> Result<String, String> {
+        let ping = self.cfg.ping_timeout;
+        let every = if ping.is_zero() {
+            Duration::from_secs(3600)
+        } else {
+            (ping / 3).clamp(Duration::from_millis(10), MAX_PING_INTERVAL)
+        };
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_rx = Instant::now();
+        let limits = limits_for(self.cfg.max_frame);
+        loop {
+            tokio::select! {
+                _ = run.wait_for(|r| !*r) => return Ok("the client is stopping".into()),
+                _ = tick.tick() => {
+                    if ping.is_zero() {
+                        continue;
+                    }
+                    if last_rx.elapsed() > ping {
+                        self.counters.ping_timeouts.fetch_add(1, Ordering::Relaxed);
+                        return Err(format!("{}:{} sent nothing within ping-timeout {ping:?}: declared down", self.cfg.host, self.cfg.port));
+                    }
+                    if let Ok(f) = Message::Ping.to_frame(0) {
+                        conn.try_send(f.into());
+                    }
+                }
+                f = reader.next() => match f {
+                    Ok(Some(frame)) => {
+                        last_rx = Instant::now();
+                        self.on_frame(conn, frame, &limits)?;
+                    }
+                    Ok(None) => return Err(format!("{}:{} closed the connection", self.cfg.host, self.cfg.port)),
+                    Err(e) => return Err(format!("connection to {}:{}: {e}", self.cfg.host, self.cfg.port)),
+                },
+            }
+        }
+    }
+
+    fn on_frame(
+        &self,
+        conn: &Conn,
+        frame: Frame,
+        limits: &xlfs_sdk::abi::Limits,
+    ) -> Result<(), String> {
+        let id = frame.id;
+        match frame.kind {
+            FrameKind::Reply => {
+                let res = match Message::from_frame(frame, limits) {
+                    Ok(Message::Reply(r)) => r,
+                    Ok(_) | Err(_) => {
+                        tracing::warn!(client = %self.name, id, "undecodable reply: EIO for that call");
+                        Err(Errno::EIO)
+                    }
+                };
+                let waiter = conn.pending.lock().as_mut().and_then(|m| m.remove(&id));
+                match waiter {
+                    Some(w) => {
+                        let _ = w.send(res);
+                    }
+                    None => tracing::debug!(client = %self.name, id, "reply for no waiting call"),
+                }
+            }
+            FrameKind::Pong => {}
+            FrameKind::Ping => {
+                if let Ok(f) = Message::Pong.to_frame(id) {
+                    conn.try_send(f.into());
+                }
+            }
+            FrameKind::Upcall => match Message::from_frame(frame, limits) {
+                Ok(Message::Upcall(Event::Upcall(u))) => {
+                    self.counters.upcalls.fetch_add(1, Ordering::Relaxed);
+                    self.events.send(Event::Upcall(u));
+                }
+                other => tracing::debug!(client = %self.name, ?other, "upcall frame ignored"),
+            },
+            FrameKind::Goodbye => {
+                let reason = match Message::from_frame(frame, limits) {
+                    Ok(Message::Goodbye(r)) => r,
+                    _ => String::new(),
+                };
+                return Err(format!(
+                    "{}:{} said goodbye: {reason}",
+                    self.cfg.host, self.cfg.port
+                ));
+            }
+            other => {
+                return Err(format!(
+                    "unexpected {other} frame from {}:{}",
+                    self.cfg.host, self.cfg.port
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Connects, serves, reconnects with backoff, until told to stop.
+async fn manage(inner: &Arc<Inner>) {
+    let mut run = inner.run.subscribe();
+    let mut backoff = inner.cfg.reconnect_min;
+    let mut generation = inner.status.lock().generation;
+    while *run.borrow() {
+        inner.status.lock().phase = "connecting";
+        if inner.last_event.lock().is_none() {
+            inner.emit(Event::ChildConnecting);
+        }
+        generation += 1;
+        let attempt = tokio::select! {
+            _ = run.wait_for(|r| !*r) => break,
+            a = inner.connect(generation) => a,
+        };
+        match attempt {
+            Ok((conn, mut reader, writer)) => {
+                inner.counters.connects.fetch_add(1, Ordering::Relaxed);
+                *inner.conn.lock() = Some(conn.clone());
+                inner.status.lock().phase = "connected";
+                tracing::info!(client = %inner.name, remote = %format!("{}:{}", inner.cfg.host, inner.cfg.port), subvolume = %inner.cfg.subvolume, "connected");
+                inner.emit(Event::ChildUp);
+                let why = inner.run_connection(&conn, &mut reader, &mut run).await;
+                drop(reader);
+                inner.conn.lock().take();
+                if why.is_ok()
+                    && let Ok(f) = Message::Goodbye("the client is stopping".into()).to_frame(0)
+                {
+                    conn.try_send(f.into());
+                }
+                conn.close();
+                let abort = writer.abort_handle();
+                if tokio::time::timeout(FLUSH_TIMEOUT, writer).await.is_err() {
+                    abort.abort();
+                }
+                inner.counters.disconnects.fetch_add(1, Ordering::Relaxed);
+                inner.status.lock().phase = "disconnected";
+                let msg = why.unwrap_or_else(|e| e);
+                inner.set_error(msg, false);
+                inner.emit(Event::ChildDown);
+                backoff = inner.cfg.reconnect_min;
+            }
+            Err((msg, refused)) => {
+                inner.status.lock().phase = "disconnected";
+                inner.set_error(msg, refused);
+                inner.emit(Event::ChildDown);
+            }
+        }
+        tokio::select! {
+            _ = run.wait_for(|r| !*r) => break,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = backoff.saturating_mul(2).min(inner.cfg.reconnect_max);
+    }
+    inner.status.lock().phase = "stopped";
+    if let Some(c) = inner.conn.lock().take() {
+        c.close();
+    }
+    if inner.last_event.lock().is_some() {
+        inner.emit(Event::ChildDown);
+    }
+}

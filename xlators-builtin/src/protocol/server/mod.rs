@@ -1,0 +1,962 @@
+//! protocol/server: the top of a brick's graph. It listens on TCP, lets
+//! clients in after a handshake (ABI version, subvolume, `auth.addr` and
+//! `auth.login`), and winds their calls into the subvolume they asked for.
+//! The wire format is `sdk/WIRE.md`; the transport is [`super::rpc`].
+//!
+//! - **Listening.** The socket is bound when the translator is built (a bind
+//!   error is an init error naming the address); connections are accepted
+//!   once a child reports `ChildUp`. `dump()` reports the bound address as
+//!   `listen` (useful with `transport.socket.listen-port 0`).
+//! - **Clients.** Each connection gets a client id of its own, the HELLO's
+//!   `client-id` plus `#<connection number>`, which the server writes into
+//!   every call's [`CallCtx::client_id`] (what the client sent there is
+//!   ignored): a reconnect is a new client for locks, as in GlusterFS. Up to
+//!   `max-clients` clients (connections beyond twice that many, counting
+//!   those still in their handshake, are closed at once; a HELLO must come
+//!   within [`HANDSHAKE_TIMEOUT`]); `max-inflight-per-client` calls of one
+//!   connection run at once, and the connection is not read from while it
+//!   has that many (backpressure; an in-flight slot is freed once its reply
+//!   is written).
+//! - **Fds.** Clients choose their own fd ids; the server maps them to
+//!   brick-unique ones per connection (`fds`), at most
+//!   `max-fds-per-client`; an fd the connection did not open is EBADF.
+//! - **Bad input.** A frame that is not a frame, is over `max-frame-size`,
+//!   or whose header does not decode closes that connection (logged with
+//!   the reason). The one exception is a CALL whose fop code is unknown: it
+//!   is answered with ENOSYS (the id is known) and the connection stays.
+//! - **Disconnect.** When a connection ends, its waiting lock requests are
+//!   cancelled, its other calls finish (at most [`DRAIN_TIMEOUT`]), its fds
+//!   are released down the graph (release / releasedir) and
+//!   [`Event::ClientGone`] is broadcast to the whole brick graph, so
+//!   features/locks frees its locks.
+//! - **Auth.** `auth.addr.<subvolume>.reject` and `.allow` hold IP address
+//!   patterns (`*` and `?` wildcards, no host name lookups); a subvolume
+//!   with no `allow` option at all is open to every address not rejected.
+//!   Then, if `auth.login.<subvolume>.allow` lists users, the HELLO must
+//!   name one with its `auth.login.<user>.password`.
+//! - **Upcalls.** Lock contention upcalls from below go to the connection
+//!   of the holder they name; invalidations go to every client.
+//! - **Stopping.** `ParentDown` stops accepting and reading new requests;
+//!   `fini` waits (at most [`DRAIN_TIMEOUT`]) for the calls in flight to be
+//!   answered, says GOODBYE and closes every connection. `fini` blocks; call
+//!   it from a thread that is not a current-thread runtime's own (there it
+//!   does not wait).
+
+mod auth;
+mod fds;
+#[cfg(test)]
+pub(crate) mod tests;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::task::JoinHandle;
+use xlfs_sdk::abi::{self, AbiVersion, DecodeError};
+use xlfs_sdk::options::{OptType, OptionDecl};
+use xlfs_sdk::{
+    CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopKind, FopResult,
+    Gfid, InitCtx, InitError, Reply, Request, Response, Upcall, Value, Xlator, XlatorType,
+};
+
+use self::auth::Auth;
+use self::fds::{FdTable, fds_mut};
+use super::rpc::{
+    self, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, HelloReply, Message, MessageError,
+    OUT_QUEUE, Outgoing, SocketOptions, hello_keys, limits_for, with_transport_options, write_loop,
+};
+
+/// The translator type.
+pub const TYPE: XlatorType = XlatorType {
+    name: "protocol/server",
+    description: "serves the brick graph below it to protocol/client peers over TCP",
+    options: OPTIONS,
+    min_children: 1,
+    max_children: usize::MAX,
+    build,
+};
+
+const OPTIONS: &[OptionDecl] = with_transport_options![
+    OptionDecl::new("transport.socket.listen-port", OptType::Int)
+        .default("49152")
+        .range(0.0, 65535.0)
+        .desc("TCP port to listen on; 0 picks any free port (see the `listen` key of the dump)."),
+    OptionDecl::new("transport.socket.bind-address", OptType::Str)
+        .default("0.0.0.0")
+        .desc("IPv4 address (or host name) to listen on."),
+    OptionDecl::new("transport.listen-backlog", OptType::Int)
+        .default("1024")
+        .range(1.0, 65535.0)
+        .desc("Connections the kernel queues before they are accepted."),
+    OptionDecl::new("auth.addr.*.allow", OptType::List).desc(
+        "Per subvolume (the * part, e.g. auth.addr./srv/b1.allow): client IP address patterns allowed, `*` and `?` \
+         wildcards (127.0.0.*). A subvolume with no allow option at all is open to every address.",
+    ),
+    OptionDecl::new("auth.addr.*.reject", OptType::List)
+        .desc("Per subvolume: client IP address patterns refused, checked before allow."),
+    OptionDecl::new("auth.login.*.allow", OptType::List).desc(
+        "Per subvolume: user names allowed; when set, a client must log in as one of them with the password in \
+         auth.login.<user>.password.",
+    ),
+    OptionDecl::new("auth.login.*.password", OptType::Str).desc("The password of user * (auth.login.<user>.password)."),
+    OptionDecl::new("auth-path", OptType::Str).desc("Accepted for GlusterFS volfiles; has no effect."),
+    OptionDecl::new("max-frame-size", OptType::Size)
+        .default("128MB")
+        .range(1048576.0, 4294967295.0)
+        .desc("Largest frame accepted or sent (header and data); a bigger frame from a client closes its connection."),
+    OptionDecl::new("max-inflight-per-client", OptType::Int)
+        .default("4096")
+        .range(1.0, 1048576.0)
+        .desc("Calls of one connection in flight at once; at the limit the connection is not read until one is answered."),
+    OptionDecl::new("max-clients", OptType::Int)
+        .default("1024")
+        .range(1.0, 1048576.0)
+        .desc("Connected clients at once; a client beyond is refused at the handshake."),
+    OptionDecl::new("max-fds-per-client", OptType::Int)
+        .default("65536")
+        .range(1.0, 16777216.0)
+        .desc("Fds one connection may have open; opens beyond fail with EMFILE."),
+];
+
+/// Longest a connection may take to send its HELLO.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest the calls in flight on a closing connection (or a stopping
+/// server) are waited for before they are cancelled.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest a closing connection's last frames may take to be written.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest client id accepted in a HELLO.
+const MAX_CLIENT_ID: usize = 1024;
+/// Upcalls queued for one client before new ones are dropped.
+const UPCALL_QUEUE_ROOM: usize = OUT_QUEUE / 2;
+/// Clients listed one by one in the dump.
+const DUMP_CLIENTS: usize = 256;
+
+fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
+    let name = init.name.clone();
+    Server::new(init)
+        .map(|s| Arc::new(s) as Arc<dyn Xlator>)
+        .map_err(|e| InitError::new(format!("{name}: {e}")))
+}
+
+#[derive(Debug)]
+struct Config {
+    max_frame: usize,
+    max_inflight: usize,
+    max_clients: usize,
+    max_fds: usize,
+    sock: SocketOptions,
+    auth: Auth,
+}
+
+#[derive(Default)]
+struct Counters {
+    accepted: AtomicU64,
+    refused: AtomicU64,
+    calls: AtomicU64,
+    closed_bad_input: AtomicU64,
+    upcalls_dropped: AtomicU64,
+}
+
+/// Live tasks (accept loop, connections), so `fini` can wait for them.
+#[derive(Default)]
+struct TaskCount {
+    n: Mutex<usize>,
+    zero: Condvar,
+}
+
+struct TaskGuard(Arc<Shared>);
+
+impl TaskGuard {
+    fn new(sh: &Arc<Shared>) -> TaskGuard {
+        *sh.tasks.n.lock() += 1;
+        TaskGuard(sh.clone())
+    }
+}
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        let mut n = self.0.tasks.n.lock();
+        *n -= 1;
+        if *n == 0 {
+            self.0.tasks.zero.notify_all();
+        }
+    }
+}
+
+/// State shared by the translator, its accept loop and its connections.
+struct Shared {
+    name: String,
+    children: Vec<Child>,
+    events: EventSink,
+    rt: Handle,
+    cfg: Config,
+    listener: Mutex<Option<std::net::TcpListener>>,
+    local: SocketAddr,
+    /// Handshaken connections by their client id.
+    conns: Mutex<HashMap<Arc<str>, Arc<Conn>>>,
+    /// Accepted connections, handshaken or not.
+    open: AtomicUsize,
+    next_conn: AtomicU64,
+    next_fd: AtomicU64,
+    /// Set on ParentDown / fini: stop accepting and reading.
+    stop: watch::Sender<bool>,
+    tasks: TaskCount,
+    counters: Counters,
+}
+
+/// How far a closing connection's calls are cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Cancel {
+    None,
+    /// Lock requests (they may wait for ever).
+    Locks,
+    /// Everything still running.
+    All,
+}
+
+/// One handshaken connection.
+struct Conn {
+    client_id: Arc<str>,
+    peer: SocketAddr,
+    child: Child,
+    tx: Mutex<Option<mpsc::Sender<Outgoing>>>,
+    fds: Mutex<FdTable>,
+    /// Free in-flight slots.
+    inflight: Arc<Semaphore>,
+    /// Call tasks alive.
+    running: watch::Sender<usize>,
+    cancel: watch::Sender<Cancel>,
+}
+
+impl Conn {
+    fn sender(&self) -> Option<mpsc::Sender<Outgoing>> {
+        self.tx.lock().clone()
+    }
+
+    async fn send(&self, out: Outgoing) -> bool {
+        match self.sender() {
+            Some(tx) => tx.send(out).await.is_ok(),
+            None => false,
+        }
+    }
+
+    /// Runs one call: fd ids translated, opens and releases kept in the
+    /// table.
+    async fn dispatch(&self, next_fd: &AtomicU64, ctx: CallCtx, mut req: Request) -> FopResult {
+        let kind = req.fop.kind();
+        match &mut req.fop {
+            Fop::Open { fd, loc, .. } | Fop::Create { fd, loc, .. } | Fop::Opendir { fd, loc } => {
+                let client = *fd;
+                let brick = FdId(next_fd.fetch_add(1, Ordering::Relaxed));
+                self.fds
+                    .lock()
+                    .reserve(client, brick, kind == FopKind::Opendir, loc.gfid)?;
+                *fd = brick;
+                let res = self.child.call(ctx, req).await;
+                let gfid = match &res {
+                    Ok(Response {
+                        reply: Reply::Entry { iatt, .. },
+                        ..
+                    }) => iatt.gfid,
+                    _ => Gfid::NULL,
+                };
+                self.fds.lock().opened(client, res.is_ok(), gfid);
+                res
+            }
+            Fop::Release { fd } | Fop::Releasedir { fd } => {
+                fd.id = self.fds.lock().take(fd.id)?.brick;
+                self.child.call(ctx, req).await
+            }
+            fop => {
+                {
+                    let mut table = self.fds.lock();
+                    for fd in fds_mut(fop).into_iter().flatten() {
+                        table.translate(fd)?;
+                    }
+                }
+                self.child.call(ctx, req).await
+            }
+        }
+    }
+
+    /// Waits (at most `limit`) until no call task is running.
+    async fn drained(&self, limit: Duration) -> bool {
+        let mut rx = self.running.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|n| *n == 0))
+            .await
+            .is_ok()
+    }
+}
+
+/// Counts a call task as running while alive.
+struct Running(Arc<Conn>);
+
+impl Running {
+    fn new(conn: &Arc<Conn>) -> Running {
+        conn.running.send_modify(|n| *n += 1);
+        Running(conn.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// The protocol/server translator.
+struct Server {
+    shared: Arc<Shared>,
+}
+
+/// Binds a listening IPv4 TCP socket.
+fn bind(host: &str, port: u16, backlog: i32) -> Result<std::net::TcpListener, String> {
+    let fail = |e: &dyn std::fmt::Display| format!("cannot listen on {host}:{port}: {e}");
+    let addr = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| fail(&e))?
+        .find(SocketAddr::is_ipv4)
+        .ok_or_else(|| fail(&"no IPv4 address"))?;
+    let sock = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+    .map_err(|e| fail(&e))?;
+    sock.set_reuse_address(true).map_err(|e| fail(&e))?;
+    sock.bind(&addr.into()).map_err(|e| fail(&e))?;
+    sock.listen(backlog).map_err(|e| fail(&e))?;
+    sock.set_nonblocking(true).map_err(|e| fail(&e))?;
+    Ok(sock.into())
+}
+
+impl Server {
+    fn new(init: InitCtx) -> Result<Server, String> {
+        let InitCtx {
+            name,
+            options: o,
+            children,
+            events,
+        } = init;
+        rpc::check_transport(&o)?;
+        let rt = Handle::try_current()
+            .map_err(|_| "protocol/server must be built inside a tokio runtime".to_string())?;
+        let names: Vec<&str> = children.iter().map(|c| &*c.name).collect();
+        let auth = Auth::from_options(&o, &names)?;
+        let int = |k: &str, d: i64| o.int(k).unwrap_or(d).max(1) as usize;
+        let cfg = Config {
+            max_frame: o
+                .size("max-frame-size")
+                .unwrap_or(128 << 20)
+                .min(u64::from(u32::MAX)) as usize,
+            max_inflight: int("max-inflight-per-client", 4096).min(Semaphore::MAX_PERMITS),
+            max_clients: int("max-clients", 1024),
+            max_fds: int("max-fds-per-client", 65536),
+            sock: SocketOptions::from_options(&o),
+            auth,
+        };
+        let host = o.str("transport.socket.bind-address").unwrap_or("0.0.0.0");
+        let port = o
+            .int("transport.socket.listen-port")
+            .unwrap_or(49152)
+            .clamp(0, 65535) as u16;
+        let listener = bind(
+            host,
+            port,
+            o.int("transport.listen-backlog")
+                .unwrap_or(1024)
+                .clamp(1, 65535) as i32,
+        )?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+        tracing::info!(server = %name, listen = %local, subvolumes = %names.join(","), "listening");
+        let (stop, _) = watch::channel(false);
+        Ok(Server {
+            shared: Arc::new(Shared {
+                name,
+                children,
+                events,
+                rt,
+                cfg,
+                listener: Mutex::new(Some(listener)),
+                local,
+                conns: Mutex::new(HashMap::new()),
+                open: AtomicUsize::new(0),
+                next_conn: AtomicU64::new(1),
+                next_fd: AtomicU64::new(1),
+                stop,
+                tasks: TaskCount::default(),
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// Starts accepting (once).
+    fn start(&self) {
+        let Some(listener) = self.shared.listener.lock().take() else {
+            return;
+        };
+        if *self.shared.stop.borrow() {
+            return;
+        }
+        let sh = self.shared.clone();
+        let guard = TaskGuard::new(&sh);
+        self.shared.rt.spawn(accept_loop(sh, listener, guard));
+    }
+
+    fn route_upcall(&self, u: Upcall) {
+        let targets: Vec<Arc<Conn>> = {
+            let conns = self.shared.conns.lock();
+            match &u {
+                Upcall::InodelkContention { holder_client, .. }
+                | Upcall::EntrylkContention { holder_client, .. } => conns
+                    .get(holder_client.as_str())
+                    .cloned()
+                    .into_iter()
+                    .collect(),
+                Upcall::Invalidate { .. } => conns.values().cloned().collect(),
+            }
+        };
+        if targets.is_empty() {
+            tracing::debug!(upcall = ?u, "upcall for no connected client");
+            return;
+        }
+        let frame = match Message::Upcall(Event::Upcall(u)).to_frame(0) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "upcall not encodable");
+                return;
+            }
+        };
+        for c in targets {
+            let sent = c.sender().is_some_and(|tx| {
+                tx.capacity() > UPCALL_QUEUE_ROOM && tx.try_send(frame.clone().into()).is_ok()
+            });
+            if !sent {
+                self.shared
+                    .counters
+                    .upcalls_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(client = %c.client_id, "upcall dropped: the client's queue is full or closing");
+            }
+        }
+    }
+}
+
+impl Xlator for Server {
+    fn call(&self, ctx: CallCtx, req: Request) -> xlfs_sdk::FopFuture<'_> {
+        // Nothing sits above a server; a fop wound here goes to the first
+        // subvolume, like any translator's default.
+        match self.shared.children.first() {
+            Some(c) => c.call(ctx, req),
+            None => Box::pin(std::future::ready(Err(Errno::ENOTCONN))),
+        }
+    }
+
+    fn notify(&self, event: Event, from: EventFrom) -> Option<Event> {
+        match (from, event) {
+            (EventFrom::Child(_), Event::Upcall(u)) => {
+                self.route_upcall(u);
+                None
+            }
+            (EventFrom::Child(_), Event::ChildUp) => {
+                self.start();
+                Some(Event::ChildUp)
+            }
+            (EventFrom::Child(_), e) => Some(e),
+            (EventFrom::Graph, Event::ParentDown) => {
+                self.shared.stop.send_replace(true);
+                None
+            }
+            (EventFrom::Graph, _) => None,
+        }
+    }
+
+    fn dump(&self) -> Vec<(String, String)> {
+        let sh = &self.shared;
+        let c = &sh.counters;
+        let conns = sh.conns.lock();
+        let mut out = vec![
+            ("listen".to_string(), sh.local.to_string()),
+            (
+                "accepting".to_string(),
+                (sh.listener.lock().is_none() && !*sh.stop.borrow()).to_string(),
+            ),
+            ("clients".to_string(), conns.len().to_string()),
+            (
+                "connections-open".to_string(),
+                sh.open.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "accepted-total".to_string(),
+                c.accepted.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "refused-total".to_string(),
+                c.refused.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "calls-total".to_string(),
+                c.calls.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "closed-bad-input-total".to_string(),
+                c.closed_bad_input.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "upcalls-dropped-total".to_string(),
+                c.upcalls_dropped.load(Ordering::Relaxed).to_string(),
+            ),
+            ("max-frame-size".to_string(), sh.cfg.max_frame.to_string()),
+        ];
+        for (id, conn) in conns.iter().take(DUMP_CLIENTS) {
+            let inflight = sh
+                .cfg
+                .max_inflight
+                .saturating_sub(conn.inflight.available_permits());
+            out.push((
+                format!("client.{id}"),
+                format!(
+                    "peer {} subvolume {} inflight {inflight} fds {}",
+                    conn.peer,
+                    conn.child.name,
+                    conn.fds.lock().len()
+                ),
+            ));
+        }
+        out
+    }
+
+    fn fini(&self) {
+        let sh = &self.shared;
+        sh.stop.send_replace(true);
+        drop(sh.listener.lock().take());
+        let on_current_thread_rt = Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        if on_current_thread_rt {
+            tracing::warn!(server = %sh.name, "fini on a current-thread runtime: not waiting for connections to close");
+            return;
+        }
+        let mut n = sh.tasks.n.lock();
+        let deadline = std::time::Instant::now() + DRAIN_TIMEOUT + FLUSH_TIMEOUT * 2;
+        while *n > 0 {
+            if sh.tasks.zero.wait_until(&mut n, deadline).timed_out() {
+                tracing::warn!(server = %sh.name, tasks = *n, "fini: connections still closing, not waiting longer");
+                break;
+            }
+        }
+        tracing::info!(server = %sh.name, "stopped");
+    }
+}
+
+async fn accept_loop(sh: Arc<Shared>, listener: std::net::TcpListener, _guard: TaskGuard) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(server = %sh.name, error = %e, "cannot accept connections");
+            return;
+        }
+    };
+    let mut stop = sh.stop.subscribe();
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            r = listener.accept() => r,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                sh.counters.accepted.fetch_add(1, Ordering::Relaxed);
+                let open = sh.open.fetch_add(1, Ordering::AcqRel) + 1;
+                let guard = OpenGuard(sh.clone());
+                if open > sh.cfg.max_clients.saturating_mul(2) {
+                    tracing::warn!(server = %sh.name, %peer, open, "too many connections: closed at once");
+                    continue;
+                }
+                let task = TaskGuard::new(&sh);
+                tokio::spawn(connection(sh.clone(), stream, peer, guard, task));
+            }
+            Err(e) => {
+                tracing::warn!(server = %sh.name, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    tracing::debug!(server = %sh.name, "no longer accepting");
+}
+
+/// Counts an accepted connection while it lives.
+struct OpenGuard(Arc<Shared>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Waits for a writer to send what is queued (bounded), else stops it.
+async fn finish_writer(writer: JoinHandle<std::io::Result<()>>) {
+    let abort = writer.abort_handle();
+    if tokio::time::timeout(FLUSH_TIMEOUT, writer).await.is_err() {
+        abort.abort();
+    }
+}
+
+async fn connection(
+    sh: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    _open: OpenGuard,
+    _task: TaskGuard,
+) {
+    if let Err(e) = sh.cfg.sock.apply(socket2::SockRef::from(&stream)) {
+        tracing::debug!(%peer, error = %e, "socket options not applied");
+    }
+    let (rd, wr) = stream.into_split();
+    let (tx, rx) = mpsc::channel(OUT_QUEUE);
+    let writer = tokio::spawn(write_loop(wr, rx));
+    let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
+    let conn = match handshake(&sh, &mut reader, tx, peer).await {
+        Ok(conn) => conn,
+        Err(()) => {
+            finish_writer(writer).await;
+            return;
+        }
+    };
+    reader.set_max_frame(sh.cfg.max_frame);
+    let (why, graceful) = serve(&sh, &conn, &mut reader).await;
+    drop(reader);
+    if graceful {
+        tracing::info!(client = %conn.client_id, %peer, "closing: {why}");
+        if !conn.drained(DRAIN_TIMEOUT).await {
+            tracing::warn!(client = %conn.client_id, "calls still running after {DRAIN_TIMEOUT:?}: cancelled");
+        }
+        conn.cancel.send_replace(Cancel::All);
+        if let Ok(f) = Message::Goodbye(why.clone()).to_frame(0) {
+            conn.send(f.into()).await;
+        }
+        conn.tx.lock().take();
+        finish_writer(writer).await;
+    } else {
+        tracing::info!(client = %conn.client_id, %peer, "disconnected: {why}");
+        writer.abort();
+        conn.tx.lock().take();
+        conn.cancel.send_replace(Cancel::Locks);
+        if !conn.drained(DRAIN_TIMEOUT).await {
+            tracing::warn!(client = %conn.client_id, "calls still running after {DRAIN_TIMEOUT:?}: cancelled");
+        }
+        conn.cancel.send_replace(Cancel::All);
+    }
+    client_gone(&sh, &conn).await;
+}
+
+/// Releases what a gone client held: its fds, then (through the graph) its
+/// locks and anything else kept per client.
+async fn client_gone(sh: &Shared, conn: &Arc<Conn>) {
+    sh.conns.lock().remove(&conn.client_id);
+    let slots = conn.fds.lock().drain();
+    let n = slots.len();
+    for s in slots {
+        let fd = Fd {
+            id: s.brick,
+            gfid: s.gfid,
+        };
+        let fop = if s.dir {
+            Fop::Releasedir { fd }
+        } else {
+            Fop::Release { fd }
+        };
+        let _ = conn
+            .child
+            .call(CallCtx::root(conn.client_id.clone()), Request::new(fop))
+            .await;
+    }
+    sh.events.broadcast(Event::ClientGone {
+        client_id: conn.client_id.to_string(),
+    });
+    tracing::debug!(client = %conn.client_id, fds = n, "client gone: fds released, ClientGone sent");
+}
+
+/// Refuses a client: says why in a HELLO_REPLY, logs it, and drops the
+/// sender so the writer closes the connection once it is written.
+async fn refuse(
+    sh: &Shared,
+    tx: mpsc::Sender<Outgoing>,
+    id: u64,
+    peer: SocketAddr,
+    reason: String,
+) {
+    sh.counters.refused.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(server = %sh.name, %peer, "client refused: {reason}");
+    if let Ok(f) = Message::HelloReply(HelloReply::refuse(reason)).to_frame(id) {
+        let _ = tx.send(f.into()).await;
+    }
+}
+
+/// Reads and checks the HELLO; on success the connection is registered and
+/// told its client id.
+async fn handshake(
+    sh: &Arc<Shared>,
+    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    tx: mpsc::Sender<Outgoing>,
+    peer: SocketAddr,
+) -> Result<Arc<Conn>, ()> {
+    let frame = match tokio::time::timeout(HANDSHAKE_TIMEOUT, reader.next()).await {
+        Ok(Ok(Some(f))) => f,
+        Ok(Ok(None)) => {
+            tracing::debug!(%peer, "closed before its HELLO");
+            return Err(());
+        }
+        Ok(Err(e)) => {
+            sh.counters.closed_bad_input.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(server = %sh.name, %peer, "closing connection before the handshake: {e}");
+            return Err(());
+        }
+        Err(_) => {
+            tracing::warn!(server = %sh.name, %peer, "no HELLO within {HANDSHAKE_TIMEOUT:?}: closed");
+            return Err(());
+        }
+    };
+    let id = frame.id;
+    let checked = match frame.kind {
+        FrameKind::Hello => Message::from_frame(frame, &limits_for(HANDSHAKE_MAX_FRAME))
+            .map_err(|e| format!("malformed HELLO: {e}"))
+            .and_then(|m| match m {
+                Message::Hello(h) => check_hello(sh, &h.params, h.version, peer),
+                _ => Err("malformed HELLO".into()),
+            }),
+        other => Err(format!("expected HELLO as the first frame, got {other}")),
+    };
+    let (child, assigned) = match checked {
+        Ok(ok) => ok,
+        Err(reason) => {
+            refuse(sh, tx, id, peer, reason).await;
+            return Err(());
+        }
+    };
+    let (running, _) = watch::channel(0);
+    let (cancel, _) = watch::channel(Cancel::None);
+    let conn = Arc::new(Conn {
+        client_id: assigned.clone(),
+        peer,
+        child,
+        tx: Mutex::new(Some(tx.clone())),
+        fds: Mutex::new(FdTable::new(sh.cfg.max_fds)),
+        inflight: Arc::new(Semaphore::new(sh.cfg.max_inflight)),
+        running,
+        cancel,
+    });
+    let full = {
+        let mut conns = sh.conns.lock();
+        let full = conns.len() >= sh.cfg.max_clients;
+        if !full {
+            conns.insert(assigned.clone(), conn.clone());
+        }
+        full
+    };
+    if full {
+        let reason = format!("too many clients: max-clients is {}", sh.cfg.max_clients);
+        refuse(sh, tx, id, peer, reason).await;
+        return Err(());
+    }
+    let info = Dict::new().with(
+        hello_keys::ASSIGNED_CLIENT_ID,
+        Value::Str(assigned.to_string()),
+    );
+    let reply = HelloReply {
+        version: AbiVersion::CURRENT,
+        accepted: true,
+        reason: String::new(),
+        info,
+    };
+    if let Ok(f) = Message::HelloReply(reply).to_frame(id) {
+        let _ = tx.send(f.into()).await;
+    }
+    tracing::info!(server = %sh.name, %peer, client = %assigned, subvolume = %conn.child.name, "client connected");
+    Ok(conn)
+}
+
+/// The subvolume and the connection's client id, or why the client is
+/// refused.
+fn check_hello(
+    sh: &Shared,
+    p: &Dict,
+    version: AbiVersion,
+    peer: SocketAddr,
+) -> Result<(Child, Arc<str>), String> {
+    abi::check_compatible(AbiVersion::CURRENT, version).map_err(|e| e.to_string())?;
+    if *sh.stop.borrow() {
+        return Err("the server is shutting down".into());
+    }
+    let volume = p
+        .get_str(hello_keys::VOLUME)
+        .filter(|v| !v.is_empty())
+        .ok_or("the HELLO names no volume")?;
+    let child = sh
+        .children
+        .iter()
+        .find(|c| &*c.name == volume)
+        .ok_or_else(|| {
+            let names: Vec<&str> = sh.children.iter().map(|c| &*c.name).collect();
+            format!(
+                "no subvolume '{volume}' on this server (it serves: {})",
+                names.join(", ")
+            )
+        })?;
+    let client_id = p.get_str(hello_keys::CLIENT_ID).unwrap_or_default();
+    if client_id.is_empty() || client_id.len() > MAX_CLIENT_ID {
+        return Err(format!(
+            "the HELLO needs a client-id of 1 to {MAX_CLIENT_ID} bytes"
+        ));
+    }
+    let ip = peer.ip().to_string();
+    sh.cfg.auth.check(
+        volume,
+        &ip,
+        p.get_str(hello_keys::USERNAME),
+        p.get_str(hello_keys::PASSWORD),
+    )?;
+    let seq = sh.next_conn.fetch_add(1, Ordering::Relaxed);
+    Ok((child.clone(), Arc::from(format!("{client_id}#{seq}"))))
+}
+
+/// Reads and runs calls until the connection ends; returns why, and
+/// whether it is the server stopping (graceful) rather than the client
+/// going or misbehaving.
+async fn serve(
+    sh: &Arc<Shared>,
+    conn: &Arc<Conn>,
+    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+) -> (String, bool) {
+    let mut stop = sh.stop.subscribe();
+    let limits = limits_for(sh.cfg.max_frame);
+    let stopping = || ("the server is shutting down".to_string(), true);
+    loop {
+        let permit = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return stopping(),
+            p = conn.inflight.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return ("in-flight slots closed".into(), false),
+            },
+        };
+        let frame = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return stopping(),
+            f = reader.next() => f,
+        };
+        let bad = |e: &dyn std::fmt::Display| {
+            sh.counters.closed_bad_input.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(server = %sh.name, client = %conn.client_id, peer = %conn.peer, "closing connection: {e}");
+            (e.to_string(), false)
+        };
+        let frame = match frame {
+            Ok(Some(f)) => f,
+            Ok(None) => return ("the client closed the connection".into(), false),
+            Err(rpc::RpcError::Io(e)) => return (format!("socket error: {e}"), false),
+            Err(e) => return bad(&e),
+        };
+        let id = frame.id;
+        match frame.kind {
+            FrameKind::Call => match Message::from_frame(frame, &limits) {
+                Ok(Message::Call { ctx, req }) => {
+                    sh.counters.calls.fetch_add(1, Ordering::Relaxed);
+                    tokio::spawn(run_call(
+                        sh.clone(),
+                        Running::new(conn),
+                        id,
+                        ctx,
+                        req,
+                        permit,
+                    ));
+                }
+                Err(MessageError {
+                    source: DecodeError::UnknownFop(code),
+                    ..
+                }) => {
+                    tracing::debug!(client = %conn.client_id, code, "unknown fop code: ENOSYS");
+                    send_reply(sh, conn, id, Err(Errno::ENOSYS), permit).await;
+                }
+                Ok(_) => return bad(&"CALL frame did not decode as a call"),
+                Err(e) => return bad(&e),
+            },
+            FrameKind::Ping => {
+                if let Ok(f) = Message::Pong.to_frame(id) {
+                    conn.send(f.into()).await;
+                }
+            }
+            FrameKind::Pong => {}
+            FrameKind::Goodbye => {
+                let why = match Message::from_frame(frame, &limits) {
+                    Ok(Message::Goodbye(reason)) => format!("the client said goodbye: {reason}"),
+                    _ => "the client said goodbye".to_string(),
+                };
+                return (why, false);
+            }
+            other => return bad(&format!("unexpected {other} frame from a client")),
+        }
+    }
+}
+
+fn is_lock_fop(kind: FopKind) -> bool {
+    use FopKind::*;
+    matches!(kind, Lk | Inodelk | Finodelk | Entrylk | Fentrylk | Lease)
+}
+
+/// Runs one call and queues its reply (unless the connection is closing
+/// and the call is cancelled).
+async fn run_call(
+    sh: Arc<Shared>,
+    running: Running,
+    id: u64,
+    mut ctx: CallCtx,
+    req: Request,
+    permit: OwnedSemaphorePermit,
+) {
+    let conn = running.0.clone();
+    ctx.client_id = conn.client_id.clone();
+    let level = if is_lock_fop(req.fop.kind()) {
+        Cancel::Locks
+    } else {
+        Cancel::All
+    };
+    let mut cancel = conn.cancel.subscribe();
+    let res = tokio::select! {
+        r = conn.dispatch(&sh.next_fd, ctx, req) => r,
+        _ = cancel.wait_for(|c| *c >= level) => return,
+    };
+    send_reply(&sh, &conn, id, res, permit).await;
+    drop(running);
+}
+
+async fn send_reply(
+    sh: &Shared,
+    conn: &Conn,
+    id: u64,
+    res: FopResult,
+    permit: OwnedSemaphorePermit,
+) {
+    let frame = Message::Reply(res)
+        .to_frame(id)
+        .and_then(|f| f.check_size(sh.cfg.max_frame).map(|()| f));
+    let frame = match frame {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(client = %conn.client_id, id, "reply not sent ({e}): EINVAL instead");
+            match Message::Reply(Err(Errno::EINVAL)).to_frame(id) {
+                Ok(f) => f,
+                Err(_) => return,
+            }
+        }
+    };
+    conn.send(Outgoing {
+        frame,
+        guard: Some(permit),
+    })
+    .await;
+}

@@ -1,0 +1,1182 @@
+//! protocol/server over real loopback TCP: a brick (storage/posix in a
+//! tempdir, features/locks, this server) or a server over a test child,
+//! driven by protocol/client instances and by raw sockets. The harness is
+//! shared with the client's tests.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+use xlfs_sdk::abi::{self, AbiVersion};
+use xlfs_sdk::{
+    CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Flock, Fop, FopFuture,
+    FopKind, FopResult, Gfid, Iatt, InitCtx, LkCmd, Loc, LockType, Options, Reply, Request,
+    Response, Upcall, Value, Xlator, XlatorType,
+};
+
+use crate::protocol::client;
+use crate::protocol::rpc::{self, FrameKind, Hello, HelloReply, Message, hello_keys};
+
+/// How long a test waits for something that should happen soon.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Polls `cond` until it holds (or panics after [`PATIENCE`]).
+pub(crate) async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Awaits `f`, failing the test after [`PATIENCE`].
+pub(crate) async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
+    match tokio::time::timeout(PATIENCE, f).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out waiting for {what}"),
+    }
+}
+
+/// A built translator with its sink.
+#[derive(Clone)]
+pub(crate) struct Node {
+    pub name: Arc<str>,
+    pub xl: Arc<dyn Xlator>,
+    pub sink: EventSink,
+}
+
+impl Node {
+    pub(crate) fn build(
+        ty: &XlatorType,
+        name: &str,
+        opts: &[(&str, &str)],
+        children: Vec<Child>,
+    ) -> Node {
+        let sink = EventSink::new();
+        let options = Options::resolve(ty.options, opts.iter().copied()).expect("valid options");
+        let init = InitCtx {
+            name: name.into(),
+            options,
+            children,
+            events: sink.clone(),
+        };
+        let xl = match (ty.build)(init) {
+            Ok(xl) => xl,
+            Err(e) => panic!("{name} does not build: {e}"),
+        };
+        Node {
+            name: Arc::from(name),
+            xl,
+            sink,
+        }
+    }
+
+    fn of(name: &str, xl: Arc<dyn Xlator>) -> Node {
+        Node {
+            name: Arc::from(name),
+            xl,
+            sink: EventSink::new(),
+        }
+    }
+
+    pub(crate) fn child(&self) -> Child {
+        Child {
+            name: self.name.clone(),
+            xl: self.xl.clone(),
+        }
+    }
+
+    pub(crate) fn dump(&self, key: &str) -> String {
+        self.xl
+            .dump()
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+            .unwrap_or_default()
+    }
+}
+
+/// A chain of nodes, bottom first, each the child of the next, linked as
+/// the runtime's graph links them (events up, broadcasts to all).
+pub(crate) struct Chain(Arc<Vec<Node>>);
+
+impl Chain {
+    pub(crate) fn link(nodes: Vec<Node>) -> Chain {
+        let nodes = Arc::new(nodes);
+        for pair in nodes.windows(2) {
+            pair[0]
+                .sink
+                .attach_parent(Arc::downgrade(&pair[1].xl), 0, pair[1].sink.clone());
+        }
+        for n in nodes.iter() {
+            let weak: Weak<Vec<Node>> = Arc::downgrade(&nodes);
+            n.sink.set_broadcast(move |ev| {
+                if let Some(nodes) = weak.upgrade() {
+                    broadcast(&nodes, ev);
+                }
+            });
+        }
+        Chain(nodes)
+    }
+
+    pub(crate) fn broadcast(&self, ev: Event) {
+        broadcast(&self.0, &ev);
+    }
+
+    pub(crate) fn top(&self) -> &Node {
+        self.0.last().expect("a chain has nodes")
+    }
+}
+
+fn broadcast(nodes: &[Node], ev: &Event) {
+    for n in nodes.iter().rev() {
+        if let Some(up) = n.xl.notify(ev.clone(), EventFrom::Graph) {
+            n.sink.send(up);
+        }
+    }
+}
+
+/// A brick: storage/posix in a tempdir, features/locks named `brick`, and
+/// a protocol/server on an ephemeral loopback port.
+pub(crate) struct Brick {
+    _dir: tempfile::TempDir,
+    pub posix: Node,
+    pub locks: Node,
+    pub chain: Chain,
+}
+
+pub(crate) const SUBVOL: &str = "brick";
+
+impl Brick {
+    pub(crate) fn start(server_opts: &[(&str, &str)]) -> Brick {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().display().to_string();
+        let posix = Node::build(
+            &crate::storage::posix::TYPE,
+            "posix",
+            &[("directory", &path)],
+            vec![],
+        );
+        let locks = Node::build(
+            &crate::features::locks::TYPE,
+            SUBVOL,
+            &[("notify-contention-delay", "0")],
+            vec![posix.child()],
+        );
+        let chain = server_chain(vec![posix.clone(), locks.clone()], server_opts);
+        Brick {
+            _dir: dir,
+            posix,
+            locks,
+            chain,
+        }
+    }
+
+    pub(crate) fn addr(&self) -> SocketAddr {
+        listen_addr(self.chain.top())
+    }
+
+    /// Stops the server the way the brick does on SIGTERM (ParentDown, then
+    /// fini from a blocking thread).
+    pub(crate) async fn stop_server(&self) {
+        stop(self.chain.top()).await;
+    }
+
+    /// A new server on the same port over the same posix and locks.
+    pub(crate) fn restart_server(&mut self, port: u16) {
+        let port = port.to_string();
+        self.chain = server_chain(
+            vec![self.posix.clone(), self.locks.clone()],
+            &[("transport.socket.listen-port", &port)],
+        );
+    }
+
+    /// A fop straight into the brick (below the server).
+    pub(crate) async fn local(&self, fop: Fop) -> FopResult {
+        self.locks
+            .xl
+            .call(CallCtx::root("local"), Request::new(fop))
+            .await
+    }
+}
+
+/// Puts a server (listening on 127.0.0.1, port 0 unless given) on top of
+/// `below` and activates the chain.
+pub(crate) fn server_chain(mut below: Vec<Node>, opts: &[(&str, &str)]) -> Chain {
+    let mut all: Vec<(&str, &str)> = vec![
+        ("transport.socket.bind-address", "127.0.0.1"),
+        ("transport.socket.listen-port", "0"),
+    ];
+    all.extend_from_slice(opts);
+    let all = dedup_last(all);
+    let top = below.last().expect("a child").child();
+    below.push(Node::build(&super::TYPE, "server", &all, vec![top]));
+    let chain = Chain::link(below);
+    chain.broadcast(Event::ParentUp);
+    chain
+}
+
+/// Keeps the last value given for each key.
+fn dedup_last<'a>(opts: Vec<(&'a str, &'a str)>) -> Vec<(&'a str, &'a str)> {
+    let mut out: Vec<(&str, &str)> = Vec::new();
+    for (k, v) in opts {
+        out.retain(|(k2, _)| *k2 != k);
+        out.push((k, v));
+    }
+    out
+}
+
+pub(crate) fn listen_addr(server: &Node) -> SocketAddr {
+    server
+        .dump("listen")
+        .parse()
+        .expect("the dump names the listen address")
+}
+
+pub(crate) async fn stop(server: &Node) {
+    let xl = server.xl.clone();
+    assert_eq!(xl.notify(Event::ParentDown, EventFrom::Graph), None);
+    tokio::task::spawn_blocking(move || xl.fini())
+        .await
+        .expect("fini");
+}
+
+/// A protocol/client with its events recorded.
+pub(crate) struct TestClient {
+    pub xl: Arc<dyn Xlator>,
+    pub events: Arc<Mutex<Vec<Event>>>,
+}
+
+impl TestClient {
+    /// A client of `addr`'s `brick` subvolume with quick reconnects, then
+    /// `opts`; not started.
+    pub(crate) fn new(addr: SocketAddr, opts: &[(&str, &str)]) -> TestClient {
+        let port = addr.port().to_string();
+        let mut all = vec![
+            ("remote-host", "127.0.0.1"),
+            ("remote-port", port.as_str()),
+            ("remote-subvolume", SUBVOL),
+            ("reconnect-min", "20ms"),
+            ("reconnect-max", "100ms"),
+        ];
+        all.extend_from_slice(opts);
+        let all = dedup_last(all);
+        let node = Node::build(&client::TYPE, "client", &all, vec![]);
+        let events: Arc<Mutex<Vec<Event>>> = Arc::default();
+        let seen = events.clone();
+        node.sink.set_hook(move |e| seen.lock().push(e.clone()));
+        TestClient {
+            xl: node.xl,
+            events,
+        }
+    }
+
+    /// Starts the client (ParentUp).
+    pub(crate) fn start(&self) {
+        assert_eq!(self.xl.notify(Event::ParentUp, EventFrom::Graph), None);
+    }
+
+    /// Starts it and waits for it to be up.
+    pub(crate) async fn up(addr: SocketAddr, opts: &[(&str, &str)]) -> TestClient {
+        let c = TestClient::new(addr, opts);
+        c.start();
+        c.wait_ups(1).await;
+        c
+    }
+
+    pub(crate) fn count(&self, ev: &Event) -> usize {
+        self.events.lock().iter().filter(|e| *e == ev).count()
+    }
+
+    pub(crate) async fn wait_ups(&self, n: usize) {
+        wait_until(&format!("{n} ChildUp"), || self.count(&Event::ChildUp) >= n).await;
+    }
+
+    pub(crate) async fn wait_downs(&self, n: usize) {
+        wait_until(&format!("{n} ChildDown"), || {
+            self.count(&Event::ChildDown) >= n
+        })
+        .await;
+    }
+
+    pub(crate) fn upcalls(&self) -> Vec<Upcall> {
+        self.events
+            .lock()
+            .iter()
+            .filter_map(|e| match e {
+                Event::Upcall(u) => Some(u.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub(crate) async fn run(&self, fop: Fop) -> FopResult {
+        self.run_as(CallCtx::root("test"), fop).await
+    }
+
+    pub(crate) async fn run_as(&self, ctx: CallCtx, fop: Fop) -> FopResult {
+        self.xl.call(ctx, Request::new(fop)).await
+    }
+
+    pub(crate) fn dump(&self, key: &str) -> String {
+        self.xl
+            .dump()
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+            .unwrap_or_default()
+    }
+
+    /// Stops the client (its connection closes).
+    pub(crate) fn stop(&self) {
+        self.xl.fini();
+    }
+}
+
+pub(crate) fn entry_gfid(res: FopResult) -> Gfid {
+    match res.expect("fop ok").reply {
+        Reply::Entry { iatt, .. } => iatt.gfid,
+        other => panic!("expected an entry, got {other:?}"),
+    }
+}
+
+pub(crate) fn fd(id: u64, gfid: Gfid) -> Fd {
+    Fd { id: FdId(id), gfid }
+}
+
+pub(crate) fn create(name: &str, fd: u64) -> Fop {
+    Fop::Create {
+        loc: Loc::entry(Gfid::ROOT, name),
+        flags: libc::O_RDWR as u32,
+        mode: 0o644,
+        umask: 0o022,
+        fd: FdId(fd),
+    }
+}
+
+pub(crate) fn read_data(res: FopResult) -> Bytes {
+    match res.expect("read ok").reply {
+        Reply::Read { data, .. } => data,
+        other => panic!("expected data, got {other:?}"),
+    }
+}
+
+// ---- raw sockets ----
+
+/// A blocking raw connection for hostile input.
+pub(crate) struct Raw {
+    s: std::net::TcpStream,
+    buf: BytesMut,
+}
+
+impl Raw {
+    pub(crate) fn connect(addr: SocketAddr) -> Raw {
+        let s = std::net::TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(PATIENCE)).expect("timeout");
+        Raw {
+            s,
+            buf: BytesMut::new(),
+        }
+    }
+
+    pub(crate) fn send(&mut self, bytes: &[u8]) {
+        // The server may already have closed; what matters is what it does.
+        let _ = self.s.write_all(bytes);
+    }
+
+    pub(crate) fn send_msg(&mut self, m: &Message, id: u64) {
+        self.send(&m.to_frame(id).expect("encodes").to_vec());
+    }
+
+    /// The next frame, or None when the server closed the connection.
+    pub(crate) fn recv(&mut self) -> Option<Message> {
+        loop {
+            if let Some(f) =
+                rpc::decode_frame(&mut self.buf, 1 << 30).expect("the server sends valid frames")
+            {
+                return Some(Message::from_frame(f, &rpc::limits_for(1 << 30)).expect("decodes"));
+            }
+            let mut chunk = [0u8; 65536];
+            match self.s.read(&mut chunk) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// True once the server has closed the connection (frames before are
+    /// skipped).
+    pub(crate) fn closed(&mut self) -> bool {
+        while self.recv().is_some() {}
+        true
+    }
+
+    pub(crate) fn hello(
+        &mut self,
+        version: AbiVersion,
+        volume: &str,
+        user: Option<(&str, &str)>,
+    ) -> HelloReply {
+        let mut params = Dict::new().with(hello_keys::VOLUME, Value::Str(volume.into()));
+        params.set_str(hello_keys::CLIENT_ID, "raw");
+        if let Some((u, p)) = user {
+            params.set_str(hello_keys::USERNAME, u);
+            params.set_str(hello_keys::PASSWORD, p);
+        }
+        self.send_msg(&Message::Hello(Hello { version, params }), 0);
+        match self.recv() {
+            Some(Message::HelloReply(r)) => r,
+            other => panic!("expected HELLO_REPLY, got {other:?}"),
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("blocking task")
+}
+
+// ---- a child that holds fops until released ----
+
+/// Answers `Stat { loc }` with the loc's gfid, but only once the test
+/// releases that gfid.
+#[derive(Default)]
+pub(crate) struct Gate {
+    waiting: Mutex<HashMap<Gfid, oneshot::Sender<()>>>,
+    max_seen: Mutex<usize>,
+}
+
+impl Gate {
+    pub(crate) fn arrived(&self) -> usize {
+        self.waiting.lock().len()
+    }
+    pub(crate) fn release(&self, g: Gfid) {
+        if let Some(tx) = self.waiting.lock().remove(&g) {
+            let _ = tx.send(());
+        }
+    }
+    pub(crate) fn release_all(&self) {
+        for (_, tx) in self.waiting.lock().drain() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Xlator for Gate {
+    fn call(&self, _ctx: CallCtx, req: Request) -> FopFuture<'_> {
+        Box::pin(async move {
+            let g = req.fop.gfid();
+            let (tx, rx) = oneshot::channel();
+            {
+                let mut w = self.waiting.lock();
+                w.insert(g, tx);
+                let mut m = self.max_seen.lock();
+                *m = (*m).max(w.len());
+            }
+            rx.await.map_err(|_| Errno::EIO)?;
+            Ok(Response::from(Reply::Attr(Iatt {
+                gfid: g,
+                ..Iatt::default()
+            })))
+        })
+    }
+
+    fn notify(&self, _event: Event, _from: EventFrom) -> Option<Event> {
+        None
+    }
+}
+
+fn gate_server(opts: &[(&str, &str)]) -> (Arc<Gate>, Chain) {
+    let gate = Arc::new(Gate::default());
+    let chain = server_chain(vec![Node::of(SUBVOL, gate.clone())], opts);
+    // The gate never says ChildUp; do it for it.
+    chain.0[0].sink.send(Event::ChildUp);
+    (gate, chain)
+}
+
+fn g(n: u64) -> Gfid {
+    let mut b = [0u8; 16];
+    b[8..].copy_from_slice(&n.to_be_bytes());
+    b[0] = 0x5a;
+    Gfid(b)
+}
+
+// ---- tests ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fops_round_trip_over_tcp() {
+    let brick = Brick::start(&[]);
+    let c = TestClient::up(brick.addr(), &[]).await;
+
+    let root = c.run(Fop::Lookup { loc: Loc::root() }).await;
+    assert!(root.expect("lookup root").reply != Reply::Empty);
+    let dir = entry_gfid(
+        c.run(Fop::Mkdir {
+            loc: Loc::entry(Gfid::ROOT, "d"),
+            mode: 0o755,
+            umask: 0,
+        })
+        .await,
+    );
+    let file = entry_gfid(c.run(create("f", 1)).await);
+
+    // 1 MiB through the payload path both ways.
+    let data = Bytes::from(
+        (0..1u32 << 20)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect::<Vec<_>>(),
+    );
+    let w = c
+        .run(Fop::Writev {
+            fd: fd(1, file),
+            data: data.clone(),
+            offset: 0,
+            flags: 0,
+        })
+        .await
+        .expect("write");
+    assert!(
+        matches!(w.reply, Reply::PrePost { post, .. } if post.size == 1 << 20),
+        "{w:?}"
+    );
+    assert_eq!(
+        read_data(
+            c.run(Fop::Readv {
+                fd: fd(1, file),
+                size: 1 << 20,
+                offset: 0,
+                flags: 0
+            })
+            .await
+        ),
+        data
+    );
+    match c
+        .run(Fop::Fstat { fd: fd(1, file) })
+        .await
+        .expect("fstat")
+        .reply
+    {
+        Reply::Attr(a) => assert_eq!((a.gfid, a.size), (file, 1 << 20)),
+        other => panic!("{other:?}"),
+    }
+
+    // xattrs, xdata both ways (features/locks answers the count key).
+    let xattrs = Dict::new().with("user.k", Value::Bytes(Bytes::from_static(b"v1")));
+    c.run(Fop::Fsetxattr {
+        fd: fd(1, file),
+        xattrs,
+        flags: 0,
+    })
+    .await
+    .expect("fsetxattr");
+    match c
+        .run(Fop::Getxattr {
+            loc: Loc::gfid(file),
+            name: "user.k".into(),
+        })
+        .await
+        .expect("getxattr")
+        .reply
+    {
+        Reply::Xattrs(d) => assert_eq!(d.get_bytes("user.k").as_deref(), Some(&b"v1"[..])),
+        other => panic!("{other:?}"),
+    }
+    let xdata = Dict::new().with(
+        xlfs_sdk::dict::keys::INODELK_COUNT,
+        Value::Str(String::new()),
+    );
+    let r =
+        c.xl.call(
+            CallCtx::root("t"),
+            Request::with_xdata(
+                Fop::Stat {
+                    loc: Loc::gfid(file),
+                },
+                xdata,
+            ),
+        )
+        .await
+        .expect("stat");
+    assert_eq!(
+        r.xdata.get_u64(xlfs_sdk::dict::keys::INODELK_COUNT),
+        Some(0)
+    );
+
+    // Directories.
+    c.run(Fop::Opendir {
+        loc: Loc::gfid(Gfid::ROOT),
+        fd: FdId(2),
+    })
+    .await
+    .expect("opendir");
+    match c
+        .run(Fop::Readdirp {
+            fd: fd(2, Gfid::ROOT),
+            size: 65536,
+            offset: 0,
+        })
+        .await
+        .expect("readdirp")
+        .reply
+    {
+        Reply::Dirents(es) => {
+            let names: Vec<&str> = es.iter().map(|e| e.name.as_str()).collect();
+            assert!(names.contains(&"d") && names.contains(&"f"), "{names:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        c.run(Fop::Statfs { loc: Loc::root() })
+            .await
+            .expect("statfs")
+            .reply,
+        Reply::Statfs(_)
+    ));
+    c.run(Fop::Flush { fd: fd(1, file) }).await.expect("flush");
+    c.run(Fop::Fsync {
+        fd: fd(1, file),
+        datasync: true,
+    })
+    .await
+    .expect("fsync");
+    c.run(Fop::Rename {
+        old: Loc::entry(Gfid::ROOT, "f"),
+        new: Loc::entry(dir, "g"),
+        flags: 0,
+    })
+    .await
+    .expect("rename");
+
+    // The server's fd table: an fd id the client never opened is EBADF,
+    // reusing an open id is EBADF, release frees the id.
+    assert_eq!(
+        c.run(Fop::Fstat { fd: fd(99, file) }).await,
+        Err(Errno::EBADF)
+    );
+    assert_eq!(
+        c.run(Fop::Open {
+            loc: Loc::gfid(file),
+            flags: 0,
+            fd: FdId(1)
+        })
+        .await,
+        Err(Errno::EBADF)
+    );
+    let line = brick
+        .chain
+        .top()
+        .dump(&format!("client.{}", c.dump("server-client-id")));
+    assert!(line.contains("fds 2"), "{line}");
+    c.run(Fop::Release { fd: fd(1, file) })
+        .await
+        .expect("release");
+    c.run(Fop::Releasedir {
+        fd: fd(2, Gfid::ROOT),
+    })
+    .await
+    .expect("releasedir");
+    assert_eq!(
+        c.run(Fop::Fstat { fd: fd(1, file) }).await,
+        Err(Errno::EBADF)
+    );
+    c.run(Fop::Unlink {
+        loc: Loc::entry(dir, "g"),
+        flags: 0,
+    })
+    .await
+    .expect("unlink");
+    assert_eq!(
+        c.run(Fop::Lookup {
+            loc: Loc::entry(dir, "g")
+        })
+        .await,
+        Err(Errno::ENOENT)
+    );
+    c.stop();
+    brick.stop_server().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_requests_in_flight_answered_out_of_order() {
+    let (gate, chain) = gate_server(&[]);
+    let c = Arc::new(TestClient::up(listen_addr(chain.top()), &[]).await);
+    let tasks: Vec<_> = (0..64u64)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                c.run(Fop::Stat {
+                    loc: Loc::gfid(g(i)),
+                })
+                .await
+            })
+        })
+        .collect();
+    wait_until("64 requests at the child", || gate.arrived() == 64).await;
+    // Answer newest first; each reply must reach the request it answers
+    // while every older request is still waiting.
+    for (i, t) in tasks.into_iter().enumerate().rev() {
+        gate.release(g(i as u64));
+        let res = within("the released request", t)
+            .await
+            .expect("join")
+            .expect("stat");
+        assert_eq!(
+            res.reply,
+            Reply::Attr(Iatt {
+                gfid: g(i as u64),
+                ..Iatt::default()
+            })
+        );
+        assert_eq!(gate.arrived(), i, "older requests still in flight");
+    }
+    c.stop();
+    stop(chain.top()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_at_max_inflight_is_not_read() {
+    let (gate, chain) = gate_server(&[("max-inflight-per-client", "3")]);
+    let c = Arc::new(TestClient::up(listen_addr(chain.top()), &[]).await);
+    let tasks: Vec<_> = (0..8u64)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                c.run(Fop::Stat {
+                    loc: Loc::gfid(g(i)),
+                })
+                .await
+            })
+        })
+        .collect();
+    wait_until("3 requests at the child", || gate.arrived() == 3).await;
+    // The rest stay unread until some are answered.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(gate.arrived(), 3);
+    while tasks.iter().any(|t| !t.is_finished()) {
+        gate.release_all();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for t in tasks {
+        t.await.expect("join").expect("answered");
+    }
+    assert_eq!(
+        *gate.max_seen.lock(),
+        3,
+        "never more than max-inflight-per-client at once"
+    );
+    c.stop();
+    stop(chain.top()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_are_refused_with_a_reason() {
+    let brick = Brick::start(&[
+        ("auth.login.brick.allow", "alice"),
+        ("auth.login.alice.password", "s3cret"),
+        ("auth.addr.brick.reject", "127.0.0.2"),
+    ]);
+    let addr = brick.addr();
+    type Login = Option<(&'static str, &'static str)>;
+    let cases: Vec<(AbiVersion, &str, Login, &str)> = vec![
+        (
+            AbiVersion::CURRENT,
+            "nope",
+            Some(("alice", "s3cret")),
+            "no subvolume 'nope' on this server (it serves: brick)",
+        ),
+        (
+            AbiVersion::new(2, 0),
+            SUBVOL,
+            Some(("alice", "s3cret")),
+            "host speaks v1.0, peer was built for v2.0",
+        ),
+        (
+            AbiVersion::CURRENT,
+            SUBVOL,
+            Some(("alice", "wrong")),
+            "wrong password for user 'alice'",
+        ),
+        (
+            AbiVersion::CURRENT,
+            SUBVOL,
+            Some(("bob", "s3cret")),
+            "user 'bob' is not allowed",
+        ),
+        (AbiVersion::CURRENT, SUBVOL, None, "no username"),
+    ];
+    for (version, volume, user, why) in cases {
+        let reply = blocking(move || {
+            let mut raw = Raw::connect(addr);
+            let r = raw.hello(version, volume, user);
+            assert!(raw.closed());
+            r
+        })
+        .await;
+        assert!(!reply.accepted, "{volume} {user:?}");
+        assert!(
+            reply.reason.contains(why),
+            "reason '{}' should say '{why}'",
+            reply.reason
+        );
+    }
+    let ok = blocking(move || {
+        Raw::connect(addr).hello(AbiVersion::CURRENT, SUBVOL, Some(("alice", "s3cret")))
+    })
+    .await;
+    assert!(ok.accepted, "{ok:?}");
+    assert!(
+        ok.info
+            .get_str(hello_keys::ASSIGNED_CLIENT_ID)
+            .is_some_and(|id| id.starts_with("raw#")),
+        "{ok:?}"
+    );
+
+    // auth.addr: a reject pattern matching loopback.
+    let rejecting = Brick::start(&[("auth.addr.brick.reject", "127.0.0.*")]);
+    let addr2 = rejecting.addr();
+    let r = blocking(move || Raw::connect(addr2).hello(AbiVersion::CURRENT, SUBVOL, None)).await;
+    assert!(
+        !r.accepted && r.reason.contains("address 127.0.0.1 is rejected"),
+        "{r:?}"
+    );
+    let allow_other = Brick::start(&[("auth.addr.brick.allow", "10.*")]);
+    let addr3 = allow_other.addr();
+    let r = blocking(move || Raw::connect(addr3).hello(AbiVersion::CURRENT, SUBVOL, None)).await;
+    assert!(!r.accepted && r.reason.contains("not allowed"), "{r:?}");
+
+    // A client with a wrong password stays down and shows the reason.
+    let c = TestClient::new(addr, &[("username", "alice"), ("password", "wrong")]);
+    c.start();
+    wait_until("the refusal", || {
+        c.dump("last-error")
+            .contains("wrong password for user 'alice'")
+    })
+    .await;
+    c.wait_downs(1).await;
+    assert_eq!(c.count(&Event::ChildUp), 0);
+    assert_eq!(
+        c.run(Fop::Stat { loc: Loc::root() }).await,
+        Err(Errno::ENOTCONN)
+    );
+    c.stop();
+    let good = TestClient::up(addr, &[("username", "alice"), ("password", "s3cret")]).await;
+    good.run(Fop::Stat { loc: Loc::root() })
+        .await
+        .expect("logged in");
+    good.stop();
+    for b in [&brick, &rejecting, &allow_other] {
+        b.stop_server().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_input_closes_only_that_connection() {
+    let brick = Brick::start(&[("max-frame-size", "1MB")]);
+    let addr = brick.addr();
+    let good = TestClient::up(addr, &[]).await;
+    let hello = Message::Hello(Hello {
+        version: AbiVersion::CURRENT,
+        params: Dict::new()
+            .with(hello_keys::VOLUME, Value::Str(SUBVOL.into()))
+            .with(hello_keys::CLIENT_ID, Value::Str("evil".into())),
+    });
+    let mut ctx_bytes = Vec::new();
+    abi::encode(&CallCtx::root("evil"), &mut ctx_bytes);
+    let mut unknown_fop = ctx_bytes.clone();
+    unknown_fop.extend_from_slice(&999u16.to_le_bytes());
+    let mut bad_call = ctx_bytes.clone();
+    bad_call.extend_from_slice(&(FopKind::Stat as u16).to_le_bytes());
+    bad_call.extend_from_slice(&[1, 2, 3]);
+
+    let mut truncated = Message::Ping.to_frame(1).expect("ping").to_vec();
+    truncated.truncate(10);
+    let cases: Vec<(&str, bool, Vec<u8>)> = vec![
+        (
+            "garbage",
+            false,
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        ),
+        ("a truncated frame", false, truncated),
+        (
+            "a 0xFFFFFFFF length",
+            false,
+            vec![0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0],
+        ),
+        (
+            "a CALL before the HELLO",
+            false,
+            rpc::encode_raw_frame(FrameKind::Call as u8, 0, 0, 1, &unknown_fop, &[]),
+        ),
+        (
+            "a frame over max-frame-size",
+            true,
+            [&((2u32 << 20).to_le_bytes())[..], &[5, 0, 0, 0]].concat(),
+        ),
+        (
+            "an undecodable CALL",
+            true,
+            rpc::encode_raw_frame(FrameKind::Call as u8, 0, 0, 1, &bad_call, &[]),
+        ),
+        (
+            "an unknown frame kind",
+            true,
+            rpc::encode_raw_frame(0x77, 0, 0, 1, &[], &[]),
+        ),
+        (
+            "a REPLY from a client",
+            true,
+            Message::Reply(Err(Errno::EIO))
+                .to_frame(3)
+                .expect("reply")
+                .to_vec(),
+        ),
+    ];
+    for (what, after_hello, bytes) in cases {
+        let hello = hello.clone();
+        blocking(move || {
+            let mut raw = Raw::connect(addr);
+            if after_hello {
+                raw.send_msg(&hello, 0);
+                assert!(
+                    matches!(raw.recv(), Some(Message::HelloReply(r)) if r.accepted),
+                    "{what}"
+                );
+            }
+            raw.send(&bytes);
+            if what == "a truncated frame" {
+                let _ = raw.s.shutdown(std::net::Shutdown::Write);
+            }
+            assert!(raw.closed(), "{what}: the server closes the connection");
+        })
+        .await;
+        good.run(Fop::Stat { loc: Loc::root() })
+            .await
+            .unwrap_or_else(|e| panic!("after {what}: {e:?}"));
+    }
+    assert!(
+        brick
+            .chain
+            .top()
+            .dump("closed-bad-input-total")
+            .parse::<u32>()
+            .expect("counter")
+            >= 5
+    );
+
+    // An unknown fop code is answered with ENOSYS; the connection stays.
+    blocking(move || {
+        let mut raw = Raw::connect(addr);
+        raw.send_msg(&hello, 0);
+        assert!(matches!(raw.recv(), Some(Message::HelloReply(r)) if r.accepted));
+        raw.send(&rpc::encode_raw_frame(
+            FrameKind::Call as u8,
+            0,
+            0,
+            41,
+            &unknown_fop,
+            &[],
+        ));
+        raw.send_msg(&Message::Ping, 42);
+        assert_eq!(raw.recv(), Some(Message::Reply(Err(Errno::ENOSYS))));
+        assert_eq!(raw.recv(), Some(Message::Pong));
+    })
+    .await;
+    good.run(Fop::Stat { loc: Loc::root() })
+        .await
+        .expect("still served");
+    good.stop();
+    brick.stop_server().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_client_releases_its_locks_and_fds() {
+    let brick = Brick::start(&[]);
+    let a = TestClient::up(brick.addr(), &[]).await;
+    let b = Arc::new(TestClient::up(brick.addr(), &[]).await);
+    let lock = |ty| Fop::Inodelk {
+        domain: "dom".into(),
+        loc: Loc::root(),
+        cmd: LkCmd::SetLk,
+        lock: Flock::whole(ty, 1),
+    };
+    a.run(lock(LockType::Write)).await.expect("a locks");
+    a.run(create("held", 5)).await.expect("a opens");
+    assert_eq!(b.run(lock(LockType::Write)).await, Err(Errno::EAGAIN));
+    let waiting = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.run(Fop::Inodelk {
+                domain: "dom".into(),
+                loc: Loc::root(),
+                cmd: LkCmd::SetLkw,
+                lock: Flock::whole(LockType::Write, 2),
+            })
+            .await
+        })
+    };
+    wait_until("b's request queued at the lock server", || {
+        brick.locks.dump("locks") == "2"
+    })
+    .await;
+    assert!(!waiting.is_finished());
+    assert_eq!(brick.posix.dump("open-fds"), "1");
+    a.stop();
+    within("b's lock", waiting)
+        .await
+        .expect("join")
+        .expect("b gets the lock once a is gone");
+    wait_until("a's fd released on the brick", || {
+        brick.posix.dump("open-fds") == "0"
+    })
+    .await;
+    assert_eq!(brick.chain.top().dump("clients"), "1");
+    b.stop();
+    brick.stop_server().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_upcalls_reach_the_holder_only() {
+    let brick = Brick::start(&[]);
+    let a = TestClient::up(brick.addr(), &[]).await;
+    let b = TestClient::up(brick.addr(), &[]).await;
+    let lock = |owner| Fop::Inodelk {
+        domain: "dom".into(),
+        loc: Loc::root(),
+        cmd: LkCmd::SetLk,
+        lock: Flock::whole(LockType::Write, owner),
+    };
+    a.run_as(CallCtx::root("a").with_lk_owner(7), lock(7))
+        .await
+        .expect("a locks");
+    assert_eq!(b.run(lock(8)).await, Err(Errno::EAGAIN));
+    wait_until("a's contention upcall", || !a.upcalls().is_empty()).await;
+    match &a.upcalls()[0] {
+        Upcall::InodelkContention {
+            gfid,
+            domain,
+            holder_client,
+            holder_owner,
+        } => {
+            assert_eq!(
+                (*gfid, domain.as_str(), *holder_owner),
+                (Gfid::ROOT, "dom", 7)
+            );
+            assert_eq!(holder_client, &a.dump("server-client-id"));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Anything queued for b before this reply would have arrived first.
+    b.run(Fop::Stat { loc: Loc::root() }).await.expect("stat");
+    assert!(b.upcalls().is_empty(), "{:?}", b.upcalls());
+    a.stop();
+    b.stop();
+    brick.stop_server().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_answers_calls_in_flight_then_says_goodbye() {
+    let (gate, chain) = gate_server(&[]);
+    let c = Arc::new(TestClient::up(listen_addr(chain.top()), &[("reconnect-min", "1s")]).await);
+    let t = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.run(Fop::Stat {
+                loc: Loc::gfid(g(1)),
+            })
+            .await
+        })
+    };
+    wait_until("the call at the child", || gate.arrived() == 1).await;
+    let server = chain.top().xl.clone();
+    assert_eq!(server.notify(Event::ParentDown, EventFrom::Graph), None);
+    let fini = tokio::task::spawn_blocking(move || server.fini());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!fini.is_finished(), "fini waits for the call in flight");
+    gate.release(g(1));
+    assert!(
+        within("the answer", t).await.expect("join").is_ok(),
+        "the call in flight is answered"
+    );
+    within("fini", fini).await.expect("fini returns");
+    c.wait_downs(1).await;
+    wait_until("the goodbye", || {
+        c.dump("last-error")
+            .contains("said goodbye: the server is shutting down")
+    })
+    .await;
+    c.stop();
+}
+
+#[test]
+fn bind_errors_name_the_address() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let _e = rt.enter();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port().to_string();
+    let opts = Options::resolve(
+        super::TYPE.options,
+        [
+            ("transport.socket.bind-address", "127.0.0.1"),
+            ("transport.socket.listen-port", port.as_str()),
+        ],
+    )
+    .expect("options");
+    let mock = crate::test_util::Mock::new();
+    let init = InitCtx {
+        name: "srv".into(),
+        options: opts,
+        children: vec![mock.child()],
+        events: EventSink::new(),
+    };
+    let e = (super::TYPE.build)(init).err().expect("port in use");
+    assert!(
+        e.to_string()
+            .contains(&format!("cannot listen on 127.0.0.1:{port}")),
+        "{e}"
+    );
+
+    let tls = Options::resolve(
+        super::TYPE.options,
+        [("transport.socket.ssl-enabled", "on")],
+    )
+    .expect("options");
+    let init = InitCtx {
+        name: "srv".into(),
+        options: tls,
+        children: vec![mock.child()],
+        events: EventSink::new(),
+    };
+    let e = (super::TYPE.build)(init).err().expect("tls");
+    assert!(e.to_string().contains("TLS is not supported"), "{e}");
+}
+
+#[test]
+fn gluster_brick_volfile_options_are_accepted() {
+    let opts = [
+        ("transport.listen-backlog", "1024"),
+        ("transport.socket.keepalive-count", "9"),
+        ("transport.socket.keepalive-interval", "2"),
+        ("transport.socket.keepalive-time", "20"),
+        ("transport.socket.ssl-enabled", "off"),
+        ("transport.socket.keepalive", "1"),
+        ("auth.addr./srv/gb/b1.allow", "*"),
+        ("auth-path", "/srv/gb/b1"),
+        (
+            "auth.login.31d20107-36ad-4db5-b4bf-e99d575e3031.password",
+            "c5f8ad01-1797-4cf4-8b65-38179060f463",
+        ),
+        (
+            "auth.login./srv/gb/b1.allow",
+            "31d20107-36ad-4db5-b4bf-e99d575e3031",
+        ),
+        ("transport.address-family", "inet"),
+        ("transport-type", "tcp"),
+    ];
+    let o = Options::resolve(super::TYPE.options, opts).expect("the fixture's options resolve");
+    super::auth::Auth::from_options(&o, &["/srv/gb/b1"]).expect("auth options parse");
+}
