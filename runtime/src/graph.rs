@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use xlfs_sdk::options::OptionError;
-use xlfs_sdk::{Child, Event, EventFrom, EventSink, InitCtx, InitError, Options, Xlator, XlatorType};
+use xlfs_sdk::{Child, Event, EventFrom, EventSink, InitCtx, InitError, Options, Upcall, Xlator, XlatorType};
 
 use crate::registry::Registry;
 use crate::volfile::{Volfile, VolfileError};
@@ -112,6 +112,17 @@ pub enum GraphErrorKind {
         type_name: String,
         /// What is wrong with the option.
         source: OptionError,
+    },
+    /// A dynamic type (a plugin host) could not make the volume's type:
+    /// its module is missing, not a plugin, or of a refused ABI version.
+    #[error("volume '{volume}' ({type_name}): {message}")]
+    Dynamic {
+        /// The volume.
+        volume: String,
+        /// Its type.
+        type_name: String,
+        /// Why.
+        message: String,
     },
     /// The translator's constructor refused.
     #[error("volume '{volume}' ({type_name}): {source}")]
@@ -253,7 +264,19 @@ impl GraphSpec {
                     },
                 ));
             };
-            types.push(ty.clone());
+            // A dynamic type (a plugin host) becomes the volume's own type:
+            // the loaded module's options and child counts.
+            let ty = match registry.specializer(ty.name) {
+                None => ty.clone(),
+                Some(specialize) => {
+                    let given: Vec<(&str, &str)> = v.options.iter().map(|o| (o.key.as_str(), o.value.as_str())).collect();
+                    specialize(&given).map_err(|message| {
+                        let line = v.options.iter().find(|o| o.key == "module").map_or(v.type_line, |o| o.line);
+                        err(line, GraphErrorKind::Dynamic { volume: v.name.clone(), type_name: ty.name.to_string(), message })
+                    })?
+                }
+            };
+            types.push(ty);
         }
 
         let index: HashMap<&str, usize> = vols.iter().enumerate().map(|(i, v)| (v.name.as_str(), i)).collect();
@@ -377,8 +400,13 @@ pub struct Graph {
     nodes: Arc<[Node]>,
     built_at: SystemTime,
     state: watch::Receiver<TopState>,
+    upcalls: broadcast::Sender<Upcall>,
     shut: AtomicBool,
 }
+
+/// How many upcalls a slow [`Graph::upcalls`] receiver may fall behind
+/// before it is told it lost some.
+const UPCALL_QUEUE: usize = 1024;
 
 impl std::fmt::Debug for Graph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -465,6 +493,8 @@ impl Graph {
             }
         }
         let (tx, state) = watch::channel(TopState::Down);
+        let (upcalls, _) = broadcast::channel(UPCALL_QUEUE);
+        let up_tx = upcalls.clone();
         nodes[spec.top].sink.set_hook(move |ev| match ev {
             Event::ChildUp => {
                 tx.send_replace(TopState::Up);
@@ -472,10 +502,13 @@ impl Graph {
             Event::ChildDown => {
                 tx.send_replace(TopState::Down);
             }
+            Event::Upcall(u) => {
+                let _ = up_tx.send(u.clone());
+            }
             _ => {}
         });
         tracing::debug!(origin = %spec.origin, top = %spec.top_name(), nodes = nodes.len(), "graph built");
-        Ok(Graph { spec, nodes, built_at: SystemTime::now(), state, shut: AtomicBool::new(false) })
+        Ok(Graph { spec, nodes, built_at: SystemTime::now(), state, upcalls, shut: AtomicBool::new(false) })
     }
 
     /// Node indexes from the top down (parents before children).
@@ -507,6 +540,13 @@ impl Graph {
     /// Watches the top's state.
     pub fn subscribe(&self) -> watch::Receiver<TopState> {
         self.state.clone()
+    }
+
+    /// Receives the upcalls (invalidations, lock contention) that reach the
+    /// top, as the FUSE bridge needs them; a receiver more than
+    /// [`UPCALL_QUEUE`] behind is told how many it lost.
+    pub fn upcalls(&self) -> broadcast::Receiver<Upcall> {
+        self.upcalls.subscribe()
     }
 
     /// The top node, where fops enter the graph.
@@ -975,5 +1015,42 @@ end-volume
         let e = GraphSpec::validate(&v, &Registry::builtin()).expect_err("features/trash is not built in");
         assert_eq!(e.line, 10);
         assert!(e.to_string().contains("unknown type 'features/trash'") && e.to_string().contains("storage/posix"), "{e}");
+    }
+
+    const DYN_OPTS: &[OptionDecl] = &[
+        OptionDecl::new("module", OptType::Path),
+        OptionDecl::new("depth", OptType::Int).range(1.0, 3.0),
+    ];
+
+    /// A dynamic type: its volume's `module` option picks the child count.
+    fn specialize_dyn(given: &[(&str, &str)]) -> Result<XlatorType, String> {
+        match given.iter().find(|(k, _)| *k == "module").map(|(_, v)| *v) {
+            None => Err("option 'module' is required".into()),
+            Some("/leaf") => Ok(XlatorType { name: "test/dyn", options: DYN_OPTS, min_children: 0, max_children: 0, ..LEAF }),
+            Some(other) => Err(format!("{other}: no such module")),
+        }
+    }
+
+    #[test]
+    fn dynamic_types_validate_against_their_specialized_type() {
+        let mut r = registry();
+        let generic = XlatorType { name: "test/dyn", options: &DYN_OPTS[..1], ..LEAF };
+        r.register_dynamic(generic, specialize_dyn).expect("new type");
+        let check = |text: &str| GraphSpec::validate(&Volfile::parse(text, "d.vol").expect("parses"), &r);
+        let spec = check("volume d\n type test/dyn\n option module /leaf\n option depth 2\nend-volume\n").expect("valid");
+        assert!(spec.describe().contains("depth 2"), "{}", spec.describe());
+        // The specialized declarations are the ones checked.
+        let e = check("volume d\n type test/dyn\n option module /leaf\n option depth 9\nend-volume\n").expect_err("range");
+        assert_eq!(e.line, 4);
+        assert!(e.to_string().contains("out of range"), "{e}");
+        // The specializer's refusal points at `option module`, or the type.
+        let e = check("volume d\n type test/dyn\n\n option module /other\nend-volume\n").expect_err("refused");
+        assert_eq!(e.to_string(), "d.vol:4: volume 'd' (test/dyn): /other: no such module");
+        let e = check("volume d\n type test/dyn\nend-volume\n").expect_err("no module");
+        assert_eq!(e.to_string(), "d.vol:2: volume 'd' (test/dyn): option 'module' is required");
+        // So are its child counts.
+        let e = check("volume l\n type test/leaf\nend-volume\nvolume d\n type test/dyn\n option module /leaf\n subvolumes l\nend-volume\n")
+            .expect_err("a leaf");
+        assert!(e.to_string().ends_with("expected no subvolumes, found 1"), "{e}");
     }
 }

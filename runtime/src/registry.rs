@@ -1,16 +1,29 @@
 //! The registry of translator types: maps the `type` names used in volfiles
 //! (`storage/posix`) to their [`XlatorType`] (options, child counts,
-//! constructor). [`Registry::builtin`] holds the built-in translators;
-//! plugins add theirs with [`Registry::register`].
+//! constructor). [`Registry::builtin`] holds the built-in translators and
+//! the plugin hosts (`plugin/wasm`, `plugin/dylib`); more types are added
+//! with [`Registry::register`].
+//!
+//! A *dynamic* type ([`Registry::register_dynamic`]) is one whose options
+//! and child counts depend on the volume: a plugin host loads the module the
+//! volume names and answers with the module's own declarations
+//! ([`Specializer`]), against which the graph then validates the volume.
 
 use std::collections::BTreeMap;
 
 use xlfs_sdk::XlatorType;
 
+/// Turns a dynamic type into the concrete type of one volume, given that
+/// volume's options as written (key, value); the error says why the volume
+/// cannot be of this type (its module is missing, of a refused ABI version,
+/// ...).
+pub type Specializer = fn(&[(&str, &str)]) -> Result<XlatorType, String>;
+
 /// Translator types by name.
 #[derive(Clone, Debug, Default)]
 pub struct Registry {
     types: BTreeMap<&'static str, XlatorType>,
+    dynamic: BTreeMap<&'static str, Specializer>,
 }
 
 /// Why a type could not be registered.
@@ -27,7 +40,8 @@ impl Registry {
         Registry::default()
     }
 
-    /// The built-in translator types ([`xlfs_xlators::builtin_types`]).
+    /// The built-in translator types ([`xlfs_xlators::builtin_types`]) and
+    /// the plugin hosts ([`crate::plugin::register`]).
     pub fn builtin() -> Registry {
         let mut r = Registry::new();
         for ty in xlfs_xlators::builtin_types() {
@@ -37,7 +51,25 @@ impl Registry {
                 tracing::error!("{e}");
             }
         }
+        if let Err(e) = crate::plugin::register(&mut r) {
+            tracing::error!("{e}");
+        }
         r
+    }
+
+    /// Adds a dynamic type: `ty` is its generic form (its options are the
+    /// ones every volume of the type takes), `specialize` gives each
+    /// volume's concrete type. Refuses a name already present.
+    pub fn register_dynamic(&mut self, ty: XlatorType, specialize: Specializer) -> Result<(), RegistryError> {
+        let name = ty.name;
+        self.register(ty)?;
+        self.dynamic.insert(name, specialize);
+        Ok(())
+    }
+
+    /// The specializer of a dynamic type.
+    pub fn specializer(&self, name: &str) -> Option<Specializer> {
+        self.dynamic.get(name).copied()
     }
 
     /// Adds a type; refuses a name already present.
@@ -78,11 +110,27 @@ mod tests {
     fn builtin_holds_every_builtin_type_once() {
         let r = Registry::builtin();
         let builtin = xlfs_xlators::builtin_types();
-        assert_eq!(r.names().len(), builtin.len(), "duplicate built-in type names");
+        assert_eq!(r.names().len(), builtin.len() + 2, "duplicate built-in type names");
         for ty in builtin {
             assert_eq!(r.get(ty.name).map(|t| t.name), Some(ty.name));
+            assert!(r.specializer(ty.name).is_none());
         }
         assert!(r.names().contains(&"storage/posix"));
+        for plugin in ["plugin/wasm", "plugin/dylib"] {
+            assert!(r.get(plugin).is_some() && r.specializer(plugin).is_some(), "{plugin}");
+        }
+    }
+
+    #[test]
+    fn dynamic_types_refuse_duplicates_too() {
+        fn spec(_: &[(&str, &str)]) -> Result<XlatorType, String> {
+            Ok(TEST_TYPE)
+        }
+        let mut r = Registry::new();
+        r.register_dynamic(TEST_TYPE, spec).expect("new name");
+        assert!(r.specializer("test/extra").is_some());
+        assert_eq!(r.register_dynamic(TEST_TYPE, spec), Err(RegistryError::Duplicate("test/extra".into())));
+        assert_eq!(r.register(TEST_TYPE), Err(RegistryError::Duplicate("test/extra".into())));
     }
 
     #[test]

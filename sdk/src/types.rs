@@ -19,7 +19,9 @@ impl Gfid {
         self.0 == [0; 16]
     }
 
-    /// A fresh random (version 4) gfid.
+    /// A fresh random (version 4) gfid. Not on `wasm32-unknown-unknown`,
+    /// which has no source of randomness (plugins get gfids from the host).
+    #[cfg(not(all(target_family = "wasm", target_os = "unknown")))]
     pub fn random() -> Gfid {
         let mut b = [0u8; 16];
         crate::rand::fill(&mut b);

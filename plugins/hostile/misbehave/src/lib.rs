@@ -1,0 +1,95 @@
+//! A misbehaving plugin for the hosts' fault tests. Fops on an entry whose
+//! name starts with option `trigger` (default `evil`) make it misbehave as
+//! option `mode` says; every other fop passes through (tail wind), so the
+//! tests can check that the node keeps serving once the host has dealt with
+//! the fault.
+
+use std::hint::black_box;
+
+use xlfs_sdk::guest::{Cx, Host, Plugin};
+use xlfs_sdk::{OptType, OptionDecl, Options, Request};
+
+/// What to do on a triggering fop.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Spin forever.
+    Loop,
+    /// Allocate memory until none is left.
+    Alloc,
+    /// Panic (a trap on WebAssembly, a caught panic natively).
+    Trap,
+    /// Unwind bytes that are not an encoded result.
+    Garbage,
+    /// Wind to a child index the node does not have.
+    BadChild,
+    /// Never unwind the frame.
+    NoUnwind,
+}
+
+/// The plugin: one instance per graph node.
+pub struct Hostile {
+    mode: Mode,
+    trigger: String,
+}
+
+const OPTIONS: &[OptionDecl] = &[
+    OptionDecl::new("mode", OptType::Enum(&["loop", "alloc", "trap", "garbage", "bad-child", "no-unwind"]))
+        .default("trap")
+        .desc("How to misbehave on a triggering fop."),
+    OptionDecl::new("trigger", OptType::Str).default("evil").desc("Entry-name prefix that triggers the misbehaviour."),
+];
+
+impl Plugin for Hostile {
+    type Frame = ();
+    const NAME: &'static str = "hostile";
+    const DESCRIPTION: &'static str = "misbehaves on purpose, for fault tests";
+    const OPTIONS: &'static [OptionDecl] = OPTIONS;
+
+    fn init(_host: Host, options: &Options) -> Result<Self, String> {
+        let mode = match options.str("mode").unwrap_or("trap") {
+            "loop" => Mode::Loop,
+            "alloc" => Mode::Alloc,
+            "garbage" => Mode::Garbage,
+            "bad-child" => Mode::BadChild,
+            "no-unwind" => Mode::NoUnwind,
+            _ => Mode::Trap,
+        };
+        Ok(Hostile { mode, trigger: options.str("trigger").unwrap_or("evil").to_string() })
+    }
+
+    fn fop(&mut self, cx: &mut Cx<'_, ()>, req: Request) {
+        let triggered = req.fop.loc().is_some_and(|l| !self.trigger.is_empty() && l.name.starts_with(&self.trigger));
+        if !triggered {
+            if let Err(e) = cx.forward(&req) {
+                cx.unwind(Err(e));
+            }
+            return;
+        }
+        match self.mode {
+            Mode::Loop => {
+                let mut n = 0u64;
+                loop {
+                    n = black_box(n.wrapping_add(1));
+                }
+            }
+            Mode::Alloc => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(black_box(vec![0xa5; 1 << 20]));
+                }
+            }
+            Mode::Trap => panic!("hostile plugin: trap on purpose"),
+            Mode::Garbage => {
+                // A result tag of 7 does not exist.
+                let _ = cx.unwind_encoded(&[7, 0xde, 0xad, 0xbe, 0xef], None);
+            }
+            Mode::BadChild => {
+                // The host refuses and fails the frame; ignore its answer.
+                let _ = cx.wind(7, &req, None);
+            }
+            Mode::NoUnwind => {}
+        }
+    }
+}
+
+xlfs_sdk::export_plugin!(Hostile);

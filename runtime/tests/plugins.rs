@@ -1,0 +1,446 @@
+//! Plugins end to end: the plugins under `plugins/` are built from source
+//! (`plugin_kit`) and loaded from volfiles as `plugin/wasm` and
+//! `plugin/dylib` nodes.
+//!
+//! - The foundation's workload (`kit::workload`) through posix -> locks ->
+//!   wasm passthrough -> dylib access-log -> io-stats, with the same
+//!   assertions as the built-in graph.
+//! - Bulk data crosses both hosts without a copy; timers; option validation
+//!   against the declarations a module exports; ABI version refusal.
+//! - Hostile plugins: one that loops forever, one that allocates without
+//!   bound, one that traps, one that unwinds garbage, one that winds to a
+//!   child that does not exist, one that never unwinds, one built for ABI
+//!   2.0, and a crash loop. Each gets a clear error, or EIO for the fops it
+//!   touched, and the client keeps working.
+
+mod kit;
+mod plugin_kit;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use xlfs_runtime::client::Client;
+use xlfs_runtime::graph::Graph;
+use xlfs_runtime::registry::Registry;
+use xlfs_sdk::{
+    CallCtx, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Reply, Request,
+    Xlator, XlatorType,
+};
+
+// ---- log capture ---------------------------------------------------------
+
+fn log_buffer() -> &'static Mutex<Vec<u8>> {
+    static LOGS: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
+    LOGS.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+struct Capture;
+
+impl std::io::Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if std::env::var_os("XLFS_TEST_ECHO_LOG").is_some() {
+            eprint!("{}", String::from_utf8_lossy(b));
+        }
+        log_buffer().lock().expect("log buffer").extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Captures this process's logs (plugin logs at debug) for the assertions;
+/// with `XLFS_TEST_ECHO_LOG` set they are printed too.
+fn capture_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info,xlfs::plugin=debug"))
+        .with_ansi(false)
+        .with_writer(|| Capture)
+        .try_init();
+}
+
+/// The captured log lines that mention every needle.
+fn log_lines(needles: &[&str]) -> Vec<String> {
+    let buf = log_buffer().lock().expect("log buffer");
+    String::from_utf8_lossy(&buf).lines().filter(|l| needles.iter().all(|n| l.contains(n))).map(String::from).collect()
+}
+
+/// Waits (a hang guard, not a timing assertion) for a log line.
+async fn wait_log(needles: &[&str]) -> String {
+    for _ in 0..500 {
+        if let Some(l) = log_lines(needles).pop() {
+            return l;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no log line with {needles:?}; plugin log:\n{}", log_lines(&["xlfs::plugin"]).join("\n"));
+}
+
+// ---- graphs --------------------------------------------------------------
+
+fn volume(name: &str, ty: &str, options: &[(&str, String)], subvolumes: &[&str]) -> String {
+    let mut v = format!("volume {name}\n    type {ty}\n");
+    for (k, val) in options {
+        v.push_str(&format!("    option {k} {val}\n"));
+    }
+    if !subvolumes.is_empty() {
+        v.push_str(&format!("    subvolumes {}\n", subvolumes.join(" ")));
+    }
+    v.push_str("end-volume\n\n");
+    v
+}
+
+fn module(kind: &str, name: &str) -> PathBuf {
+    match kind {
+        "wasm" => plugin_kit::wasm(name),
+        _ => plugin_kit::dylib(name),
+    }
+}
+
+fn opts(module: &Path, more: &[(&str, &str)]) -> Vec<(&'static str, String)> {
+    let mut o = vec![("module", module.display().to_string())];
+    for (k, v) in more {
+        o.push((Box::leak(k.to_string().into_boxed_str()), v.to_string()));
+    }
+    o
+}
+
+async fn up(volfile: &str, registry: &Registry) -> Graph {
+    let graph = Graph::from_str(volfile, "plugins.vol", registry).unwrap_or_else(|e| panic!("graph builds: {e}\n{volfile}"));
+    graph.activate();
+    graph.wait_up(Duration::from_secs(20)).await.expect("graph comes up");
+    graph
+}
+
+fn dump_value(graph: &Graph, key: &str) -> String {
+    graph.dump().into_iter().find(|(k, _)| k == key).map(|(_, v)| v).unwrap_or_else(|| panic!("no {key} in {:?}", graph.dump()))
+}
+
+// ---- the foundation workload ---------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foundation_workload_through_wasm_passthrough_and_dylib_access_log() {
+    capture_logs();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let brick = tmp.path().join("brick");
+    std::fs::create_dir(&brick).expect("brick dir");
+    let volfile = [
+        volume("wl-posix", "storage/posix", &[("directory", brick.display().to_string())], &[]),
+        volume("wl-locks", "features/locks", &[], &["wl-posix"]),
+        volume("wl-pass", "plugin/wasm", &opts(&module("wasm", "passthrough"), &[]), &["wl-locks"]),
+        volume("wl-alog", "plugin/dylib", &opts(&module("dylib", "access-log"), &[("log-level", "info")]), &["wl-pass"]),
+        volume("wl", "debug/io-stats", &[], &["wl-alog"]),
+    ]
+    .concat();
+    let graph = up(&volfile, &Registry::builtin()).await;
+    let c = Client::new(graph.top());
+    kit::workload::client_api(&c, &graph, &brick).await;
+
+    // Both plugins saw the fops, and neither crashed.
+    for node in ["wl-pass", "wl-alog"] {
+        let entered: u64 = dump_value(&graph, &format!("{node}.plugin.fops-entered")).parse().expect("a number");
+        assert!(entered > 50, "{node} entered {entered} fops");
+        assert_eq!(dump_value(&graph, &format!("{node}.plugin.crashes")), "0");
+    }
+    assert_eq!(dump_value(&graph, "wl-pass.plugin.abi"), "v1.0");
+    // The access log logged the fops, with the per-inode counts the host
+    // keeps for it, and the child's ChildUp it passed on.
+    let write = wait_log(&["wl-alog", "access: WRITE", "-> ok"]).await;
+    assert!(write.contains("bytes=11") || log_lines(&["wl-alog", "access: WRITE", "bytes=11"]).len() == 1, "{write}");
+    assert!(!log_lines(&["wl-alog", "access: READ", "read=11"]).is_empty(), "a READ of 11 bytes is logged");
+    assert!(!log_lines(&["wl-alog", "access: MKDIR", "-> EEXIST"]).is_empty(), "the failed mkdir is logged");
+    assert!(!log_lines(&["wl-alog", "seen=2"]).is_empty(), "per-inode counts grow");
+    assert!(!log_lines(&["wl-alog", "access: event ChildUp from Child(0)"]).is_empty());
+    graph.shutdown();
+}
+
+// ---- zero copy, timers ---------------------------------------------------
+
+/// What the recording leaf below saw, by volume name: the address of each
+/// WRITE's data.
+fn recorded() -> &'static Mutex<HashMap<String, Vec<usize>>> {
+    static SEEN: OnceLock<Mutex<HashMap<String, Vec<usize>>>> = OnceLock::new();
+    SEEN.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+static READ_DATA: &[u8] = b"data that lives in the leaf";
+
+/// A leaf that records where WRITE data lives and answers READ with
+/// [`READ_DATA`] itself.
+struct Recorder {
+    name: String,
+    sink: EventSink,
+}
+
+impl Xlator for Recorder {
+    fn call(&self, _ctx: CallCtx, req: Request) -> FopFuture<'_> {
+        Box::pin(async move {
+            match req.fop {
+                Fop::Writev { data, .. } => {
+                    recorded().lock().expect("recorded").entry(self.name.clone()).or_default().push(data.as_ptr() as usize);
+                    Ok(Reply::PrePost { pre: Iatt::default(), post: Iatt::default() }.into())
+                }
+                Fop::Readv { .. } => Ok(Reply::Read { data: Bytes::from_static(READ_DATA), iatt: Iatt::default() }.into()),
+                _ => Err(Errno::ENOSYS),
+            }
+        })
+    }
+    fn notify(&self, event: Event, from: EventFrom) -> Option<Event> {
+        if (from, &event) == (EventFrom::Graph, &Event::ParentUp) {
+            self.sink.send(Event::ChildUp);
+        }
+        None
+    }
+}
+
+const RECORDER: XlatorType = XlatorType {
+    name: "test/recorder",
+    description: "records WRITE data addresses",
+    options: &[],
+    min_children: 0,
+    max_children: 0,
+    build: |init: InitCtx| -> Result<Arc<dyn Xlator>, InitError> { Ok(Arc::new(Recorder { name: init.name, sink: init.events })) },
+};
+
+async fn assert_zero_copy(kind: &str, extra: &[(&str, &str)], tag: &str) {
+    let mut registry = Registry::builtin();
+    registry.register(RECORDER).expect("new type");
+    let leaf = format!("zc-leaf-{tag}");
+    let volfile = [
+        volume(&leaf, "test/recorder", &[], &[]),
+        volume(&format!("zc-{tag}"), &format!("plugin/{kind}"), &opts(&module(kind, "passthrough"), extra), &[&leaf]),
+    ]
+    .concat();
+    let graph = up(&volfile, &registry).await;
+    let c = Client::new(graph.top());
+    let fd = Fd { id: FdId(7), gfid: Gfid::ROOT };
+    let data = Bytes::from(vec![0x5a; 1 << 20]);
+    for _ in 0..3 {
+        c.call(Fop::Writev { fd, data: data.clone(), offset: 0, flags: 0 }).await.expect("write through the plugin");
+    }
+    let seen = recorded().lock().expect("recorded").get(&leaf).cloned().unwrap_or_default();
+    assert_eq!(seen, vec![data.as_ptr() as usize; 3], "{kind} {extra:?}: the leaf got the caller's own bytes");
+    let r = c.call(Fop::Readv { fd, size: 64, offset: 0, flags: 0 }).await.expect("read through the plugin");
+    let Reply::Read { data: got, .. } = r.reply else { panic!("not a read reply: {r:?}") };
+    assert_eq!(got.as_ptr(), READ_DATA.as_ptr(), "{kind} {extra:?}: the caller got the leaf's own bytes");
+    assert_eq!(&got[..], READ_DATA);
+    graph.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_data_crosses_both_hosts_without_a_copy() {
+    capture_logs();
+    assert_zero_copy("wasm", &[], "wasm").await;
+    assert_zero_copy("wasm", &[("tail", "on")], "wasm-tail").await;
+    assert_zero_copy("dylib", &[], "dylib").await;
+    assert_zero_copy("dylib", &[("tail", "on")], "dylib-tail").await;
+    // Fops held on a host timer before they are passed on keep their data.
+    assert_zero_copy("wasm", &[("delay-ms", "20")], "wasm-delay").await;
+    assert_zero_copy("dylib", &[("delay-ms", "20")], "dylib-delay").await;
+}
+
+// ---- loading and validation ----------------------------------------------
+
+fn build_err(volfile: &str) -> String {
+    match Graph::from_str(volfile, "bad.vol", &Registry::builtin()) {
+        Ok(_) => panic!("must not build:\n{volfile}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn on_posix(dir: &Path, plugin: String) -> String {
+    format!("{}{plugin}", volume("v-posix", "storage/posix", &[("directory", dir.display().to_string())], &[]))
+}
+
+#[test]
+fn options_are_validated_against_the_modules_declarations() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for kind in ["wasm", "dylib"] {
+        let m = module(kind, "access-log");
+        let ty = format!("plugin/{kind}");
+        let e = build_err(&on_posix(tmp.path(), volume("v", &ty, &opts(&m, &[("nonsense", "1")]), &["v-posix"])));
+        assert!(e.starts_with("bad.vol:9: volume 'v' (") && e.contains("unknown option 'nonsense'"), "{e}");
+        for known in ["module", "frame-timeout", "crash-loop-limit", "fops", "log-level"] {
+            assert!(e.contains(known), "{known} missing in: {e}");
+        }
+        assert_eq!(e.contains("plugin-memory-limit"), kind == "wasm", "{e}");
+        let e = build_err(&on_posix(tmp.path(), volume("v", &ty, &opts(&m, &[("log-level", "loud")]), &["v-posix"])));
+        assert!(e.contains("option 'log-level': bad value 'loud', expected one of info, debug"), "{e}");
+        // The plugin's own init refuses what the declarations cannot say.
+        let e = build_err(&on_posix(tmp.path(), volume("v", &ty, &opts(&m, &[("fops", "WRITE,BOGUS")]), &["v-posix"])));
+        assert!(e.contains("init failed") && e.contains("unknown fop 'BOGUS'"), "{e}");
+        // Child counts come from the module too: access-log takes one.
+        let e = build_err(&volume("v", &ty, &opts(&m, &[]), &[]));
+        assert!(e.contains("expected exactly 1 subvolume, found 0"), "{e}");
+        let e = build_err(&on_posix(tmp.path(), volume("v", &ty, &[], &["v-posix"])));
+        assert!(e.contains("option 'module' is required"), "{e}");
+        let e = build_err(&on_posix(tmp.path(), volume("v", &ty, &[("module", "/no/such/plugin".into())], &["v-posix"])));
+        // Reported on the line of `option module`.
+        assert!(e.starts_with("bad.vol:8: ") && e.contains("/no/such/plugin: No such file"), "{e}");
+    }
+    // A wasm module is not a shared library, and the reverse.
+    let e = build_err(&on_posix(tmp.path(), volume("v", "plugin/dylib", &opts(&module("wasm", "passthrough"), &[]), &["v-posix"])));
+    assert!(e.contains("not an xlfs plugin"), "{e}");
+    let e = build_err(&on_posix(tmp.path(), volume("v", "plugin/wasm", &opts(&module("dylib", "passthrough"), &[]), &["v-posix"])));
+    assert!(e.contains("not an xlfs plugin"), "{e}");
+}
+
+#[test]
+fn a_plugin_built_for_abi_2_is_refused_naming_both_versions() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for kind in ["wasm", "dylib"] {
+        let e = build_err(&on_posix(tmp.path(), volume("v2", &format!("plugin/{kind}"), &opts(&module(kind, "abi2"), &[]), &["v-posix"])));
+        assert!(e.contains("ABI major version mismatch: host speaks v1.0, peer was built for v2.0"), "{kind}: {e}");
+    }
+}
+
+// ---- hostile plugins -----------------------------------------------------
+
+struct Hostile {
+    _tmp: tempfile::TempDir,
+    graph: Graph,
+    c: Client,
+    node: String,
+}
+
+/// posix -> a hostile plugin -> io-stats, in `mode`.
+async fn hostile(kind: &str, mode: &str, extra: &[(&str, &str)]) -> Hostile {
+    capture_logs();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let node = format!("hostile-{kind}-{mode}");
+    let mut more = vec![("mode", mode)];
+    more.extend_from_slice(extra);
+    let volfile = [
+        volume(&format!("{node}-posix"), "storage/posix", &[("directory", tmp.path().display().to_string())], &[]),
+        volume(&node, &format!("plugin/{kind}"), &opts(&module(kind, "hostile"), &more), &[&format!("{node}-posix")]),
+        volume(&format!("{node}-top"), "debug/io-stats", &[], &[&node]),
+    ]
+    .concat();
+    let graph = up(&volfile, &Registry::builtin()).await;
+    let c = Client::new(graph.top());
+    Hostile { _tmp: tmp, graph, c, node }
+}
+
+impl Hostile {
+    /// A fop that triggers the misbehaviour fails with EIO.
+    async fn trigger(&self) {
+        assert_eq!(self.c.stat("/evil").await.expect_err("the plugin misbehaves"), Errno::EIO, "{}", self.node);
+    }
+
+    /// Normal fops through the same plugin node work.
+    async fn works(&self, tag: &str) {
+        let dir = format!("/ok-{tag}");
+        self.c.mkdir(&dir, 0o755).await.unwrap_or_else(|e| panic!("{}: mkdir after the fault: {e}", self.node));
+        let f = self.c.create(&format!("{dir}/f"), libc::O_RDWR, 0o644).await.expect("create");
+        f.write(0, Bytes::from_static(b"still here")).await.expect("write");
+        assert_eq!(&f.read(0, 64).await.expect("read")[..], b"still here");
+        f.close().await.expect("close");
+        assert_eq!(self.c.stat("/nothing-here").await.expect_err("plain ENOENT"), Errno::ENOENT);
+    }
+
+    fn crashes(&self) -> String {
+        dump_value(&self.graph, &format!("{}.plugin.crashes", self.node))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasm_plugin_that_loops_forever_misses_its_deadline() {
+    let h = hostile("wasm", "loop", &[("plugin-call-timeout", "200ms")]).await;
+    h.works("before").await;
+    h.trigger().await;
+    wait_log(&[&h.node, "plugin crashed", "longer than plugin-call-timeout (200ms)", "restarted on the next call"]).await;
+    h.works("after").await;
+    assert_eq!(h.crashes(), "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasm_plugin_that_allocates_without_bound_hits_its_memory_limit() {
+    let h = hostile("wasm", "alloc", &[("plugin-memory-limit", "16MB")]).await;
+    h.trigger().await;
+    wait_log(&[&h.node, "plugin crashed", "plugin-memory-limit 16777216 bytes"]).await;
+    h.works("after").await;
+    assert_eq!(h.crashes(), "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasm_plugin_that_traps_is_restarted() {
+    let h = hostile("wasm", "trap", &[]).await;
+    h.trigger().await;
+    wait_log(&[&h.node, "plugin panicked", "hostile plugin: trap on purpose"]).await;
+    wait_log(&[&h.node, "plugin crashed", "trap", "1 fops in flight failed with EIO"]).await;
+    h.works("after").await;
+    h.trigger().await;
+    h.works("again").await;
+    assert_eq!(h.crashes(), "2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dylib_plugin_that_panics_is_caught_and_restarted() {
+    let h = hostile("dylib", "trap", &[]).await;
+    h.trigger().await;
+    wait_log(&[&h.node, "plugin panicked: hostile plugin: trap on purpose"]).await;
+    wait_log(&[&h.node, "plugin crashed", "xlfs_on_fop failed"]).await;
+    h.works("after").await;
+    assert_eq!(h.crashes(), "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_that_unwinds_garbage_fails_that_fop_only() {
+    for kind in ["wasm", "dylib"] {
+        let h = hostile(kind, "garbage", &[]).await;
+        h.trigger().await;
+        wait_log(&[&h.node, "plugin unwound garbage", "failing the fop with EIO"]).await;
+        h.works("after").await;
+        assert_eq!(h.crashes(), "0", "{kind}: garbage is the fop's failure, not a crash");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_that_winds_to_a_missing_child_fails_that_fop() {
+    for kind in ["wasm", "dylib"] {
+        let h = hostile(kind, "bad-child", &[]).await;
+        h.trigger().await;
+        wait_log(&[&h.node, "wind to child 7, but the node has 1 children", "failing the fop with EIO"]).await;
+        h.works("after").await;
+        assert_eq!(h.crashes(), "0");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_that_never_unwinds_times_out_while_others_proceed() {
+    for kind in ["wasm", "dylib"] {
+        let h = hostile(kind, "no-unwind", &[("frame-timeout", "500ms")]).await;
+        let c = h.c.clone();
+        let stuck = tokio::spawn(async move { c.stat("/evil").await });
+        // The stuck frame holds nothing: other fops go through meanwhile.
+        h.works("meanwhile").await;
+        let r = tokio::time::timeout(Duration::from_secs(20), stuck).await.expect("the frame times out").expect("join");
+        assert_eq!(r.expect_err("EIO"), Errno::EIO);
+        wait_log(&[&h.node, "did not unwind the frame within frame-timeout (500ms)"]).await;
+        h.works("after").await;
+        assert_eq!(h.crashes(), "0");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_disables_the_plugin_and_says_so() {
+    let h = hostile("wasm", "trap", &[("crash-loop-limit", "2")]).await;
+    h.trigger().await;
+    h.works("between").await;
+    h.trigger().await;
+    wait_log(&[&h.node, "2 crashes within", "plugin DISABLED"]).await;
+    assert_eq!(dump_value(&h.graph, &format!("{}.plugin.disabled", h.node)), "true");
+    // Fail closed: every fop that would enter the plugin fails with EIO,
+    // at once, and says why.
+    assert_eq!(h.c.mkdir("/after", 0o755).await.expect_err("disabled"), Errno::EIO);
+    wait_log(&[&h.node, "plugin is disabled after a crash loop"]).await;
+    // The client itself is fine: a graph without the plugin serves the
+    // same brick.
+    let dir = h._tmp.path();
+    let plain = up(&volume("plain-posix", "storage/posix", &[("directory", dir.display().to_string())], &[]), &Registry::builtin()).await;
+    let c = Client::new(plain.top());
+    assert!(c.stat("/ok-between/f").await.expect("stat").size == 10);
+}

@@ -1,0 +1,208 @@
+/*
+ * xlfs plugin ABI v1.0 -- the C statement of sdk/PLUGIN-ABI.md.
+ *
+ * One source builds as a core WebAssembly module (clang --target=wasm32,
+ * -nostdlib -Wl,--no-entry -Wl,--export-dynamic) and as a native shared
+ * library (cc -shared -fPIC). Host functions are called through the
+ * xlfs_*() inline wrappers below, which take the `const xlfs_host *` the
+ * plugin received in xlfs_describe / xlfs_init: on WebAssembly they call
+ * the imports of module "xlfs" (the host pointer is 0 and ignored), natively
+ * they call through the vtable. Messages are encoded as sdk/ABI.md says;
+ * the framing is in sdk/PLUGIN-ABI.md.
+ *
+ * A plugin defines every function listed under "Exports" and the version
+ * marker XLFS_ABI_VERSION_MARKER.
+ */
+#ifndef XLFS_PLUGIN_H
+#define XLFS_PLUGIN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define XLFS_ABI_MAJOR 1
+#define XLFS_ABI_MINOR 0
+
+/* Defines the version marker export, xlfs_abi_version_1_0. Use once. */
+#if defined(__wasm__)
+#define XLFS_EXPORT __attribute__((visibility("default"), used))
+#else
+#define XLFS_EXPORT __attribute__((visibility("default")))
+#endif
+#define XLFS_ABI_VERSION_MARKER XLFS_EXPORT void xlfs_abi_version_1_0(void) {}
+
+/* wind flag: the frame ends with this call (its result goes straight up). */
+#define XLFS_WIND_TAIL 1u
+/* The buffer handle meaning "none". */
+#define XLFS_NO_BUF 0u
+/* xlfs_on_event's `from` for an event from the graph. */
+#define XLFS_FROM_GRAPH (-1)
+/* xlfs_on_event results. */
+#define XLFS_EVENT_PASS 1
+#define XLFS_EVENT_STOP 0
+/* Handler results: done, or failed (the host treats it as a crash). */
+#define XLFS_HANDLER_OK 0
+#define XLFS_HANDLER_FAILED (-1)
+/* Descriptor max_children meaning "no limit". */
+#define XLFS_UNLIMITED_CHILDREN 0xFFFFFFFFu
+
+/* log levels */
+#define XLFS_LOG_ERROR 1u
+#define XLFS_LOG_WARN 2u
+#define XLFS_LOG_INFO 3u
+#define XLFS_LOG_DEBUG 4u
+#define XLFS_LOG_TRACE 5u
+
+/* The guest's instance token, returned by xlfs_init (0 = failure). */
+typedef uintptr_t xlfs_inst;
+
+/*
+ * The native host: function pointers, each taking `ctx` first. Passed to
+ * xlfs_describe and xlfs_init; valid until xlfs_fini returns. Fields are
+ * only appended by minor versions: check `size` before using a field newer
+ * than v1.0. On WebAssembly the host passes a null pointer instead.
+ */
+typedef struct xlfs_host {
+    uint32_t size;
+    uint16_t major;
+    uint16_t minor;
+    void *ctx;
+    int64_t (*wind)(void *ctx, uint64_t frame, uint32_t child, uint32_t flags, const uint8_t *msg, uint32_t len,
+                    uint32_t payload);
+    int32_t (*unwind)(void *ctx, uint64_t frame, const uint8_t *msg, uint32_t len, uint32_t payload);
+    int64_t (*timer_set)(void *ctx, uint64_t delay_ms);
+    int32_t (*timer_cancel)(void *ctx, uint64_t timer);
+    int32_t (*inode_ctx_get)(void *ctx, const uint8_t *gfid16, uint64_t *out);
+    int32_t (*inode_ctx_set)(void *ctx, const uint8_t *gfid16, uint64_t value);
+    int32_t (*inode_ctx_del)(void *ctx, const uint8_t *gfid16);
+    int32_t (*fd_ctx_get)(void *ctx, uint64_t fd, uint64_t *out);
+    int32_t (*fd_ctx_set)(void *ctx, uint64_t fd, uint64_t value);
+    int32_t (*fd_ctx_del)(void *ctx, uint64_t fd);
+    void (*log)(void *ctx, uint32_t level, const uint8_t *msg, uint32_t len);
+    uint64_t (*now_ns)(void *ctx);
+    int64_t (*buf_len)(void *ctx, uint32_t buf);
+    int64_t (*buf_read)(void *ctx, uint32_t buf, uint64_t offset, uint8_t *dst, uint32_t len);
+    int64_t (*buf_new)(void *ctx, const uint8_t *src, uint32_t len);
+    int64_t (*buf_slice)(void *ctx, uint32_t buf, uint64_t offset, uint64_t len);
+    int32_t (*buf_free)(void *ctx, uint32_t buf);
+    int32_t (*declare)(void *ctx, const uint8_t *msg, uint32_t len);
+} xlfs_host;
+
+/* ---- Exports: the plugin defines these (see PLUGIN-ABI.md section 3). ---- */
+
+/* Memory for the host to write messages into (WebAssembly); null on failure. */
+XLFS_EXPORT uint8_t *xlfs_alloc(uint32_t size);
+XLFS_EXPORT void xlfs_free(uint8_t *ptr, uint32_t size);
+/* Calls xlfs_declare() once with the descriptor; 0, or negative. */
+XLFS_EXPORT int32_t xlfs_describe(const xlfs_host *host);
+/* Options: an encoded Dict of Str values. Returns a token, 0 on failure. */
+XLFS_EXPORT xlfs_inst xlfs_init(const xlfs_host *host, const uint8_t *opts, uint32_t len);
+/* A fop message (u32 ctx_len, CallCtx, Request); WRITE data as `payload`. */
+XLFS_EXPORT int32_t xlfs_on_fop(xlfs_inst inst, uint64_t frame, const uint8_t *msg, uint32_t len, uint32_t payload);
+/* An encoded Result of call `call` wound from `frame`; READ data as `payload`. */
+XLFS_EXPORT int32_t xlfs_on_reply(xlfs_inst inst, uint64_t frame, uint64_t call, const uint8_t *msg, uint32_t len,
+                                  uint32_t payload);
+XLFS_EXPORT int32_t xlfs_on_timer(xlfs_inst inst, uint64_t timer);
+/* An encoded Event from child `from` (or XLFS_FROM_GRAPH); XLFS_EVENT_PASS/STOP. */
+XLFS_EXPORT int32_t xlfs_on_event(xlfs_inst inst, int32_t from, const uint8_t *msg, uint32_t len);
+XLFS_EXPORT void xlfs_fini(xlfs_inst inst);
+
+/* ---- Host functions (PLUGIN-ABI.md section 5). ---- */
+
+#if defined(__wasm__)
+#define XLFS_IMPORT(name) __attribute__((import_module("xlfs"), import_name(#name)))
+XLFS_IMPORT(wind) int64_t xlfs__wind(uint64_t, uint32_t, uint32_t, const uint8_t *, uint32_t, uint32_t);
+XLFS_IMPORT(unwind) int32_t xlfs__unwind(uint64_t, const uint8_t *, uint32_t, uint32_t);
+XLFS_IMPORT(timer_set) int64_t xlfs__timer_set(uint64_t);
+XLFS_IMPORT(timer_cancel) int32_t xlfs__timer_cancel(uint64_t);
+XLFS_IMPORT(inode_ctx_get) int32_t xlfs__inode_ctx_get(const uint8_t *, uint64_t *);
+XLFS_IMPORT(inode_ctx_set) int32_t xlfs__inode_ctx_set(const uint8_t *, uint64_t);
+XLFS_IMPORT(inode_ctx_del) int32_t xlfs__inode_ctx_del(const uint8_t *);
+XLFS_IMPORT(fd_ctx_get) int32_t xlfs__fd_ctx_get(uint64_t, uint64_t *);
+XLFS_IMPORT(fd_ctx_set) int32_t xlfs__fd_ctx_set(uint64_t, uint64_t);
+XLFS_IMPORT(fd_ctx_del) int32_t xlfs__fd_ctx_del(uint64_t);
+XLFS_IMPORT(log) void xlfs__log(uint32_t, const uint8_t *, uint32_t);
+XLFS_IMPORT(now_ns) uint64_t xlfs__now_ns(void);
+XLFS_IMPORT(buf_len) int64_t xlfs__buf_len(uint32_t);
+XLFS_IMPORT(buf_read) int64_t xlfs__buf_read(uint32_t, uint64_t, uint8_t *, uint32_t);
+XLFS_IMPORT(buf_new) int64_t xlfs__buf_new(const uint8_t *, uint32_t);
+XLFS_IMPORT(buf_slice) int64_t xlfs__buf_slice(uint32_t, uint64_t, uint64_t);
+XLFS_IMPORT(buf_free) int32_t xlfs__buf_free(uint32_t);
+XLFS_IMPORT(declare) int32_t xlfs__declare(const uint8_t *, uint32_t);
+#define XLFS_CALL(h, name, ...) ((void)(h), xlfs__##name(__VA_ARGS__))
+#define XLFS_CALL0(h, name) ((void)(h), xlfs__##name())
+#else
+#define XLFS_CALL(h, name, ...) ((h)->name((h)->ctx, __VA_ARGS__))
+#define XLFS_CALL0(h, name) ((h)->name((h)->ctx))
+#endif
+
+/* Winds a fop message to child `child` for `frame` (0: detached); the call id, or -errno. */
+static inline int64_t xlfs_wind(const xlfs_host *h, uint64_t frame, uint32_t child, uint32_t flags, const uint8_t *msg,
+                                uint32_t len, uint32_t payload) {
+    return XLFS_CALL(h, wind, frame, child, flags, msg, len, payload);
+}
+/* Answers `frame` with an encoded Result; 0 or -errno. */
+static inline int32_t xlfs_unwind(const xlfs_host *h, uint64_t frame, const uint8_t *msg, uint32_t len,
+                                  uint32_t payload) {
+    return XLFS_CALL(h, unwind, frame, msg, len, payload);
+}
+static inline int64_t xlfs_timer_set(const xlfs_host *h, uint64_t delay_ms) {
+    return XLFS_CALL(h, timer_set, delay_ms);
+}
+static inline int32_t xlfs_timer_cancel(const xlfs_host *h, uint64_t timer) {
+    return XLFS_CALL(h, timer_cancel, timer);
+}
+/* 1 and *out set, 0 if no value, or -errno. */
+static inline int32_t xlfs_inode_ctx_get(const xlfs_host *h, const uint8_t gfid[16], uint64_t *out) {
+    return XLFS_CALL(h, inode_ctx_get, gfid, out);
+}
+static inline int32_t xlfs_inode_ctx_set(const xlfs_host *h, const uint8_t gfid[16], uint64_t value) {
+    return XLFS_CALL(h, inode_ctx_set, gfid, value);
+}
+static inline int32_t xlfs_inode_ctx_del(const xlfs_host *h, const uint8_t gfid[16]) {
+    return XLFS_CALL(h, inode_ctx_del, gfid);
+}
+static inline int32_t xlfs_fd_ctx_get(const xlfs_host *h, uint64_t fd, uint64_t *out) {
+    return XLFS_CALL(h, fd_ctx_get, fd, out);
+}
+static inline int32_t xlfs_fd_ctx_set(const xlfs_host *h, uint64_t fd, uint64_t value) {
+    return XLFS_CALL(h, fd_ctx_set, fd, value);
+}
+static inline int32_t xlfs_fd_ctx_del(const xlfs_host *h, uint64_t fd) {
+    return XLFS_CALL(h, fd_ctx_del, fd);
+}
+static inline void xlfs_log(const xlfs_host *h, uint32_t level, const uint8_t *msg, uint32_t len) {
+    XLFS_CALL(h, log, level, msg, len);
+}
+static inline uint64_t xlfs_now_ns(const xlfs_host *h) {
+    return XLFS_CALL0(h, now_ns);
+}
+static inline int64_t xlfs_buf_len(const xlfs_host *h, uint32_t buf) {
+    return XLFS_CALL(h, buf_len, buf);
+}
+/* Copies up to `len` bytes from `offset` into `dst`; how many, or -errno. */
+static inline int64_t xlfs_buf_read(const xlfs_host *h, uint32_t buf, uint64_t offset, uint8_t *dst, uint32_t len) {
+    return XLFS_CALL(h, buf_read, buf, offset, dst, len);
+}
+static inline int64_t xlfs_buf_new(const xlfs_host *h, const uint8_t *src, uint32_t len) {
+    return XLFS_CALL(h, buf_new, src, len);
+}
+/* A new handle on a sub-range, sharing the bytes (no copy). */
+static inline int64_t xlfs_buf_slice(const xlfs_host *h, uint32_t buf, uint64_t offset, uint64_t len) {
+    return XLFS_CALL(h, buf_slice, buf, offset, len);
+}
+static inline int32_t xlfs_buf_free(const xlfs_host *h, uint32_t buf) {
+    return XLFS_CALL(h, buf_free, buf);
+}
+/* Only during xlfs_describe: hands the descriptor (PLUGIN-ABI.md section 6) over. */
+static inline int32_t xlfs_declare(const xlfs_host *h, const uint8_t *msg, uint32_t len) {
+    return XLFS_CALL(h, declare, msg, len);
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* XLFS_PLUGIN_H */

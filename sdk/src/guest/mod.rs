@@ -1,0 +1,151 @@
+//! Plugins: translators built against this SDK alone, loaded by the runtime
+//! as a WebAssembly module (`wasm32-unknown-unknown`) or as a native
+//! `cdylib`, through one flat C ABI (`sdk/PLUGIN-ABI.md`, C header
+//! `sdk/include/xlfs_plugin.h`).
+//!
+//! - [`sys`] is the raw contract both sides share (names, flags, the native
+//!   host vtable, the descriptor encoding, message framing). It is always
+//!   compiled: the runtime's hosts use it.
+//! - With the `guest` feature, the rest of this module is the guest SDK: an
+//!   author implements [`Plugin`] and calls [`export_plugin!`](crate::export_plugin)
+//!   once; the same crate then builds as `.wasm` and as a cdylib. The SDK
+//!   keeps per-frame state, hides the encoding and the buffer handles, and
+//!   catches panics at the boundary.
+//!
+//! ```ignore
+//! use xlfs_sdk::guest::{Cx, Host, Plugin};
+//! use xlfs_sdk::{Options, Request};
+//!
+//! struct Pass;
+//! impl Plugin for Pass {
+//!     type Frame = ();
+//!     const NAME: &'static str = "pass";
+//!     fn init(_host: Host, _options: &Options) -> Result<Pass, String> { Ok(Pass) }
+//!     fn fop(&mut self, cx: &mut Cx<'_, ()>, req: Request) {
+//!         if let Err(e) = cx.forward(&req) { cx.unwind(Err(e)) }
+//!     }
+//! }
+//! xlfs_sdk::export_plugin!(Pass);
+//! ```
+
+pub mod sys;
+
+#[cfg(feature = "guest")]
+mod host;
+#[cfg(feature = "guest")]
+mod rt;
+
+#[cfg(feature = "guest")]
+pub use host::{Buf, Host};
+#[cfg(feature = "guest")]
+pub use rt::{CallId, Ctl, Cx, Plugin, TimerId};
+pub use sys::{EventSet, FopSet};
+
+/// Glue for [`export_plugin!`](crate::export_plugin); not part of the API.
+#[cfg(feature = "guest")]
+#[doc(hidden)]
+pub mod __rt {
+    pub use super::rt::{alloc, describe, fini, free, init, on_event, on_fop, on_reply, on_timer};
+}
+
+// The export macro spells the version marker out; it must follow the ABI.
+const _: () = assert!(crate::abi::ABI_MAJOR == 1 && crate::abi::ABI_MINOR == 0, "update export_plugin!'s version marker");
+
+/// Exports a [`Plugin`] type through the plugin ABI: the version marker
+/// `xlfs_abi_version_1_0`, `xlfs_alloc`/`xlfs_free`, `xlfs_describe`,
+/// `xlfs_init`, the `xlfs_on_*` handlers and `xlfs_fini`. Use it once, at
+/// the crate root of a `cdylib` crate.
+#[cfg(feature = "guest")]
+#[macro_export]
+macro_rules! export_plugin {
+    ($plugin:ty) => {
+        /// The plugin ABI version marker (v1.0).
+        #[unsafe(no_mangle)]
+        pub extern "C" fn xlfs_abi_version_1_0() {}
+
+        /// Allocates `size` bytes for the host (null on failure).
+        #[unsafe(no_mangle)]
+        pub extern "C" fn xlfs_alloc(size: u32) -> *mut u8 {
+            $crate::guest::__rt::alloc(size)
+        }
+
+        /// Frees what `xlfs_alloc` returned.
+        ///
+        /// # Safety
+        /// `ptr` and `size` as returned by and given to `xlfs_alloc`.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_free(ptr: *mut u8, size: u32) {
+            unsafe { $crate::guest::__rt::free(ptr, size) }
+        }
+
+        /// Declares the plugin to the host.
+        ///
+        /// # Safety
+        /// `host` as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_describe(host: *const $crate::guest::sys::HostVtable) -> i32 {
+            unsafe { $crate::guest::__rt::describe::<$plugin>(host) }
+        }
+
+        /// Builds an instance.
+        ///
+        /// # Safety
+        /// Arguments as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_init(host: *const $crate::guest::sys::HostVtable, opts: *const u8, len: u32) -> usize {
+            unsafe { $crate::guest::__rt::init::<$plugin>(host, opts, len) }
+        }
+
+        /// A fop arrived.
+        ///
+        /// # Safety
+        /// Arguments as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_on_fop(inst: usize, frame: u64, msg: *const u8, len: u32, payload: u32) -> i32 {
+            unsafe { $crate::guest::__rt::on_fop::<$plugin>(inst, frame, msg, len, payload) }
+        }
+
+        /// A reply arrived.
+        ///
+        /// # Safety
+        /// Arguments as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_on_reply(
+            inst: usize,
+            frame: u64,
+            call: u64,
+            msg: *const u8,
+            len: u32,
+            payload: u32,
+        ) -> i32 {
+            unsafe { $crate::guest::__rt::on_reply::<$plugin>(inst, frame, call, msg, len, payload) }
+        }
+
+        /// A timer fired.
+        ///
+        /// # Safety
+        /// Arguments as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_on_timer(inst: usize, timer: u64) -> i32 {
+            unsafe { $crate::guest::__rt::on_timer::<$plugin>(inst, timer) }
+        }
+
+        /// An event arrived.
+        ///
+        /// # Safety
+        /// Arguments as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_on_event(inst: usize, from: i32, msg: *const u8, len: u32) -> i32 {
+            unsafe { $crate::guest::__rt::on_event::<$plugin>(inst, from, msg, len) }
+        }
+
+        /// The instance is done.
+        ///
+        /// # Safety
+        /// `inst` as returned by `xlfs_init`, not used afterwards.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_fini(inst: usize) {
+            unsafe { $crate::guest::__rt::fini::<$plugin>(inst) }
+        }
+    };
+}
