@@ -1,0 +1,206 @@
+//! cluster/replicate end to end, in process: three bricks (storage/posix ->
+//! features/locks -> debug/io-stats) under cluster/replicate, built from a
+//! volfile with the options GlusterFS generates for a replica 3 client, and
+//! driven through the client API. The foundation workload runs over it and
+//! every brick must then hold the same tree; a pgbench-like workload shows
+//! the lock and xattrop fops per lock-contention policy in io-stats.
+
+#[allow(dead_code)]
+#[path = "kit/workload.rs"]
+mod workload;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use xlfs_runtime::client::Client;
+use xlfs_runtime::graph::Graph;
+use xlfs_runtime::registry::Registry;
+
+const BRICKS: usize = 3;
+
+fn volfile(bricks: &[PathBuf], afr_options: &[(&str, &str)]) -> String {
+    let mut v = String::new();
+    for (i, b) in bricks.iter().enumerate() {
+        v += &format!(
+            "volume rep3-posix-{i}\n    type storage/posix\n    option directory {}\nend-volume\n\n\
+             volume rep3-locks-{i}\n    type features/locks\n    subvolumes rep3-posix-{i}\nend-volume\n\n\
+             volume rep3-client-{i}\n    type debug/io-stats\n    subvolumes rep3-locks-{i}\nend-volume\n\n",
+            b.display()
+        );
+    }
+    v += "volume rep3-replicate-0\n    type cluster/replicate\n";
+    // What GlusterFS 10 writes for a replica 3 client (fixtures/gluster-volfiles/replica3-client.vol).
+    for (k, val) in [
+        ("use-anonymous-inode", "yes"),
+        ("use-compound-fops", "off"),
+        ("granular-entry-heal", "on"),
+        ("volume-id", "76b60fc5-d0c8-4fd8-9174-bf87139f7df3"),
+        ("afr-pending-xattr", "rep3-client-0,rep3-client-1,rep3-client-2"),
+    ]
+    .iter()
+    .chain(afr_options)
+    {
+        v += &format!("    option {k} {val}\n");
+    }
+    v += "    subvolumes rep3-client-0 rep3-client-1 rep3-client-2\nend-volume\n\n";
+    v += "volume rep3\n    type debug/io-stats\n    subvolumes rep3-replicate-0\nend-volume\n";
+    v
+}
+
+struct Setup {
+    _tmp: tempfile::TempDir,
+    bricks: Vec<PathBuf>,
+    graph: Graph,
+}
+
+async fn setup(afr_options: &[(&str, &str)]) -> Setup {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bricks: Vec<PathBuf> = (0..BRICKS).map(|i| tmp.path().join(format!("b{i}"))).collect();
+    for b in &bricks {
+        std::fs::create_dir(b).expect("brick dir");
+    }
+    let graph =
+        Graph::from_str(&volfile(&bricks, afr_options), "replica3.vol", &Registry::builtin()).expect("graph builds");
+    graph.activate();
+    graph.wait_up(Duration::from_secs(10)).await.expect("graph comes up");
+    Setup { _tmp: tmp, bricks, graph }
+}
+
+fn dump_value(graph: &Graph, key: &str) -> Option<String> {
+    graph.dump().into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+/// Waits until replicate holds no eager lock (windows end in the background).
+async fn quiesce(graph: &Graph) {
+    for _ in 0..2000 {
+        if dump_value(graph, "rep3-replicate-0.eager-lock.held").as_deref() == Some("0") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("eager locks still held: {:?}", graph.dump());
+}
+
+/// Every entry under `root` (without `.glusterfs`), relative, sorted.
+fn tree(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let p = e.expect("entry").path();
+            if p.strip_prefix(root).is_ok_and(|r| r.starts_with(".glusterfs")) {
+                continue;
+            }
+            if p.symlink_metadata().expect("lstat").is_dir() {
+                stack.push(p.clone());
+            }
+            out.push(p.strip_prefix(root).expect("under root").to_path_buf());
+        }
+    }
+    out.sort();
+    out
+}
+
+fn pending(path: &Path, j: usize) -> [i32; 3] {
+    let v = workload::read_xattr(path, &format!("trusted.afr.rep3-client-{j}")).unwrap_or_default();
+    let mut out = [0i32; 3];
+    for (o, c) in out.iter_mut().zip(v.chunks_exact(4)) {
+        *o = i32::from_be_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foundation_workload_over_replica3_leaves_identical_bricks() {
+    let s = setup(&[]).await;
+    let c = Client::new(s.graph.top());
+    workload::client_api(&c, &s.graph, &s.bricks[0]).await;
+    quiesce(&s.graph).await;
+    let want = tree(&s.bricks[0]);
+    assert!(want.len() > 5, "{want:?}");
+    for b in &s.bricks[1..] {
+        assert_eq!(tree(b), want, "names on {}", b.display());
+        for rel in &want {
+            let (p0, p) = (s.bricks[0].join(rel), b.join(rel));
+            let (m0, m) = (p0.symlink_metadata().expect("lstat"), p.symlink_metadata().expect("lstat"));
+            assert_eq!(m0.file_type(), m.file_type(), "{}", rel.display());
+            assert_eq!(
+                workload::read_xattr(&p0, "trusted.gfid"),
+                workload::read_xattr(&p, "trusted.gfid"),
+                "gfid of {}",
+                rel.display()
+            );
+            if m0.is_file() {
+                assert_eq!(
+                    std::fs::read(&p0).expect("read"),
+                    std::fs::read(&p).expect("read"),
+                    "data of {}",
+                    rel.display()
+                );
+            }
+            if m0.file_type().is_symlink() {
+                assert_eq!(std::fs::read_link(&p0).expect("readlink"), std::fs::read_link(&p).expect("readlink"));
+            }
+        }
+    }
+    for b in &s.bricks {
+        for rel in want.iter().filter(|r| !b.join(r).symlink_metadata().expect("lstat").file_type().is_symlink()) {
+            for j in 0..BRICKS {
+                assert_eq!(pending(&b.join(rel), j), [0, 0, 0], "{} on {} blames {j}", rel.display(), b.display());
+            }
+        }
+    }
+    assert_eq!(dump_value(&s.graph, "rep3-replicate-0.lock-domain").as_deref(), Some("rep3-replicate-0"));
+    s.graph.shutdown();
+}
+
+/// A pgbench-like workload through the client API under `policy`; returns the
+/// INODELK+FINODELK and XATTROP+FXATTROP calls io-stats saw on the bricks.
+async fn pgbench_like(policy: &str) -> (u64, u64) {
+    let s = setup(&[("lock-contention-policy", policy)]).await;
+    let c = Client::new(s.graph.top());
+    let first = c.create("/table", libc::O_RDWR, 0o644).await.expect("create");
+    let mut files = vec![first];
+    for _ in 1..4 {
+        files.push(c.open("/table", libc::O_RDWR).await.expect("open"));
+    }
+    let page = Bytes::from(vec![1u8; 8192]);
+    for round in 0..10u64 {
+        for (k, f) in files.iter().enumerate() {
+            for w in 0..3u64 {
+                f.write((k as u64 * 100 + round * 3 + w) * 8192, page.clone()).await.expect("write");
+            }
+            f.fsync(false).await.expect("fsync");
+        }
+    }
+    for f in files {
+        f.close().await.expect("close");
+    }
+    quiesce(&s.graph).await;
+    let calls = |kind: &str| -> u64 {
+        (0..BRICKS)
+            .filter_map(|i| dump_value(&s.graph, &format!("rep3-client-{i}.fop.{kind}")))
+            .filter_map(|v| {
+                v.split_whitespace().find_map(|w| w.strip_prefix("calls=")).and_then(|n| n.parse::<u64>().ok())
+            })
+            .sum()
+    };
+    let on_disk: Vec<Vec<u8>> = s.bricks.iter().map(|b| std::fs::read(b.join("table")).expect("table")).collect();
+    assert!(on_disk.iter().all(|d| *d == on_disk[0]), "{policy}: bricks differ");
+    s.graph.shutdown();
+    (calls("INODELK") + calls("FINODELK"), calls("XATTROP") + calls("FXATTROP"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbench_like_lock_and_xattrop_calls_per_policy_in_io_stats() {
+    let mut totals = Vec::new();
+    for policy in ["fd-count", "inodelk-count", "notify"] {
+        let (locks, xops) = pgbench_like(policy).await;
+        println!(
+            "replica 3 via volfile, 4 fds x 10 rounds of 3 x 8 KiB writes + fsync: {policy:>13}: INODELK+FINODELK {locks:>4}  XATTROP+FXATTROP {xops:>4}"
+        );
+        totals.push(locks + xops);
+    }
+    assert!(totals[1] * 3 < totals[0] && totals[2] * 3 < totals[0], "{totals:?}");
+}

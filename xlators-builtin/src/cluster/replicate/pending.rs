@@ -1,0 +1,235 @@
+//! The changelog: AFR's pending counters, how they are stored, and how a
+//! stale copy is told from a good one.
+//!
+//! Every inode on every child carries, for every child `j` of the replica
+//! set, the xattr `trusted.afr.<name_j>` (names from `afr-pending-xattr`,
+//! by default the children's volume names, as GlusterFS volfiles give
+//! `rep3-client-0,...`). Its value is 12 bytes: three big-endian `i32`
+//! counters, for data, metadata and entry changes ([`Kind`]). Counter
+//! `pending_i[j][kind]` on child `i` says "child `j` may have missed
+//! `kind` changes that child `i` has".
+//!
+//! A transaction raises every child's counter on every participating child
+//! before the fop (pre-op: `+1` for all `j`) and, after it, lowers the
+//! counters of the children where the fop succeeded (post-op: `-1`), on
+//! every participant still reachable. What is left blames exactly the
+//! children that failed or did not take part, and it is the same on every
+//! copy, so any node can tell which copy is stale. With
+//! `optimistic-change-log` on, metadata and entry transactions that reach
+//! every child skip the pre-op and only add `+1` for failed children after
+//! the fop (nothing at all when everything succeeded).
+//!
+//! Reading the counters ([`stale`]): a transaction in flight raises a whole
+//! row uniformly, so each row is first reduced by its smallest entry. A
+//! child is stale when it blames itself, or when a child that does not
+//! blame itself blames it. When that makes every answering child stale the
+//! counters carry no usable information (everything in flight, or a
+//! split-brain for the heal logic to judge) and no child is reported stale.
+
+use bytes::Bytes;
+use xlfs_sdk::{Dict, Value};
+
+/// A set of children as a bit mask (bit `i` is child `i`); AFR takes at
+/// most 64 children.
+pub type Mask = u64;
+
+/// The bit of child `i`.
+pub fn bit(i: usize) -> Mask {
+    1u64 << i
+}
+
+/// All of the first `n` children.
+pub fn all(n: usize) -> Mask {
+    if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
+}
+
+/// The children in a mask, lowest first.
+pub fn members(mut m: Mask) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        if m == 0 {
+            return None;
+        }
+        let i = m.trailing_zeros() as usize;
+        m &= m - 1;
+        Some(i)
+    })
+}
+
+/// The number of children in a mask.
+pub fn count(m: Mask) -> u32 {
+    m.count_ones()
+}
+
+/// What a counter counts (its index in the 12-byte value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// File contents (writes, truncates, ...).
+    Data = 0,
+    /// Attributes and xattrs.
+    Metadata = 1,
+    /// Directory entries (create, unlink, rename, ...).
+    Entry = 2,
+}
+
+impl Kind {
+    /// The three kinds, in value order.
+    pub const ALL: [Kind; 3] = [Kind::Data, Kind::Metadata, Kind::Entry];
+}
+
+/// The xattr prefix of the counters.
+pub const PREFIX: &str = "trusted.afr.";
+
+/// Bytes in a counter value.
+pub const VALUE_LEN: usize = 12;
+
+/// The counter xattr for pending name `name`.
+pub fn key(name: &str) -> String {
+    format!("{PREFIX}{name}")
+}
+
+/// Encodes three counters.
+pub fn encode(v: [i32; 3]) -> Bytes {
+    let mut b = Vec::with_capacity(VALUE_LEN);
+    for x in v {
+        b.extend_from_slice(&x.to_be_bytes());
+    }
+    Bytes::from(b)
+}
+
+/// Decodes a value; shorter values are zero-padded (a missing counter is
+/// zero), bytes past the third counter are ignored. None if the length is
+/// not a multiple of four.
+pub fn decode(b: &[u8]) -> Option<[i32; 3]> {
+    if !b.len().is_multiple_of(4) {
+        return None;
+    }
+    let mut out = [0i32; 3];
+    for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+        *o = i32::from_be_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    Some(out)
+}
+
+/// The xattrop dict that adds `delta(j)` to the `kind` counter of every
+/// child `j` (zero deltas are left out; None when all are zero).
+pub fn changelog(keys: &[String], kind: Kind, delta: impl Fn(usize) -> i32) -> Option<Dict> {
+    let mut d = Dict::new();
+    for (j, k) in keys.iter().enumerate() {
+        let v = delta(j);
+        if v != 0 {
+            let mut c = [0i32; 3];
+            c[kind as usize] = v;
+            d.set_bytes(k.clone(), encode(c));
+        }
+    }
+    (!d.is_empty()).then_some(d)
+}
+
+/// A request dict naming every counter xattr (for lookup: posix returns
+/// the named xattrs in the reply xdata).
+pub fn request_keys(keys: &[String], xdata: &mut Dict) {
+    for k in keys {
+        if !xdata.contains(k) {
+            xdata.set(k.clone(), Value::U64(0));
+        }
+    }
+}
+
+/// What one child's copy says about every child: `row[j]` are the counters
+/// blaming child `j`. Missing xattrs read as zero.
+pub fn row(keys: &[String], xattrs: &Dict) -> Vec<[i32; 3]> {
+    keys.iter().map(|k| xattrs.get_bytes(k).and_then(|b| decode(&b)).unwrap_or([0; 3])).collect()
+}
+
+/// The stale children for `kind`, from the rows of the children that
+/// answered (`rows[i]` is None for children that did not).
+pub fn stale(rows: &[Option<Vec<[i32; 3]>>], kind: Kind) -> Mask {
+    let k = kind as usize;
+    let norm: Vec<Option<Vec<i64>>> = rows
+        .iter()
+        .map(|r| {
+            r.as_ref().map(|r| {
+                let min = r.iter().map(|c| i64::from(c[k])).min().unwrap_or(0);
+                r.iter().map(|c| i64::from(c[k]) - min).collect()
+            })
+        })
+        .collect();
+    let mut answered: Mask = 0;
+    let mut accused: Mask = 0;
+    for (i, r) in norm.iter().enumerate() {
+        let Some(r) = r else { continue };
+        answered |= bit(i);
+        if r.get(i).is_some_and(|&v| v > 0) {
+            accused |= bit(i);
+        }
+    }
+    let fools = accused;
+    for (i, r) in norm.iter().enumerate() {
+        let Some(r) = r else { continue };
+        if fools & bit(i) != 0 {
+            continue;
+        }
+        for (j, &v) in r.iter().enumerate() {
+            if j != i && v > 0 && j < 64 {
+                accused |= bit(j);
+            }
+        }
+    }
+    if answered != 0 && accused & answered == answered { 0 } else { accused }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> Vec<String> {
+        (0..3).map(|i| key(&format!("v-client-{i}"))).collect()
+    }
+
+    fn r(data: [i32; 3]) -> Option<Vec<[i32; 3]>> {
+        Some(data.iter().map(|&d| [d, 0, 0]).collect())
+    }
+
+    #[test]
+    fn values_round_trip_big_endian() {
+        let v = encode([1, -2, 70000]);
+        assert_eq!(v.as_ref(), &[0, 0, 0, 1, 0xff, 0xff, 0xff, 0xfe, 0, 1, 0x11, 0x70]);
+        assert_eq!(decode(&v), Some([1, -2, 70000]));
+        assert_eq!(decode(&[0, 0, 0, 5]), Some([5, 0, 0]));
+        assert_eq!(decode(&[0, 0, 5]), None);
+        let d = changelog(&keys(), Kind::Metadata, |j| if j == 1 { -1 } else { 0 }).expect("one key");
+        assert_eq!(d.len(), 1);
+        assert_eq!(decode(&d.get_bytes("trusted.afr.v-client-1").expect("key")), Some([0, -1, 0]));
+        assert!(changelog(&keys(), Kind::Data, |_| 0).is_none());
+        let mut x = Dict::new();
+        x.set_bytes("trusted.afr.v-client-2", encode([3, 0, 0]));
+        assert_eq!(row(&keys(), &x), vec![[0; 3], [0; 3], [3, 0, 0]]);
+    }
+
+    #[test]
+    fn blame_finds_the_stale_copy() {
+        // Clean: nobody blamed.
+        assert_eq!(stale(&[r([0, 0, 0]), r([0, 0, 0]), r([0, 0, 0])], Kind::Data), 0);
+        // Child 2 failed a write while reachable: the others blame it and it blames itself.
+        assert_eq!(stale(&[r([0, 0, 1]), r([0, 0, 1]), r([0, 0, 1])], Kind::Data), 0b100);
+        // Child 2 was down: only the others say so.
+        assert_eq!(stale(&[r([0, 0, 2]), r([0, 0, 2]), r([0, 0, 0])], Kind::Data), 0b100);
+        assert_eq!(stale(&[r([0, 0, 2]), r([0, 0, 2]), None], Kind::Data), 0b100);
+        // Another client's transaction in flight raises whole rows: no one is stale...
+        assert_eq!(stale(&[r([1, 1, 1]), r([1, 1, 1]), r([1, 1, 1])], Kind::Data), 0);
+        // ... and an earlier blame still shows through it.
+        assert_eq!(stale(&[r([1, 1, 2]), r([1, 1, 2]), r([1, 1, 1])], Kind::Data), 0b100);
+        // The other kinds are separate.
+        assert_eq!(stale(&[r([0, 0, 1]), r([0, 0, 1]), r([0, 0, 1])], Kind::Metadata), 0);
+        // Each blames the other: no usable information among the answering children.
+        assert_eq!(stale(&[r([0, 1, 0]), r([1, 0, 0]), None], Kind::Data), 0);
+    }
+
+    #[test]
+    fn masks() {
+        assert_eq!(members(0b1011).collect::<Vec<_>>(), vec![0, 1, 3]);
+        assert_eq!(all(3), 0b111);
+        assert_eq!(all(64), u64::MAX);
+        assert_eq!(count(0b1011), 3);
+    }
+}

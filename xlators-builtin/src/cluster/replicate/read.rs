@@ -1,0 +1,355 @@
+//! Lookups and reads (GlusterFS's `afr-read-txn.c` and read-subvolume
+//! choice).
+//!
+//! Lookup goes to every child that is up, asking each for the pending
+//! counters of the inode; from them AFR learns which copies are stale
+//! (see `pending`) and answers from a good copy. A copy that lacks an
+//! entry the others have is stale in every kind; when the parent's entry
+//! counters blame a child, that child's word on the entry is not taken.
+//!
+//! Reads go to one child: among the children up, holding the fd (for fd
+//! fops) and not known stale for what the fop reads, the one chosen by:
+//! `read-subvolume` / `read-subvolume-index` when set, else a local child
+//! when `choose-local` (a child is local when its root lookup reply says
+//! so with [`IS_LOCAL`]; when none says, none is preferred), else
+//! `read-hash-mode`: 0 the first, 1 a hash of the gfid (every client reads
+//! a file from the same child), 2 a hash of the gfid and the caller's pid,
+//! 3 the fewest reads outstanding, 4 the lowest read latency (a moving
+//! average of this client's reads; GlusterFS uses the network ping time),
+//! 5 latency times outstanding reads. A read that fails with an error
+//! that can be the child's own (ENOTCONN, EIO, EBADF, ESTALE, ENOENT, ...)
+//! is tried on the next child in turn.
+//!
+//! After a child comes up, an inode's staleness is looked up again before
+//! it is read from (AFR's event generation).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+use xlfs_sdk::{CallCtx, Dict, Errno, Fop, FopResult, Gfid, Loc, Reply, Request, Response, Value};
+
+use super::Inner;
+use super::pending::{self, Kind, Mask, all, bit, members};
+use super::quorum::QUORUM_ERRNO;
+
+/// Reply xdata key by which a child says it is local to this client
+/// (set to a non-zero integer or "yes"); AFR asks for it on root lookups.
+pub const IS_LOCAL: &str = "xlfs.is-local";
+
+/// Per-child read statistics for the load-based read modes.
+#[derive(Default)]
+pub struct ReadStats {
+    outstanding: AtomicU32,
+    latency_us: AtomicU64,
+}
+
+impl ReadStats {
+    fn sample(&self, us: u64) {
+        let old = self.latency_us.load(Ordering::Relaxed);
+        let new = if old == 0 { us.max(1) } else { (old * 7 + us.max(1)) / 8 };
+        self.latency_us.store(new, Ordering::Relaxed);
+    }
+}
+
+/// Counts a read outstanding while it lives (also if the read is dropped).
+struct Outstanding<'a>(&'a AtomicU32);
+
+impl<'a> Outstanding<'a> {
+    fn new(c: &'a AtomicU32) -> Self {
+        c.fetch_add(1, Ordering::Relaxed);
+        Outstanding(c)
+    }
+}
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Errors that may be one child's own, worth trying another child for.
+fn retryable(e: Errno) -> bool {
+    matches!(
+        e,
+        Errno::ENOTCONN
+            | Errno::EIO
+            | Errno::EBADF
+            | Errno::EBADFD
+            | Errno::ESTALE
+            | Errno::ENOENT
+            | Errno::ECONNRESET
+            | Errno::ECONNABORTED
+            | Errno::ETIMEDOUT
+            | Errno::ENODEV
+            | Errno::ENETDOWN
+    )
+}
+
+fn gfid_hash(g: &Gfid) -> u64 {
+    let (a, b) = g.0.split_at(8);
+    let a = u64::from_le_bytes(a.try_into().unwrap_or([0; 8]));
+    let b = u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+    (a ^ b.rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// The kinds whose staleness matters for a read of `kind`.
+fn bad_for(stale: &[Mask; 3], kind: Kind) -> Mask {
+    match kind {
+        Kind::Metadata => stale[Kind::Metadata as usize],
+        k => stale[k as usize] | stale[Kind::Metadata as usize],
+    }
+}
+
+impl Inner {
+    /// Lookup on every child up; see the module docs.
+    pub async fn lookup(self: &Arc<Self>, ctx: &CallCtx, loc: Loc, xdata: Dict) -> FopResult {
+        let up = self.up_mask();
+        if up == 0 {
+            return Err(Errno::ENOTCONN);
+        }
+        let cfg = self.cfg();
+        let mut x = xdata.clone();
+        pending::request_keys(&self.keys, &mut x);
+        let want_fds = cfg.policy.interest().open_fd_count;
+        if want_fds && !x.contains(super::OPEN_FD_COUNT) {
+            x.set_u64(super::OPEN_FD_COUNT, 0);
+        }
+        let root = loc.gfid == Gfid::ROOT && !loc.is_entry();
+        if root && cfg.choose_local {
+            x.set_u64(IS_LOCAL, 0);
+        }
+        let parent_bad = if loc.is_entry() {
+            self.inodes.get(&loc.parent).map_or(0, |st| st.s.lock().stale[Kind::Entry as usize])
+        } else {
+            0
+        };
+        let results = self.fan(ctx, up, &Request::with_xdata(Fop::Lookup { loc }, x)).await;
+        let n = self.children.len();
+        let mut rows: Vec<Option<Vec<[i32; 3]>>> = vec![None; n];
+        let mut ok: Vec<(usize, Response)> = Vec::new();
+        let mut missing: Mask = 0;
+        let mut err: Option<Errno> = None;
+        for (i, r) in results {
+            match r {
+                Ok(rsp) => ok.push((i, rsp)),
+                Err(e) => {
+                    if matches!(e, Errno::ENOENT | Errno::ESTALE) {
+                        missing |= bit(i);
+                    }
+                    if err.is_none_or(|p| p == Errno::ENOTCONN) {
+                        err = Some(e);
+                    }
+                }
+            }
+        }
+        // A child the parent's entry counters blame does not get a say when
+        // a good child answered.
+        let good_said = ok.iter().any(|(i, _)| parent_bad & bit(*i) == 0) || missing & !parent_bad != 0;
+        if parent_bad != 0 && good_said {
+            ok.retain(|(i, _)| parent_bad & bit(*i) == 0);
+            missing &= !parent_bad;
+            if ok.is_empty() {
+                return Err(Errno::ENOENT);
+            }
+        }
+        let Some(gfid) = ok.iter().map(|(_, r)| entry_gfid(r)).next() else {
+            return Err(err.unwrap_or(Errno::ENOTCONN));
+        };
+        if ok.iter().any(|(_, r)| entry_gfid(r) != gfid) {
+            tracing::warn!(volume = %self.name, "lookup: children disagree on the gfid of an entry (gfid split-brain)");
+            return Err(Errno::EIO);
+        }
+        let mut fds = 0u32;
+        for (i, r) in &ok {
+            rows[*i] = Some(pending::row(&self.keys, &r.xdata));
+            fds = fds.max(u32::try_from(r.xdata.get_u64(super::OPEN_FD_COUNT).unwrap_or(0)).unwrap_or(u32::MAX));
+            if root && is_local(r.xdata.get(IS_LOCAL)) {
+                self.local.fetch_or(bit(*i), Ordering::Relaxed);
+            }
+        }
+        let mut stale = [0 as Mask; 3];
+        for k in Kind::ALL {
+            stale[k as usize] = (pending::stale(&rows, k) | missing) & all(n);
+        }
+        let is_dir = ok.first().is_some_and(|(_, r)| matches!(&r.reply, Reply::Entry { iatt, .. } if iatt.is_dir()));
+        if !gfid.is_null()
+            && let Some(st) = self.inodes.get_or_insert(gfid)
+        {
+            {
+                let mut s = st.s.lock();
+                let window = s.window_failed();
+                for k in Kind::ALL {
+                    s.stale[k as usize] = stale[k as usize] | if k == Kind::Data { window } else { 0 };
+                }
+                s.seen_gen = self.generation.load(Ordering::Acquire);
+            }
+            if want_fds && fds > 0 {
+                self.brick_fds(&st, fds);
+            }
+        }
+        let bad = if is_dir { bad_for(&stale, Kind::Entry) } else { bad_for(&stale, Kind::Data) };
+        let good: Mask = ok.iter().filter(|(i, _)| bad & bit(*i) == 0).fold(0, |m, (i, _)| m | bit(*i));
+        let pick =
+            self.read_order(ctx, gfid, if good != 0 { good } else { ok.iter().fold(0, |m, (i, _)| m | bit(*i)) });
+        let chosen = pick.first().copied();
+        let (_, mut rsp) = match ok.iter().position(|(i, _)| Some(*i) == chosen) {
+            Some(p) => ok.swap_remove(p),
+            None => ok.swap_remove(0),
+        };
+        for k in self.keys.iter().map(String::as_str).chain([super::OPEN_FD_COUNT, IS_LOCAL]) {
+            if !xdata.contains(k) {
+                rsp.xdata.remove(k);
+            }
+        }
+        Ok(rsp)
+    }
+
+    /// Children stale for a read of `kind` on `gfid`, looked up again if
+    /// a child came up since AFR last looked.
+    async fn stale_for(self: &Arc<Self>, ctx: &CallCtx, gfid: Gfid, kind: Kind) -> Mask {
+        let current = self.generation.load(Ordering::Acquire);
+        let known = self.inodes.get(&gfid).and_then(|st| {
+            let s = st.s.lock();
+            (s.seen_gen == current).then(|| bad_for(&s.stale, kind))
+        });
+        if let Some(bad) = known {
+            return bad;
+        }
+        if self.lookup(ctx, Loc::gfid(gfid), Dict::new()).await.is_err() {
+            return 0;
+        }
+        self.inodes.get(&gfid).map_or(0, |st| bad_for(&st.s.lock().stale, kind))
+    }
+
+    /// A read fop on one child, failing over to the next; returns the child
+    /// that answered.
+    pub async fn read_on(self: &Arc<Self>, ctx: &CallCtx, req: Request, kind: Kind) -> (Option<usize>, FopResult) {
+        let up = self.up_mask();
+        if up == 0 {
+            return (None, Err(Errno::ENOTCONN));
+        }
+        let cfg = self.cfg();
+        if cfg.quorum_reads && !cfg.quorum.met(up, self.children.len()) {
+            return (None, Err(QUORUM_ERRNO));
+        }
+        let mut cands = match req.fop.fd() {
+            Some(fd) => self.fd_targets(ctx, fd, up).await,
+            None => up,
+        };
+        let gfid = req.fop.gfid();
+        if !gfid.is_null() && !matches!(req.fop, Fop::Statfs { .. }) {
+            let bad = self.stale_for(ctx, gfid, kind).await;
+            if cands & !bad == 0 && cands != 0 {
+                tracing::warn!(volume = %self.name, %gfid, "read: every reachable copy is stale");
+                return (None, Err(Errno::EIO));
+            }
+            cands &= !bad;
+        }
+        let mut last = Errno::ENOTCONN;
+        for (n, i) in self.read_order(ctx, gfid, cands).into_iter().enumerate() {
+            if n > 0 {
+                self.stats.failovers.fetch_add(1, Ordering::Relaxed);
+            }
+            let rs = &self.reads[i];
+            let _out = Outstanding::new(&rs.outstanding);
+            let t0 = Instant::now();
+            let r = self.children[i].call(ctx.clone(), req.clone()).await;
+            rs.sample(u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX));
+            match r {
+                Ok(rsp) => return (Some(i), Ok(rsp)),
+                Err(e) if retryable(e) => {
+                    tracing::debug!(volume = %self.name, child = %self.children[i].name, %e, "read failed; trying another child");
+                    last = e;
+                }
+                Err(e) => return (Some(i), Err(e)),
+            }
+        }
+        (None, Err(last))
+    }
+
+    /// A read fop (see [`Inner::read_on`]).
+    pub async fn read(self: &Arc<Self>, ctx: &CallCtx, req: Request, kind: Kind) -> FopResult {
+        self.read_on(ctx, req, kind).await.1
+    }
+
+    /// Readdir(p): a listing starts on the read child and stays on it, as
+    /// offsets mean something only to the child that gave them.
+    pub async fn readdir(self: &Arc<Self>, ctx: &CallCtx, req: Request) -> FopResult {
+        let (Some(fd), offset) = (
+            req.fop.fd().copied(),
+            match req.fop {
+                Fop::Readdir { offset, .. } | Fop::Readdirp { offset, .. } => offset,
+                _ => 0,
+            },
+        ) else {
+            return Err(Errno::EINVAL);
+        };
+        let sticky = self.fds.get(fd.id).and_then(|f| f.readdir_child);
+        match sticky {
+            Some(i) if offset != 0 => {
+                if self.up_mask() & bit(i) == 0 {
+                    return Err(Errno::ENOTCONN);
+                }
+                self.children[i].call(ctx.clone(), req).await
+            }
+            _ => {
+                let (child, r) = self.read_on(ctx, req, Kind::Entry).await;
+                if let Some(i) = child {
+                    self.fds.update(fd.id, |f| f.readdir_child = Some(i));
+                }
+                r
+            }
+        }
+    }
+
+    /// The children of `cands` in the order to read from them.
+    pub fn read_order(&self, ctx: &CallCtx, gfid: Gfid, cands: Mask) -> Vec<usize> {
+        let list: Vec<usize> = members(cands).collect();
+        if list.is_empty() {
+            return list;
+        }
+        let first = self.pick(ctx, gfid, &list);
+        let pos = list.iter().position(|&i| i == first).unwrap_or(0);
+        list[pos..].iter().chain(&list[..pos]).copied().collect()
+    }
+
+    fn pick(&self, ctx: &CallCtx, gfid: Gfid, list: &[usize]) -> usize {
+        let cfg = self.cfg();
+        if let Some(r) = cfg.read_child.filter(|r| list.contains(r)) {
+            return r;
+        }
+        let local = self.local.load(Ordering::Relaxed);
+        let locals: Vec<usize> = list.iter().copied().filter(|&i| local & bit(i) != 0).collect();
+        let list: &[usize] = if cfg.choose_local && !locals.is_empty() { &locals } else { list };
+        let by = |f: &dyn Fn(usize) -> u64| list.iter().copied().min_by_key(|&i| f(i)).unwrap_or(list[0]);
+        let lat = |i: usize| self.reads[i].latency_us.load(Ordering::Relaxed);
+        let out = |i: usize| u64::from(self.reads[i].outstanding.load(Ordering::Relaxed));
+        let len = list.len() as u64;
+        match cfg.hash_mode {
+            0 => list[0],
+            1 => list[(gfid_hash(&gfid) % len) as usize],
+            2 => list[((gfid_hash(&gfid) ^ u64::from(ctx.pid).wrapping_mul(0x2545_f491_4f6c_dd1d)) % len) as usize],
+            3 => by(&out),
+            4 => by(&lat),
+            _ => by(&|i| lat(i).saturating_mul(out(i) + 1)),
+        }
+    }
+}
+
+fn entry_gfid(r: &Response) -> Gfid {
+    match &r.reply {
+        Reply::Entry { iatt, .. } => iatt.gfid,
+        _ => Gfid::NULL,
+    }
+}
+
+fn is_local(v: Option<&Value>) -> bool {
+    match v {
+        Some(Value::U64(n)) => *n != 0,
+        Some(Value::I64(n)) => *n != 0,
+        Some(Value::Str(s)) => matches!(s.as_str(), "yes" | "true" | "1" | "on"),
+        Some(Value::Bytes(b)) => matches!(b.as_ref(), b"yes" | b"true" | b"1" | b"on"),
+        _ => false,
+    }
+}

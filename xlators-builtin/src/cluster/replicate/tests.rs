@@ -1,0 +1,838 @@
+//! cluster/replicate over three real bricks (storage/posix under
+//! features/locks in temporary directories), each child reached through
+//! debug/io-stats (to count fops) and a test gate that can take the child
+//! down or make chosen fops fail. Two replicate nodes can share the same
+//! bricks, as two clients of one volume.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use xlfs_sdk::{
+    CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, FopKind, FopResult, Gfid,
+    InitCtx, Loc, Options, Reply, Request, Xlator,
+};
+
+use super::pending::{self, Kind};
+use super::*;
+use crate::debug::io_stats::IoStats;
+
+/// A test translator between AFR and a brick: "down" answers ENOTCONN to
+/// everything; `fail` makes the listed fops fail with an errno.
+struct Gate {
+    child: Child,
+    down: AtomicBool,
+    fail: Mutex<Option<(Vec<FopKind>, Errno)>>,
+}
+
+impl Xlator for Gate {
+    fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
+        if self.down.load(Ordering::Acquire) {
+            return Box::pin(std::future::ready(Err(Errno::ENOTCONN)));
+        }
+        if let Some((kinds, e)) = &*self.fail.lock()
+            && kinds.contains(&req.fop.kind())
+        {
+            return Box::pin(std::future::ready(Err(*e)));
+        }
+        self.child.call(ctx, req)
+    }
+}
+
+struct Brick {
+    dir: PathBuf,
+    locks: Arc<dyn Xlator>,
+    sink: EventSink,
+}
+
+struct Cluster {
+    _tmp: tempfile::TempDir,
+    bricks: Vec<Brick>,
+}
+
+struct Node {
+    afr: Arc<Replicate>,
+    stats: Vec<Arc<IoStats>>,
+    gates: Vec<Arc<Gate>>,
+    ctx: CallCtx,
+    next_fd: AtomicU64,
+}
+
+const N: usize = 3;
+
+fn opts(decls: &[xlfs_sdk::OptionDecl], given: &[(&str, &str)]) -> Options {
+    Options::resolve(decls, given.iter().copied()).expect("valid options")
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let bricks = (0..N)
+            .map(|i| {
+                let dir = tmp.path().join(format!("b{i}"));
+                std::fs::create_dir(&dir).expect("brick dir");
+                let d = dir.display().to_string();
+                let posix = (crate::storage::posix::TYPE.build)(InitCtx {
+                    name: format!("posix-{i}"),
+                    options: opts(crate::storage::posix::TYPE.options, &[("directory", &d)]),
+                    children: vec![],
+                    events: EventSink::new(),
+                })
+                .expect("posix");
+                let sink = EventSink::new();
+                let locks = (crate::features::locks::TYPE.build)(InitCtx {
+                    name: format!("locks-{i}"),
+                    options: opts(crate::features::locks::TYPE.options, &[("notify-contention-delay", "0")]),
+                    children: vec![Child { name: Arc::from(format!("posix-{i}")), xl: posix }],
+                    events: sink.clone(),
+                })
+                .expect("locks");
+                Brick { dir, locks, sink }
+            })
+            .collect();
+        Cluster { _tmp: tmp, bricks }
+    }
+
+    /// A replicate node (a client) over the bricks, all children up.
+    fn node(&self, client: &str, afr_opts: &[(&str, &str)]) -> Node {
+        let afr_sink = EventSink::new();
+        let mut children = Vec::new();
+        let mut stats = Vec::new();
+        let mut gates = Vec::new();
+        let mut links = Vec::new();
+        for (i, b) in self.bricks.iter().enumerate() {
+            let gate = Arc::new(Gate {
+                child: Child { name: Arc::from(format!("locks-{i}")), xl: b.locks.clone() },
+                down: AtomicBool::new(false),
+                fail: Mutex::new(None),
+            });
+            let gate_sink = EventSink::new();
+            let name = format!("test-client-{i}");
+            let st_sink = EventSink::new();
+            let st = Arc::new(
+                IoStats::new(InitCtx {
+                    name: name.clone(),
+                    options: opts(crate::debug::io_stats::TYPE.options, &[]),
+                    children: vec![Child { name: Arc::from(format!("gate-{i}")), xl: gate.clone() }],
+                    events: st_sink.clone(),
+                })
+                .expect("io-stats"),
+            );
+            let gate_dyn: Arc<dyn Xlator> = gate.clone();
+            b.sink.attach_parent(Arc::downgrade(&gate_dyn), 0, gate_sink.clone());
+            let st_dyn: Arc<dyn Xlator> = st.clone();
+            gate_sink.attach_parent(Arc::downgrade(&st_dyn), 0, st_sink.clone());
+            links.push(st_sink);
+            children.push(Child { name: Arc::from(name), xl: st_dyn });
+            stats.push(st);
+            gates.push(gate);
+        }
+        let afr = Arc::new(
+            Replicate::new(InitCtx {
+                name: "test-afr".into(),
+                options: opts(TYPE.options, afr_opts),
+                children,
+                events: afr_sink.clone(),
+            })
+            .expect("replicate"),
+        );
+        let afr_dyn: Arc<dyn Xlator> = afr.clone();
+        for (i, s) in links.iter().enumerate() {
+            s.attach_parent(Arc::downgrade(&afr_dyn), i, afr_sink.clone());
+        }
+        for i in 0..N {
+            afr.notify(Event::ChildUp, EventFrom::Child(i));
+        }
+        // Distinct fd numbers per node: the bricks key fds by id.
+        let base = 1 + 1_000_000 * (client.bytes().map(u64::from).sum::<u64>() % 1000);
+        Node { afr, stats, gates, ctx: CallCtx::root(client), next_fd: AtomicU64::new(base) }
+    }
+
+    fn read(&self, i: usize, name: &str) -> Vec<u8> {
+        std::fs::read(self.bricks[i].dir.join(name)).unwrap_or_default()
+    }
+
+    /// The counters `trusted.afr.test-client-<j>` on brick `i` for `path`.
+    fn pending(&self, i: usize, path: &str, j: usize) -> [i32; 3] {
+        let p = self.bricks[i].dir.join(path);
+        xattr(&p, &format!("trusted.afr.test-client-{j}")).and_then(|v| pending::decode(&v)).unwrap_or([0; 3])
+    }
+
+    fn gfid_on(&self, i: usize, path: &str) -> Option<Vec<u8>> {
+        xattr(&self.bricks[i].dir.join(path), "trusted.gfid")
+    }
+}
+
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    let n = std::ffi::CString::new(name).expect("name");
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return None;
+    }
+    buf.truncate(r as usize);
+    Some(buf)
+}
+
+impl Node {
+    async fn call(&self, fop: Fop) -> FopResult {
+        self.afr.call(self.ctx.clone(), Request::new(fop)).await
+    }
+
+    fn fd_id(&self) -> FdId {
+        FdId(self.next_fd.fetch_add(1, Ordering::Relaxed))
+    }
+
+    async fn create(&self, name: &str) -> Result<Fd, Errno> {
+        let id = self.fd_id();
+        let fop = Fop::Create {
+            loc: Loc::entry(Gfid::ROOT, name),
+            flags: libc::O_RDWR as u32,
+            mode: 0o644,
+            umask: 0,
+            fd: id,
+        };
+        match self.call(fop).await?.reply {
+            Reply::Entry { iatt, .. } => Ok(Fd { id, gfid: iatt.gfid }),
+            r => panic!("create answered {r:?}"),
+        }
+    }
+
+    async fn open(&self, gfid: Gfid) -> Fd {
+        let id = self.fd_id();
+        self.call(Fop::Open { loc: Loc::gfid(gfid), flags: libc::O_RDWR as u32, fd: id }).await.expect("open");
+        Fd { id, gfid }
+    }
+
+    async fn write(&self, fd: Fd, offset: u64, data: &[u8]) -> FopResult {
+        self.call(Fop::Writev { fd, data: Bytes::copy_from_slice(data), offset, flags: 0 }).await
+    }
+
+    async fn read(&self, fd: Fd, offset: u64, size: u32) -> Result<Bytes, Errno> {
+        match self.call(Fop::Readv { fd, size, offset, flags: 0 }).await?.reply {
+            Reply::Read { data, .. } => Ok(data),
+            r => panic!("readv answered {r:?}"),
+        }
+    }
+
+    async fn fsync(&self, fd: Fd) -> FopResult {
+        self.call(Fop::Fsync { fd, datasync: false }).await
+    }
+
+    async fn close(&self, fd: Fd) {
+        self.call(Fop::Flush { fd }).await.expect("flush");
+        self.call(Fop::Release { fd }).await.expect("release");
+    }
+
+    async fn lookup(&self, name: &str) -> FopResult {
+        self.call(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, name) }).await
+    }
+
+    fn down(&self, i: usize) {
+        self.gates[i].down.store(true, Ordering::Release);
+        self.afr.notify(Event::ChildDown, EventFrom::Child(i));
+    }
+
+    fn up(&self, i: usize) {
+        self.gates[i].down.store(false, Ordering::Release);
+        self.afr.notify(Event::ChildUp, EventFrom::Child(i));
+    }
+
+    fn fail(&self, i: usize, kinds: &[FopKind], e: Errno) {
+        *self.gates[i].fail.lock() = Some((kinds.to_vec(), e));
+    }
+
+    fn heal_gate(&self, i: usize) {
+        *self.gates[i].fail.lock() = None;
+    }
+
+    /// Calls of `kinds` seen by child `i`'s io-stats.
+    fn seen(&self, i: usize, kinds: &[FopKind]) -> u64 {
+        let snap = self.stats[i].snapshot();
+        kinds.iter().filter_map(|k| snap.fop(*k)).map(|f| f.calls).sum()
+    }
+
+    /// Lock and changelog fops seen by all children.
+    fn lock_and_xattrop(&self) -> (u64, u64) {
+        let locks = (0..N).map(|i| self.seen(i, &[FopKind::Inodelk, FopKind::Finodelk])).sum();
+        let xops = (0..N).map(|i| self.seen(i, &[FopKind::Xattrop, FopKind::Fxattrop])).sum();
+        (locks, xops)
+    }
+
+    fn dump(&self, key: &str) -> String {
+        self.afr.dump().into_iter().find(|(k, _)| k == key).map(|(_, v)| v).unwrap_or_default()
+    }
+
+    /// Waits until no eager lock is held (releases run in the background).
+    async fn quiesce(&self) {
+        for _ in 0..2000 {
+            if self.afr.inner.windows_held() == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("eager locks still held: {:?}", self.afr.dump());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_and_entries_land_on_every_child_with_one_gfid() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    let fd = n.create("f").await.expect("create");
+    n.write(fd, 0, b"hello ").await.expect("write");
+    n.write(fd, 6, b"world").await.expect("write");
+    n.fsync(fd).await.expect("fsync");
+    n.close(fd).await;
+    n.call(Fop::Mkdir { loc: Loc::entry(Gfid::ROOT, "d"), mode: 0o755, umask: 0 }).await.expect("mkdir");
+    n.call(Fop::Symlink { target: "f".into(), loc: Loc::entry(Gfid::ROOT, "s"), umask: 0 }).await.expect("symlink");
+    let d = match n.lookup("d").await.expect("lookup d").reply {
+        Reply::Entry { iatt, .. } => iatt.gfid,
+        r => panic!("{r:?}"),
+    };
+    n.call(Fop::Rename { old: Loc::entry(Gfid::ROOT, "s"), new: Loc::entry(d, "s2"), flags: 0 }).await.expect("rename");
+    n.quiesce().await;
+    for i in 0..N {
+        assert_eq!(c.read(i, "f"), b"hello world", "brick {i}");
+        assert_eq!(c.gfid_on(i, "f").as_deref(), Some(&fd.gfid.0[..]), "gfid on brick {i}");
+        assert_eq!(c.gfid_on(i, "d"), c.gfid_on(0, "d"), "dir gfid on brick {i}");
+        assert!(c.bricks[i].dir.join("d/s2").symlink_metadata().is_ok() && !c.bricks[i].dir.join("s").exists());
+        for j in 0..N {
+            assert_eq!(c.pending(i, "f", j), [0, 0, 0], "brick {i} blames {j}");
+            assert_eq!(c.pending(i, "", j), [0, 0, 0], "root on brick {i} blames {j}");
+        }
+    }
+    assert!(c.gfid_on(0, "d").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_child_is_blamed_and_not_read() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("read-subvolume-index", "2")]);
+    let fd = n.create("f").await.expect("create");
+    n.write(fd, 0, b"one").await.expect("write");
+    n.fsync(fd).await.expect("fsync");
+    n.down(2);
+    n.write(fd, 0, b"two").await.expect("write with a child down");
+    n.fsync(fd).await.expect("fsync");
+    for i in 0..2 {
+        assert_eq!(c.read(i, "f"), b"two");
+        assert_eq!(c.pending(i, "f", 2), [1, 0, 0], "brick {i} blames the down child");
+        assert_eq!(c.pending(i, "f", 0), [0, 0, 0]);
+        assert_eq!(c.pending(i, "f", 1), [0, 0, 0]);
+    }
+    assert_eq!(c.read(2, "f"), b"one");
+    // Back up: child 2 is the preferred read child, but it is stale.
+    n.up(2);
+    n.lookup("f").await.expect("lookup");
+    assert_eq!(n.read(fd, 0, 3).await.expect("read"), Bytes::from_static(b"two"));
+    assert_eq!(n.seen(2, &[FopKind::Readv]), 0, "no read from the stale child");
+    // An entry created while child 2 is down is blamed on the parent.
+    n.down(2);
+    let g = n.create("g").await.expect("create with a child down");
+    for i in 0..2 {
+        assert_eq!(c.pending(i, "", 2), [0, 0, 1], "root on brick {i} blames child 2 for an entry");
+    }
+    assert!(!c.bricks[2].dir.join("g").exists());
+    // A metadata change likewise, in the metadata counter.
+    let mut x = Dict::new();
+    x.set_bytes("user.k", b"v".to_vec());
+    n.call(Fop::Setxattr { loc: Loc::gfid(g.gfid), xattrs: x, flags: 0 }).await.expect("setxattr");
+    for i in 0..2 {
+        assert_eq!(c.pending(i, "g", 2), [0, 1, 0], "brick {i} blames child 2 for metadata");
+        assert_eq!(xattr(&c.bricks[i].dir.join("g"), "user.k").as_deref(), Some(&b"v"[..]));
+    }
+    n.close(g).await;
+    n.close(fd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_failing_a_write_blames_itself_and_is_blamed() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    let fd = n.create("f").await.expect("create");
+    n.write(fd, 0, b"aaaa").await.expect("write");
+    n.fsync(fd).await.expect("fsync");
+    for i in 0..N {
+        for j in 0..N {
+            assert_eq!(c.pending(i, "f", j), [0, 0, 0], "clean after success");
+        }
+    }
+    n.fail(1, &[FopKind::Writev], Errno::ENOSPC);
+    let r = n.write(fd, 0, b"bbbb").await.expect("write succeeds on the others");
+    assert!(matches!(r.reply, Reply::PrePost { .. }));
+    n.heal_gate(1);
+    n.fsync(fd).await.expect("fsync");
+    n.quiesce().await;
+    for i in 0..N {
+        assert_eq!(c.pending(i, "f", 1), [1, 0, 0], "brick {i} blames child 1");
+        assert_eq!(c.pending(i, "f", 0), [0, 0, 0], "brick {i} on child 0");
+        assert_eq!(c.pending(i, "f", 2), [0, 0, 0], "brick {i} on child 2");
+    }
+    assert_eq!(c.read(1, "f"), b"aaaa");
+    // Failing everywhere blames no one and returns the error.
+    for i in 0..N {
+        n.fail(i, &[FopKind::Writev], Errno::ENOSPC);
+    }
+    assert_eq!(n.write(fd, 0, b"cccc").await.err(), Some(Errno::ENOSPC));
+    n.fsync(fd).await.expect("fsync");
+    n.quiesce().await;
+    assert_eq!(c.pending(0, "f", 0), [0, 0, 0]);
+    assert_eq!(c.pending(0, "f", 1), [1, 0, 0]);
+    n.close(fd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eager_lock_one_lock_and_one_preop_for_many_writes_and_fsync_settles() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("post-op-delay-secs", "30")]);
+    let fd = n.create("f").await.expect("create");
+    let before = n.lock_and_xattrop();
+    for k in 0..20u64 {
+        n.write(fd, k * 4, b"data").await.expect("write");
+    }
+    let (locks, xops) = n.lock_and_xattrop();
+    assert_eq!(locks - before.0, N as u64, "one inodelk per child for 20 writes");
+    assert_eq!(xops - before.1, N as u64, "one pre-op per child for 20 writes");
+    for i in 0..N {
+        assert_eq!(c.pending(i, "f", i), [1, 0, 0], "the delayed post-op leaves the counters raised");
+    }
+    n.fsync(fd).await.expect("fsync");
+    for i in 0..N {
+        for j in 0..N {
+            assert_eq!(c.pending(i, "f", j), [0, 0, 0], "fsync settled the post-op on brick {i}");
+        }
+    }
+    let (locks, xops) = n.lock_and_xattrop();
+    assert_eq!(locks - before.0, N as u64, "the lock is kept across fsync");
+    assert_eq!(xops - before.1, 2 * N as u64, "one pre-op and one post-op");
+    assert_eq!(n.dump("eager-lock.held"), "1");
+    n.close(fd).await;
+    n.quiesce().await;
+    assert_eq!(n.dump("eager-lock.released.close"), "1");
+    let (locks, _) = n.lock_and_xattrop();
+    assert_eq!(locks - before.0, 2 * N as u64, "lock and unlock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_window_ends_after_the_post_op_delay() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("post-op-delay-secs", "1")]);
+    let fd = n.create("f").await.expect("create");
+    n.write(fd, 0, b"x").await.expect("write");
+    assert_eq!(n.dump("eager-lock.held"), "1");
+    n.quiesce().await;
+    assert_eq!(n.dump("eager-lock.released.idle"), "1");
+    for i in 0..N {
+        assert_eq!(c.pending(i, "f", 0), [0, 0, 0]);
+    }
+    n.close(fd).await;
+}
+
+/// Several fds on the same files, small writes and fsyncs, as pgbench's
+/// backends do on a table; returns (lock fops, xattrop fops) over all
+/// children.
+async fn pgbench_like(policy: &str) -> (u64, u64, u64) {
+    let c = Cluster::new();
+    let n = Arc::new(c.node("client-a", &[("lock-contention-policy", policy)]));
+    let mut fds = Vec::new();
+    for f in 0..2 {
+        let first = n.create(&format!("table{f}")).await.expect("create");
+        fds.push(first);
+        for _ in 1..4 {
+            fds.push(n.open(first.gfid).await);
+        }
+    }
+    let before = n.lock_and_xattrop();
+    let page = vec![7u8; 512];
+    for round in 0..20u64 {
+        let futs = fds.iter().enumerate().map(|(k, fd)| {
+            let (n, page) = (n.clone(), &page);
+            async move {
+                for w in 0..3u64 {
+                    n.write(*fd, (k as u64 * 64 + round * 3 + w) * 512, page).await.expect("write");
+                }
+                n.fsync(*fd).await.expect("fsync");
+            }
+        });
+        join_all(futs.collect()).await;
+    }
+    for fd in &fds {
+        n.close(*fd).await;
+    }
+    n.quiesce().await;
+    let after = n.lock_and_xattrop();
+    for f in 0..2 {
+        let name = format!("table{f}");
+        let want = c.read(0, &name);
+        assert!(!want.is_empty());
+        for i in 1..N {
+            assert_eq!(c.read(i, &name), want, "{name} on brick {i}");
+        }
+        for i in 0..N {
+            for j in 0..N {
+                assert_eq!(c.pending(i, &name, j), [0, 0, 0], "{policy}: {name} brick {i} blames {j}");
+            }
+        }
+    }
+    let windows = n.dump("eager-lock.windows").parse().unwrap_or(0);
+    (after.0 - before.0, after.1 - before.1, windows)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbench_like_workload_lock_and_xattrop_counts_per_policy() {
+    let mut counts = Vec::new();
+    for policy in ["fd-count", "inodelk-count", "notify"] {
+        let (locks, xops, windows) = pgbench_like(policy).await;
+        println!(
+            "pgbench-like (2 files x 4 fds, 20 rounds of 3 writes + fsync per fd, 3 children): {policy:>13}: \
+             INODELK+FINODELK {locks:>5}  XATTROP+FXATTROP {xops:>5}  total {:>5}  windows {windows}",
+            locks + xops
+        );
+        counts.push((policy, locks + xops));
+    }
+    let fd_count = counts[0].1;
+    for (policy, total) in &counts[1..] {
+        assert!(total * 3 < fd_count, "{policy}: {total} lock+xattrop fops against fd-count's {fd_count}");
+    }
+}
+
+/// Two clients writing the same file at once, each through its own
+/// replicate node over the same bricks; both must finish.
+async fn two_clients(policy: &str) -> (Duration, u64, u64) {
+    let c = Cluster::new();
+    let opts = [("lock-contention-policy", policy)];
+    let a = Arc::new(c.node("client-a", &opts));
+    let b = Arc::new(c.node("client-b", &opts));
+    let fa = a.create("shared").await.expect("create");
+    let fb = b.open(fa.gfid).await;
+    let t0 = Instant::now();
+    let run = |n: Arc<Node>, fd: Fd, base: u64| async move {
+        for k in 0..30u64 {
+            n.write(fd, base + k * 8, &base.to_be_bytes()).await.expect("write");
+            if k % 5 == 4 {
+                n.fsync(fd).await.expect("fsync");
+            }
+        }
+    };
+    let both = join_all(vec![
+        Box::pin(run(a.clone(), fa, 0)) as Pin<Box<dyn Future<Output = ()> + Send>>,
+        Box::pin(run(b.clone(), fb, 4096)),
+    ]);
+    tokio::time::timeout(Duration::from_secs(300), both).await.expect("both clients finish (no starvation)");
+    let took = t0.elapsed();
+    a.close(fa).await;
+    b.close(fb).await;
+    a.quiesce().await;
+    b.quiesce().await;
+    let want = c.read(0, "shared");
+    assert_eq!(want.len(), 4096 + 30 * 8);
+    assert_eq!(&want[..8], &0u64.to_be_bytes());
+    assert_eq!(&want[4096..4104], &4096u64.to_be_bytes());
+    for i in 1..N {
+        assert_eq!(c.read(i, "shared"), want, "brick {i}");
+    }
+    for i in 0..N {
+        for j in 0..N {
+            assert_eq!(c.pending(i, "shared", j), [0, 0, 0], "{policy}: brick {i} blames {j}");
+        }
+    }
+    let wa = a.dump("eager-lock.windows").parse().unwrap_or(0);
+    let wb = b.dump("eager-lock.windows").parse().unwrap_or(0);
+    (took, wa, wb)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_on_one_file_both_progress_under_every_policy() {
+    for policy in ["fd-count", "inodelk-count", "notify"] {
+        let (took, wa, wb) = two_clients(policy).await;
+        println!("two clients, 30 writes each on one file: {policy:>13}: windows a {wa} b {wb}, {took:?}");
+        assert!(wa >= 1 && wb >= 1);
+    }
+}
+
+/// Client a writes once and goes idle inside its post-op delay; client b
+/// then writes. Returns how a's window ended and how long b waited.
+async fn idle_holder(policy: &str) -> (String, String, Duration) {
+    let c = Cluster::new();
+    let opts = [("lock-contention-policy", policy), ("post-op-delay-secs", "2")];
+    let a = c.node("client-a", &opts);
+    let b = c.node("client-b", &opts);
+    let fa = a.create("f").await.expect("create");
+    let fb = b.open(fa.gfid).await;
+    a.write(fa, 0, b"a").await.expect("a writes");
+    assert_eq!(a.dump("eager-lock.held"), "1");
+    let t0 = Instant::now();
+    b.write(fb, 1, b"b").await.expect("b writes");
+    let waited = t0.elapsed();
+    a.quiesce().await;
+    let out = (a.dump("eager-lock.released.policy"), a.dump("eager-lock.released.idle"), waited);
+    a.close(fa).await;
+    b.close(fb).await;
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_holder_hands_over_at_once_only_with_notify() {
+    let (policy, idle, waited) = idle_holder("notify").await;
+    println!("idle holder, notify: a's window ended by policy {policy} / idle {idle}; b waited {waited:?}");
+    assert_eq!((policy.as_str(), idle.as_str()), ("1", "0"), "the upcall ends the idle window");
+    let (policy, idle, waited) = idle_holder("inodelk-count").await;
+    println!("idle holder, inodelk-count: a's window ended by policy {policy} / idle {idle}; b waited {waited:?}");
+    assert_eq!((policy.as_str(), idle.as_str()), ("0", "1"), "no write, no count: the window runs out its delay");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_go_to_one_child_and_fail_over() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("read-hash-mode", "0")]);
+    let fd = n.create("f").await.expect("create");
+    n.write(fd, 0, b"content").await.expect("write");
+    n.fsync(fd).await.expect("fsync");
+    for _ in 0..5 {
+        assert_eq!(n.read(fd, 0, 7).await.expect("read"), Bytes::from_static(b"content"));
+    }
+    assert_eq!((n.seen(0, &[FopKind::Readv]), n.seen(1, &[FopKind::Readv]), n.seen(2, &[FopKind::Readv])), (5, 0, 0));
+    n.fail(0, &[FopKind::Readv], Errno::EIO);
+    assert_eq!(n.read(fd, 0, 7).await.expect("read fails over"), Bytes::from_static(b"content"));
+    assert_eq!(n.seen(1, &[FopKind::Readv]), 1);
+    assert_eq!(n.dump("read-failovers"), "1");
+    n.heal_gate(0);
+    n.down(0);
+    assert_eq!(n.read(fd, 0, 7).await.expect("read with child 0 down"), Bytes::from_static(b"content"));
+    assert_eq!(n.seen(1, &[FopKind::Readv]), 2);
+    // Hash mode 1: one child per file, the same for every read of it.
+    let h = c.node("client-h", &[("read-hash-mode", "1")]);
+    let before: Vec<u64> = (0..N).map(|i| h.seen(i, &[FopKind::Stat])).collect();
+    for _ in 0..4 {
+        h.call(Fop::Stat { loc: Loc::gfid(fd.gfid) }).await.expect("stat");
+    }
+    let per: Vec<u64> = (0..N).map(|i| h.seen(i, &[FopKind::Stat]) - before[i]).collect();
+    assert_eq!(per.iter().filter(|&&x| x == 4).count(), 1, "{per:?}");
+    n.close(fd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_lost_refuses_writes_without_applying_anything() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    let fd = n.create("f").await.expect("create");
+    n.write(fd, 0, b"before").await.expect("write");
+    n.fsync(fd).await.expect("fsync");
+    n.close(fd).await;
+    n.quiesce().await;
+    let fd = n.open(fd.gfid).await;
+    n.down(1);
+    n.down(2);
+    assert_eq!(n.write(fd, 0, b"after!").await.err(), Some(Errno::ENOTCONN));
+    assert_eq!(n.create("g").await.err(), Some(Errno::ENOTCONN));
+    assert_eq!(
+        n.call(Fop::Mkdir { loc: Loc::entry(Gfid::ROOT, "d"), mode: 0o755, umask: 0 }).await.err(),
+        Some(Errno::ENOTCONN)
+    );
+    let mut x = Dict::new();
+    x.set_bytes("user.k", b"v".to_vec());
+    assert_eq!(
+        n.call(Fop::Setxattr { loc: Loc::gfid(fd.gfid), xattrs: x, flags: 0 }).await.err(),
+        Some(Errno::ENOTCONN)
+    );
+    assert_eq!(c.read(0, "f"), b"before");
+    assert!(!c.bricks[0].dir.join("g").exists() && !c.bricks[0].dir.join("d").exists());
+    for j in 0..N {
+        assert_eq!(c.pending(0, "f", j), [0, 0, 0], "nothing half applied");
+        assert_eq!(c.pending(0, "", j), [0, 0, 0]);
+    }
+    assert_eq!(n.read(fd, 0, 6).await.expect("reads still work"), Bytes::from_static(b"before"));
+    n.lookup("f").await.expect("lookup still works");
+    // quorum-type none writes to the one child left.
+    let m = c.node("client-m", &[("quorum-type", "none")]);
+    m.down(1);
+    m.down(2);
+    let fm = m.open(fd.gfid).await;
+    m.write(fm, 0, b"after!").await.expect("write without quorum");
+    m.fsync(fm).await.expect("fsync");
+    assert_eq!(c.read(0, "f"), b"after!");
+    assert_eq!(c.pending(0, "f", 1), [1, 0, 0]);
+    assert_eq!(c.pending(0, "f", 2), [1, 0, 0]);
+    m.close(fm).await;
+    n.close(fd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_and_down_events() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    n.afr.notify(Event::ChildDown, EventFrom::Child(0));
+    n.afr.notify(Event::ChildDown, EventFrom::Child(1));
+    assert_eq!(n.afr.notify(Event::ChildDown, EventFrom::Child(2)), Some(Event::ChildDown), "none up");
+    assert_eq!(n.afr.notify(Event::ChildUp, EventFrom::Child(1)), Some(Event::ChildUp), "first up");
+    assert_eq!(n.afr.notify(Event::ChildUp, EventFrom::Child(2)), None);
+    assert_eq!(n.afr.notify(Event::ChildDown, EventFrom::Child(1)), None);
+    assert_eq!(n.dump("children-up"), "1/3");
+    assert_eq!(n.afr.notify(Event::ParentUp, EventFrom::Graph), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gluster_volfile_options_are_accepted() {
+    let given = [
+        ("use-anonymous-inode", "yes"),
+        ("use-compound-fops", "off"),
+        ("granular-entry-heal", "on"),
+        ("volume-id", "76b60fc5-d0c8-4fd8-9174-bf87139f7df3"),
+        ("afr-pending-xattr", "rep3-client-0,rep3-client-1,rep3-client-2"),
+        ("iam-self-heal-daemon", "yes"),
+        ("self-heal-daemon", "enable"),
+        ("entry-self-heal", "on"),
+        ("data-self-heal", "on"),
+        ("metadata-self-heal", "on"),
+        ("background-self-heal-count", "0"),
+    ];
+    let c = Cluster::new();
+    let n = c.node("client-a", &given);
+    let fd = n.create("f").await.expect("create");
+    n.write(fd, 0, b"x").await.expect("write");
+    for i in 0..N {
+        assert!(xattr(&c.bricks[i].dir.join("f"), "trusted.afr.rep3-client-2").is_some(), "named by afr-pending-xattr");
+    }
+    n.close(fd).await;
+    assert!(Options::resolve(TYPE.options, [("afr-pending-xattr", "a,b")]).is_ok());
+    let bad = Replicate::new(InitCtx {
+        name: "x".into(),
+        options: opts(TYPE.options, &[("afr-pending-xattr", "a,b")]),
+        children: n.afr.inner.children.clone(),
+        events: EventSink::new(),
+    });
+    assert!(bad.err().expect("wrong count").to_string().contains("names 2 children"));
+    let bad = Replicate::new(InitCtx {
+        name: "x".into(),
+        options: opts(TYPE.options, &[("lock-contention-policy", "sometimes")]),
+        children: n.afr.inner.children.clone(),
+        events: EventSink::new(),
+    });
+    assert!(bad.err().expect("unknown policy").to_string().contains("fd-count, inodelk-count, notify"));
+    // Reconfigure swaps the policy; the pending names cannot change.
+    let mut changed = given.to_vec();
+    changed.push(("lock-contention-policy", "fd-count"));
+    n.afr.reconfigure(&opts(TYPE.options, &changed)).expect("reconfigure");
+    assert_eq!(n.dump("lock-contention-policy"), "fd-count");
+    let e = n.afr.reconfigure(&opts(TYPE.options, &[("afr-pending-xattr", "x,y,z")])).expect_err("names are fixed");
+    assert!(e.to_string().contains("afr-pending-xattr"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_policy_is_consulted() {
+    use xlfs_sdk::policy::lock_contention::{Decision, LockContentionPolicy, LockEvent, LockView, register_loader};
+    struct EveryTxn;
+    impl LockContentionPolicy for EveryTxn {
+        fn name(&self) -> &str {
+            "every-txn"
+        }
+        fn decide(&self, event: LockEvent, _: &LockView) -> Decision {
+            if event == LockEvent::TxnEnd { Decision::ReleaseNow } else { Decision::Keep }
+        }
+    }
+    register_loader("afrtest", Arc::new(|_: &str| Ok(Arc::new(EveryTxn) as Arc<dyn LockContentionPolicy>)))
+        .expect("register");
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("lock-contention-policy", "afrtest:every")]);
+    assert_eq!(n.dump("lock-contention-policy"), "every-txn");
+    let fd = n.create("f").await.expect("create");
+    for k in 0..4u64 {
+        n.write(fd, k, b"z").await.expect("write");
+    }
+    assert_eq!(n.dump("eager-lock.windows"), "4");
+    assert_eq!(n.dump("eager-lock.released.policy"), "4");
+    n.close(fd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_caller_gives_up_still_completes_and_releases() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("post-op-delay-secs", "0")]);
+    let fd = n.create("f").await.expect("create");
+    {
+        let fut = n.afr.call(
+            n.ctx.clone(),
+            Request::new(Fop::Writev { fd, data: Bytes::from_static(b"late"), offset: 0, flags: 0 }),
+        );
+        let mut fut = std::pin::pin!(fut);
+        // Started, then abandoned.
+        let _ = crate::test_util::poll(fut.as_mut());
+    }
+    for _ in 0..2000 {
+        if (0..N).all(|i| c.read(i, "f") == b"late") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The data is on the bricks while the window is still open; it ends
+    // in the same task.
+    n.quiesce().await;
+    for i in 0..N {
+        assert_eq!(c.read(i, "f"), b"late", "brick {i}");
+        assert_eq!(c.pending(i, "f", i), [0, 0, 0], "brick {i} settled");
+    }
+    // Nothing is left locked: another client gets the lock at once.
+    let b = c.node("client-b", &[]);
+    let fb = b.open(fd.gfid).await;
+    b.write(fb, 0, b"next").await.expect("write");
+    b.close(fb).await;
+    n.close(fd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_inodelks_go_to_every_child_and_conflict() {
+    use xlfs_sdk::{Flock, LkCmd, LockType};
+    let c = Cluster::new();
+    let a = c.node("client-a", &[]);
+    let b = c.node("client-b", &[]);
+    let fd = a.create("f").await.expect("create");
+    let lk = |cmd, ty| Fop::Inodelk { domain: "app".into(), loc: Loc::gfid(fd.gfid), cmd, lock: Flock::whole(ty, 0) };
+    a.call(lk(LkCmd::SetLk, LockType::Write)).await.expect("a locks");
+    assert_eq!((0..N).map(|i| a.seen(i, &[FopKind::Inodelk])).collect::<Vec<_>>(), vec![1, 1, 1]);
+    assert_eq!(b.call(lk(LkCmd::SetLk, LockType::Write)).await.err(), Some(Errno::EAGAIN));
+    a.call(lk(LkCmd::SetLk, LockType::Unlock)).await.expect("a unlocks");
+    b.call(lk(LkCmd::SetLk, LockType::Write)).await.expect("b locks");
+    b.call(lk(LkCmd::SetLk, LockType::Unlock)).await.expect("b unlocks");
+    // a holds children 1 and 2 only; b gets child 0, is refused on child 1
+    // and must give child 0 back.
+    a.down(0);
+    a.call(lk(LkCmd::SetLk, LockType::Write)).await.expect("a locks on two children");
+    assert_eq!(b.call(lk(LkCmd::SetLk, LockType::Write)).await.err(), Some(Errno::EAGAIN));
+    a.call(lk(LkCmd::SetLk, LockType::Unlock)).await.expect("a unlocks");
+    let c3 = c.node("client-c", &[]);
+    let mut got = Err(Errno::EAGAIN);
+    for _ in 0..400 {
+        got = c3.call(lk(LkCmd::SetLk, LockType::Write)).await;
+        if got.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    got.expect("b's partial lock on child 0 was given back");
+    a.close(fd).await;
+}
+
+#[test]
+fn unlocks_undo_locks() {
+    let lk = xlfs_sdk::Flock::whole(xlfs_sdk::LockType::Write, 1);
+    let fd = Fd { id: FdId(1), gfid: Gfid::ROOT };
+    match unlock_of(&Fop::Lk { fd, cmd: xlfs_sdk::LkCmd::SetLkw, lock: lk }) {
+        Some(Fop::Lk { cmd: xlfs_sdk::LkCmd::SetLk, lock, .. }) => assert_eq!(lock.ty, xlfs_sdk::LockType::Unlock),
+        o => panic!("{o:?}"),
+    }
+    let e = Fop::Entrylk {
+        domain: "d".into(),
+        loc: Loc::root(),
+        name: "n".into(),
+        cmd: xlfs_sdk::EntrylkCmd::Unlock,
+        ty: xlfs_sdk::EntrylkType::Write,
+    };
+    assert!(unlock_of(&e).is_none());
+    let _ = Kind::Data;
+}
