@@ -14,6 +14,11 @@ pub mod storage {
     pub mod posix;
 }
 
+pub mod cluster {
+    //! Translators over several subvolumes.
+    pub mod replicate;
+}
+
 pub mod features {
     //! Brick-side features.
     pub mod locks;
@@ -32,6 +37,7 @@ pub mod protocol {
 pub mod performance {
     //! Translators that trade work for speed.
     pub mod io_threads;
+    pub mod read_ahead;
 }
 
 pub mod debug {
@@ -42,6 +48,6 @@ pub mod debug {
 
 /// Every built-in translator type.
 pub fn builtin_types() -> Vec<XlatorType> {
-    vec![storage::posix::TYPE, features::locks::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE, performance::io_threads::TYPE,
-        protocol::client::TYPE, protocol::server::TYPE]
+    vec![storage::posix::TYPE, features::locks::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE, performance::io_threads::TYPE, performance::read_ahead::TYPE,
+        protocol::client::TYPE, protocol::server::TYPE, cluster::replicate::TYPE]
 }

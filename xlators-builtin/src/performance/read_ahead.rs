@@ -1,0 +1,549 @@
+//! performance/read-ahead: prefetches the pages a sequential reader will
+//! ask for next and answers its reads from them, like GlusterFS's
+//! read-ahead on a client.
+//!
+//! Each fd that reads gets a stream of the chosen read-ahead policy
+//! (`xlfs_sdk::policy::read_ahead`, option `policy`). Every read is shown to
+//! the stream first; its advice says which page-aligned ranges to prefetch
+//! (one READ of `page-size` bytes per page, wound to the child in the
+//! background) and which cached pages to drop. A read whose pages are all
+//! cached is answered from them; otherwise it goes to the child unchanged
+//! (a page still being fetched is not waited for).
+//!
+//! Bounds: at most `2 * page-count + 2` pages per fd (prefetches past that
+//! are skipped) and [`MAX_FDS`] fds (later fds read without read-ahead).
+//! A write, truncate, fallocate, discard, zerofill or copy into an inode
+//! empties the cache of every fd on it, before the fop is wound and again
+//! when it returns; each emptying bumps the fd's generation, so a prefetch
+//! that was in flight meanwhile is thrown away when it lands.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use xlfs_sdk::options::{OptType, OptionDecl};
+use xlfs_sdk::policy::read_ahead::{self as policy, Advice, Geometry, ReadAheadPolicy, ReadAheadStream, ReadInfo};
+use xlfs_sdk::xlator::ReconfigureError;
+use xlfs_sdk::{
+    CallCtx, Child, Fd, FdId, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Options, Reply, Request, Response,
+    Xlator, XlatorType,
+};
+
+/// Most fds with read-ahead state at once.
+pub const MAX_FDS: usize = 4096;
+
+const OPTIONS: &[OptionDecl] = &[
+    OptionDecl::new("page-size", OptType::Size)
+        .default("128KB")
+        .range(4096.0, 16777216.0)
+        .desc("Bytes per cached page; each prefetch is one READ of this size."),
+    OptionDecl::new("page-count", OptType::Int)
+        .default("4")
+        .range(1.0, 16.0)
+        .desc("Pages kept prefetched ahead of a sequential reader, per fd (GlusterFS's default is 4)."),
+    OptionDecl::new("policy", OptType::Str).default(policy::DEFAULT).desc(
+        "The read-ahead policy by name: 'tolerant' (a sequential stream survives reordered requests) or \
+         'gluster-strict' (GlusterFS's old rule: any read not at the previous read's end resets the window).",
+    ),
+];
+
+/// The translator type.
+pub const TYPE: XlatorType = XlatorType {
+    name: "performance/read-ahead",
+    description: "prefetches pages ahead of sequential readers and serves reads from them",
+    options: OPTIONS,
+    min_children: 1,
+    max_children: 1,
+    build,
+};
+
+enum Page {
+    Pending,
+    Ready { data: Bytes, iatt: Iatt },
+}
+
+struct FdRa {
+    gfid: Gfid,
+    stream: Box<dyn ReadAheadStream>,
+    pages: BTreeMap<u64, Page>,
+    generation: u64,
+}
+
+impl FdRa {
+    fn empty(&mut self, geo: Geometry) {
+        self.pages.clear();
+        self.generation += 1;
+        self.stream.reset_cache(geo);
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct Stats {
+    hits: u64,
+    misses: u64,
+    resets: u64,
+    prefetches: u64,
+    untracked: u64,
+}
+
+struct State {
+    geo: Geometry,
+    policy: Arc<dyn ReadAheadPolicy>,
+    fds: HashMap<FdId, FdRa>,
+    stats: Stats,
+}
+
+struct ReadAhead {
+    child: Child,
+    state: Arc<Mutex<State>>,
+}
+
+fn settings(options: &Options) -> Result<(Geometry, Arc<dyn ReadAheadPolicy>), String> {
+    let page_size = options.size("page-size").unwrap_or(128 * 1024);
+    let page_count = options.int("page-count").unwrap_or(4).clamp(1, 16) as u32;
+    let name = options.str("policy").unwrap_or(policy::DEFAULT);
+    let p = policy::builtin(name)
+        .ok_or_else(|| format!("unknown read-ahead policy '{name}': expected one of {}", policy::BUILTIN.join(", ")))?;
+    Ok((Geometry { page_size, page_count }, p))
+}
+
+fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
+    let (geo, policy) = settings(&init.options).map_err(InitError::new)?;
+    let child = init.children.into_iter().next().ok_or_else(|| InitError::new("needs one child"))?;
+    let state = State { geo, policy, fds: HashMap::new(), stats: Stats::default() };
+    Ok(Arc::new(ReadAhead { child, state: Arc::new(Mutex::new(state)) }))
+}
+
+impl State {
+    fn max_pages(&self) -> usize {
+        2 * self.geo.page_count as usize + 2
+    }
+
+    /// Shows the read to the fd's stream, applies its advice, and answers
+    /// from the cache when it can. Returns the cached reply (if any), the pages to fetch
+    /// and the fd's generation.
+    fn read(&mut self, fd: Fd, info: ReadInfo) -> (Option<Reply>, Vec<u64>, u64) {
+        let (geo, max_pages) = (self.geo, self.max_pages());
+        if !self.fds.contains_key(&fd.id) {
+            if self.fds.len() >= MAX_FDS {
+                self.stats.untracked += 1;
+                return (None, Vec::new(), 0);
+            }
+            let stream = self.policy.open(geo);
+            self.fds.insert(fd.id, FdRa { gfid: fd.gfid, stream, pages: BTreeMap::new(), generation: 0 });
+        }
+        let Some(f) = self.fds.get_mut(&fd.id) else { return (None, Vec::new(), 0) };
+        let advice = f.stream.on_read(info);
+        // Serve before dropping: the advice may drop the pages this read
+        // consumes (gluster-strict keeps nothing behind the reader).
+        let plan = serve(&f.pages, info, geo);
+        apply_drops(&mut f.pages, &advice, geo);
+        let fetch = plan_prefetch(&mut f.pages, &advice, geo, max_pages);
+        let generation = f.generation;
+        let st = &mut self.stats;
+        st.resets += u64::from(advice.reset);
+        st.prefetches += fetch.len() as u64;
+        match plan {
+            Some(_) => st.hits += 1,
+            None => st.misses += 1,
+        }
+        (plan, fetch, generation)
+    }
+
+    fn invalidate(&mut self, gfid: Gfid) {
+        let geo = self.geo;
+        for f in self.fds.values_mut().filter(|f| gfid.is_null() || f.gfid == gfid) {
+            f.empty(geo);
+        }
+    }
+}
+
+fn apply_drops(pages: &mut BTreeMap<u64, Page>, advice: &Advice, geo: Geometry) {
+    for r in &advice.drop {
+        let doomed: Vec<u64> = pages
+            .range(r.offset..r.end())
+            .map(|(k, _)| *k)
+            .filter(|k| k.saturating_add(geo.page_size) <= r.end())
+            .collect();
+        for k in doomed {
+            pages.remove(&k);
+        }
+    }
+}
+
+/// Marks the advised pages not yet cached as pending, up to the bound.
+fn plan_prefetch(pages: &mut BTreeMap<u64, Page>, advice: &Advice, geo: Geometry, max_pages: usize) -> Vec<u64> {
+    let mut fetch = Vec::new();
+    for r in &advice.prefetch {
+        let mut p = geo.page_floor(r.offset);
+        while p < r.end() && pages.len() < max_pages {
+            pages.entry(p).or_insert_with(|| {
+                fetch.push(p);
+                Page::Pending
+            });
+            match p.checked_add(geo.page_size) {
+                Some(n) => p = n,
+                None => break,
+            }
+        }
+    }
+    fetch
+}
+
+/// The read's bytes from the cache, when every page it needs is there (a
+/// short page is the end of the file).
+fn serve(pages: &BTreeMap<u64, Page>, info: ReadInfo, geo: Geometry) -> Option<Reply> {
+    let end = info.offset.saturating_add(info.size);
+    if info.size == 0 {
+        return None;
+    }
+    let mut out = BytesMut::new();
+    let mut pos = info.offset;
+    let mut last = None;
+    while pos < end {
+        let page = geo.page_floor(pos);
+        let Some(Page::Ready { data, iatt }) = pages.get(&page) else { return None };
+        last = Some(*iatt);
+        let from = (pos - page) as usize;
+        if from >= data.len() {
+            break; // end of file
+        }
+        let to = data.len().min((end - page) as usize);
+        out.extend_from_slice(&data[from..to]);
+        if data.len() < geo.page_size as usize {
+            break;
+        }
+        pos = page.saturating_add(geo.page_size);
+    }
+    last.map(|iatt| Reply::Read { data: out.freeze(), iatt })
+}
+
+impl ReadAhead {
+    /// Winds one READ per page in the background; a page lands only if
+    /// the fd's generation did not move meanwhile.
+    fn prefetch(&self, ctx: &CallCtx, fd: Fd, pages: Vec<u64>, generation: u64, page_size: u64) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            let mut st = self.state.lock();
+            if let Some(f) = st.fds.get_mut(&fd.id) {
+                f.pages.retain(|k, p| !(pages.contains(k) && matches!(p, Page::Pending)));
+            }
+            return;
+        };
+        for offset in pages {
+            let (child, state, ctx) = (self.child.clone(), self.state.clone(), ctx.clone());
+            let size = u32::try_from(page_size).unwrap_or(u32::MAX);
+            rt.spawn(async move {
+                let res = child.call(ctx, Request::new(Fop::Readv { fd, size, offset, flags: 0 })).await;
+                let mut st = state.lock();
+                let Some(f) = st.fds.get_mut(&fd.id) else { return };
+                if f.generation != generation || !matches!(f.pages.get(&offset), Some(Page::Pending)) {
+                    return;
+                }
+                match res {
+                    Ok(Response { reply: Reply::Read { data, iatt }, .. }) => {
+                        f.pages.insert(offset, Page::Ready { data, iatt });
+                    }
+                    other => {
+                        tracing::debug!(offset, ?other, "read-ahead prefetch failed");
+                        f.pages.remove(&offset);
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// The inode a fop changes the data of, if any.
+fn written_inode(fop: &Fop) -> Option<Gfid> {
+    match fop {
+        Fop::Writev { fd, .. }
+        | Fop::Ftruncate { fd, .. }
+        | Fop::Fallocate { fd, .. }
+        | Fop::Discard { fd, .. }
+        | Fop::Zerofill { fd, .. } => Some(fd.gfid),
+        Fop::CopyFileRange { fd_out, .. } => Some(fd_out.gfid),
+        Fop::Truncate { loc, .. } => Some(loc.gfid),
+        _ => None,
+    }
+}
+
+impl Xlator for ReadAhead {
+    fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
+        match &req.fop {
+            Fop::Readv { fd, size, offset, .. } => {
+                let fd = *fd;
+                let info = ReadInfo { offset: *offset, size: u64::from(*size), at_ns: now_ns() };
+                let (plan, fetch, generation, page_size) = {
+                    let mut st = self.state.lock();
+                    let (plan, fetch, generation) = st.read(fd, info);
+                    (plan, fetch, generation, st.geo.page_size)
+                };
+                if !fetch.is_empty() {
+                    self.prefetch(&ctx, fd, fetch, generation, page_size);
+                }
+                match plan {
+                    Some(reply) => Box::pin(async move { Ok(Response::from(reply)) }),
+                    None => self.child.call(ctx, req),
+                }
+            }
+            Fop::Release { fd } => {
+                if let Some(mut f) = self.state.lock().fds.remove(&fd.id) {
+                    f.stream.close();
+                }
+                self.child.call(ctx, req)
+            }
+            fop => match written_inode(fop) {
+                Some(gfid) => Box::pin(async move {
+                    self.state.lock().invalidate(gfid);
+                    let res = self.child.call(ctx, req).await;
+                    self.state.lock().invalidate(gfid);
+                    res
+                }),
+                None => self.child.call(ctx, req),
+            },
+        }
+    }
+
+    fn reconfigure(&self, options: &Options) -> Result<(), ReconfigureError> {
+        let (geo, policy) = settings(options).map_err(ReconfigureError::Invalid)?;
+        let mut st = self.state.lock();
+        let new_policy = policy.name() != st.policy.name();
+        st.geo = geo;
+        if new_policy {
+            st.policy = policy;
+        }
+        let State { policy, fds, .. } = &mut *st;
+        for f in fds.values_mut() {
+            if new_policy {
+                f.stream = policy.open(geo);
+            }
+            f.empty(geo);
+        }
+        Ok(())
+    }
+
+    fn dump(&self) -> Vec<(String, String)> {
+        let st = self.state.lock();
+        let pages: usize = st.fds.values().map(|f| f.pages.len()).sum();
+        let s = st.stats;
+        [
+            ("page-size", st.geo.page_size.to_string()),
+            ("page-count", st.geo.page_count.to_string()),
+            ("policy", st.policy.name().to_string()),
+            ("fds", st.fds.len().to_string()),
+            ("pages", pages.to_string()),
+            ("hits", s.hits.to_string()),
+            ("misses", s.misses.to_string()),
+            ("resets", s.resets.to_string()),
+            ("prefetches", s.prefetches.to_string()),
+            ("untracked-reads", s.untracked.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+fn now_ns() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    u64::try_from(START.get_or_init(std::time::Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xlfs_sdk::{Errno, EventSink, Loc};
+
+    /// A file in memory that counts its reads.
+    #[derive(Default)]
+    struct MemFile {
+        data: Mutex<Vec<u8>>,
+        reads: Mutex<Vec<(u64, u32)>>,
+    }
+
+    impl Xlator for MemFile {
+        fn call(&self, _ctx: CallCtx, req: Request) -> FopFuture<'_> {
+            let res = match req.fop {
+                Fop::Readv { fd, size, offset, .. } => {
+                    self.reads.lock().push((offset, size));
+                    let d = self.data.lock();
+                    let from = (offset as usize).min(d.len());
+                    let to = from.saturating_add(size as usize).min(d.len());
+                    Ok(Reply::Read { data: Bytes::copy_from_slice(&d[from..to]), iatt: Iatt { gfid: fd.gfid, ..Iatt::default() } })
+                }
+                Fop::Writev { data, offset, .. } => {
+                    let mut d = self.data.lock();
+                    let end = offset as usize + data.len();
+                    if d.len() < end {
+                        d.resize(end, 0);
+                    }
+                    d[offset as usize..end].copy_from_slice(&data);
+                    Ok(Reply::PrePost { pre: Iatt::default(), post: Iatt::default() })
+                }
+                Fop::Release { .. } => Ok(Reply::Empty),
+                _ => Err(Errno::ENOSYS),
+            };
+            Box::pin(async move { res.map(Response::from) })
+        }
+    }
+
+    const GFID: Gfid = Gfid([7; 16]);
+    const PS: usize = 4096;
+
+    fn setup(opts: &[(&str, &str)], len: usize) -> (Arc<dyn Xlator>, Arc<MemFile>) {
+        let file = Arc::new(MemFile::default());
+        *file.data.lock() = (0..len).map(|i| (i % 251) as u8).collect();
+        let options = Options::resolve(OPTIONS, opts.iter().copied()).expect("options");
+        let init = InitCtx {
+            name: "ra".into(),
+            options,
+            children: vec![Child { name: Arc::from("mem"), xl: file.clone() }],
+            events: EventSink::new(),
+        };
+        (build(init).expect("build"), file)
+    }
+
+    fn fd(id: u64) -> Fd {
+        Fd { id: FdId(id), gfid: GFID }
+    }
+
+    async fn read(xl: &Arc<dyn Xlator>, fd: Fd, offset: u64, size: u32) -> Bytes {
+        match xl.call(CallCtx::root("t"), Request::new(Fop::Readv { fd, size, offset, flags: 0 })).await {
+            Ok(Response { reply: Reply::Read { data, .. }, .. }) => data,
+            other => panic!("read: {other:?}"),
+        }
+    }
+
+    /// Lets the spawned prefetches (answered at once by the file) land.
+    async fn settle(_xl: &Arc<dyn Xlator>) {
+        for _ in 0..64 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn dump(xl: &Arc<dyn Xlator>, key: &str) -> String {
+        xl.dump().into_iter().find(|(k, _)| k == key).map(|(_, v)| v).unwrap_or_default()
+    }
+
+    fn expected(offset: usize, len: usize) -> Vec<u8> {
+        (offset..offset + len).map(|i| (i % 251) as u8).collect()
+    }
+
+    fn opts(policy: &str) -> Vec<(&str, &str)> {
+        vec![("page-size", "4KB"), ("page-count", "4"), ("policy", policy)]
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn sequential_reads_are_served_from_prefetched_pages() {
+        let (xl, file) = setup(&opts("tolerant"), 64 * PS + 100);
+        for i in 0..64 {
+            assert_eq!(read(&xl, fd(1), (i * PS) as u64, PS as u32).await, expected(i * PS, PS), "page {i}");
+            settle(&xl).await;
+        }
+        // Past the end of the file: short, then empty, from the cache or the child.
+        assert_eq!(read(&xl, fd(1), (64 * PS) as u64, PS as u32).await, expected(64 * PS, 100));
+        let hits: u64 = dump(&xl, "hits").parse().expect("hits");
+        assert!(hits >= 60, "hits {hits}");
+        assert_eq!(dump(&xl, "resets"), "0");
+        // Every page was read from the child about once: prefetch, no double reads.
+        let reads = file.reads.lock().len();
+        assert!(reads <= 64 + 2 + 4 + 3, "child reads {reads}");
+        let pages: usize = dump(&xl, "pages").parse().expect("pages");
+        assert!(pages <= 2 * 4 + 2, "pages bounded: {pages}");
+    }
+
+    /// Reads of a sequential stream delivered reordered in pairs.
+    async fn reordered_pairs(policy: &str) -> (u64, u64) {
+        let (xl, _file) = setup(&opts(policy), 64 * PS);
+        for pair in 0..32 {
+            for i in [2 * pair + 1, 2 * pair] {
+                assert_eq!(read(&xl, fd(1), (i * PS) as u64, PS as u32).await, expected(i * PS, PS));
+                settle(&xl).await;
+            }
+        }
+        (dump(&xl, "hits").parse().expect("hits"), dump(&xl, "resets").parse().expect("resets"))
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn reordered_reads_keep_the_tolerant_window_and_reset_strict() {
+        let (tolerant_hits, tolerant_resets) = reordered_pairs("tolerant").await;
+        let (strict_hits, strict_resets) = reordered_pairs("gluster-strict").await;
+        assert_eq!(tolerant_resets, 0);
+        assert!(tolerant_hits >= 58, "tolerant hits {tolerant_hits}");
+        assert!(strict_resets >= 60, "strict resets {strict_resets}");
+        assert!(strict_hits < tolerant_hits / 2, "strict hits {strict_hits}");
+        // In order, the strict policy is served from its pages as well.
+        let (xl, _file) = setup(&opts("gluster-strict"), 16 * PS);
+        for i in 0..16 {
+            assert_eq!(read(&xl, fd(1), (i * PS) as u64, PS as u32).await, expected(i * PS, PS));
+            settle(&xl).await;
+        }
+        assert_eq!((dump(&xl, "hits").as_str(), dump(&xl, "resets").as_str()), ("14", "0"));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_write_invalidates_every_fd_on_the_inode() {
+        let (xl, _file) = setup(&opts("tolerant"), 16 * PS);
+        for i in 0..3 {
+            read(&xl, fd(1), (i * PS) as u64, PS as u32).await;
+            settle(&xl).await;
+        }
+        assert!(dump(&xl, "pages").parse::<usize>().expect("pages") > 0);
+        let w = Fop::Writev { fd: fd(2), data: Bytes::from(vec![0xAA; PS]), offset: (3 * PS) as u64, flags: 0 };
+        xl.call(CallCtx::root("t"), Request::new(w)).await.expect("write");
+        assert_eq!(dump(&xl, "pages"), "0");
+        let got = read(&xl, fd(1), (3 * PS) as u64, PS as u32).await;
+        assert_eq!(got, vec![0xAA; PS]);
+        // A truncate by path with the inode's gfid empties it too.
+        settle(&xl).await;
+        let t = Fop::Truncate { loc: Loc { gfid: GFID, ..Loc::default() }, offset: 0 };
+        let _ = xl.call(CallCtx::root("t"), Request::new(t)).await;
+        assert_eq!(dump(&xl, "pages"), "0");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn release_forgets_the_fd_and_reconfigure_changes_geometry() {
+        let (xl, _file) = setup(&opts("tolerant"), 64 * PS);
+        for i in 0..4 {
+            read(&xl, fd(1), (i * PS) as u64, PS as u32).await;
+            settle(&xl).await;
+        }
+        let o = Options::resolve(OPTIONS, [("page-size", "8KB"), ("page-count", "2"), ("policy", "gluster-strict")])
+            .expect("options");
+        xl.reconfigure(&o).expect("reconfigure");
+        assert_eq!((dump(&xl, "page-size").as_str(), dump(&xl, "page-count").as_str()), ("8192", "2"));
+        assert_eq!((dump(&xl, "policy").as_str(), dump(&xl, "pages").as_str()), ("gluster-strict", "0"));
+        for i in 2..10 {
+            assert_eq!(read(&xl, fd(1), (i * 2 * PS) as u64, 2 * PS as u32).await, expected(i * 2 * PS, 2 * PS));
+            settle(&xl).await;
+        }
+        let pages: usize = dump(&xl, "pages").parse().expect("pages");
+        assert!(pages > 0 && pages <= 2 * 2 + 2, "{pages}");
+        xl.call(CallCtx::root("t"), Request::new(Fop::Release { fd: fd(1) })).await.expect("release");
+        assert_eq!((dump(&xl, "fds").as_str(), dump(&xl, "pages").as_str()), ("0", "0"));
+        let bad = Options::resolve(OPTIONS, [("policy", "nope")]).expect("options");
+        assert!(matches!(xl.reconfigure(&bad), Err(ReconfigureError::Invalid(m)) if m.contains("tolerant")));
+    }
+
+    #[test]
+    fn unknown_policy_is_refused_at_build() {
+        let options = Options::resolve(OPTIONS, [("policy", "nope")]).expect("options");
+        let init = InitCtx {
+            name: "ra".into(),
+            options,
+            children: vec![Child { name: Arc::from("mem"), xl: Arc::new(MemFile::default()) }],
+            events: EventSink::new(),
+        };
+        let e = build(init).err().expect("refused");
+        assert!(e.to_string().contains("gluster-strict"), "{e}");
+    }
+
+    #[test]
+    fn hostile_reads_do_not_panic() {
+        let (xl, _file) = setup(&opts("tolerant"), PS);
+        for (off, size) in [(u64::MAX, u32::MAX), (u64::MAX - 1, 1), (0, 0), (u64::MAX - 4096, 4096)] {
+            let _ = crate::test_util::now(xl.call(CallCtx::root("t"), Request::new(Fop::Readv { fd: fd(1), size, offset: off, flags: 0 })));
+        }
+    }
+}
