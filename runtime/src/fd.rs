@@ -57,6 +57,14 @@ impl FdTable {
         self.inner.lock().open.get(&id.0).copied()
     }
 
+    /// Records the inode an fd turned out to be open on (a create that
+    /// opened an existing file). Does nothing if `id` is not open.
+    pub fn set_gfid(&self, id: FdId, gfid: Gfid) {
+        if let Some(e) = self.inner.lock().open.get_mut(&id.0) {
+            e.gfid = gfid;
+        }
+    }
+
     /// Closes `id`, returning what it was open on (`None` if it was not open).
     pub fn release(&self, id: FdId) -> Option<FdEntry> {
         self.inner.lock().open.remove(&id.0)
@@ -97,6 +105,10 @@ mod tests {
         assert_ne!(a, b);
         assert_ne!(a.0, 0);
         assert_eq!(t.get(b), Some(entry(2, true)));
+        t.set_gfid(b, entry(5, true).gfid);
+        assert_eq!(t.get(b), Some(entry(5, true)));
+        t.set_gfid(b, entry(2, true).gfid);
+        t.set_gfid(FdId(999), entry(5, true).gfid);
         assert_eq!(t.len(), 2);
         assert_eq!(t.release(a), Some(entry(1, false)));
         assert_eq!(t.release(a), None);

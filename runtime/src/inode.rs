@@ -8,6 +8,13 @@
 //! table's LRU limit the oldest such inode is evicted along with the
 //! entries that name it. Inodes the kernel still holds are bounded by the
 //! kernel; the rest by the limit.
+//!
+//! Node ids are the kernel's inode numbers too (FUSE reports a node's id as
+//! its `st_ino`), so an inode's node id is derived from its gfid
+//! ([`Gfid::ino`], the root is 1): `stat` shows the same number after the
+//! inode was evicted and looked up again, as on the bricks. If that number
+//! is taken by another cached inode (or is 0 or 1), a free one is chosen
+//! instead; two cached inodes never share a node id.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -30,8 +37,8 @@ impl Inode {
     pub fn gfid(&self) -> Gfid {
         self.gfid
     }
-    /// The node id given to the kernel for it (never reused for another
-    /// inode while this table lives).
+    /// The node id given to the kernel for it (never shared with another
+    /// cached inode; derived from the gfid when free, see the module doc).
     pub fn nodeid(&self) -> u64 {
         self.nodeid
     }
@@ -64,7 +71,6 @@ struct Inner {
     /// Unreferenced inodes by age (oldest first).
     lru: BTreeMap<u64, Gfid>,
     next_tick: u64,
-    next_nodeid: u64,
 }
 
 /// The inode table: see the module documentation.
@@ -91,7 +97,6 @@ impl InodeTable {
             dentries: HashMap::new(),
             lru: BTreeMap::new(),
             next_tick: 0,
-            next_nodeid: ROOT_NODEID + 1,
         };
         InodeTable { inner: Mutex::new(inner), root: root_inode, lru_limit }
     }
@@ -132,22 +137,27 @@ impl InodeTable {
     }
 
     /// The kernel forgets `n` lookups of `nodeid`. At zero the inode goes on
-    /// the LRU list (the root stays). Unknown node ids are ignored.
-    pub fn forget(&self, nodeid: u64, n: u64) {
+    /// the LRU list (the root stays). Unknown node ids are ignored. Returns
+    /// the gfids evicted to keep the LRU list within its limit (the caller
+    /// tells the graph to forget them).
+    pub fn forget(&self, nodeid: u64, n: u64) -> Vec<Gfid> {
         let mut guard = self.inner.lock();
         let t = &mut *guard;
-        let Some(e) = t.by_nodeid.get(&nodeid).and_then(|g| t.inodes.get_mut(g)) else { return };
+        let Some(e) = t.by_nodeid.get(&nodeid).and_then(|g| t.inodes.get_mut(g)) else { return Vec::new() };
         e.nlookup = e.nlookup.saturating_sub(n);
         if e.nlookup > 0 || e.inode.gfid == Gfid::ROOT || e.lru_tick.is_some() {
-            return;
+            return Vec::new();
         }
         e.lru_tick = Some(t.next_tick);
         t.lru.insert(t.next_tick, e.inode.gfid);
         t.next_tick += 1;
+        let mut evicted = Vec::new();
         while t.lru.len() > self.lru_limit {
             let Some((_, old)) = t.lru.pop_first() else { break };
             t.evict(old);
+            evicted.push(old);
         }
+        evicted
     }
 
     /// The inode with this gfid, if cached.
@@ -203,6 +213,21 @@ impl InodeTable {
         }
     }
 
+    /// The cached entries naming `gfid`, as (parent gfid, name).
+    pub fn names(&self, gfid: Gfid) -> Vec<(Gfid, Arc<str>)> {
+        self.inner.lock().inodes.get(&gfid).map(|e| e.names.clone()).unwrap_or_default()
+    }
+
+    /// The names cached under the directory `dir`.
+    pub fn children(&self, dir: Gfid) -> Vec<Arc<str>> {
+        self.inner.lock().dentries.keys().filter(|(p, _)| *p == dir).map(|(_, n)| n.clone()).collect()
+    }
+
+    /// Every cached inode's node id (for invalidating them all).
+    pub fn nodeids(&self) -> Vec<u64> {
+        self.inner.lock().by_nodeid.keys().copied().collect()
+    }
+
     /// How many inodes are cached (the root included).
     pub fn len(&self) -> usize {
         self.inner.lock().inodes.len()
@@ -222,10 +247,14 @@ impl InodeTable {
 impl Inner {
     /// Finds or creates the inode and adds one lookup.
     fn reference(&mut self, gfid: Gfid) -> Arc<Inode> {
-        let (next, by_nodeid) = (&mut self.next_nodeid, &mut self.by_nodeid);
+        let by_nodeid = &mut self.by_nodeid;
         let e = self.inodes.entry(gfid).or_insert_with(|| {
-            let nodeid = *next;
-            *next += 1;
+            let mut nodeid = gfid.ino();
+            while nodeid <= ROOT_NODEID || by_nodeid.contains_key(&nodeid) {
+                // Taken (or reserved): step to another number, the same
+                // sequence for the same gfid.
+                nodeid = nodeid.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            }
             by_nodeid.insert(nodeid, gfid);
             Entry { inode: Arc::new(Inode { gfid, nodeid }), nlookup: 0, names: Vec::new(), lru_tick: None }
         });
@@ -322,15 +351,42 @@ mod tests {
         assert!(t.by_nodeid(ids[0]).is_none());
         assert_eq!(t.resolve(Gfid::ROOT, "f1"), None);
         assert_eq!(t.resolve(Gfid::ROOT, "f4"), Some(gfid(4)));
-        // A re-lookup gets a fresh node id, never the evicted one.
+        // A re-lookup gets the same node id back (it is the gfid's inode
+        // number), one no cached inode has.
         let again = t.lookup_reply(Gfid::ROOT, "f1", gfid(1)).expect("lookup");
-        assert!(!ids.contains(&again.nodeid()));
+        assert_eq!(again.nodeid(), ids[0]);
         // Referenced inodes are never evicted, whatever the limit.
         let t = InodeTable::new(0);
         for n in 1..=10 {
             t.lookup_reply(Gfid::ROOT, &format!("f{n}"), gfid(n)).expect("lookup");
         }
         assert_eq!(t.len(), 11);
+    }
+
+    #[test]
+    fn nodeids_come_from_gfids_and_never_collide() {
+        let with_ino = |hi: u8, ino: u64| {
+            let mut b = [hi; 16];
+            b[8..].copy_from_slice(&ino.to_be_bytes());
+            Gfid(b)
+        };
+        let t = InodeTable::new(0);
+        let a = t.lookup_reply(Gfid::ROOT, "a", with_ino(1, 77)).expect("a");
+        assert_eq!(a.nodeid(), 77);
+        // Same inode number, other gfid: another id.
+        let b = t.lookup_reply(Gfid::ROOT, "b", with_ino(2, 77)).expect("b");
+        assert_ne!(b.nodeid(), 77);
+        // Reserved numbers are never handed out.
+        let z = t.lookup_reply(Gfid::ROOT, "z", with_ino(3, 1)).expect("z");
+        assert!(z.nodeid() > ROOT_NODEID);
+        // Evicted and looked up again: the same number.
+        assert_eq!(t.forget(a.nodeid(), 1), vec![with_ino(1, 77)]);
+        assert_eq!(t.lookup_reply(Gfid::ROOT, "a", with_ino(1, 77)).expect("a").nodeid(), 77);
+        assert_eq!(t.names(with_ino(1, 77)), vec![(Gfid::ROOT, Arc::from("a"))]);
+        let mut kids = t.children(Gfid::ROOT);
+        kids.sort();
+        assert_eq!(kids, vec![Arc::from("a"), Arc::from("b"), Arc::from("z")]);
+        assert_eq!(t.nodeids().len(), 4);
     }
 
     #[test]

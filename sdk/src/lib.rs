@@ -15,7 +15,10 @@ pub mod ctx;
 pub mod dict;
 pub mod errno;
 pub mod fop;
+pub mod guest;
 pub mod options;
+pub mod policy;
+#[cfg(not(all(target_family = "wasm", target_os = "unknown")))]
 mod rand;
 pub mod slots;
 pub mod types;

@@ -1,0 +1,334 @@
+//! `xlfs mount` and `xlfs umount`.
+//!
+//! `xlfs mount --volfile FILE [-o OPTS] MOUNTPOINT` builds the client graph
+//! from the volfile (protocol/client to bricks, or a local graph straight
+//! over storage/posix), waits for it to come up, and mounts it with the FUSE
+//! bridge ([`crate::fuse`]). Once mounted it prints one line to stdout,
+//! `xlfs mount: FILE on MOUNTPOINT (pid N)`.
+//!
+//! By default the command becomes a daemon once mounted: it starts itself
+//! again in the foreground in a new session, with its log in
+//! `/var/log/xlfs/<mountpoint>.log` (unless `--log-file`), waits for that
+//! line, prints it and exits 0 (or fails with the child's error). With
+//! `--foreground` it stays attached. Either way SIGTERM and SIGINT unmount
+//! (lazily if busy, after a grace period), let the fops in flight finish,
+//! shut the graph down and exit 0; an unmount from outside does the same.
+//!
+//! `xlfs umount [-l] MOUNTPOINT` unmounts (lazily with `-l`), also a mount
+//! whose process died ("Transport endpoint is not connected").
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::CliError;
+use crate::fuse::{FuseError, Mount, MountOptions, OptionsError};
+use crate::graph::{Graph, GraphSpec, NotUp};
+use crate::registry::Registry;
+use crate::volfile::Volfile;
+
+/// How long fops in flight may take to finish after the unmount.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// The start line's prefix (scripts, the daemon parent and tests read it).
+pub const READY_PREFIX: &str = "xlfs mount: ";
+
+/// `xlfs mount`.
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// The client volfile to mount.
+    #[arg(long, value_name = "FILE")]
+    pub volfile: PathBuf,
+    /// Where to mount it (an existing directory).
+    pub mountpoint: PathBuf,
+    /// Mount options, comma-separated; may be given more than once (see the
+    /// README: entry-timeout, attribute-timeout, negative-timeout,
+    /// keep-cache, auto-invalidation, writeback-cache, noatime, max-write,
+    /// max-read, max-readahead, direct-io-mode, allow-other,
+    /// default-permissions, reader-threads, ro ...).
+    #[arg(short = 'o', value_name = "OPTS")]
+    pub options: Vec<String>,
+    /// Stay in the foreground instead of becoming a daemon once mounted.
+    #[arg(short = 'f', long)]
+    pub foreground: bool,
+    /// Append the log to FILE [default: stderr in the foreground, else
+    /// /var/log/xlfs/<mountpoint>.log].
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+    /// Seconds to wait for the graph to come up (its bricks to connect).
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub up_timeout: u64,
+    /// Internal: this process is the daemon started by `xlfs mount`.
+    #[arg(long, hide = true)]
+    pub daemon_child: bool,
+}
+
+/// `xlfs umount`.
+#[derive(Debug, Args)]
+pub struct UmountArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
+    /// Detach now even if busy; the mount goes away once unused.
+    #[arg(short = 'l', long)]
+    pub lazy: bool,
+}
+
+/// Why a mount or unmount failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// A mount option is wrong.
+    #[error(transparent)]
+    Options(#[from] OptionsError),
+    /// The FUSE mount failed.
+    #[error(transparent)]
+    Fuse(#[from] FuseError),
+    /// The graph did not come up.
+    #[error("{0} (are the bricks running and reachable?)")]
+    NotUp(#[from] NotUp),
+    /// Signal handlers could not be installed.
+    #[error("installing signal handlers: {0}")]
+    Signal(std::io::Error),
+    /// The daemon could not be started or failed before mounting.
+    #[error("starting the mount daemon: {0}")]
+    Daemon(String),
+    /// A task failed.
+    #[error("mount task: {0}")]
+    Join(#[from] tokio::task::JoinError),
+    /// umount failed.
+    #[error("unmounting {}: {source}", path.display())]
+    Umount {
+        /// The mount point.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl MountArgs {
+    fn mount_options(&self) -> Result<MountOptions, MountError> {
+        let mut o = MountOptions::default();
+        for s in &self.options {
+            o.apply(s)?;
+        }
+        Ok(o)
+    }
+
+    /// Mounts and serves until unmounted or signalled.
+    pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
+        let opts = self.mount_options()?;
+        if self.foreground {
+            return self.serve(opts, out).await;
+        }
+        // Check what can be checked before going to the background.
+        Volfile::load(&self.volfile).map_err(CliError::from).and_then(|v| {
+            GraphSpec::validate(&v, &Registry::builtin())?;
+            Ok(())
+        })?;
+        let line = tokio::task::spawn_blocking(move || self.daemonize(&opts)).await.map_err(MountError::from)??;
+        writeln!(out, "{line}")?;
+        out.flush()?;
+        Ok(())
+    }
+
+    async fn serve(self, opts: MountOptions, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
+        let graph = Arc::new(Graph::load(&self.volfile, &Registry::builtin())?);
+        let mut term = signal(SignalKind::terminate()).map_err(MountError::Signal)?;
+        let mut int = signal(SignalKind::interrupt()).map_err(MountError::Signal)?;
+        graph.activate();
+        let timeout = Duration::from_secs(self.up_timeout);
+        let up = tokio::select! {
+            r = graph.wait_up(timeout) => Some(r),
+            _ = term.recv() => None,
+            _ = int.recv() => None,
+        };
+        match up {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                shutdown(graph).await;
+                return Err(MountError::from(e).into());
+            }
+            None => {
+                shutdown(graph).await;
+                return Ok(());
+            }
+        }
+        let (top, upcalls, rt) = (graph.top(), graph.upcalls(), tokio::runtime::Handle::current());
+        let mp = self.mountpoint.clone();
+        let mounted = tokio::task::spawn_blocking(move || Mount::new(top, Some(upcalls), &mp, opts, rt)).await;
+        let mount = match mounted.map_err(MountError::from).and_then(|r| r.map_err(MountError::from)) {
+            Ok(m) => m,
+            Err(e) => {
+                shutdown(graph).await;
+                return Err(e.into());
+            }
+        };
+        let line = format!(
+            "{READY_PREFIX}{} on {} (pid {})",
+            self.volfile.display(),
+            mount.mountpoint().display(),
+            std::process::id()
+        );
+        tracing::info!("{line}");
+        writeln!(out, "{line}")?;
+        out.flush()?;
+        if self.daemon_child {
+            detach_stdio();
+        }
+        let why = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+            _ = mount.ended() => "unmounted",
+        };
+        tracing::info!(why, "unmounting");
+        let r = mount.unmount(DRAIN).await;
+        shutdown(graph).await;
+        tracing::info!("stopped");
+        r.map_err(|e| MountError::from(e).into())
+    }
+
+    /// Starts this command again as a daemon in the foreground and returns
+    /// its start line once it has mounted.
+    fn daemonize(self, opts: &MountOptions) -> Result<String, MountError> {
+        let abs = |p: &Path| std::fs::canonicalize(p).map_err(|e| MountError::Daemon(format!("{}: {e}", p.display())));
+        let (volfile, mountpoint) = (abs(&self.volfile)?, abs(&self.mountpoint)?);
+        let log = match self.log_file {
+            Some(l) => l,
+            None => {
+                let dir = Path::new("/var/log/xlfs");
+                std::fs::create_dir_all(dir).map_err(|e| MountError::Daemon(format!("{}: {e}", dir.display())))?;
+                dir.join(log_name(&mountpoint))
+            }
+        };
+        let exe = std::env::current_exe().map_err(|e| MountError::Daemon(format!("finding the xlfs binary: {e}")))?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("mount")
+            .arg("--volfile")
+            .arg(&volfile)
+            .arg("--foreground")
+            .arg("--daemon-child")
+            .arg("--log-file")
+            .arg(&log)
+            .arg("--up-timeout")
+            .arg(self.up_timeout.to_string())
+            .arg("-o")
+            .arg(opts.to_option_string())
+            .arg(&mountpoint)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: setsid is async-signal-safe and touches no memory of ours.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| MountError::Daemon(e.to_string()))?;
+        let mut line = String::new();
+        if let Some(stdout) = child.stdout.take() {
+            let _ = BufReader::new(stdout).read_line(&mut line);
+        }
+        if line.starts_with(READY_PREFIX) {
+            return Ok(line.trim_end().to_string());
+        }
+        let mut err = String::new();
+        if let Some(mut stderr) = child.stderr.take() {
+            let _ = stderr.read_to_string(&mut err);
+        }
+        let status = child.wait().map_err(|e| MountError::Daemon(e.to_string()))?;
+        let err = err.trim().trim_start_matches("xlfs: ");
+        Err(MountError::Daemon(format!("{status}: {err} (log: {})", log.display())))
+    }
+}
+
+/// The daemon's default log name: the mount point's path with `/` as `-`
+/// (`/mnt/vol` logs to `mnt-vol.log`), as GlusterFS names its client logs.
+fn log_name(mountpoint: &Path) -> String {
+    let s = mountpoint.display().to_string();
+    let t = s.trim_matches('/').replace('/', "-");
+    format!("{}.log", if t.is_empty() { "root" } else { &t })
+}
+
+/// Points stdout and stderr at /dev/null: the daemon's parent has read the
+/// start line and gone.
+fn detach_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup2 onto the standard descriptors with a valid fd.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 1);
+            libc::dup2(null.as_raw_fd(), 2);
+        }
+    }
+}
+
+/// Shuts the graph down on a blocking thread.
+async fn shutdown(graph: Arc<Graph>) {
+    let _ = tokio::task::spawn_blocking(move || graph.shutdown()).await;
+}
+
+impl UmountArgs {
+    pub(super) fn run(self) -> Result<(), CliError> {
+        let flags = if self.lazy { libc::MNT_DETACH } else { 0 };
+        crate::fuse::umount(&self.mountpoint, flags)
+            .map_err(|source| MountError::Umount { path: self.mountpoint, source }.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::super::{Cli, Command};
+    use super::*;
+
+    fn mount_args(args: &[&str]) -> Result<MountArgs, clap::Error> {
+        match Cli::try_parse_from(["xlfs", "mount"].iter().chain(args))?.command {
+            Command::Mount(m) => Ok(m),
+            other => panic!("not a mount command: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_options_and_modes() {
+        let m = mount_args(&["--volfile", "v.vol", "/mnt/x", "-o", "ro,entry-timeout=2", "-o", "noatime", "-f"]).expect("args");
+        assert_eq!((m.volfile.as_path(), m.mountpoint.as_path(), m.foreground), (Path::new("v.vol"), Path::new("/mnt/x"), true));
+        let o = m.mount_options().expect("options");
+        assert!(o.read_only && o.noatime);
+        assert_eq!(o.entry_timeout, Duration::from_secs(2));
+        assert!(mount_args(&["/mnt/x"]).is_err(), "--volfile is required");
+        let bad = mount_args(&["--volfile", "v", "/m", "-o", "bogus"]).expect("args");
+        assert!(bad.mount_options().expect_err("bogus").to_string().contains("'bogus'"));
+    }
+
+    #[test]
+    fn log_names_follow_the_mount_point() {
+        assert_eq!(log_name(Path::new("/mnt/vol")), "mnt-vol.log");
+        assert_eq!(log_name(Path::new("/")), "root.log");
+    }
+
+    #[tokio::test]
+    async fn bad_volfile_fails_before_daemonizing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let vol = tmp.path().join("v.vol");
+        std::fs::write(&vol, "volume x\n type no/such\nend-volume\n").expect("write");
+        let m = mount_args(&["--volfile", vol.to_str().expect("utf-8"), tmp.path().to_str().expect("utf-8")]).expect("args");
+        let e = m.run(&mut Vec::new()).await.expect_err("unknown type");
+        assert!(e.to_string().contains("unknown type 'no/such'"), "{e}");
+    }
+
+    #[test]
+    fn umount_of_a_non_mount_fails_with_the_reason() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let e = UmountArgs { mountpoint: tmp.path().to_path_buf(), lazy: false }.run().expect_err("not mounted");
+        assert!(e.to_string().starts_with(&format!("unmounting {}: ", tmp.path().display())), "{e}");
+    }
+}

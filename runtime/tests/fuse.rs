@@ -1,0 +1,857 @@
+//! End-to-end tests of the FUSE mount.
+//!
+//! Most mount a volume served by a real `xlfs brick` process (the kit's
+//! [`kit::Brick`]) with `xlfs mount --foreground` in a child process and
+//! drive it with ordinary tools and system calls: a POSIX workload with cp,
+//! tar, mv, ln, chmod, chown, truncate, setfattr/getfattr and flock; a random
+//! read/write/truncate exerciser checked against an in-memory model; git;
+//! POSIX, OFD and flock locks with an interrupted wait; SIGTERM and SIGINT;
+//! daemon mode through the `mount.xlfs` helper. Two tests mount in-process
+//! to see the bridge's insides: invalidation upcalls and the inode table's
+//! bound.
+//!
+//! Every mount is a [`FuseMount`] guard: dropping it (also when a test
+//! panics) stops the mount process and detaches the mount if still there.
+//! Each test has its own brick, temp dirs and ports, so they run in parallel.
+
+mod kit;
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use xlfs_runtime::fuse::{Mount, MountOptions};
+
+const XLFS: &str = env!("CARGO_BIN_EXE_xlfs");
+
+/// How long a mount may take to come up or to go away: a hang guard.
+const MOUNT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// True if `path` is a mount point now.
+fn is_mounted(path: &Path) -> bool {
+    let p = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|m| m.lines().any(|l| l.split(' ').nth(4) == Some(p.as_str())))
+        .unwrap_or(false)
+}
+
+fn send_signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(pid as libc::pid_t, sig) };
+}
+
+/// An `xlfs mount --foreground` process and its mount point.
+struct FuseMount {
+    child: Option<Child>,
+    mnt: PathBuf,
+    log: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl FuseMount {
+    /// Mounts `volfile` with `-o opts` and waits for the start line.
+    fn start(volfile: &str, opts: &str) -> FuseMount {
+        let dir = tempfile::Builder::new().prefix("xlfs-fuse-").tempdir().expect("temp dir");
+        let vol = dir.path().join("client.vol");
+        std::fs::write(&vol, volfile).expect("volfile");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("mount point");
+        let mnt = std::fs::canonicalize(&mnt).expect("canonical");
+        let log = dir.path().join("mount.log");
+        let mut cmd = Command::new(XLFS);
+        cmd.arg("mount").arg("--volfile").arg(&vol).arg("--foreground").arg("--log-file").arg(&log);
+        if !opts.is_empty() {
+            cmd.arg("-o").arg(opts);
+        }
+        cmd.arg(&mnt).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.env("XLFS_LOG", std::env::var("XLFS_TEST_LOG").unwrap_or_else(|_| "info".into()));
+        // SAFETY: prctl is async-signal-safe: the mount unmounts cleanly
+        // (SIGTERM) if the test process dies.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("spawn xlfs mount");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(MOUNT_TIMEOUT).unwrap_or_default();
+        let mut m = FuseMount { child: Some(child), mnt, log, dir };
+        if !line.starts_with("xlfs mount: ") {
+            let mut err = String::new();
+            if let Some(c) = m.child.as_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+                if let Some(mut e) = c.stderr.take() {
+                    let _ = e.read_to_string(&mut err);
+                }
+            }
+            panic!("mount did not start: {line:?}\nstderr: {err}\nlog:\n{}", m.log());
+        }
+        assert!(is_mounted(&m.mnt), "mounted after the start line");
+        m
+    }
+
+    fn path(&self) -> &Path {
+        &self.mnt
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `sig` and waits for the process to exit.
+    fn stop_with(&mut self, sig: libc::c_int) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        send_signal(child.id(), sig);
+        let deadline = Instant::now() + MOUNT_TIMEOUT;
+        loop {
+            if let Some(st) = child.try_wait().expect("try_wait") {
+                return st;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("mount process did not exit after signal {sig}\nlog:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            send_signal(c.id(), libc::SIGTERM);
+            let deadline = Instant::now() + MOUNT_TIMEOUT;
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if is_mounted(&self.mnt) {
+            let _ = xlfs_runtime::fuse::lazy_unmount(&self.mnt);
+        }
+        if std::thread::panicking() {
+            eprintln!("--- mount log ({}) ---\n{}", self.dir.path().display(), self.log());
+        }
+    }
+}
+
+/// A brick process and a mount of it.
+struct Volume {
+    brick: kit::Brick,
+    mount: FuseMount,
+}
+
+fn volume(opts: &str) -> Volume {
+    let brick = kit::Brick::start();
+    let mount = FuseMount::start(&kit::client_volfile(&brick, &[]), opts);
+    Volume { brick, mount }
+}
+
+/// Runs a bash script (`set -euo pipefail`) in `cwd`; panics with its
+/// output if it fails.
+fn sh(cwd: &Path, env: &[(&str, &Path)], script: &str) -> String {
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(format!("set -euo pipefail\n{script}")).current_dir(cwd);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run bash");
+    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "script failed ({}):\n{script}\n--- stdout ---\n{so}\n--- stderr ---\n{se}", out.status);
+    so.into_owned()
+}
+
+#[test]
+fn posix_workload_with_ordinary_tools() {
+    let v = volume("");
+    let local = tempfile::tempdir().expect("local dir");
+    sh(
+        v.mount.path(),
+        &[("L", local.path())],
+        r#"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+src=$L/src
+mkdir -p $src/a/b $src/empty
+printf 'hello\n' > $src/a/hello
+head -c 3000017 /dev/urandom > $src/a/b/big
+: > $src/zero
+ln -s hello $src/a/link
+ln $src/a/hello $src/a/hard
+chmod 600 $src/a/b/big; chmod 751 $src/a/b
+setfattr -n user.color -v blue $src/a/hello
+touch -h -d '2001-02-03 04:05:06' $src/a/hello $src/a/link
+
+# cp -a onto the mount keeps contents, modes, links, times, xattrs.
+cp -a $src copy
+diff -r $src copy
+[ "$(stat -c '%a %s %h %Y' copy/a/hello)" = "$(stat -c '%a %s %h %Y' $src/a/hello)" ] || fail "cp -a attributes"
+[ "$(stat -c %a copy/a/b)" = 751 ] || fail "dir mode"
+[ "$(stat -c %a copy/a/b/big)" = 600 ] || fail "file mode"
+[ "$(readlink copy/a/link)" = hello ] || fail symlink
+[ "$(stat -c %i copy/a/hello)" = "$(stat -c %i copy/a/hard)" ] || fail "hard link kept"
+[ "$(getfattr --only-values -n user.color copy/a/hello)" = blue ] || fail "xattr copied"
+[ -d copy/empty ] && [ -f copy/zero ] && [ ! -s copy/zero ] || fail "empty dir and file"
+
+# tar c from the mount, x elsewhere; tar x onto the mount.
+tar -C . -cf $L/t.tar copy
+mkdir $L/x && tar -C $L/x -xf $L/t.tar && diff -r $src $L/x/copy
+mkdir untar && tar -C untar -xf $L/t.tar && diff -r $src untar/copy
+[ "$(stat -c %Y untar/copy/a/hello)" = "$(stat -c %Y $src/a/hello)" ] || fail "tar keeps mtime"
+
+# A directory larger than one readdir reply.
+mkdir many
+for i in $(seq 1 1500); do : > many/file-with-a-longish-name-$i; done
+[ "$(ls many | wc -l)" = 1500 ] || fail "ls sees every entry"
+[ "$(ls -f many | wc -l)" = 1502 ] || fail "with . and .."
+[ "$(find many -type f | wc -l)" = 1500 ] || fail "find sees every entry"
+ls -l many > /dev/null
+rm -rf many; [ ! -e many ] || fail "rm -rf"
+
+# mv: rename in a directory, across directories, over an existing file.
+mv copy/a/hello copy/a/hello2
+[ ! -e copy/a/hello ] && [ "$(cat copy/a/hello2)" = hello ] || fail "rename"
+mv copy/a/b untar/moved
+cmp untar/moved/big $src/a/b/big
+mv untar/moved copy/a/b
+echo new > copy/newfile
+mv copy/newfile copy/a/hard
+[ "$(cat copy/a/hard)" = new ] && [ ! -e copy/newfile ] || fail "rename over a file"
+[ "$(stat -c %h copy/a/hello2)" = 1 ] || fail "nlink after its other name was replaced"
+
+# ln and ln -s.
+ln copy/a/hello2 copy/h3
+[ "$(stat -c %h copy/h3)" = 2 ] && [ "$(stat -c %i copy/h3)" = "$(stat -c %i copy/a/hello2)" ] || fail "ln"
+ln -s ../hello2 copy/a/b/sl
+[ "$(cat copy/a/b/sl)" = hello ] || fail "ln -s"
+
+# chmod, chown (also of a symlink itself), truncate.
+chmod 604 copy/h3
+[ "$(stat -c %a copy/a/hello2)" = 604 ] || fail chmod
+chown 1234:2345 copy/h3
+[ "$(stat -c %u:%g copy/a/hello2)" = 1234:2345 ] || fail chown
+chown -h 42:43 copy/a/link
+[ "$(stat -c %u:%g copy/a/link)" = 42:43 ] && [ "$(stat -c %u copy/h3)" = 1234 ] || fail "chown -h"
+truncate -s 1M copy/grown
+[ "$(stat -c %s copy/grown)" = 1048576 ] && [ -z "$(tr -d '\0' < copy/grown)" ] || fail "truncate up"
+truncate -s 10 copy/a/b/big
+[ "$(stat -c %s copy/a/b/big)" = 10 ] || fail "truncate down"
+cmp <(head -c 10 $src/a/b/big) copy/a/b/big
+
+# xattrs: set, get, list, remove; the bricks' own stay hidden.
+setfattr -n user.k -v v1 copy/h3
+setfattr -n user.k2 -v 0x00ff copy/h3
+[ "$(getfattr --only-values -n user.k copy/h3)" = v1 ] || fail getfattr
+getfattr -d copy/h3 | grep -q 'user.k2=0sAP8=' || fail "binary xattr"
+setfattr -x user.k copy/h3
+if getfattr -n user.k copy/h3 2>/dev/null; then fail "removed xattr still there"; fi
+if getfattr -d -m - copy/h3 | grep -q gfid; then fail "trusted.gfid shown"; fi
+
+# flock: exclusive conflicts between two opens, shared ones do not.
+: > copy/lockf
+if flock -x copy/lockf -c 'flock -n -x copy/lockf true'; then fail "second exclusive flock granted"; fi
+flock -n -x copy/lockf true || fail "flock after release"
+flock -s copy/lockf -c 'flock -n -s copy/lockf true' || fail "shared flocks"
+
+# mkfifo, mknod, statfs, du.
+mkfifo copy/fifo && [ -p copy/fifo ] || fail mkfifo
+df -P . | tail -1 | awk '{ exit !($2 > 0) }' || fail "statfs"
+du -s copy > /dev/null
+
+rm -rf copy untar
+[ -z "$(ls -A)" ] || fail "empty at the end: $(ls -A)"
+"#,
+    );
+    // Everything happened on the brick.
+    assert!(std::fs::read_dir(v.brick.dir()).expect("brick").filter_map(Result::ok).all(|e| e.file_name() == ".glusterfs"));
+}
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[test]
+fn random_read_write_truncate_matches_a_model() {
+    let v = volume("");
+    const FILES: usize = 4;
+    const OPS: usize = 20_000;
+    const MAX_SIZE: u64 = 2 << 20;
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let paths: Vec<PathBuf> = (0..FILES).map(|i| v.mount.path().join(format!("f{i}"))).collect();
+    let open = |p: &Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p).expect("open");
+    let mut files: Vec<std::fs::File> = paths.iter().map(|p| open(p)).collect();
+    let mut model: Vec<Vec<u8>> = vec![Vec::new(); FILES];
+    let mut counts = [0usize; 7];
+    for op in 0..OPS {
+        let i = rng.below(FILES as u64) as usize;
+        let (f, m) = (&mut files[i], &mut model[i]);
+        match rng.below(100) {
+            // Write somewhere: inside, across the end, or past it (a hole).
+            0..=39 => {
+                let max = if rng.below(10) == 0 { 256 << 10 } else { 8 << 10 };
+                let len = 1 + rng.below(max) as usize;
+                let off = rng.below((m.len() as u64 + (16 << 10)).min(MAX_SIZE));
+                let byte = (op % 251) as u8;
+                let data: Vec<u8> = (0..len).map(|k| byte.wrapping_add(k as u8)).collect();
+                f.write_all_at(&data, off).expect("write");
+                let end = off as usize + len;
+                if m.len() < end {
+                    m.resize(end, 0);
+                }
+                m[off as usize..end].copy_from_slice(&data);
+                counts[0] += 1;
+            }
+            // Read a range and compare.
+            40..=74 => {
+                let off = rng.below(m.len() as u64 + 4096);
+                let len = 1 + rng.below(64 << 10) as usize;
+                let mut buf = vec![0u8; len];
+                let mut got = 0;
+                while got < len {
+                    let n = f.read_at(&mut buf[got..], off + got as u64).expect("read");
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                }
+                let start = (off as usize).min(m.len());
+                let end = (off as usize + len).min(m.len());
+                assert_eq!(got, end - start, "op {op}: read length of f{i} at {off}+{len}");
+                assert!(buf[..got] == m[start..end], "op {op}: data of f{i} at {off}+{len} differs from the model");
+                counts[1] += 1;
+            }
+            // Truncate up or down.
+            75..=84 => {
+                let size = rng.below(MAX_SIZE / 2);
+                f.set_len(size).expect("truncate");
+                m.resize(size as usize, 0);
+                counts[2] += 1;
+            }
+            // Size check by fstat and by path.
+            85..=91 => {
+                assert_eq!(f.metadata().expect("fstat").len(), m.len() as u64, "op {op}: fstat size of f{i}");
+                assert_eq!(std::fs::metadata(&paths[i]).expect("stat").len(), m.len() as u64, "op {op}: stat size of f{i}");
+                counts[3] += 1;
+            }
+            // fsync / fdatasync.
+            92..=94 => {
+                if rng.below(2) == 0 { f.sync_all() } else { f.sync_data() }.expect("fsync");
+                counts[4] += 1;
+            }
+            // Close and reopen (the page cache kept across opens must agree).
+            95..=97 => {
+                *f = open(&paths[i]);
+                counts[5] += 1;
+            }
+            // Whole-file check through a second, fresh descriptor.
+            _ => {
+                let got = std::fs::read(&paths[i]).expect("read whole");
+                assert!(got == *m, "op {op}: whole content of f{i} differs ({} vs {} bytes)", got.len(), m.len());
+                counts[6] += 1;
+            }
+        }
+    }
+    assert!(counts.iter().all(|&c| c > 0), "every kind of op ran: {counts:?}");
+    drop(files);
+    // The brick holds exactly the model.
+    for (i, m) in model.iter().enumerate() {
+        let on_brick = std::fs::read(v.brick.dir().join(format!("f{i}"))).expect("brick file");
+        assert!(on_brick == *m, "brick copy of f{i} differs");
+    }
+}
+
+#[test]
+fn git_repository_with_commits() {
+    let v = volume("");
+    let out = sh(
+        v.mount.path(),
+        &[],
+        r#"
+export GIT_CONFIG_NOSYSTEM=1 HOME=$PWD/home
+mkdir home repo && cd repo
+git init -q -b main
+git config user.email t@example.com && git config user.name tester
+for n in 1 2 3 4; do
+    mkdir -p dir$n
+    seq 1 $((n * 1000)) > dir$n/data
+    echo "commit $n" > README
+    git add -A && git commit -q -m "commit $n"
+done
+git mv dir1 renamed && git commit -q -m rename
+git rm -q -r dir2 && git commit -q -m remove
+git gc -q
+git fsck --full --strict
+[ -z "$(git status --porcelain)" ]
+git log --oneline | wc -l
+git clone -q . ../clone && diff -r --exclude=.git . ../clone
+"#,
+    );
+    assert_eq!(out.trim(), "6", "six commits");
+}
+
+/// `fcntl` on a raw fd.
+fn fcntl_lock(f: &std::fs::File, cmd: libc::c_int, ty: libc::c_int, start: i64, len: i64) -> Result<libc::flock, i32> {
+    // SAFETY: a zeroed flock is valid; the fd is open.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = ty as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = start;
+    fl.l_len = len;
+    // SAFETY: fcntl with a valid fd and a pointer to our flock.
+    let rc = unsafe { libc::fcntl(f.as_raw_fd(), cmd, &mut fl) };
+    if rc < 0 { Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)) } else { Ok(fl) }
+}
+
+fn flock(f: &std::fs::File, op: libc::c_int) -> Result<(), i32> {
+    // SAFETY: flock on an open fd.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), op) };
+    if rc < 0 { Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)) } else { Ok(()) }
+}
+
+extern "C" fn on_sigusr1(_: libc::c_int) {}
+
+#[test]
+fn locks_conflict_wait_and_interrupt() {
+    let v = volume("");
+    let path = v.mount.path().join("locked");
+    std::fs::write(&path, b"0123456789").expect("create");
+    let open = || std::fs::OpenOptions::new().read(true).write(true).open(&path).expect("open");
+    let (a, b) = (open(), open());
+
+    // OFD locks: owned by the open file, so two opens conflict.
+    fcntl_lock(&a, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 5).expect("a locks 0-4");
+    assert_eq!(fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_WRLCK, 2, 2).err(), Some(libc::EAGAIN), "b conflicts");
+    fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_WRLCK, 5, 5).expect("b locks 5-9, no overlap");
+    let seen = fcntl_lock(&b, libc::F_OFD_GETLK, libc::F_RDLCK, 0, 0).expect("getlk");
+    assert_eq!((seen.l_type as i32, seen.l_start, seen.l_len), (libc::F_WRLCK, 0, 5), "GETLK reports a's lock");
+
+    // A waiting SETLKW is granted when the holder unlocks.
+    let b = Arc::new(b);
+    let b2 = b.clone();
+    let waiter = std::thread::spawn(move || fcntl_lock(&b2, libc::F_OFD_SETLKW, libc::F_WRLCK, 0, 5).map(drop));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!waiter.is_finished(), "b waits for a");
+    fcntl_lock(&a, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 5).expect("a unlocks");
+    waiter.join().expect("joins").expect("b granted after a unlocked");
+    fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 0).expect("b unlocks all");
+
+    // A signal interrupts a waiting SETLKW with EINTR (handler without
+    // SA_RESTART), and the lock is not taken.
+    // SAFETY: installing a handler that does nothing.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigusr1 as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        sa.sa_flags = 0;
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+    }
+    fcntl_lock(&a, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 0).expect("a locks the whole file");
+    let b2 = b.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        // SAFETY: pthread_self has no preconditions.
+        tx.send(unsafe { libc::pthread_self() }).expect("send");
+        fcntl_lock(&b2, libc::F_OFD_SETLKW, libc::F_WRLCK, 0, 0).map(drop)
+    });
+    let thread = rx.recv().expect("thread id");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!waiter.is_finished(), "b waits");
+    // SAFETY: the thread is alive (it has not finished).
+    assert_eq!(unsafe { libc::pthread_kill(thread, libc::SIGUSR1) }, 0);
+    let t0 = Instant::now();
+    assert_eq!(waiter.join().expect("joins"), Err(libc::EINTR), "interrupted");
+    assert!(t0.elapsed() < Duration::from_secs(20), "interrupted promptly");
+    assert_eq!(fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 1).err(), Some(libc::EAGAIN), "a still holds it");
+    // The last close releases a's lock: FUSE sends RELEASE just after
+    // close(2) returns, so the release may take a moment to arrive.
+    drop(a);
+    eventually("a's close releases its lock", || fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 0).is_ok());
+
+    // flock: released when the open file is closed. (flock arrives as a
+    // whole-file lock owned by the open file, like an OFD lock; fuser does
+    // not pass FUSE's flock flag, so the two kinds are not kept apart:
+    // b's OFD lock goes first.)
+    fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 0).expect("b unlocks");
+    let (c, d) = (open(), open());
+    flock(&c, libc::LOCK_EX).expect("c flocks");
+    assert_eq!(flock(&d, libc::LOCK_EX | libc::LOCK_NB), Err(libc::EWOULDBLOCK));
+    drop(c);
+    eventually("c's close releases its flock", || flock(&d, libc::LOCK_EX | libc::LOCK_NB).is_ok());
+
+    // Between processes: a child process holds an exclusive flock that
+    // this process cannot take until the child is gone.
+    drop(d);
+    let mut holder = Command::new("flock")
+        .arg("-x")
+        .arg(v.mount.path().join("locked"))
+        .arg("-c")
+        .arg("echo held; exec sleep 30")
+        .stdout(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("flock holder");
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().expect("stdout")).read_line(&mut line).expect("held line");
+    let e = open();
+    assert_eq!(flock(&e, libc::LOCK_EX | libc::LOCK_NB), Err(libc::EWOULDBLOCK), "the other process holds it");
+    // SAFETY: killing the holder's own process group (flock and its sleep).
+    unsafe { libc::kill(-(holder.id() as i32), libc::SIGKILL) };
+    holder.wait().expect("reap");
+    eventually("a dead holder's flock is released", || flock(&e, libc::LOCK_EX | libc::LOCK_NB).is_ok());
+}
+
+/// Waits until `ok` holds (a hang guard of 10 s, not a timing assertion).
+fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigint_and_sigterm_unmount_cleanly() {
+    let brick = kit::Brick::start();
+    let volfile = kit::client_volfile(&brick, &[]);
+
+    // SIGINT, idle.
+    let mut m = FuseMount::start(&volfile, "");
+    std::fs::write(m.path().join("a"), b"x").expect("write");
+    let mp = m.path().to_path_buf();
+    let st = m.stop_with(libc::SIGINT);
+    assert!(st.success(), "SIGINT exits 0: {st}\n{}", m.log());
+    assert!(!is_mounted(&mp), "unmounted");
+
+    // SIGTERM while a file is open: waits, then detaches lazily, exits 0.
+    let mut m = FuseMount::start(&volfile, "");
+    let f = std::fs::File::open(m.path().join("a")).expect("open");
+    let mp = m.path().to_path_buf();
+    let st = m.stop_with(libc::SIGTERM);
+    assert!(st.success(), "SIGTERM exits 0: {st}\n{}", m.log());
+    assert!(!is_mounted(&mp), "detached");
+    let mut buf = [0u8; 1];
+    assert!(f.read_at(&mut buf, 0).is_err(), "the connection is gone for a file left open");
+    drop(f);
+
+    // Unmounted from outside: the process notices and exits 0.
+    let mut m = FuseMount::start(&volfile, "");
+    let out = Command::new(XLFS).arg("umount").arg(m.path()).output().expect("xlfs umount");
+    assert!(out.status.success(), "xlfs umount: {}", String::from_utf8_lossy(&out.stderr));
+    let mut child = m.child.take().expect("child");
+    let deadline = Instant::now() + MOUNT_TIMEOUT;
+    let st = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "exits after an outside unmount");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(st.success(), "{st}");
+    assert_eq!(std::fs::read(brick.dir().join("a")).expect("on the brick"), b"x");
+}
+
+#[test]
+fn daemon_through_the_mount_helper() {
+    let brick = kit::Brick::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let vol = dir.path().join("v.vol");
+    std::fs::write(&vol, kit::client_volfile(&brick, &[])).expect("volfile");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mnt");
+    let mnt = std::fs::canonicalize(&mnt).expect("canonical");
+    let log = dir.path().join("daemon.log");
+    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("mount.xlfs");
+    let out = Command::new("sh")
+        .arg(&helper)
+        .arg(&vol)
+        .arg(&mnt)
+        .arg("-o")
+        .arg(format!("rw,_netdev,noauto,x-systemd.automount,entry-timeout=2,log-file={}", log.display()))
+        .env("XLFS", XLFS)
+        .output()
+        .expect("mount.xlfs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "mount.xlfs: {}\n{}", String::from_utf8_lossy(&out.stderr), stdout);
+    // The helper returned: the daemon serves the mount on its own.
+    let pid: u32 = stdout
+        .rsplit_once("(pid ")
+        .and_then(|(_, p)| p.trim().trim_end_matches(')').parse().ok())
+        .unwrap_or_else(|| panic!("pid in {stdout:?}"));
+    struct Daemon(u32, PathBuf);
+    impl Drop for Daemon {
+        fn drop(&mut self) {
+            if Path::new(&format!("/proc/{}", self.0)).exists() {
+                send_signal(self.0, libc::SIGTERM);
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            if is_mounted(&self.1) {
+                let _ = xlfs_runtime::fuse::lazy_unmount(&self.1);
+            }
+        }
+    }
+    let guard = Daemon(pid, mnt.clone());
+    assert!(is_mounted(&mnt));
+    std::fs::write(mnt.join("via-daemon"), b"d").expect("write");
+    assert_eq!(std::fs::read(brick.dir().join("via-daemon")).expect("brick"), b"d");
+    assert!(std::fs::read_to_string(&log).expect("daemon log").contains("mounted"), "logs to log-file");
+    // Its own session: not in the test's process group.
+    // SAFETY: getpgid on a live pid.
+    assert_ne!(unsafe { libc::getpgid(pid as i32) }, unsafe { libc::getpgid(0) });
+    let st = Command::new(XLFS).arg("umount").arg(&mnt).status().expect("umount");
+    assert!(st.success());
+    let deadline = Instant::now() + MOUNT_TIMEOUT;
+    while Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z")
+    {
+        assert!(Instant::now() < deadline, "the daemon exits after the unmount");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(guard);
+    // A bad option fails the helper with the reason, mounting nothing.
+    let out = Command::new("sh").arg(&helper).arg(&vol).arg(&mnt).arg("-o").arg("bogus=1").env("XLFS", XLFS).output().expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown mount option 'bogus'"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!is_mounted(&mnt));
+}
+
+/// A translator for in-process tests: passes every fop to its child and
+/// hands out its event sink so the test can send upcalls from "below".
+mod upcaller {
+    use std::sync::{Arc, Mutex};
+
+    use xlfs_sdk::{CallCtx, Child, EventSink, FopFuture, InitCtx, InitError, Request, Xlator, XlatorType};
+
+    pub static SINKS: Mutex<Vec<EventSink>> = Mutex::new(Vec::new());
+
+    struct Upcaller(Child);
+
+    impl Xlator for Upcaller {
+        fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
+            self.0.call(ctx, req)
+        }
+    }
+
+    pub const TYPE: XlatorType = XlatorType {
+        name: "test/upcaller",
+        description: "passes fops on; the test sends upcalls through its sink",
+        options: &[],
+        min_children: 1,
+        max_children: 1,
+        build: |init: InitCtx| -> Result<Arc<dyn Xlator>, InitError> {
+            SINKS.lock().expect("sinks").push(init.events.clone());
+            let child = init.children.into_iter().next().ok_or_else(|| InitError::new("needs a child"))?;
+            Ok(Arc::new(Upcaller(child)))
+        },
+    };
+}
+
+/// An in-process mount of a local posix graph under `test/upcaller`.
+struct Local {
+    mount: Mount,
+    graph: xlfs_runtime::graph::Graph,
+    brick: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+async fn local_mount(opts: &str) -> Local {
+    kit::init_tracing();
+    let dir = tempfile::tempdir().expect("dir");
+    let brick = dir.path().join("brick");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&brick).expect("brick");
+    std::fs::create_dir(&mnt).expect("mnt");
+    let mut reg = xlfs_runtime::registry::Registry::builtin();
+    reg.register(upcaller::TYPE).expect("register");
+    let text = format!(
+        "volume posix\n type storage/posix\n option directory {}\nend-volume\n\
+         volume top\n type test/upcaller\n subvolumes posix\nend-volume\n",
+        brick.display()
+    );
+    let graph = xlfs_runtime::graph::Graph::from_str(&text, "local.vol", &reg).expect("graph");
+    graph.activate();
+    graph.wait_up(Duration::from_secs(10)).await.expect("up");
+    let (top, up) = (graph.top(), graph.upcalls());
+    let o = MountOptions::parse(opts).expect("options");
+    let rt = tokio::runtime::Handle::current();
+    let mount = tokio::task::spawn_blocking(move || Mount::new(top, Some(up), &mnt, o, rt)).await.expect("join").expect("mount");
+    Local { mount, graph, brick, _dir: dir }
+}
+
+impl Local {
+    async fn finish(self) {
+        self.mount.unmount(Duration::from_secs(10)).await.expect("unmount");
+        assert!(!is_mounted(self.mount.mountpoint()));
+        self.graph.shutdown();
+    }
+}
+
+/// Runs blocking file system calls off the runtime (the runtime serves them).
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("blocking task")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidation_upcalls_reach_the_kernel() {
+    let l = local_mount("attribute-timeout=3600,entry-timeout=3600,keep-cache=on").await;
+    let sink = upcaller::SINKS.lock().expect("sinks").last().cloned().expect("a sink");
+    let (mnt, brick) = (l.mount.mountpoint().to_path_buf(), l.brick.clone());
+    let read = move |name: &str| {
+        let p = mnt.join(name);
+        async move { blocking(move || std::fs::read(&p).map_err(|e| e.raw_os_error())).await }
+    };
+    let m = l.mount.mountpoint().to_path_buf();
+    blocking(move || std::fs::write(m.join("f"), b"one")).await.expect("write");
+    assert_eq!(read("f").await, Ok(b"one".to_vec()));
+
+    // Changed behind the mount's back: reads through an open fd come from
+    // the kernel's cache (a stat would refresh the attributes: the kernel
+    // marks atime stale after every read).
+    let m = l.mount.mountpoint().to_path_buf();
+    let fd = Arc::new(blocking(move || std::fs::File::open(m.join("f"))).await.expect("open"));
+    let pread = |fd: &Arc<std::fs::File>| {
+        let fd = fd.clone();
+        async move {
+            blocking(move || {
+                let mut b = vec![0u8; 16];
+                let n = fd.read_at(&mut b, 0).expect("pread");
+                b.truncate(n);
+                b
+            })
+            .await
+        }
+    };
+    assert_eq!(pread(&fd).await, b"one");
+    std::fs::write(brick.join("f"), b"two!").expect("write on the brick");
+    assert_eq!(pread(&fd).await, b"one", "cached attributes and data");
+    let gfid = kit::workload::gfid_xattr(&brick.join("f"));
+    sink.send(xlfs_sdk::Event::Upcall(xlfs_sdk::Upcall::Invalidate { gfid }));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pread(&fd).await != b"two!" {
+        assert!(Instant::now() < deadline, "the upcall invalidated the inode");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(fd);
+
+    // Renamed behind its back: the name (looked up again after the upcall
+    // above dropped it) is cached until the directory's upcall drops the
+    // entries under it.
+    assert_eq!(read("f").await, Ok(b"two!".to_vec()));
+    std::fs::rename(brick.join("f"), brick.join("g")).expect("rename on the brick");
+    assert_eq!(read("f").await, Ok(b"two!".to_vec()), "cached entry (opened by gfid)");
+    sink.send(xlfs_sdk::Event::Upcall(xlfs_sdk::Upcall::Invalidate { gfid: xlfs_sdk::Gfid::ROOT }));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while read("f").await != Err(Some(libc::ENOENT)) {
+        assert!(Instant::now() < deadline, "the directory upcall dropped the entry");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(read("g").await, Ok(b"two!".to_vec()));
+    l.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inode_table_stays_bounded() {
+    const LIMIT: usize = 64;
+    let l = local_mount(&format!("inode-lru-limit={LIMIT},entry-timeout=0,attribute-timeout=0")).await;
+    let m = l.mount.mountpoint().to_path_buf();
+    blocking(move || {
+        for d in 0..10 {
+            let dir = m.join(format!("d{d}"));
+            std::fs::create_dir(&dir).expect("mkdir");
+            for f in 0..100 {
+                std::fs::write(dir.join(format!("f{f}")), b"x").expect("create");
+            }
+        }
+        assert_eq!(walk(&m), 1010, "every entry listed");
+    })
+    .await;
+    let (inodes, _) = l.mount.table_sizes();
+    assert!(inodes > LIMIT, "the kernel holds them while cached: {inodes}");
+    // Releases arrive after close(2) returns.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while l.mount.table_sizes().1 != 0 {
+        assert!(Instant::now() < deadline, "every open is released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The kernel lets go of its inodes: forgets bring the table down to
+    // the LRU limit (plus the few the kernel still holds).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        blocking(|| std::fs::write("/proc/sys/vm/drop_caches", b"2")).await.expect("drop caches");
+        let (inodes, _) = l.mount.table_sizes();
+        if inodes <= LIMIT + 16 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "table still holds {inodes} inodes");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Still correct after eviction: names resolve again, inode numbers stay.
+    let m = l.mount.mountpoint().to_path_buf();
+    blocking(move || {
+        let ino = std::fs::metadata(m.join("d3/f7")).expect("stat").ino();
+        assert_eq!(walk(&m), 1010);
+        std::fs::write("/proc/sys/vm/drop_caches", b"2").expect("drop caches");
+        assert_eq!(std::fs::metadata(m.join("d3/f7")).expect("stat").ino(), ino, "same inode number after eviction");
+    })
+    .await;
+    l.finish().await;
+}
+
+/// Counts the entries under `dir`, recursively.
+fn walk(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .expect("readdir")
+        .map(|e| {
+            let e = e.expect("entry");
+            1 + if e.file_type().expect("type").is_dir() { walk(&e.path()) } else { 0 }
+        })
+        .sum()
+}
+
+#[test]
+fn mount_errors_are_reported() {
+    let dir = tempfile::tempdir().expect("dir");
+    let vol = dir.path().join("v.vol");
+    std::fs::write(&vol, format!("volume p\n type storage/posix\n option directory {}\nend-volume\n", dir.path().display()))
+        .expect("volfile");
+    let missing = dir.path().join("no-such-dir");
+    let out = Command::new(XLFS).args(["mount", "-f", "--volfile"]).arg(&vol).arg(&missing).output().expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("mount point {}", missing.display())), "{err}");
+    // A brick nobody serves: the graph does not come up in time.
+    let vol2 = dir.path().join("c.vol");
+    std::fs::write(&vol2, kit::client_volfile_to(1, "/nowhere", &[])).expect("volfile");
+    let out = Command::new(XLFS)
+        .args(["mount", "-f", "--up-timeout", "1", "--volfile"])
+        .arg(&vol2)
+        .arg(dir.path())
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("did not report ChildUp"), "{}", String::from_utf8_lossy(&out.stderr));
+}
