@@ -644,9 +644,17 @@ fn daemon_through_the_mount_helper() {
 mod upcaller {
     use std::sync::{Arc, Mutex};
 
-    use xlfs_sdk::{CallCtx, Child, EventSink, FopFuture, InitCtx, InitError, Request, Xlator, XlatorType};
+    use xlfs_sdk::{
+        CallCtx, Child, EventSink, FopFuture, InitCtx, InitError, OptType, OptionDecl, Request, Xlator, XlatorType,
+    };
 
-    pub static SINKS: Mutex<Vec<EventSink>> = Mutex::new(Vec::new());
+    /// Each instance's sink under its `tag` option (tests run in parallel).
+    static SINKS: Mutex<Vec<(String, EventSink)>> = Mutex::new(Vec::new());
+
+    /// The sink of the instance tagged `tag`.
+    pub fn sink(tag: &str) -> Option<EventSink> {
+        SINKS.lock().expect("sinks").iter().rev().find(|(t, _)| t == tag).map(|(_, s)| s.clone())
+    }
 
     struct Upcaller(Child);
 
@@ -659,11 +667,12 @@ mod upcaller {
     pub const TYPE: XlatorType = XlatorType {
         name: "test/upcaller",
         description: "passes fops on; the test sends upcalls through its sink",
-        options: &[],
+        options: &[OptionDecl::new("tag", OptType::Str).default("").desc("names this instance for the test")],
         min_children: 1,
         max_children: 1,
         build: |init: InitCtx| -> Result<Arc<dyn Xlator>, InitError> {
-            SINKS.lock().expect("sinks").push(init.events.clone());
+            let tag = init.options.str("tag").unwrap_or_default().to_string();
+            SINKS.lock().expect("sinks").push((tag, init.events.clone()));
             let child = init.children.into_iter().next().ok_or_else(|| InitError::new("needs a child"))?;
             Ok(Arc::new(Upcaller(child)))
         },
@@ -689,7 +698,8 @@ async fn local_mount(opts: &str) -> Local {
     reg.register(upcaller::TYPE).expect("register");
     let text = format!(
         "volume posix\n type storage/posix\n option directory {}\nend-volume\n\
-         volume top\n type test/upcaller\n subvolumes posix\nend-volume\n",
+         volume top\n type test/upcaller\n option tag {}\n subvolumes posix\nend-volume\n",
+        brick.display(),
         brick.display()
     );
     let graph = xlfs_runtime::graph::Graph::from_str(&text, "local.vol", &reg).expect("graph");
@@ -700,6 +710,15 @@ async fn local_mount(opts: &str) -> Local {
     let rt = tokio::runtime::Handle::current();
     let mount = tokio::task::spawn_blocking(move || Mount::new(top, Some(up), &mnt, o, rt)).await.expect("join").expect("mount");
     Local { mount, graph, brick, _dir: dir }
+}
+
+impl Drop for Local {
+    /// A test that panics leaves no mount behind.
+    fn drop(&mut self) {
+        if is_mounted(self.mount.mountpoint()) {
+            let _ = xlfs_runtime::fuse::lazy_unmount(self.mount.mountpoint());
+        }
+    }
 }
 
 impl Local {
@@ -718,7 +737,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalidation_upcalls_reach_the_kernel() {
     let l = local_mount("attribute-timeout=3600,entry-timeout=3600,keep-cache=on").await;
-    let sink = upcaller::SINKS.lock().expect("sinks").last().cloned().expect("a sink");
+    let sink = upcaller::sink(&l.brick.display().to_string()).expect("this mount's sink");
     let (mnt, brick) = (l.mount.mountpoint().to_path_buf(), l.brick.clone());
     let read = move |name: &str| {
         let p = mnt.join(name);

@@ -202,25 +202,38 @@ impl Core {
         if internal_xattr(&name) {
             return Err(Errno::EPERM);
         }
-        let loc = Loc::gfid(self.gfid(ino)?);
+        let gfid = self.gfid(ino)?;
+        if name == CAPABILITY {
+            self.no_caps.forget(gfid);
+        }
+        let loc = Loc::gfid(gfid);
         let mut xattrs = Dict::new();
         xattrs.set_bytes(name, value);
         let flags = flags & (xlfs_sdk::types::xattr_flags::CREATE | xlfs_sdk::types::xattr_flags::REPLACE);
         self.call(self.ctx(who, 0, true), Fop::Setxattr { loc, xattrs, flags }).await.map(drop)
     }
 
+    /// getxattr. The kernel asks for `security.capability` before every
+    /// write (to drop file capabilities); that it is absent is remembered
+    /// per inode for the attribute timeout, as GlusterFS's md-cache does.
     pub(super) async fn getxattr(self: Arc<Self>, who: Caller, ino: INodeNo, name: String) -> Result<Vec<u8>, Errno> {
         if internal_xattr(&name) {
             return Err(Errno::ENODATA);
         }
-        let loc = Loc::gfid(self.gfid(ino)?);
-        match self.call(self.ctx(who, 0, true), Fop::Getxattr { loc, name: name.clone() }).await? {
-            Reply::Xattrs(d) => match d.get(&name) {
-                Some(v) => Ok(value_bytes(v)),
-                None => Err(Errno::ENODATA),
-            },
-            _ => Err(Errno::EIO),
+        let gfid = self.gfid(ino)?;
+        let caps = name == CAPABILITY;
+        if caps && self.no_caps.known(gfid, self.opts.attribute_timeout) {
+            return Err(Errno::ENODATA);
         }
+        let r = match self.call(self.ctx(who, 0, true), Fop::Getxattr { loc: Loc::gfid(gfid), name: name.clone() }).await {
+            Ok(Reply::Xattrs(d)) => d.get(&name).map(value_bytes).ok_or(Errno::ENODATA),
+            Ok(_) => Err(Errno::EIO),
+            Err(e) => Err(e),
+        };
+        if caps && r == Err(Errno::ENODATA) {
+            self.no_caps.remember(gfid);
+        }
+        r
     }
 
     /// listxattr: the names, each NUL-terminated, without the bricks' own.
@@ -243,8 +256,41 @@ impl Core {
         if internal_xattr(&name) {
             return Err(Errno::EPERM);
         }
-        let loc = Loc::gfid(self.gfid(ino)?);
+        let gfid = self.gfid(ino)?;
+        if name == CAPABILITY {
+            self.no_caps.forget(gfid);
+        }
+        let loc = Loc::gfid(gfid);
         self.call(self.ctx(who, 0, true), Fop::Removexattr { loc, name }).await.map(drop)
+    }
+}
+
+/// The xattr the kernel reads before each write.
+const CAPABILITY: &str = "security.capability";
+
+/// Most inodes [`NoCaps`] remembers; it starts over beyond.
+const NO_CAPS_MAX: usize = 65536;
+
+/// Inodes known to have no `security.capability`, and since when.
+#[derive(Default)]
+pub(super) struct NoCaps(parking_lot::Mutex<std::collections::HashMap<Gfid, std::time::Instant>>);
+
+impl NoCaps {
+    fn known(&self, gfid: Gfid, ttl: std::time::Duration) -> bool {
+        self.0.lock().get(&gfid).is_some_and(|at| at.elapsed() < ttl)
+    }
+
+    fn remember(&self, gfid: Gfid) {
+        let mut m = self.0.lock();
+        if m.len() >= NO_CAPS_MAX {
+            m.clear();
+        }
+        m.insert(gfid, std::time::Instant::now());
+    }
+
+    /// Forgets an inode (its xattrs changed, or another client changed it).
+    pub(super) fn forget(&self, gfid: Gfid) {
+        self.0.lock().remove(&gfid);
     }
 }
 
@@ -277,6 +323,18 @@ mod tests {
         assert!(!internal_xattr("user.x"));
         assert_eq!(value_bytes(&Value::Str("v".into())), b"v");
         assert_eq!(value_bytes(&Value::U64(12)), b"12");
+    }
+
+    #[test]
+    fn missing_capabilities_are_remembered_for_a_while() {
+        let c = NoCaps::default();
+        let g = Gfid::ROOT;
+        assert!(!c.known(g, std::time::Duration::from_secs(1)));
+        c.remember(g);
+        assert!(c.known(g, std::time::Duration::from_secs(1)));
+        assert!(!c.known(g, std::time::Duration::ZERO), "expired");
+        c.forget(g);
+        assert!(!c.known(g, std::time::Duration::from_secs(1)));
     }
 
     #[test]

@@ -132,7 +132,10 @@ impl Drop for InFlightGuard<'_> {
 
 /// Supplementary groups of callers, from `/proc/PID/status`, kept for
 /// [`GROUPS_TTL`]; at most [`GROUPS_MAX`] processes.
-struct GroupCache(Mutex<HashMap<u32, (Instant, Arc<[u32]>)>>);
+struct GroupCache(Mutex<HashMap<u32, Groups>>);
+
+/// A caller's groups and when they were read.
+type Groups = (Instant, Arc<[u32]>);
 
 const GROUPS_TTL: Duration = Duration::from_secs(1);
 const GROUPS_MAX: usize = 4096;
@@ -180,6 +183,7 @@ pub(crate) struct Core {
     groups: GroupCache,
     notifier: OnceLock<Notifier>,
     dirs: dir::DirBuffers,
+    no_caps: entry::NoCaps,
 }
 
 /// The errno a fop failure is answered with.
@@ -848,6 +852,7 @@ impl Mount {
             groups: GroupCache(Mutex::new(HashMap::new())),
             notifier: OnceLock::new(),
             dirs: dir::DirBuffers::default(),
+            no_caps: entry::NoCaps::default(),
             opts,
         });
         let config = core.opts.fuser_config();
@@ -977,12 +982,10 @@ fn mount_device(mountpoint: &Path) -> Option<String> {
 }
 
 fn mountinfo_device(info: &str, mountpoint: &str) -> Option<String> {
-    info.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.len() > 4 && f[4] == mountpoint).then(|| f[2].to_string())
-        })
-        .last()
+    info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 4 && f[4] == mountpoint).then(|| f[2].to_string())
+    })
 }
 
 fn hostname() -> String {
