@@ -11,64 +11,24 @@
 #[path = "../../runtime/tests/plugin_kit/mod.rs"]
 mod plugin_kit;
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use xlfs_benches::runtime;
+use xlfs_benches::{null_graph, runtime};
 use xlfs_runtime::graph::Graph;
-use xlfs_runtime::registry::Registry;
-use xlfs_sdk::{
-    CallCtx, Fd, FdId, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Loc, Reply, Request, Response, Xlator,
-    XlatorType,
-};
-
-/// A leaf that answers every fop at once.
-struct Null;
-
-impl Xlator for Null {
-    fn call(&self, _ctx: CallCtx, req: Request) -> FopFuture<'_> {
-        let reply = match req.fop {
-            Fop::Stat { .. } | Fop::Fstat { .. } => Reply::Attr(Iatt { gfid: req.fop.gfid(), ..Iatt::default() }),
-            Fop::Writev { .. } => Reply::PrePost { pre: Iatt::default(), post: Iatt::default() },
-            _ => Reply::Empty,
-        };
-        Box::pin(async move { Ok(Response::from(reply)) })
-    }
-
-    fn notify(&self, event: xlfs_sdk::Event, from: xlfs_sdk::EventFrom) -> Option<xlfs_sdk::Event> {
-        (from == xlfs_sdk::EventFrom::Graph && event == xlfs_sdk::Event::ParentUp).then_some(xlfs_sdk::Event::ChildUp)
-    }
-}
-
-const NULL: XlatorType = XlatorType {
-    name: "bench/null",
-    description: "answers every fop at once",
-    options: &[],
-    min_children: 0,
-    max_children: 0,
-    build: |_: InitCtx| -> Result<Arc<dyn Xlator>, InitError> { Ok(Arc::new(Null)) },
-};
+use xlfs_sdk::{CallCtx, Fd, FdId, Fop, Gfid, Loc, Request};
 
 /// One node on the null leaf: its type and options.
 type Layer<'a> = Option<(&'a str, Vec<(&'a str, String)>)>;
 
 /// The null leaf with one node of type `ty` (options `opts`) on top, or alone.
 fn graph(rt: &tokio::runtime::Runtime, layer: Layer<'_>) -> Graph {
-    let mut reg = Registry::builtin();
-    reg.register(NULL).expect("register bench/null");
-    let mut v = "volume l0\n    type bench/null\nend-volume\n".to_string();
-    if let Some((ty, opts)) = layer {
-        v.push_str(&format!("volume l1\n    type {ty}\n"));
-        for (k, val) in opts {
-            v.push_str(&format!("    option {k} {val}\n"));
+    match layer {
+        None => null_graph(rt, &[]),
+        Some((ty, opts)) => {
+            let opts: Vec<(&str, &str)> = opts.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            null_graph(rt, &[(ty, &opts)])
         }
-        v.push_str("    subvolumes l0\nend-volume\n");
     }
-    let g = Graph::from_str(&v, "bench.vol", &reg).expect("bench volfile builds");
-    g.activate();
-    rt.block_on(g.wait_up(std::time::Duration::from_secs(10))).expect("up");
-    g
 }
 
 fn plugins(c: &mut Criterion) {

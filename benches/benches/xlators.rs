@@ -5,62 +5,11 @@
 //! - debug/io-stats over a null leaf against the null leaf alone (its
 //!   overhead per fop), with latency measurement on and off.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use xlfs_benches::{runtime, scratch_dir, stack};
+use xlfs_benches::{null_graph, runtime, scratch_dir, stack};
 use xlfs_runtime::client::Client;
-use xlfs_runtime::graph::Graph;
-use xlfs_runtime::registry::Registry;
-use xlfs_sdk::{
-    CallCtx, Dict, Fd, FdId, Flock, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, LkCmd, Loc, LockType, Reply,
-    Request, Response, Xlator, XlatorType,
-};
-
-/// A leaf that answers every fop at once, so what is measured above it is
-/// the translators' own cost.
-struct Null;
-
-impl Xlator for Null {
-    fn call(&self, _ctx: CallCtx, req: Request) -> FopFuture<'_> {
-        let reply = match req.fop {
-            Fop::Stat { .. } | Fop::Fstat { .. } => Reply::Attr(Iatt { gfid: req.fop.gfid(), ..Iatt::default() }),
-            _ => Reply::Empty,
-        };
-        Box::pin(async move { Ok(Response::from(reply)) })
-    }
-
-    fn notify(&self, event: xlfs_sdk::Event, from: xlfs_sdk::EventFrom) -> Option<xlfs_sdk::Event> {
-        (from == xlfs_sdk::EventFrom::Graph && event == xlfs_sdk::Event::ParentUp).then_some(xlfs_sdk::Event::ChildUp)
-    }
-}
-
-const NULL: XlatorType = XlatorType {
-    name: "bench/null",
-    description: "answers every fop at once",
-    options: &[],
-    min_children: 0,
-    max_children: 0,
-    build: |_: InitCtx| -> Result<Arc<dyn Xlator>, InitError> { Ok(Arc::new(Null)) },
-};
-
-fn null_graph(rt: &tokio::runtime::Runtime, layers: &[(&str, &[(&str, &str)])]) -> Graph {
-    let mut reg = Registry::builtin();
-    reg.register(NULL).expect("register bench/null");
-    let mut v = "volume l0\n    type bench/null\nend-volume\n".to_string();
-    for (i, (ty, opts)) in layers.iter().enumerate() {
-        v.push_str(&format!("volume l{}\n    type {ty}\n", i + 1));
-        for (k, val) in opts.iter() {
-            v.push_str(&format!("    option {k} {val}\n"));
-        }
-        v.push_str(&format!("    subvolumes l{i}\nend-volume\n"));
-    }
-    let g = Graph::from_str(&v, "bench.vol", &reg).expect("bench volfile builds");
-    g.activate();
-    rt.block_on(g.wait_up(std::time::Duration::from_secs(5))).expect("up");
-    g
-}
+use xlfs_sdk::{CallCtx, Dict, Fd, FdId, Flock, Fop, Gfid, LkCmd, Loc, LockType, Request};
 
 fn posix(c: &mut Criterion) {
     let rt = runtime();

@@ -2,10 +2,14 @@
 //! graph over a fresh brick directory on tmpfs, and the runtime to drive it.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use xlfs_runtime::graph::Graph;
 use xlfs_runtime::registry::Registry;
+use xlfs_sdk::{
+    CallCtx, Event, EventFrom, Fop, FopFuture, Iatt, InitCtx, InitError, Reply, Request, Response, Xlator, XlatorType,
+};
 
 /// A scratch directory for a brick: on tmpfs (`/dev/shm`) when it exists, so
 /// that benches measure translators rather than a disk.
@@ -31,7 +35,13 @@ pub fn graph(rt: &tokio::runtime::Runtime, volfile: &str) -> Graph {
 /// A volfile of `storage/posix` on `dir` with the given translators stacked
 /// on top, each as `(type, options)`, bottom first.
 pub fn stack(dir: &Path, layers: &[(&str, &[(&str, &str)])]) -> String {
-    let mut v = format!("volume l0\n    type storage/posix\n    option directory {}\nend-volume\n", dir.display());
+    layered(&format!("volume l0\n    type storage/posix\n    option directory {}\nend-volume\n", dir.display()), layers)
+}
+
+/// `leaf` (the text of volume `l0`) with the given translators stacked on
+/// top as `l1`, `l2`..., each as `(type, options)`, bottom first.
+fn layered(leaf: &str, layers: &[(&str, &[(&str, &str)])]) -> String {
+    let mut v = leaf.to_string();
     for (i, (ty, opts)) in layers.iter().enumerate() {
         v.push_str(&format!("volume l{}\n    type {ty}\n", i + 1));
         for (k, val) in opts.iter() {
@@ -40,4 +50,44 @@ pub fn stack(dir: &Path, layers: &[(&str, &[(&str, &str)])]) -> String {
         v.push_str(&format!("    subvolumes l{i}\nend-volume\n"));
     }
     v
+}
+
+/// A leaf that answers every fop at once, so that what is measured above it
+/// is the translators' own cost.
+struct Null;
+
+impl Xlator for Null {
+    fn call(&self, _ctx: CallCtx, req: Request) -> FopFuture<'_> {
+        let reply = match req.fop {
+            Fop::Stat { .. } | Fop::Fstat { .. } => Reply::Attr(Iatt { gfid: req.fop.gfid(), ..Iatt::default() }),
+            Fop::Writev { .. } => Reply::PrePost { pre: Iatt::default(), post: Iatt::default() },
+            _ => Reply::Empty,
+        };
+        Box::pin(async move { Ok(Response::from(reply)) })
+    }
+
+    fn notify(&self, event: Event, from: EventFrom) -> Option<Event> {
+        (from == EventFrom::Graph && event == Event::ParentUp).then_some(Event::ChildUp)
+    }
+}
+
+const NULL: XlatorType = XlatorType {
+    name: "bench/null",
+    description: "answers every fop at once",
+    options: &[],
+    min_children: 0,
+    max_children: 0,
+    build: |_: InitCtx| -> Result<Arc<dyn Xlator>, InitError> { Ok(Arc::new(Null)) },
+};
+
+/// Builds and activates a graph of the null leaf (`bench/null`) with the
+/// given translators stacked on top, each as `(type, options)`, bottom first.
+pub fn null_graph(rt: &tokio::runtime::Runtime, layers: &[(&str, &[(&str, &str)])]) -> Graph {
+    let mut reg = Registry::builtin();
+    reg.register(NULL).expect("register bench/null");
+    let v = layered("volume l0\n    type bench/null\nend-volume\n", layers);
+    let g = Graph::from_str(&v, "bench.vol", &reg).expect("bench volfile builds");
+    g.activate();
+    rt.block_on(g.wait_up(Duration::from_secs(10))).expect("graph up");
+    g
 }
