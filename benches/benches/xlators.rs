@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use xlfs_benches::{null_graph, runtime, scratch_dir, stack};
+use xlfs_benches::{Layer, null_graph, runtime, scratch_dir, stack};
 use xlfs_runtime::client::Client;
 use xlfs_sdk::{CallCtx, Dict, Fd, FdId, Flock, Fop, Gfid, LkCmd, Loc, LockType, Request};
 
@@ -108,7 +108,7 @@ fn io_stats(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("io-stats");
     group.throughput(Throughput::Elements(1));
-    let configs: [(&str, &[(&str, &[(&str, &str)])]); 3] = [
+    let configs: [(&str, &[Layer<'_>]); 3] = [
         ("null-alone", &[]),
         ("io-stats-latency-on", &[("debug/io-stats", &[("latency-measurement", "on")])]),
         ("io-stats-latency-off", &[("debug/io-stats", &[("latency-measurement", "off")])]),

@@ -32,15 +32,18 @@ pub fn graph(rt: &tokio::runtime::Runtime, volfile: &str) -> Graph {
     g
 }
 
+/// One translator stacked in a bench graph: its type and options.
+pub type Layer<'a> = (&'a str, &'a [(&'a str, &'a str)]);
+
 /// A volfile of `storage/posix` on `dir` with the given translators stacked
 /// on top, each as `(type, options)`, bottom first.
-pub fn stack(dir: &Path, layers: &[(&str, &[(&str, &str)])]) -> String {
+pub fn stack(dir: &Path, layers: &[Layer<'_>]) -> String {
     layered(&format!("volume l0\n    type storage/posix\n    option directory {}\nend-volume\n", dir.display()), layers)
 }
 
 /// `leaf` (the text of volume `l0`) with the given translators stacked on
 /// top as `l1`, `l2`..., each as `(type, options)`, bottom first.
-fn layered(leaf: &str, layers: &[(&str, &[(&str, &str)])]) -> String {
+fn layered(leaf: &str, layers: &[Layer<'_>]) -> String {
     let mut v = leaf.to_string();
     for (i, (ty, opts)) in layers.iter().enumerate() {
         v.push_str(&format!("volume l{}\n    type {ty}\n", i + 1));
@@ -82,7 +85,7 @@ const NULL: XlatorType = XlatorType {
 
 /// Builds and activates a graph of the null leaf (`bench/null`) with the
 /// given translators stacked on top, each as `(type, options)`, bottom first.
-pub fn null_graph(rt: &tokio::runtime::Runtime, layers: &[(&str, &[(&str, &str)])]) -> Graph {
+pub fn null_graph(rt: &tokio::runtime::Runtime, layers: &[Layer<'_>]) -> Graph {
     let mut reg = Registry::builtin();
     reg.register(NULL).expect("register bench/null");
     let v = layered("volume l0\n    type bench/null\nend-volume\n", layers);
