@@ -15,6 +15,7 @@
 mod kit;
 mod plugin_kit;
 
+use plugin_kit::volume;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -24,18 +25,6 @@ use xlfs_runtime::client::Client;
 use xlfs_runtime::graph::Graph;
 use xlfs_runtime::registry::Registry;
 use xlfs_sdk::Errno;
-
-fn volume(name: &str, ty: &str, options: &[(&str, String)], subvolumes: &[&str]) -> String {
-    let mut v = format!("volume {name}\n    type {ty}\n");
-    for (k, val) in options {
-        v.push_str(&format!("    option {k} {val}\n"));
-    }
-    if !subvolumes.is_empty() {
-        v.push_str(&format!("    subvolumes {}\n", subvolumes.join(" ")));
-    }
-    v.push_str("end-volume\n\n");
-    v
-}
 
 fn opts(module: &Path, more: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
     let mut o = vec![("module", module.display().to_string())];

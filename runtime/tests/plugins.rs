@@ -16,6 +16,7 @@
 mod kit;
 mod plugin_kit;
 
+use plugin_kit::volume;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -80,18 +81,6 @@ async fn wait_log(needles: &[&str]) -> String {
 }
 
 // ---- graphs --------------------------------------------------------------
-
-fn volume(name: &str, ty: &str, options: &[(&str, String)], subvolumes: &[&str]) -> String {
-    let mut v = format!("volume {name}\n    type {ty}\n");
-    for (k, val) in options {
-        v.push_str(&format!("    option {k} {val}\n"));
-    }
-    if !subvolumes.is_empty() {
-        v.push_str(&format!("    subvolumes {}\n", subvolumes.join(" ")));
-    }
-    v.push_str("end-volume\n\n");
-    v
-}
 
 fn module(kind: &str, name: &str) -> PathBuf {
     match kind {

@@ -16,6 +16,19 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Instant;
 
+/// The text of one volfile volume: `type`, options and subvolumes.
+pub fn volume(name: &str, ty: &str, options: &[(&str, String)], subvolumes: &[&str]) -> String {
+    let mut v = format!("volume {name}\n    type {ty}\n");
+    for (k, val) in options {
+        v.push_str(&format!("    option {k} {val}\n"));
+    }
+    if !subvolumes.is_empty() {
+        v.push_str(&format!("    subvolumes {}\n", subvolumes.join(" ")));
+    }
+    v.push_str("end-volume\n\n");
+    v
+}
+
 /// The plugins' workspace.
 fn plugins_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins")
