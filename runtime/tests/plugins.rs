@@ -12,6 +12,8 @@
 //!   child that does not exist, one that never unwinds, one built for ABI
 //!   2.0, and a crash loop. Each gets a clear error, or EIO for the fops it
 //!   touched, and the client keeps working.
+//! - A fop whose caller goes away while the plugin holds it is finished in
+//!   the background (the host drives frames in the fop's own task).
 
 mod kit;
 mod plugin_kit;
@@ -134,6 +136,7 @@ async fn foundation_workload_through_wasm_passthrough_and_dylib_access_log() {
         assert!(entered > 50, "{node} entered {entered} fops");
         assert_eq!(dump_value(&graph, &format!("{node}.plugin.crashes")), "0");
     }
+    // A v1.0 plugin (a translator) on this v1.1 host.
     assert_eq!(dump_value(&graph, "wl-pass.plugin.abi"), "v1.0");
     // The access log logged the fops, with the per-inode counts the host
     // keeps for it, and the child's ChildUp it passed on.
@@ -282,7 +285,7 @@ fn a_plugin_built_for_abi_2_is_refused_naming_both_versions() {
     let tmp = tempfile::tempdir().expect("tempdir");
     for kind in ["wasm", "dylib"] {
         let e = build_err(&on_posix(tmp.path(), volume("v2", &format!("plugin/{kind}"), &opts(&module(kind, "abi2"), &[]), &["v-posix"])));
-        assert!(e.contains("ABI major version mismatch: host speaks v1.0, peer was built for v2.0"), "{kind}: {e}");
+        assert!(e.contains("ABI major version mismatch: host speaks v1.1, peer was built for v2.0"), "{kind}: {e}");
     }
 }
 
@@ -432,4 +435,37 @@ async fn a_crash_loop_disables_the_plugin_and_says_so() {
     let plain = up(&volume("plain-posix", "storage/posix", &[("directory", dir.display().to_string())], &[]), &Registry::builtin()).await;
     let c = Client::new(plain.top());
     assert!(c.stat("/ok-between/f").await.expect("stat").size == 10);
+}
+
+// ---- frames whose caller goes away -----------------------------------------
+
+/// A fop's own task drives its frame; when the caller drops the fop while
+/// the plugin holds it (passthrough with `delay-ms`, on a host timer), the
+/// host finishes the frame in the background: the timer's wind still
+/// reaches the child, its reply still enters the plugin, the frame ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fop_whose_caller_goes_away_is_finished_in_the_background() {
+    for kind in ["wasm", "dylib"] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let pass = module(kind, "passthrough");
+        let volfile = on_posix(tmp.path(), volume("slow", &format!("plugin/{kind}"), &opts(&pass, &[("delay-ms", "100")]), &["v-posix"]));
+        let graph = up(&volfile, &Registry::builtin()).await;
+        let c = Client::new(graph.top());
+        let dropped = tokio::time::timeout(Duration::from_millis(10), c.stat("/")).await;
+        assert!(dropped.is_err(), "{kind}: the stat is held for 100 ms");
+        assert_eq!(dump_value(&graph, "slow.plugin.frames-in-flight"), "1", "{kind}");
+        let mut done = false;
+        for _ in 0..500 {
+            if dump_value(&graph, "slow.plugin.frames-in-flight") == "0" && dump_value(&graph, "slow.plugin.calls-in-flight") == "0" {
+                done = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(done, "{kind}: the abandoned frame never ended: {:?}", graph.dump());
+        assert_eq!(dump_value(&graph, "slow.plugin.crashes"), "0", "{kind}");
+        // And the node still serves.
+        c.stat("/").await.expect("stat after");
+        graph.shutdown();
+    }
 }

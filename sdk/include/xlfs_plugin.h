@@ -1,5 +1,5 @@
 /*
- * xlfs plugin ABI v1.0 -- the C statement of sdk/PLUGIN-ABI.md.
+ * xlfs plugin ABI v1.1 -- the C statement of sdk/PLUGIN-ABI.md.
  *
  * One source builds as a core WebAssembly module (clang --target=wasm32,
  * -nostdlib -Wl,--no-entry -Wl,--export-dynamic) and as a native shared
@@ -11,7 +11,10 @@
  * the framing is in sdk/PLUGIN-ABI.md.
  *
  * A plugin defines every function listed under "Exports" and the version
- * marker XLFS_ABI_VERSION_MARKER.
+ * marker XLFS_ABI_VERSION_MARKER (v1.0: a translator). A policy module
+ * (v1.1, PLUGIN-ABI.md section 11) uses XLFS_ABI_VERSION_MARKER_1_1 instead
+ * and defines, besides, every function of one or both groups under
+ * "Policy exports".
  */
 #ifndef XLFS_PLUGIN_H
 #define XLFS_PLUGIN_H
@@ -23,15 +26,17 @@ extern "C" {
 #endif
 
 #define XLFS_ABI_MAJOR 1
-#define XLFS_ABI_MINOR 0
+#define XLFS_ABI_MINOR 1
 
-/* Defines the version marker export, xlfs_abi_version_1_0. Use once. */
+/* Defines the version marker export, xlfs_abi_version_1_0 (or, for a
+ * module with policy exports, xlfs_abi_version_1_1). Use one, once. */
 #if defined(__wasm__)
 #define XLFS_EXPORT __attribute__((visibility("default"), used))
 #else
 #define XLFS_EXPORT __attribute__((visibility("default")))
 #endif
 #define XLFS_ABI_VERSION_MARKER XLFS_EXPORT void xlfs_abi_version_1_0(void) {}
+#define XLFS_ABI_VERSION_MARKER_1_1 XLFS_EXPORT void xlfs_abi_version_1_1(void) {}
 
 /* wind flag: the frame ends with this call (its result goes straight up). */
 #define XLFS_WIND_TAIL 1u
@@ -108,6 +113,42 @@ XLFS_EXPORT int32_t xlfs_on_timer(xlfs_inst inst, uint64_t timer);
 /* An encoded Event from child `from` (or XLFS_FROM_GRAPH); XLFS_EVENT_PASS/STOP. */
 XLFS_EXPORT int32_t xlfs_on_event(xlfs_inst inst, int32_t from, const uint8_t *msg, uint32_t len);
 XLFS_EXPORT void xlfs_fini(xlfs_inst inst);
+
+/* ---- Policy exports (v1.1, PLUGIN-ABI.md section 11) --------------------
+ * Optional; a module provides a policy when it defines every function of
+ * its group. The host calls them synchronously, one at a time; they must
+ * return quickly. -1 (XLFS_HANDLER_FAILED) is a failure: the built-in
+ * default decides instead. */
+
+/* Read-ahead. A new stream for an fd: its id (> 0) or a negative errno. */
+XLFS_EXPORT int64_t xlfs_ra_open(xlfs_inst inst, uint64_t page_size, uint32_t page_count);
+/* A read of the stream: write the advice (encoding below) to out (cap bytes,
+ * at least XLFS_MAX_ADVICE) and return its length, or a negative errno. */
+XLFS_EXPORT int32_t xlfs_ra_read(xlfs_inst inst, uint64_t stream, uint64_t offset, uint64_t size, uint64_t at_ns,
+                                 uint8_t *out, uint32_t cap);
+/* The translator emptied the stream's cache (maybe with a new geometry). */
+XLFS_EXPORT int32_t xlfs_ra_reset(xlfs_inst inst, uint64_t stream, uint64_t page_size, uint32_t page_count);
+/* The fd is released; the stream id is not used again. */
+XLFS_EXPORT int32_t xlfs_ra_close(xlfs_inst inst, uint64_t stream);
+
+/* Lock contention. The counts wanted: XLFS_LOCK_WANTS_* bits. */
+XLFS_EXPORT int32_t xlfs_lock_interest(xlfs_inst inst);
+/* A decision after lock event `event` (1..8, PLUGIN-ABI.md section 11) given
+ * the encoded view (XLFS_LOCK_VIEW_LEN bytes or more): XLFS_LOCK_KEEP,
+ * XLFS_LOCK_RELEASE_NOW, or n >= 2: release within n - 1 milliseconds. */
+XLFS_EXPORT int64_t xlfs_lock_decide(xlfs_inst inst, uint32_t event, const uint8_t *view, uint32_t len);
+
+/* Advice: u8 reset (0/1); u32 n, n x (u64 offset, u64 len) to prefetch;
+ * u32 m, m x (u64 offset, u64 len) to drop; little-endian. */
+#define XLFS_MAX_ADVICE_RANGES 64u
+#define XLFS_MAX_ADVICE (1u + 2u * (4u + XLFS_MAX_ADVICE_RANGES * 16u))
+/* View: gfid[16], u8 held, u8 contended, u32 local_open_fds, u32
+ * brick_open_fds, u32 inodelk_count, u32 in_flight, u64 txns, u64 held_ms. */
+#define XLFS_LOCK_VIEW_LEN 50u
+#define XLFS_LOCK_WANTS_INODELK_COUNT 1
+#define XLFS_LOCK_WANTS_OPEN_FD_COUNT 2
+#define XLFS_LOCK_KEEP 0
+#define XLFS_LOCK_RELEASE_NOW 1
 
 /* ---- Host functions (PLUGIN-ABI.md section 5). ---- */
 

@@ -4,9 +4,10 @@
 //! as the bricks report, anyone's). Workloads that keep several fds on one
 //! file (pgbench) then lose the eager lock after every write.
 //!
-//! The plugin hosts do not load policy modules yet (ABI v1.0 has no policy
-//! exports), so this crate is a library of the decision, tested here; the
-//! same rule is built in as `fd-count`.
+//! A policy plugin (plugin ABI v1.1): load it with cluster/replicate's
+//! option `lock-contention-policy wasm:/path/xlfs_plugin_lock_fd_count.wasm`
+//! (or `dylib:/path/libxlfs_plugin_lock_fd_count.so`). The same rule is
+//! built in as `fd-count`.
 
 use xlfs_sdk::policy::lock_contention::{Decision, Interest, LockContentionPolicy, LockEvent, LockView};
 
@@ -25,6 +26,8 @@ impl LockContentionPolicy for LockFdCount {
         if view.open_fds() > 1 { Decision::ReleaseNow } else { Decision::Keep }
     }
 }
+
+xlfs_sdk::export_policy!(lock_contention = LockFdCount);
 
 #[cfg(test)]
 mod tests {

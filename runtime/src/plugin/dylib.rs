@@ -18,10 +18,10 @@ use std::sync::Arc;
 use libloading::Library;
 use object::{Object, ObjectSymbol};
 use xlfs_sdk::Errno;
-use xlfs_sdk::abi::{AbiVersion, ABI_MAJOR, ABI_MINOR};
-use xlfs_sdk::guest::sys::{self, Descriptor, HostVtable, exports};
+use xlfs_sdk::abi::AbiVersion;
+use xlfs_sdk::guest::sys::{self, Descriptor, HostVtable, PolicyExports, exports, policy_exports};
 
-use super::node::{Fault, Guest, GuestLimits, HostCtx, Module};
+use super::node::{Fault, Guest, GuestLimits, HostCtx, Module, PolicyCall};
 use super::{PluginError, check_version, decode_descriptor};
 
 type DescribeFn = unsafe extern "C" fn(*const HostVtable) -> i32;
@@ -31,6 +31,28 @@ type OnReplyFn = unsafe extern "C" fn(usize, u64, u64, *const u8, u32, u32) -> i
 type OnTimerFn = unsafe extern "C" fn(usize, u64) -> i32;
 type OnEventFn = unsafe extern "C" fn(usize, i32, *const u8, u32) -> i32;
 type FiniFn = unsafe extern "C" fn(usize);
+type RaOpenFn = unsafe extern "C" fn(usize, u64, u32) -> i64;
+type RaReadFn = unsafe extern "C" fn(usize, u64, u64, u64, u64, *mut u8, u32) -> i32;
+type RaResetFn = unsafe extern "C" fn(usize, u64, u64, u32) -> i32;
+type RaCloseFn = unsafe extern "C" fn(usize, u64) -> i32;
+type LockInterestFn = unsafe extern "C" fn(usize) -> i32;
+type LockDecideFn = unsafe extern "C" fn(usize, u32, *const u8, u32) -> i64;
+
+/// The read-ahead policy exports (ABI v1.1).
+#[derive(Clone, Copy)]
+struct RaSyms {
+    open: RaOpenFn,
+    read: RaReadFn,
+    reset: RaResetFn,
+    close: RaCloseFn,
+}
+
+/// The lock-contention policy exports (ABI v1.1).
+#[derive(Clone, Copy)]
+struct LockSyms {
+    interest: LockInterestFn,
+    decide: LockDecideFn,
+}
 
 /// The library's entry points, valid while `lib` is loaded.
 #[derive(Clone, Copy)]
@@ -41,6 +63,8 @@ struct Syms {
     on_timer: OnTimerFn,
     on_event: OnEventFn,
     fini: FiniFn,
+    ra: Option<RaSyms>,
+    lock: Option<LockSyms>,
 }
 
 /// A loaded library. Nodes hold it (through the loader's `Loaded`) so it
@@ -60,10 +84,11 @@ fn exported_names(bytes: &[u8]) -> Result<Vec<String>, String> {
         .collect())
 }
 
-pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<(AbiVersion, Descriptor, Box<dyn Module>), PluginError> {
+pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<(AbiVersion, Descriptor, PolicyExports, Box<dyn Module>), PluginError> {
     let fail = |reason: String| PluginError::Load { path: path.into(), reason };
     let names = exported_names(bytes).map_err(|reason| PluginError::NotAPlugin { path: path.into(), reason })?;
     let version = check_version(path, names.iter().map(String::as_str))?;
+    let policies = PolicyExports::probe(version, names.iter().map(String::as_str));
     // SAFETY: loading runs the library's initializers: a native plugin is
     // trusted code (see the module docs). Its version was checked above.
     let lib = unsafe { Library::new(path) }.map_err(|e| fail(format!("cannot load: {e}")))?;
@@ -74,14 +99,30 @@ pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<(AbiVersion, Descriptor,
         };
     }
     let describe: DescribeFn = sym!(DescribeFn, exports::DESCRIBE);
-    let syms = Syms {
+    let mut syms = Syms {
         init: sym!(InitFn, exports::INIT),
         on_fop: sym!(OnFopFn, exports::ON_FOP),
         on_reply: sym!(OnReplyFn, exports::ON_REPLY),
         on_timer: sym!(OnTimerFn, exports::ON_TIMER),
         on_event: sym!(OnEventFn, exports::ON_EVENT),
         fini: sym!(FiniFn, exports::FINI),
+        ra: None,
+        lock: None,
     };
+    if policies.read_ahead {
+        syms.ra = Some(RaSyms {
+            open: sym!(RaOpenFn, policy_exports::RA_OPEN),
+            read: sym!(RaReadFn, policy_exports::RA_READ),
+            reset: sym!(RaResetFn, policy_exports::RA_RESET),
+            close: sym!(RaCloseFn, policy_exports::RA_CLOSE),
+        });
+    }
+    if policies.lock_contention {
+        syms.lock = Some(LockSyms {
+            interest: sym!(LockInterestFn, policy_exports::LOCK_INTEREST),
+            decide: sym!(LockDecideFn, policy_exports::LOCK_DECIDE),
+        });
+    }
     let ctx = HostCtx::describing(path.display().to_string());
     let vt = vtable(&ctx);
     // SAFETY: the vtable and its ctx outlive the call.
@@ -92,7 +133,7 @@ pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<(AbiVersion, Descriptor,
         Err(_) => return Err(fail(format!("{} panicked", exports::DESCRIBE))),
     }
     let desc = decode_descriptor(path, ctx.take_declared())?;
-    Ok((version, desc, Box::new(DylibModule { syms, _lib: lib })))
+    Ok((version, desc, policies, Box::new(DylibModule { syms, _lib: lib })))
 }
 
 /// One node's instance.
@@ -141,6 +182,19 @@ impl DylibGuest {
     }
 }
 
+impl DylibGuest {
+    /// [`DylibGuest::handler`] for the exports that return an `int64_t`.
+    fn handler64(&self, name: &str, f: impl FnOnce() -> i64) -> Result<i64, Fault> {
+        // SAFETY: `ctx` points into `_ctx`, alive as long as `self`.
+        let ctx = unsafe { &*self.ctx };
+        match catch_unwind(AssertUnwindSafe(f)) {
+            Ok(r) if r == i64::from(sys::HANDLER_FAILED) => Err(Fault(ctx.with_last_error(format!("{name} failed")))),
+            Ok(r) => Ok(r),
+            Err(_) => Err(Fault(format!("{name} panicked"))),
+        }
+    }
+}
+
 fn len32(msg: &[u8]) -> Result<u32, Fault> {
     u32::try_from(msg.len()).map_err(|_| Fault(format!("a message of {} bytes", msg.len())))
 }
@@ -168,6 +222,45 @@ impl Guest for DylibGuest {
         let (f, inst, n) = (self.syms.on_event, self.inst, len32(msg)?);
         // SAFETY: as above.
         Ok(self.handler(exports::ON_EVENT, || unsafe { f(inst, from, msg.as_ptr(), n) })? == sys::EVENT_PASS)
+    }
+
+    fn policy(&mut self, call: PolicyCall<'_>) -> Result<i64, Fault> {
+        let inst = self.inst;
+        let missing = |what: &str| Fault(format!("the module exports no {what} policy"));
+        let (ra, lock) = (self.syms.ra, self.syms.lock);
+        // SAFETY (each call): the ABI's contract; pointers are valid for the call.
+        match call {
+            PolicyCall::RaOpen { page_size, page_count } => {
+                let f = ra.ok_or_else(|| missing("read-ahead"))?.open;
+                self.handler64(policy_exports::RA_OPEN, || unsafe { f(inst, page_size, page_count) })
+            }
+            PolicyCall::RaRead { stream, offset, size, at_ns, out } => {
+                let f = ra.ok_or_else(|| missing("read-ahead"))?.read;
+                out.clear();
+                out.resize(sys::MAX_ADVICE, 0);
+                let (p, cap) = (out.as_mut_ptr(), sys::MAX_ADVICE as u32);
+                let n = self.handler(policy_exports::RA_READ, || unsafe { f(inst, stream, offset, size, at_ns, p, cap) })?;
+                out.truncate(usize::try_from(n).unwrap_or(0).min(sys::MAX_ADVICE));
+                Ok(n.into())
+            }
+            PolicyCall::RaReset { stream, page_size, page_count } => {
+                let f = ra.ok_or_else(|| missing("read-ahead"))?.reset;
+                self.handler(policy_exports::RA_RESET, || unsafe { f(inst, stream, page_size, page_count) }).map(i64::from)
+            }
+            PolicyCall::RaClose { stream } => {
+                let f = ra.ok_or_else(|| missing("read-ahead"))?.close;
+                self.handler(policy_exports::RA_CLOSE, || unsafe { f(inst, stream) }).map(i64::from)
+            }
+            PolicyCall::LockInterest => {
+                let f = lock.ok_or_else(|| missing("lock-contention"))?.interest;
+                self.handler(policy_exports::LOCK_INTEREST, || unsafe { f(inst) }).map(i64::from)
+            }
+            PolicyCall::LockDecide { event, view } => {
+                let f = lock.ok_or_else(|| missing("lock-contention"))?.decide;
+                let n = len32(view)?;
+                self.handler64(policy_exports::LOCK_DECIDE, || unsafe { f(inst, event, view.as_ptr(), n) })
+            }
+        }
     }
 
     fn fini(&mut self) {
@@ -336,8 +429,8 @@ unsafe extern "C" fn v_declare(ctx: *mut c_void, msg: *const u8, len: u32) -> i3
 fn vtable(ctx: &Arc<HostCtx>) -> HostVtable {
     HostVtable {
         size: std::mem::size_of::<HostVtable>() as u32,
-        major: ABI_MAJOR,
-        minor: ABI_MINOR,
+        major: sys::PLUGIN_ABI.major,
+        minor: sys::PLUGIN_ABI.minor,
         ctx: Arc::as_ptr(ctx) as *mut c_void,
         wind: v_wind,
         unwind: v_unwind,

@@ -1,7 +1,7 @@
 //! Plugin hosts: translators loaded at run time, as a WebAssembly module
 //! (`type plugin/wasm`, run by wasmtime) or as a native shared library
 //! (`type plugin/dylib`, loaded with libloading), both speaking the plugin
-//! ABI v1 (`sdk/PLUGIN-ABI.md`) and both adapted into the native [`Xlator`]
+//! ABI v1.1 (`sdk/PLUGIN-ABI.md`; v1.0 plugins load too) and both adapted into the native [`Xlator`]
 //! trait, so a plugin can sit anywhere in a graph:
 //!
 //! ```text
@@ -24,7 +24,9 @@
 //!   validates a volume's options against the host's options (below) plus
 //!   the ones the module declares, before any node is built.
 //! - Nodes (`node.rs`): one guest instance per graph node. Fops the module
-//!   does not want pass to child 0 without entering it.
+//!   does not want pass to child 0 without entering it; a fop that enters
+//!   it is driven in its own task (wound calls polled there, replies handed
+//!   to the guest as they come), with no task spawn or channel per fop.
 //! - Faults: a trap, a missed call deadline, a failed handler (a caught
 //!   panic in a native plugin) fail that node's fops in flight with EIO, are
 //!   logged with the reason, and drop the instance; the next call makes a new
@@ -32,6 +34,11 @@
 //!   plugin: its fops then fail with EIO (fail closed), logged, until the
 //!   graph is rebuilt; the rest of the graph keeps working. A frame the
 //!   plugin never unwinds fails with EIO after `frame-timeout`.
+//! - Policies (`policy.rs`, plugin ABI v1.1): a module that exports a
+//!   read-ahead or lock-contention policy serves performance/read-ahead's
+//!   `policy` and cluster/replicate's `lock-contention-policy` when they are
+//!   set to `wasm:<path>` or `dylib:<path>`; [`register`] registers those
+//!   loaders. A failing policy call falls back to the built-in default.
 //! - A native plugin runs in the process: it is trusted code. The host
 //!   checks what crosses the boundary and catches panics on its side; the
 //!   SDK's export macro catches the plugin's own. It cannot be interrupted
@@ -47,13 +54,14 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use xlfs_sdk::abi::{self, AbiVersion, VersionError};
-use xlfs_sdk::guest::sys::{self, DeclaredOption, DeclaredType, Descriptor};
+use xlfs_sdk::guest::sys::{self, DeclaredOption, DeclaredType, Descriptor, PolicyExports};
 use xlfs_sdk::{Dict, InitCtx, InitError, OptType, OptionDecl, Options, Xlator, XlatorType};
 
 use crate::registry::{Registry, RegistryError};
 
 mod dylib;
 mod node;
+mod policy;
 mod wasm;
 
 use node::{Core, GuestLimits, Module, NodeLimits, PluginXlator};
@@ -152,8 +160,11 @@ pub const DYLIB_TYPE: XlatorType = XlatorType {
     build: build_dylib,
 };
 
-/// Adds `plugin/wasm` and `plugin/dylib` to a registry.
+/// Adds `plugin/wasm` and `plugin/dylib` to a registry, and the `wasm:`
+/// and `dylib:` policy loaders to the read-ahead and lock-contention policy
+/// registries ([`policy::register_loaders`], once per process).
 pub fn register(r: &mut Registry) -> Result<(), RegistryError> {
+    policy::register_loaders();
     r.register_dynamic(WASM_TYPE, specialize_wasm)?;
     r.register_dynamic(DYLIB_TYPE, specialize_dylib)
 }
@@ -206,6 +217,8 @@ pub(crate) struct Loaded {
     pub(crate) path: PathBuf,
     pub(crate) version: AbiVersion,
     pub(crate) desc: Descriptor,
+    /// The policies it exports (ABI v1.1).
+    pub(crate) policies: PolicyExports,
     /// The host's options, then the module's (leaked once per module
     /// content: an [`XlatorType`] holds `'static` declarations).
     pub(crate) decls: &'static [OptionDecl],
@@ -244,7 +257,7 @@ pub(crate) fn load(kind: Kind, path: &Path) -> Result<Arc<Loaded>, PluginError> 
         }
     }
     let started = std::time::Instant::now();
-    let (version, desc, module) = match kind {
+    let (version, desc, policies, module) = match kind {
         Kind::Wasm => wasm::load(path, &bytes)?,
         Kind::Dylib => dylib::load(path, &bytes)?,
     };
@@ -261,7 +274,7 @@ pub(crate) fn load(kind: Kind, path: &Path) -> Result<Arc<Loaded>, PluginError> 
     }
     let mut c = cache().lock();
     let decls = *c.decls.entry(key).or_insert_with(|| leak_decls(kind.host_options(), &desc.options));
-    let loaded = Arc::new(Loaded { kind, path: path.to_path_buf(), version, desc, decls, module });
+    let loaded = Arc::new(Loaded { kind, path: path.to_path_buf(), version, desc, policies, decls, module });
     let loaded = c.loaded.entry(key).or_insert(loaded).clone();
     c.lru.retain(|k| *k != key);
     c.lru.push(key);
@@ -333,7 +346,7 @@ pub(crate) fn check_version<'a>(path: &Path, names: impl Iterator<Item = &'a str
             });
         }
     };
-    abi::check_compatible(AbiVersion::CURRENT, version).map_err(|source| PluginError::Version { path: path.into(), source })?;
+    abi::check_compatible(sys::PLUGIN_ABI, version).map_err(|source| PluginError::Version { path: path.into(), source })?;
     Ok(version)
 }
 
@@ -430,10 +443,11 @@ mod tests {
     fn version_marker_rules() {
         let p = Path::new("/m.wasm");
         assert_eq!(check_version(p, ["memory", "xlfs_abi_version_1_0", "xlfs_init"].into_iter()).expect("v1.0"), AbiVersion::new(1, 0));
+        assert_eq!(check_version(p, ["xlfs_abi_version_1_1"].into_iter()).expect("v1.1"), AbiVersion::new(1, 1));
         let e = check_version(p, ["xlfs_abi_version_2_0"].into_iter()).expect_err("major");
-        assert_eq!(e.to_string(), "/m.wasm: ABI major version mismatch: host speaks v1.0, peer was built for v2.0");
+        assert_eq!(e.to_string(), "/m.wasm: ABI major version mismatch: host speaks v1.1, peer was built for v2.0");
         let e = check_version(p, ["xlfs_abi_version_1_7"].into_iter()).expect_err("newer minor");
-        assert!(e.to_string().contains("v1.7") && e.to_string().contains("v1.0"), "{e}");
+        assert!(e.to_string().contains("v1.7") && e.to_string().contains("v1.1"), "{e}");
         let e = check_version(p, ["xlfs_init"].into_iter()).expect_err("no marker");
         assert!(e.to_string().contains("no xlfs_abi_version_<major>_<minor> version marker"), "{e}");
         let e = check_version(p, ["xlfs_abi_version_1_0", "xlfs_abi_version_1_1"].into_iter()).expect_err("two");

@@ -6,19 +6,34 @@
 //!
 //! Concurrency: calls into the guest are serialized by the node's `slot`
 //! mutex and never await; host functions (called from inside those calls)
-//! take only the smaller locks (`frames`, `bufs`, `timers`), never `slot`,
-//! and never call back into the guest. A wound call runs as a tokio task;
-//! its reply re-enters the guest later, under `slot` again.
+//! take only the smaller locks (`frames`, a frame's cell, `bufs`,
+//! `timers`), never `slot`, and never call back into the guest.
+//!
+//! A fop's own task drives its frame ([`Driver`]): `wind` only queues the
+//! call in the frame's cell; the fop's future starts the queued calls,
+//! polls them, and when one is ready runs the guest's `xlfs_on_reply`
+//! synchronously, until the frame has a result (an unwind, a tail call's
+//! result, or EIO from a fault). So a pass-through fop costs no task spawn
+//! and no channel hop: over a child that answers at once, the whole round
+//! trip is one poll. Calls still running when the frame ends (fan-out
+//! answered early, a timed-out or cancelled fop) are driven to their end by
+//! one background task, their replies delivered as before. Only calls
+//! without a frame (frame 0) and timers are tasks of their own.
+//!
+//! Lock order: `slot`, then `frames`, then a frame's cell.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::Semaphore;
 use tokio::task::AbortHandle;
 use xlfs_sdk::abi::{self, Limits};
 use xlfs_sdk::guest::sys::{self, Descriptor};
@@ -52,8 +67,27 @@ pub(crate) trait Guest: Send {
     fn on_timer(&mut self, timer: u64) -> Result<(), Fault>;
     /// An event arrived (`xlfs_on_event`); true to pass it on.
     fn on_event(&mut self, from: i32, msg: &[u8]) -> Result<bool, Fault>;
+    /// A policy call (the ABI v1.1 policy exports); a fault if the module
+    /// does not export it.
+    fn policy(&mut self, call: PolicyCall<'_>) -> Result<i64, Fault>;
     /// The instance is done (`xlfs_fini`).
     fn fini(&mut self);
+}
+
+/// One call of the policy exports (`sdk/PLUGIN-ABI.md` section 11).
+pub(crate) enum PolicyCall<'a> {
+    /// `xlfs_ra_open`.
+    RaOpen { page_size: u64, page_count: u32 },
+    /// `xlfs_ra_read`; the advice is written to `out` (cleared first).
+    RaRead { stream: u64, offset: u64, size: u64, at_ns: u64, out: &'a mut Vec<u8> },
+    /// `xlfs_ra_reset`.
+    RaReset { stream: u64, page_size: u64, page_count: u32 },
+    /// `xlfs_ra_close`.
+    RaClose { stream: u64 },
+    /// `xlfs_lock_interest`.
+    LockInterest,
+    /// `xlfs_lock_decide`.
+    LockDecide { event: u32, view: &'a [u8] },
 }
 
 /// A loaded module that can make instances.
@@ -81,9 +115,189 @@ pub(crate) struct NodeLimits {
 }
 
 struct FrameEntry {
-    tx: oneshot::Sender<FopResult>,
+    cell: Arc<FrameCell>,
     ctx: CallCtx,
     kind: FopKind,
+}
+
+/// Who a wound call belongs to, echoed with its result.
+#[derive(Clone, Copy)]
+struct CallMeta {
+    call: u64,
+    /// The instance generation that wound it.
+    era: u64,
+    /// A tail wind: its result is the frame's.
+    tail: bool,
+}
+
+/// A call the guest wound, not started yet: the frame's driver starts it
+/// (outside every lock).
+struct Wound {
+    meta: CallMeta,
+    target: Child,
+    ctx: CallCtx,
+    req: Request,
+    /// Counts the call in flight until it ends (or is dropped unstarted).
+    _count: CallCount,
+}
+
+/// One of the node's calls in flight; the count drops with it.
+struct CallCount(Arc<AtomicUsize>);
+
+impl Drop for CallCount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+type CallFuture = Pin<Box<dyn Future<Output = (CallMeta, FopResult)> + Send>>;
+
+impl Wound {
+    fn start(self) -> CallFuture {
+        Box::pin(async move {
+            let Wound { meta, target, ctx, req, _count } = self;
+            let result = target.call(ctx, req).await;
+            (meta, result)
+        })
+    }
+}
+
+/// What host functions hand a frame's driver: calls to start, its result,
+/// and the waker of its task while it waits.
+#[derive(Default)]
+struct FrameState {
+    inbox: Vec<Wound>,
+    result: Option<FopResult>,
+    waker: Option<Waker>,
+}
+
+#[derive(Default)]
+struct FrameCell(Mutex<FrameState>);
+
+impl FrameCell {
+    fn push(&self, w: Wound) {
+        let mut s = self.0.lock();
+        s.inbox.push(w);
+        if let Some(waker) = s.waker.take() {
+            waker.wake();
+        }
+    }
+
+    /// Sets the frame's result (the first one stands).
+    fn finish(&self, result: FopResult) {
+        let mut s = self.0.lock();
+        if s.result.is_none() {
+            s.result = Some(result);
+        }
+        if let Some(waker) = s.waker.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// Drives one frame inside the task of the fop that made it: starts the
+/// calls wound for the frame, polls them, delivers their replies to the
+/// guest, and yields the frame's result. Dropped before the frame is over
+/// (a frame timeout, the caller gone) or with calls still running, it hands
+/// the rest to a background task.
+struct Driver {
+    core: Arc<Core>,
+    frame: u64,
+    cell: Arc<FrameCell>,
+    calls: Vec<CallFuture>,
+    /// When the frame times out.
+    deadline: Instant,
+    /// Set on the background task's driver: its drop hands nothing on.
+    detached: bool,
+}
+
+impl Driver {
+    /// Makes progress; `Ready(Some(result))` once the frame has a result
+    /// (when `want_result`), `Ready(None)` once nothing is left to run
+    /// (when not).
+    fn poll_frame(&mut self, cx: &mut Context<'_>, want_result: bool) -> Poll<Option<FopResult>> {
+        loop {
+            let (wounds, result) = {
+                let mut s = self.cell.0.lock();
+                s.waker = None;
+                (std::mem::take(&mut s.inbox), if want_result { s.result.take() } else { None })
+            };
+            self.calls.extend(wounds.into_iter().map(Wound::start));
+            if result.is_some() {
+                return Poll::Ready(result);
+            }
+            let mut progressed = false;
+            let mut i = 0;
+            while i < self.calls.len() {
+                let Poll::Ready((meta, result)) = self.calls[i].as_mut().poll(cx) else {
+                    i += 1;
+                    continue;
+                };
+                drop(self.calls.swap_remove(i));
+                progressed = true;
+                if meta.tail {
+                    if want_result {
+                        return Poll::Ready(Some(result));
+                    }
+                } else {
+                    // The guest's reply handler runs here, in this task; it
+                    // may wind more calls or unwind the frame.
+                    self.core.deliver(meta.era, self.frame, meta.call, result);
+                }
+            }
+            if progressed {
+                continue;
+            }
+            let mut s = self.cell.0.lock();
+            if !s.inbox.is_empty() || (want_result && s.result.is_some()) {
+                continue;
+            }
+            if !want_result && self.calls.is_empty() {
+                return Poll::Ready(None);
+            }
+            s.waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+    }
+
+    /// The background rest of a frame: its result if it is still in flight
+    /// (discarded: the caller is gone; EIO and logged at the deadline),
+    /// then every call still queued or running.
+    async fn finish(mut self) {
+        if self.core.frames.lock().contains_key(&self.frame) {
+            let deadline = tokio::time::Instant::from_std(self.deadline);
+            if tokio::time::timeout_at(deadline, std::future::poll_fn(|cx| self.poll_frame(cx, true))).await.is_err() {
+                self.core.expire(self.frame);
+            }
+        }
+        std::future::poll_fn(|cx| self.poll_frame(cx, false)).await;
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if self.detached {
+            return;
+        }
+        if self.calls.is_empty() {
+            // One lock at a time: elsewhere the order is frames, then cell.
+            let queued = !self.cell.0.lock().inbox.is_empty();
+            let live = self.core.frames.lock().contains_key(&self.frame);
+            if !queued && !live {
+                return;
+            }
+        }
+        let Some(rt) = self.core.handle() else { return };
+        let rest = Driver {
+            core: self.core.clone(),
+            frame: self.frame,
+            cell: self.cell.clone(),
+            calls: std::mem::take(&mut self.calls),
+            deadline: self.deadline,
+            detached: true,
+        };
+        rt.spawn(rest.finish());
+    }
 }
 
 #[derive(Default)]
@@ -136,7 +350,7 @@ pub(crate) struct Core {
     next_frame: AtomicU64,
     next_call: AtomicU64,
     next_timer: AtomicU64,
-    calls: AtomicUsize,
+    calls: Arc<AtomicUsize>,
     entered: AtomicU64,
     passed: AtomicU64,
     /// Bumped each time the instance is dropped; replies and timers of an
@@ -182,7 +396,7 @@ impl Core {
             next_frame: AtomicU64::new(1),
             next_call: AtomicU64::new(1),
             next_timer: AtomicU64::new(1),
-            calls: AtomicUsize::new(0),
+            calls: Arc::new(AtomicUsize::new(0)),
             entered: AtomicU64::new(0),
             passed: AtomicU64::new(0),
             generation: AtomicU64::new(0),
@@ -269,7 +483,7 @@ impl Core {
         let frames: Vec<FrameEntry> = self.frames.lock().drain().map(|(_, f)| f).collect();
         let failed = frames.len();
         for f in frames {
-            let _ = f.tx.send(Err(Errno::EIO));
+            f.cell.finish(Err(Errno::EIO));
         }
         self.bufs.lock().map.clear();
         for (_, t) in self.timers.lock().drain() {
@@ -299,19 +513,29 @@ impl Core {
         drop(dead);
     }
 
-    /// A fop for the guest: a new frame, `xlfs_on_fop`, then wait for the
-    /// frame's unwind (or its failure, or the frame timeout).
+    /// A fop for the guest: a new frame, `xlfs_on_fop`, then drive the
+    /// frame in this task until it has a result (or fails, or times out).
     async fn run_fop(&self, ctx: CallCtx, mut req: Request) -> FopResult {
         if self.rt.get().is_none()
             && let Ok(h) = Handle::try_current()
         {
             let _ = self.rt.set(h);
         }
+        let Some(me) = self.me.upgrade() else { return Err(Errno::ENOTCONN) };
         let _permit = self.permits.acquire().await.map_err(|_| Errno::EIO)?;
         self.entered.fetch_add(1, Ordering::Relaxed);
         let kind = req.fop.kind();
         let frame = self.next_frame.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
+        let cell = Arc::new(FrameCell::default());
+        let deadline = tokio::time::Instant::now() + self.limits.frame_timeout;
+        let mut driver = Driver {
+            core: me,
+            frame,
+            cell: cell.clone(),
+            calls: Vec::new(),
+            deadline: deadline.into_std(),
+            detached: false,
+        };
         let data = sys::take_fop_data(&mut req.fop);
         let mut msg = Vec::new();
         sys::encode_call(Some(&ctx), &req, &mut msg);
@@ -323,7 +547,7 @@ impl Core {
                     Err(e) => return Ok(Err(e)),
                 },
             };
-            self.frames.lock().insert(frame, FrameEntry { tx, ctx, kind });
+            self.frames.lock().insert(frame, FrameEntry { cell, ctx, kind });
             g.on_fop(frame, &msg, payload).map(Ok)
         });
         match entered {
@@ -334,16 +558,24 @@ impl Core {
                 return Err(e);
             }
         }
-        match tokio::time::timeout(self.limits.frame_timeout, rx).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(Errno::EIO),
+        let run = std::future::poll_fn(|cx| driver.poll_frame(cx, true));
+        match tokio::time::timeout_at(deadline, run).await {
+            Ok(Some(result)) => result,
+            Ok(None) => Err(Errno::EIO),
             Err(_) => {
-                if self.frames.lock().remove(&frame).is_some() {
-                    tracing::warn!(target: "xlfs::plugin", node = %self.name, frame, fop = kind.name(),
-                        "plugin did not unwind the frame within frame-timeout ({:?}): failing it with EIO", self.limits.frame_timeout);
-                }
+                self.expire(frame);
                 Err(Errno::EIO)
             }
+        }
+    }
+
+    /// A frame missed its deadline: it is dropped (logged) if still in
+    /// flight; a later unwind of it is refused.
+    fn expire(&self, frame: u64) {
+        if let Some(f) = self.frames.lock().remove(&frame) {
+            tracing::warn!(target: "xlfs::plugin", node = %self.name, frame, fop = f.kind.name(),
+                "plugin did not unwind the frame within frame-timeout ({:?}): failing it with EIO", self.limits.frame_timeout);
+            f.cell.finish(Err(Errno::EIO));
         }
     }
 
@@ -381,7 +613,7 @@ impl Core {
     fn fail_frame(&self, frame: u64, why: &str) {
         if let Some(f) = self.frames.lock().remove(&frame) {
             tracing::warn!(target: "xlfs::plugin", node = %self.name, frame, fop = f.kind.name(), "{why}: failing the fop with EIO");
-            let _ = f.tx.send(Err(Errno::EIO));
+            f.cell.finish(Err(Errno::EIO));
         } else {
             tracing::warn!(target: "xlfs::plugin", node = %self.name, frame, "{why}");
         }
@@ -418,34 +650,30 @@ impl Core {
         if self.calls.load(Ordering::Relaxed) >= max_calls {
             return neg(Errno::EAGAIN);
         }
-        let Some(rt) = self.handle() else { return neg(Errno::EAGAIN) };
-        let Some(me) = self.me.upgrade() else { return neg(Errno::ENOTCONN) };
-        let (call_ctx, tail_tx) = {
-            let mut frames = self.frames.lock();
-            let frame_ctx = if frame == 0 {
-                self.node_ctx.clone()
-            } else {
-                match frames.get(&frame) {
-                    Some(f) => f.ctx.clone(),
-                    None => return neg(Errno::ENOENT),
-                }
-            };
-            let tail_tx = if tail { frames.remove(&frame).map(|f| f.tx) } else { None };
-            (ctx.unwrap_or(frame_ctx), tail_tx)
-        };
         let era = self.generation.load(Ordering::Acquire);
         let call = self.next_call.fetch_add(1, Ordering::Relaxed);
+        let meta = CallMeta { call, era, tail };
+        let wound = |ctx: CallCtx, count: CallCount| Wound { meta, target, ctx, req, _count: count };
+        if frame == 0 {
+            // A detached call: no fop to drive it, so a task of its own.
+            let (Some(rt), Some(me)) = (self.handle(), self.me.upgrade()) else { return neg(Errno::EAGAIN) };
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            let fut = wound(ctx.unwrap_or_else(|| self.node_ctx.clone()), CallCount(self.calls.clone())).start();
+            rt.spawn(async move {
+                let (meta, result) = fut.await;
+                me.deliver(meta.era, 0, meta.call, result);
+            });
+            return call as i64;
+        }
+        let mut frames = self.frames.lock();
+        let Some(entry) = frames.get(&frame) else { return neg(Errno::ENOENT) };
         self.calls.fetch_add(1, Ordering::Relaxed);
-        rt.spawn(async move {
-            let result = target.call(call_ctx, req).await;
-            me.calls.fetch_sub(1, Ordering::Relaxed);
-            match tail_tx {
-                Some(tx) => {
-                    let _ = tx.send(result);
-                }
-                None => me.deliver(era, frame, call, result),
-            }
-        });
+        let w = wound(ctx.unwrap_or_else(|| entry.ctx.clone()), CallCount(self.calls.clone()));
+        entry.cell.push(w);
+        if tail {
+            // The frame ends here: its result is this call's.
+            frames.remove(&frame);
+        }
         call as i64
     }
 
@@ -457,7 +685,7 @@ impl Core {
         let kind = entry.kind.name();
         let refuse = |entry: FrameEntry, why: String, e: Errno| {
             tracing::warn!(target: "xlfs::plugin", node = %self.name, frame, fop = kind, "{why}: failing the fop with EIO");
-            let _ = entry.tx.send(Err(Errno::EIO));
+            entry.cell.finish(Err(Errno::EIO));
             -e.0
         };
         let mut result = match abi::decode::<FopResult>(msg, None, &Limits::DEFAULT) {
@@ -472,7 +700,7 @@ impl Core {
                 return refuse(entry, "unwind of a non-READ result with a data buffer".into(), Errno::EINVAL);
             }
         }
-        let _ = entry.tx.send(result);
+        entry.cell.finish(result);
         0
     }
 
@@ -516,7 +744,7 @@ impl Core {
             g.fini();
         }
         for (_, f) in self.frames.lock().drain() {
-            let _ = f.tx.send(Err(Errno::EIO));
+            f.cell.finish(Err(Errno::EIO));
         }
         for (_, t) in self.timers.lock().drain() {
             t.abort();

@@ -13,9 +13,9 @@ use wasmtime::{
 };
 use xlfs_sdk::Errno;
 use xlfs_sdk::abi::AbiVersion;
-use xlfs_sdk::guest::sys::{self, Descriptor, exports, imports};
+use xlfs_sdk::guest::sys::{self, Descriptor, PolicyExports, exports, imports, policy_exports};
 
-use super::node::{Fault, Guest, GuestLimits, HostCtx, Module};
+use super::node::{Fault, Guest, GuestLimits, HostCtx, Module, PolicyCall};
 use super::{PluginError, check_version, decode_descriptor};
 
 /// How often the epoch advances: the granularity of `plugin-call-timeout`.
@@ -188,10 +188,11 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
 /// A compiled module, ready to instantiate.
 struct WasmModule {
     pre: InstancePre<HostState>,
+    policies: PolicyExports,
 }
 
 /// Compiles, checks and describes the module in `bytes`.
-pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<(AbiVersion, Descriptor, Box<dyn Module>), PluginError> {
+pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<(AbiVersion, Descriptor, PolicyExports, Box<dyn Module>), PluginError> {
     let fail = |reason: String| PluginError::Load { path: path.into(), reason };
     let engine = engine().map_err(fail)?;
     let code = WasmModuleCode::new(engine, bytes)
@@ -199,11 +200,12 @@ pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<(AbiVersion, Descriptor,
     // The version marker first: a module of another major may import
     // functions this host does not have, and must be named for its version.
     let version = check_version(path, code.exports().map(|e| e.name()))?;
+    let policies = PolicyExports::probe(version, code.exports().map(|e| e.name()));
     let pre = linker()
         .map_err(fail)?
         .instantiate_pre(&code)
-        .map_err(|e| fail(format!("it needs host functions this host (ABI {}) lacks: {e:#}", AbiVersion::CURRENT)))?;
-    let module = WasmModule { pre };
+        .map_err(|e| fail(format!("it needs host functions this host (ABI {}) lacks: {e:#}", sys::PLUGIN_ABI)))?;
+    let module = WasmModule { pre, policies };
     let ctx = HostCtx::describing(path.display().to_string());
     let mut store = module.store(&ctx, &DESCRIBE_LIMITS);
     let describe = module
@@ -219,7 +221,7 @@ pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<(AbiVersion, Descriptor,
         Err(Fault(why)) => return Err(fail(ctx.with_last_error(format!("{} failed: {why}", exports::DESCRIBE)))),
     }
     let desc = decode_descriptor(path, ctx.take_declared())?;
-    Ok((version, desc, Box::new(module)))
+    Ok((version, desc, policies, Box::new(module)))
 }
 
 impl WasmModule {
@@ -275,6 +277,25 @@ struct Funcs {
     on_timer: TypedFunc<(u32, u64), i32>,
     on_event: TypedFunc<(u32, i32, u32, u32), i32>,
     fini: TypedFunc<u32, ()>,
+    ra: Option<RaFuncs>,
+    lock: Option<LockFuncs>,
+}
+
+/// `xlfs_ra_read`'s parameters: instance, stream, offset, size, at_ns, out, cap.
+type RaReadParams = (u32, u64, u64, u64, u64, u32, u32);
+
+/// The read-ahead policy exports (ABI v1.1).
+struct RaFuncs {
+    open: TypedFunc<(u32, u64, u32), i64>,
+    read: TypedFunc<RaReadParams, i32>,
+    reset: TypedFunc<(u32, u64, u64, u32), i32>,
+    close: TypedFunc<(u32, u64), i32>,
+}
+
+/// The lock-contention policy exports (ABI v1.1).
+struct LockFuncs {
+    interest: TypedFunc<u32, i32>,
+    decide: TypedFunc<(u32, u32, u32, u32), i64>,
 }
 
 /// One node's instance.
@@ -285,6 +306,8 @@ struct WasmGuest {
     limits: GuestLimits,
     /// A guest buffer messages are written into: (pointer, capacity).
     scratch: (u32, u32),
+    /// A guest buffer read-ahead advice is written into, once needed.
+    out: (u32, u32),
 }
 
 impl Module for WasmModule {
@@ -297,7 +320,7 @@ impl Module for WasmModule {
             };
         }
         let init: TypedFunc<(u32, u32, u32), u32> = func!(exports::INIT);
-        let f = Funcs {
+        let mut f = Funcs {
             alloc: func!(exports::ALLOC),
             free: func!(exports::FREE),
             on_fop: func!(exports::ON_FOP),
@@ -305,8 +328,21 @@ impl Module for WasmModule {
             on_timer: func!(exports::ON_TIMER),
             on_event: func!(exports::ON_EVENT),
             fini: func!(exports::FINI),
+            ra: None,
+            lock: None,
         };
-        let mut g = WasmGuest { store, f, inst: 0, limits: limits.clone(), scratch: (0, 0) };
+        if self.policies.read_ahead {
+            f.ra = Some(RaFuncs {
+                open: func!(policy_exports::RA_OPEN),
+                read: func!(policy_exports::RA_READ),
+                reset: func!(policy_exports::RA_RESET),
+                close: func!(policy_exports::RA_CLOSE),
+            });
+        }
+        if self.policies.lock_contention {
+            f.lock = Some(LockFuncs { interest: func!(policy_exports::LOCK_INTEREST), decide: func!(policy_exports::LOCK_DECIDE) });
+        }
+        let mut g = WasmGuest { store, f, inst: 0, limits: limits.clone(), scratch: (0, 0), out: (0, 0) };
         let (p, n) = g.put(options)?;
         let inst = call(&mut g.store, &g.limits, |s| init.call(s, (0, p, n)))?;
         if inst == 0 {
@@ -345,6 +381,13 @@ impl WasmGuest {
         Ok((self.scratch.0, len))
     }
 
+    fn handler64(&mut self, name: &str, r: Result<i64, Fault>) -> Result<i64, Fault> {
+        match r? {
+            r if r == i64::from(sys::HANDLER_FAILED) => Err(Fault(self.store.data().ctx.with_last_error(format!("{name} failed")))),
+            r => Ok(r),
+        }
+    }
+
     fn handler(&mut self, name: &str, r: Result<i32, Fault>) -> Result<i32, Fault> {
         match r? {
             sys::HANDLER_FAILED => Err(Fault(self.store.data().ctx.with_last_error(format!("{name} failed")))),
@@ -379,6 +422,67 @@ impl Guest for WasmGuest {
         let (f, inst) = (&self.f.on_event, self.inst);
         let r = call(&mut self.store, &self.limits, |s| f.call(s, (inst, from, p, n)));
         Ok(self.handler(exports::ON_EVENT, r)? == sys::EVENT_PASS)
+    }
+
+    fn policy(&mut self, pc: PolicyCall<'_>) -> Result<i64, Fault> {
+        let inst = self.inst;
+        let missing = |what: &str| Fault(format!("the module exports no {what} policy"));
+        match pc {
+            PolicyCall::RaOpen { page_size, page_count } => {
+                let f = &self.f.ra.as_ref().ok_or_else(|| missing("read-ahead"))?.open;
+                let r = call(&mut self.store, &self.limits, |s| f.call(s, (inst, page_size, page_count)));
+                self.handler64(policy_exports::RA_OPEN, r)
+            }
+            PolicyCall::RaRead { stream, offset, size, at_ns, out } => {
+                if self.f.ra.is_none() {
+                    return Err(missing("read-ahead"));
+                }
+                if self.out.1 == 0 {
+                    let alloc = &self.f.alloc;
+                    let want = sys::MAX_ADVICE as u32;
+                    let ptr = call(&mut self.store, &self.limits, |s| alloc.call(s, want))?;
+                    if ptr == 0 {
+                        return Err(Fault(format!("{} could not allocate {want} bytes", exports::ALLOC)));
+                    }
+                    self.out = (ptr, want);
+                }
+                let (p, cap) = self.out;
+                let f = &self.f.ra.as_ref().ok_or_else(|| missing("read-ahead"))?.read;
+                let r = call(&mut self.store, &self.limits, |s| f.call(s, (inst, stream, offset, size, at_ns, p, cap)));
+                let n = self.handler(policy_exports::RA_READ, r)?;
+                out.clear();
+                if n > 0 {
+                    let mem = self.store.data().memory.ok_or_else(|| Fault("no memory".into()))?;
+                    out.resize((n as usize).min(cap as usize), 0);
+                    mem.read(&self.store, p as usize, out).map_err(|_| Fault("advice outside memory".into()))?;
+                }
+                Ok(n.into())
+            }
+            PolicyCall::RaReset { stream, page_size, page_count } => {
+                let f = &self.f.ra.as_ref().ok_or_else(|| missing("read-ahead"))?.reset;
+                let r = call(&mut self.store, &self.limits, |s| f.call(s, (inst, stream, page_size, page_count)));
+                self.handler(policy_exports::RA_RESET, r).map(i64::from)
+            }
+            PolicyCall::RaClose { stream } => {
+                let f = &self.f.ra.as_ref().ok_or_else(|| missing("read-ahead"))?.close;
+                let r = call(&mut self.store, &self.limits, |s| f.call(s, (inst, stream)));
+                self.handler(policy_exports::RA_CLOSE, r).map(i64::from)
+            }
+            PolicyCall::LockInterest => {
+                let f = &self.f.lock.as_ref().ok_or_else(|| missing("lock-contention"))?.interest;
+                let r = call(&mut self.store, &self.limits, |s| f.call(s, inst));
+                self.handler(policy_exports::LOCK_INTEREST, r).map(i64::from)
+            }
+            PolicyCall::LockDecide { event, view } => {
+                if self.f.lock.is_none() {
+                    return Err(missing("lock-contention"));
+                }
+                let (p, n) = self.put(view)?;
+                let f = &self.f.lock.as_ref().ok_or_else(|| missing("lock-contention"))?.decide;
+                let r = call(&mut self.store, &self.limits, |s| f.call(s, (inst, event, p, n)));
+                self.handler64(policy_exports::LOCK_DECIDE, r)
+            }
+        }
     }
 
     fn fini(&mut self) {

@@ -11,6 +11,10 @@
 //!   once; the same crate then builds as `.wasm` and as a cdylib. The SDK
 //!   keeps per-frame state, hides the encoding and the buffer handles, and
 //!   catches panics at the boundary.
+//! - [`policy`] (ABI v1.1): a module can instead export a read-ahead and/or
+//!   a lock-contention policy (`xlfs_sdk::policy`) with
+//!   [`export_policy!`](crate::export_policy); the host calls it from the
+//!   built-in translators whose options name the module.
 //!
 //! ```ignore
 //! use xlfs_sdk::guest::{Cx, Host, Plugin};
@@ -33,6 +37,8 @@ pub mod sys;
 #[cfg(feature = "guest")]
 mod host;
 #[cfg(feature = "guest")]
+pub mod policy;
+#[cfg(feature = "guest")]
 mod rt;
 
 #[cfg(feature = "guest")]
@@ -45,11 +51,15 @@ pub use sys::{EventSet, FopSet};
 #[cfg(feature = "guest")]
 #[doc(hidden)]
 pub mod __rt {
+    pub use super::policy::{lock_decide, lock_interest, ra_close, ra_open, ra_read, ra_reset};
     pub use super::rt::{alloc, describe, fini, free, init, on_event, on_fop, on_reply, on_timer};
 }
 
-// The export macro spells the version marker out; it must follow the ABI.
+// The export macros spell the version markers out; they must follow the ABI.
+// A translator needs only v1.0 (so it loads on v1.0 hosts too); a policy
+// module needs v1.1.
 const _: () = assert!(crate::abi::ABI_MAJOR == 1 && crate::abi::ABI_MINOR == 0, "update export_plugin!'s version marker");
+const _: () = assert!(sys::PLUGIN_ABI.major == 1 && sys::PLUGIN_ABI.minor == 1, "update export_policy!'s version marker");
 
 /// Exports a [`Plugin`] type through the plugin ABI: the version marker
 /// `xlfs_abi_version_1_0`, `xlfs_alloc`/`xlfs_free`, `xlfs_describe`,
@@ -58,11 +68,7 @@ const _: () = assert!(crate::abi::ABI_MAJOR == 1 && crate::abi::ABI_MINOR == 0, 
 #[cfg(feature = "guest")]
 #[macro_export]
 macro_rules! export_plugin {
-    ($plugin:ty) => {
-        /// The plugin ABI version marker (v1.0).
-        #[unsafe(no_mangle)]
-        pub extern "C" fn xlfs_abi_version_1_0() {}
-
+    (@common $plugin:ty) => {
         /// Allocates `size` bytes for the host (null on failure).
         #[unsafe(no_mangle)]
         pub extern "C" fn xlfs_alloc(size: u32) -> *mut u8 {
@@ -146,6 +152,116 @@ macro_rules! export_plugin {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn xlfs_fini(inst: usize) {
             unsafe { $crate::guest::__rt::fini::<$plugin>(inst) }
+        }
+    };
+    ($plugin:ty) => {
+        /// The plugin ABI version marker (v1.0).
+        #[unsafe(no_mangle)]
+        pub extern "C" fn xlfs_abi_version_1_0() {}
+        $crate::export_plugin!(@common $plugin);
+    };
+}
+
+/// Exports policies through the plugin ABI v1.1 (`sdk/PLUGIN-ABI.md`
+/// section 11): a read-ahead policy (a [`ReadAheadPolicy`] type), a
+/// lock-contention policy (a [`LockContentionPolicy`] type), or both, each
+/// made with `Default` when the host makes an instance. The module gets the
+/// version marker `xlfs_abi_version_1_1`, every v1.0 export (as a
+/// translator it passes fops on: [`policy::Policies`]) and the exports of
+/// the policies given. Use it once, at the crate root of a `cdylib` crate:
+///
+/// ```ignore
+/// xlfs_sdk::export_policy!(read_ahead = MyReadAhead);
+/// xlfs_sdk::export_policy!(lock_contention = MyLockPolicy);
+/// xlfs_sdk::export_policy!(read_ahead = MyReadAhead, lock_contention = MyLockPolicy);
+/// ```
+///
+/// [`ReadAheadPolicy`]: crate::policy::read_ahead::ReadAheadPolicy
+/// [`LockContentionPolicy`]: crate::policy::lock_contention::LockContentionPolicy
+#[cfg(feature = "guest")]
+#[macro_export]
+macro_rules! export_policy {
+    (read_ahead = $ra:ty) => {
+        $crate::export_policy!(@module $ra, $crate::guest::policy::Without);
+        $crate::export_policy!(@ra $ra, $crate::guest::policy::Without);
+    };
+    (lock_contention = $lock:ty) => {
+        $crate::export_policy!(@module $crate::guest::policy::Without, $lock);
+        $crate::export_policy!(@lock $crate::guest::policy::Without, $lock);
+    };
+    (read_ahead = $ra:ty, lock_contention = $lock:ty) => {
+        $crate::export_policy!(@module $ra, $lock);
+        $crate::export_policy!(@ra $ra, $lock);
+        $crate::export_policy!(@lock $ra, $lock);
+    };
+    (@module $ra:ty, $lock:ty) => {
+        /// The plugin ABI version marker (v1.1: policy exports).
+        #[unsafe(no_mangle)]
+        pub extern "C" fn xlfs_abi_version_1_1() {}
+        $crate::export_plugin!(@common $crate::guest::policy::Policies<$ra, $lock>);
+    };
+    (@ra $ra:ty, $lock:ty) => {
+        /// Opens a read-ahead stream.
+        ///
+        /// # Safety
+        /// Arguments as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_ra_open(inst: usize, page_size: u64, page_count: u32) -> i64 {
+            unsafe { $crate::guest::__rt::ra_open::<$ra, $lock>(inst, page_size, page_count) }
+        }
+
+        /// A read of a stream: writes the advice to `out`.
+        ///
+        /// # Safety
+        /// Arguments as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_ra_read(
+            inst: usize,
+            stream: u64,
+            offset: u64,
+            size: u64,
+            at_ns: u64,
+            out: *mut u8,
+            cap: u32,
+        ) -> i32 {
+            unsafe { $crate::guest::__rt::ra_read::<$ra, $lock>(inst, stream, offset, size, at_ns, out, cap) }
+        }
+
+        /// A stream's cache was emptied.
+        ///
+        /// # Safety
+        /// Arguments as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_ra_reset(inst: usize, stream: u64, page_size: u64, page_count: u32) -> i32 {
+            unsafe { $crate::guest::__rt::ra_reset::<$ra, $lock>(inst, stream, page_size, page_count) }
+        }
+
+        /// A stream's fd was released.
+        ///
+        /// # Safety
+        /// Arguments as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_ra_close(inst: usize, stream: u64) -> i32 {
+            unsafe { $crate::guest::__rt::ra_close::<$ra, $lock>(inst, stream) }
+        }
+    };
+    (@lock $ra:ty, $lock:ty) => {
+        /// The counts the lock-contention policy wants.
+        ///
+        /// # Safety
+        /// Arguments as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_lock_interest(inst: usize) -> i32 {
+            unsafe { $crate::guest::__rt::lock_interest::<$ra, $lock>(inst) }
+        }
+
+        /// A lock-contention decision.
+        ///
+        /// # Safety
+        /// Arguments as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_lock_decide(inst: usize, event: u32, view: *const u8, len: u32) -> i64 {
+            unsafe { $crate::guest::__rt::lock_decide::<$ra, $lock>(inst, event, view, len) }
         }
     };
 }

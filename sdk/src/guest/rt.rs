@@ -92,9 +92,9 @@ struct Slot<S> {
     state: S,
 }
 
-struct Instance<P: Plugin> {
-    host: Host,
-    plugin: P,
+pub(super) struct Instance<P: Plugin> {
+    pub(super) host: Host,
+    pub(super) plugin: P,
     frames: BTreeMap<u64, Slot<P::Frame>>,
     scratch: Vec<u8>,
 }
@@ -250,11 +250,20 @@ impl<S> Cx<'_, S> {
 
     fn wind_flags(&mut self, child: u32, ctx: Option<&CallCtx>, req: &Request, data: Option<&Buf>, flags: u32) -> Result<u64, Errno> {
         self.check_open()?;
-        let mut req = req.clone();
-        let own = sys::take_fop_data(&mut req.fop);
-        let picked = self.pick(own, data)?;
         self.scratch.clear();
-        sys::encode_call(ctx, &req, self.scratch);
+        // Only a WRITE carries data, which crosses as a handle: encode a
+        // copy without it (cheap: the bytes are shared); anything else as is.
+        let picked = if matches!(req.fop, crate::Fop::Writev { .. }) {
+            let mut req = req.clone();
+            let own = sys::take_fop_data(&mut req.fop);
+            let picked = self.pick(own, data)?;
+            sys::encode_call(ctx, &req, self.scratch);
+            picked
+        } else {
+            let picked = self.pick(None, data)?;
+            sys::encode_call(ctx, req, self.scratch);
+            picked
+        };
         let handle = picked.as_ref().map_or(sys::NO_BUF, |(h, _)| *h);
         self.host.raw_wind(self.frame, child, flags, self.scratch, handle)
     }
@@ -321,7 +330,7 @@ impl<S> Ctl<'_, S> {
 /// Runs a handler: natively, a panic is caught, logged through the host
 /// and turned into `failed`; on WebAssembly a panic traps (after the hook
 /// installed by `init` logged it).
-fn guard<R>(host: Host, failed: R, f: impl FnOnce() -> R) -> R {
+pub(super) fn guard<R>(host: Host, failed: R, f: impl FnOnce() -> R) -> R {
     #[cfg(target_family = "wasm")]
     {
         let _ = (host, &failed);
@@ -363,7 +372,7 @@ unsafe fn bytes<'a>(ptr: *const u8, len: u32) -> &'a [u8] {
 
 /// # Safety
 /// `inst` as returned by [`init`] for this `P`, not finished.
-unsafe fn instance<'a, P: Plugin>(inst: usize) -> Option<&'a mut Instance<P>> {
+pub(super) unsafe fn instance<'a, P: Plugin>(inst: usize) -> Option<&'a mut Instance<P>> {
     // SAFETY: the host passes back what `init` returned and serializes calls.
     unsafe { (inst as *mut Instance<P>).as_mut() }
 }

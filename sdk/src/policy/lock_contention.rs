@@ -25,7 +25,7 @@
 //! per scheme ([`register_loader`]) and [`resolve`] maps an option value
 //! such as `wasm:/path/policy.wasm` to it.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use crate::types::Gfid;
 
@@ -201,6 +201,10 @@ impl LockContentionPolicy for NotifyPolicy {
 /// The names of the built-in policies.
 pub const BUILTIN: &[&str] = &["fd-count", "inodelk-count", "notify"];
 
+/// The default policy's name (cluster/replicate's default, and what a
+/// policy from a plugin module falls back to when it fails).
+pub const DEFAULT: &str = "notify";
+
 /// A built-in policy by name.
 pub fn builtin(name: &str) -> Option<Arc<dyn LockContentionPolicy>> {
     match name {
@@ -211,69 +215,23 @@ pub fn builtin(name: &str) -> Option<Arc<dyn LockContentionPolicy>> {
     }
 }
 
+pub use super::PolicyError;
+
 /// Builds a policy from the part of the option value after `scheme:`.
-pub type Loader = Arc<dyn Fn(&str) -> Result<Arc<dyn LockContentionPolicy>, String> + Send + Sync>;
+pub type Loader = super::Loader<dyn LockContentionPolicy>;
 
-static LOADERS: RwLock<Vec<(String, Loader)>> = RwLock::new(Vec::new());
-
-/// Most loaders registered (one per plugin kind is the use).
-const MAX_LOADERS: usize = 16;
-
-/// Why a policy could not be had.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum PolicyError {
-    /// Neither a built-in name nor `scheme:spec` with a registered scheme.
-    #[error("unknown lock-contention policy '{name}': expected one of {} or <scheme>:<module> with a registered scheme ({})", BUILTIN.join(", "), if .schemes.is_empty() { "none registered".to_string() } else { .schemes.join(", ") })]
-    Unknown {
-        /// The value given.
-        name: String,
-        /// The schemes registered.
-        schemes: Vec<String>,
-    },
-    /// The loader failed.
-    #[error("lock-contention policy '{name}': {reason}")]
-    Load {
-        /// The value given.
-        name: String,
-        /// The loader's message.
-        reason: String,
-    },
-    /// Too many loaders registered.
-    #[error("too many policy loaders registered (at most {MAX_LOADERS})")]
-    TooManyLoaders,
-}
+static LOADERS: super::Loaders<dyn LockContentionPolicy> = super::Loaders::new("lock-contention", BUILTIN);
 
 /// Registers (or replaces) the loader for values `scheme:...` (the plugin
 /// hosts register `wasm` and `dylib`).
 pub fn register_loader(scheme: &str, loader: Loader) -> Result<(), PolicyError> {
-    let mut l = LOADERS.write().unwrap_or_else(|e| e.into_inner());
-    if let Some(slot) = l.iter_mut().find(|(s, _)| s == scheme) {
-        slot.1 = loader;
-        return Ok(());
-    }
-    if l.len() >= MAX_LOADERS {
-        return Err(PolicyError::TooManyLoaders);
-    }
-    l.push((scheme.to_string(), loader));
-    Ok(())
+    LOADERS.register(scheme, loader)
 }
 
 /// The policy an option value names: a built-in name, or `scheme:spec`
-/// handed to the loader registered for `scheme`.
+/// handed to the loader registered for `scheme` (`wasm:/path/policy.wasm`).
 pub fn resolve(value: &str) -> Result<Arc<dyn LockContentionPolicy>, PolicyError> {
-    let value = value.trim();
-    if let Some(p) = builtin(value) {
-        return Ok(p);
-    }
-    let loaders = LOADERS.read().unwrap_or_else(|e| e.into_inner());
-    if let Some((scheme, spec)) = value.split_once(':')
-        && let Some((_, loader)) = loaders.iter().find(|(s, _)| s == scheme)
-    {
-        let loader = loader.clone();
-        drop(loaders);
-        return loader(spec).map_err(|reason| PolicyError::Load { name: value.to_string(), reason });
-    }
-    Err(PolicyError::Unknown { name: value.to_string(), schemes: loaders.iter().map(|(s, _)| s.clone()).collect() })
+    LOADERS.resolve(value, builtin)
 }
 
 #[cfg(test)]

@@ -21,6 +21,10 @@
 //!
 //! All offsets the policies hand back are page-aligned and computed with
 //! saturating arithmetic, so any offset a client sends is safe.
+//!
+//! Other policies come from plugin modules: the runtime registers a loader
+//! per scheme ([`register_loader`]) and [`resolve`] maps an option value
+//! such as `wasm:/path/ra.wasm` to it (the translator's `policy` option).
 
 use std::sync::Arc;
 
@@ -232,7 +236,8 @@ impl ReadAheadStream for StrictStream {
     }
 }
 
-/// The default policy's name.
+/// The default policy's name (and what a policy from a plugin module falls
+/// back to when it fails).
 pub const DEFAULT: &str = "tolerant";
 
 /// The names of the built-in policies.
@@ -245,6 +250,25 @@ pub fn builtin(name: &str) -> Option<Arc<dyn ReadAheadPolicy>> {
         "gluster-strict" => Some(Arc::new(GlusterStrict)),
         _ => None,
     }
+}
+
+pub use super::PolicyError;
+
+/// Builds a policy from the part of the option value after `scheme:`.
+pub type Loader = super::Loader<dyn ReadAheadPolicy>;
+
+static LOADERS: super::Loaders<dyn ReadAheadPolicy> = super::Loaders::new("read-ahead", BUILTIN);
+
+/// Registers (or replaces) the loader for values `scheme:...` (the plugin
+/// hosts register `wasm` and `dylib`).
+pub fn register_loader(scheme: &str, loader: Loader) -> Result<(), PolicyError> {
+    LOADERS.register(scheme, loader)
+}
+
+/// The policy an option value names: a built-in name, or `scheme:spec`
+/// handed to the loader registered for `scheme` (`wasm:/path/ra.wasm`).
+pub fn resolve(value: &str) -> Result<Arc<dyn ReadAheadPolicy>, PolicyError> {
+    LOADERS.resolve(value, builtin)
 }
 
 #[cfg(test)]
@@ -322,6 +346,9 @@ mod tests {
             }
         }
         assert!(builtin("nope").is_none());
+        let e = resolve("nope").err().expect("unknown");
+        assert!(e.to_string().starts_with("unknown read-ahead policy 'nope': expected one of tolerant, gluster-strict"), "{e}");
+        assert_eq!(resolve(" gluster-strict ").expect("builtin").name(), "gluster-strict");
         assert_eq!(
             BUILTIN.iter().filter_map(|n| builtin(n)).map(|p| p.name().to_string()).collect::<Vec<_>>(),
             BUILTIN

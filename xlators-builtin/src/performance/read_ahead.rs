@@ -43,8 +43,10 @@ const OPTIONS: &[OptionDecl] = &[
         .range(1.0, 16.0)
         .desc("Pages kept prefetched ahead of a sequential reader, per fd (GlusterFS's default is 4)."),
     OptionDecl::new("policy", OptType::Str).default(policy::DEFAULT).desc(
-        "The read-ahead policy by name: 'tolerant' (a sequential stream survives reordered requests) or \
-         'gluster-strict' (GlusterFS's old rule: any read not at the previous read's end resets the window).",
+        "The read-ahead policy: 'tolerant' (a sequential stream survives reordered requests), \
+         'gluster-strict' (GlusterFS's old rule: any read not at the previous read's end resets the window), \
+         or a policy plugin module (plugin ABI v1.1) as 'wasm:/abs/path/ra.wasm' or 'dylib:/abs/path/libra.so'; \
+         if the module fails, 'tolerant' decides for it.",
     ),
 ];
 
@@ -102,9 +104,7 @@ struct ReadAhead {
 fn settings(options: &Options) -> Result<(Geometry, Arc<dyn ReadAheadPolicy>), String> {
     let page_size = options.size("page-size").unwrap_or(128 * 1024);
     let page_count = options.int("page-count").unwrap_or(4).clamp(1, 16) as u32;
-    let name = options.str("policy").unwrap_or(policy::DEFAULT);
-    let p = policy::builtin(name)
-        .ok_or_else(|| format!("unknown read-ahead policy '{name}': expected one of {}", policy::BUILTIN.join(", ")))?;
+    let p = policy::resolve(options.str("policy").unwrap_or(policy::DEFAULT)).map_err(|e| e.to_string())?;
     Ok((Geometry { page_size, page_count }, p))
 }
 
