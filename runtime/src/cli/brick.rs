@@ -3,7 +3,9 @@
 //! Either the graph comes from `--volfile FILE` (its top must be
 //! protocol/server), or it is generated for `--dir DIR` as GlusterFS's
 //! glusterd would: `NAME-posix` (storage/posix on DIR) -> `NAME-locks` ->
-//! `NAME-io-threads` -> `DIR` (debug/io-stats, named by the absolute brick
+//! `NAME-io-threads` -> `NAME-index` (features/index, its index kept in
+//! `DIR/.glusterfs/indices`; above io-threads and below io-stats, as in
+//! GlusterFS's brick graph) -> `DIR` (debug/io-stats, named by the absolute brick
 //! path, which is what clients give as `remote-subvolume`) -> `NAME-server`
 //! (protocol/server). Once the graph is up and the server listens, one line
 //! goes to stdout, `xlfs brick: serving DIR as NAME on HOST:PORT`, with the
@@ -142,7 +144,9 @@ fn brick_volfile(dir: &str, name: &str, host: &str, port: u16, allow: &[&str]) -
          volume {name}-posix\n    type storage/posix\n    option directory {dir}\nend-volume\n\n\
          volume {name}-locks\n    type features/locks\n    subvolumes {name}-posix\nend-volume\n\n\
          volume {name}-io-threads\n    type performance/io-threads\n    subvolumes {name}-locks\nend-volume\n\n\
-         volume {dir}\n    type debug/io-stats\n    option unique-id {dir}\n    subvolumes {name}-io-threads\nend-volume\n\n\
+         volume {name}-index\n    type features/index\n    option index-base {dir}/.glusterfs/indices\n    \
+         subvolumes {name}-io-threads\nend-volume\n\n\
+         volume {dir}\n    type debug/io-stats\n    option unique-id {dir}\n    subvolumes {name}-index\nend-volume\n\n\
          volume {name}-server\n    type {SERVER_TYPE}\n    option transport.socket.listen-port {port}\n    \
          option transport.socket.bind-address {host}\n    option auth.addr.{dir}.allow {allow}\n    \
          subvolumes {dir}\nend-volume\n"
@@ -308,6 +312,7 @@ mod tests {
                 ("b1-posix", "storage/posix"),
                 ("b1-locks", "features/locks"),
                 ("b1-io-threads", "performance/io-threads"),
+                ("b1-index", "features/index"),
                 (abs.as_str(), "debug/io-stats"),
                 ("b1-server", "protocol/server"),
             ]
@@ -316,6 +321,7 @@ mod tests {
             v.volume(vol).and_then(|d| d.options.iter().find(|o| o.key == key)).map(|o| o.value.clone())
         };
         assert_eq!(opt("b1-posix", "directory").as_deref(), Some(abs.as_str()));
+        assert_eq!(opt("b1-index", "index-base"), Some(format!("{abs}/.glusterfs/indices")));
         assert_eq!(opt("b1-server", "transport.socket.listen-port").as_deref(), Some("0"));
         assert_eq!(opt("b1-server", "transport.socket.bind-address").as_deref(), Some("0.0.0.0"));
         assert_eq!(opt("b1-server", &format!("auth.addr.{abs}.allow")).as_deref(), Some("127.0.0.1,10.*"));

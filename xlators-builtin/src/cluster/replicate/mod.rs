@@ -17,15 +17,36 @@
 //! to its parents when the first child is up and ChildDown when none is.
 //! A contention upcall for one of its eager locks is consumed here.
 //!
-//! Self-heal, the index and split-brain resolution come with
-//! features/index and the heal daemon; their options are accepted now
-//! (see the option descriptions).
+//! Self-heal (`heal`): a lookup that finds a copy stale starts a
+//! background heal of the inode (data-, metadata-, entry-self-heal); the
+//! heal daemon (`xlfs heal`) heals what the bricks' indices
+//! (features/index) list through virtual xattrs on the root, and resolves
+//! split-brains by policy. The keys and their values:
+//! - setxattr on the root `xlfs.heal.run` = `index` | `full`: heal what the
+//!   indices list, or crawl the whole tree;
+//! - setxattr on the root `xlfs.heal.gfid` = `<gfid>`: heal one inode;
+//! - both reply with xdata `xlfs.heal.healed`, `xlfs.heal.failed`,
+//!   `xlfs.heal.split-brain`, `xlfs.heal.remaining` (decimal strings) and
+//!   `xlfs.heal.report` (lines `<gfid> failed <ERRNO>` or
+//!   `<gfid> split-brain <kinds>`);
+//! - getxattr on the root `xlfs.heal.info`: lines `child <name> up <n>` or
+//!   `child <name> down`, each followed by `  <gfid> <kinds|->` lines,
+//!   with ` split-brain <kinds>` appended where no copy can be trusted, or
+//!   `  <gfid> gone`;
+//! - setxattr on an inode `xlfs.split-brain.resolve` = `bigger-file` |
+//!   `latest-mtime` | `source-brick:<child>`: heal it choosing that source;
+//!   reply xdata as above plus `xlfs.heal.result` (`resolved`,
+//!   `not in split-brain`, `unresolved: ...`).
+//!
+//! Data reads of a file in data split-brain, and metadata reads of an
+//! inode in metadata split-brain, fail with EIO; lookup still works.
 //!
 //! `dump()` counts the lock and xattrop fops AFR itself sent, the eager-lock
 //! windows opened and why they ended, settles, upcalls and read failovers.
 
 mod eager_lock;
 mod fds;
+pub mod heal;
 mod lock;
 pub mod pending;
 pub mod quorum;
@@ -75,7 +96,7 @@ pub const TYPE: XlatorType = XlatorType {
     build,
 };
 
-const HEAL_LATER: &str = "Accepted for GlusterFS volfiles; self-heal comes with the heal daemon (not yet in xlfs).";
+const NO_EFFECT: &str = "Accepted for GlusterFS volfiles; no effect in xlfs.";
 
 const OPTIONS: &[OptionDecl] = &[
     OptionDecl::new("lock-contention-policy", OptType::Str).default("notify").desc(
@@ -147,25 +168,60 @@ const OPTIONS: &[OptionDecl] = &[
     OptionDecl::new("use-compound-fops", OptType::Bool)
         .default("off")
         .desc("Accepted for GlusterFS volfiles; no effect."),
-    OptionDecl::new("use-anonymous-inode", OptType::Bool).default("off").desc(HEAL_LATER),
-    OptionDecl::new("granular-entry-heal", OptType::Bool).default("off").desc(HEAL_LATER),
-    OptionDecl::new("iam-self-heal-daemon", OptType::Bool).default("off").desc(HEAL_LATER),
-    OptionDecl::new("self-heal-daemon", OptType::Bool).default("on").desc(HEAL_LATER),
-    OptionDecl::new("entry-self-heal", OptType::Bool).default("off").desc(HEAL_LATER),
-    OptionDecl::new("data-self-heal", OptType::Bool).default("off").desc(HEAL_LATER),
-    OptionDecl::new("metadata-self-heal", OptType::Bool).default("off").desc(HEAL_LATER),
-    OptionDecl::new("background-self-heal-count", OptType::Int).default("8").range(0.0, 256.0).desc(HEAL_LATER),
-    OptionDecl::new("data-self-heal-algorithm", OptType::Enum(&["full", "diff"])).desc(HEAL_LATER),
-    OptionDecl::new("data-self-heal-window-size", OptType::Int).default("8").range(1.0, 1024.0).desc(HEAL_LATER),
-    OptionDecl::new("heal-timeout", OptType::Int).default("600").range(5.0, 2_147_483_647.0).desc(HEAL_LATER),
-    OptionDecl::new("heal-wait-queue-length", OptType::Int).default("128").range(0.0, 10000.0).desc(HEAL_LATER),
-    OptionDecl::new("shd-max-threads", OptType::Int).default("1").range(1.0, 64.0).desc(HEAL_LATER),
-    OptionDecl::new("shd-wait-qlength", OptType::Int).default("1024").range(1.0, 655_536.0).desc(HEAL_LATER),
+    OptionDecl::new("use-anonymous-inode", OptType::Bool).default("off").desc(NO_EFFECT),
+    OptionDecl::new("granular-entry-heal", OptType::Bool)
+        .default("off")
+        .desc("Accepted for GlusterFS volfiles; entry heal always compares whole directories in xlfs."),
+    OptionDecl::new("iam-self-heal-daemon", OptType::Bool).default("off").desc(
+        "Accepted for GlusterFS volfiles; xlfs's heal daemon is `xlfs heal --daemon`, which drives any client graph.",
+    ),
+    OptionDecl::new("self-heal-daemon", OptType::Bool)
+        .default("on")
+        .desc("Accepted for GlusterFS volfiles (whether glusterd runs a heal daemon); no effect in the client."),
+    OptionDecl::new("entry-self-heal", OptType::Bool)
+        .default("on")
+        .desc("A lookup that finds a directory's entries stale on a child starts a background entry heal of it."),
+    OptionDecl::new("data-self-heal", OptType::Bool)
+        .default("on")
+        .desc("A lookup that finds a file's data stale on a child starts a background data heal of it."),
+    OptionDecl::new("metadata-self-heal", OptType::Bool)
+        .default("on")
+        .desc("A lookup that finds an inode's metadata stale on a child starts a background metadata heal of it."),
+    OptionDecl::new("background-self-heal-count", OptType::Int).default("8").range(0.0, 256.0).desc(
+        "Background heals started by lookups that run at once (0: lookups start none). Taken at start; a \
+         reconfigure changes only the queue bound below.",
+    ),
+    OptionDecl::new("heal-wait-queue-length", OptType::Int).default("128").range(0.0, 10000.0).desc(
+        "Background heals that may wait beyond those running; more are not started (the heal daemon finds them).",
+    ),
+    OptionDecl::new("data-self-heal-algorithm", OptType::Enum(&["full", "diff"])).desc(
+        "How data is healed: 'full' copies every block, 'diff' compares checksums (rchecksum) per 128 KiB block \
+         and copies only the blocks that differ. Not set: full when every stale copy is empty, else diff \
+         (as GlusterFS).",
+    ),
+    OptionDecl::new("data-self-heal-window-size", OptType::Int)
+        .default("8")
+        .range(1.0, 1024.0)
+        .desc("128 KiB blocks a data heal reads, compares and writes at once."),
+    OptionDecl::new("heal-timeout", OptType::Int).default("600").range(5.0, 2_147_483_647.0).desc(
+        "Accepted for GlusterFS volfiles (the heal daemon's crawl interval); `xlfs heal --daemon --interval` \
+         sets it in xlfs.",
+    ),
+    OptionDecl::new("shd-max-threads", OptType::Int)
+        .default("1")
+        .range(1.0, 64.0)
+        .desc("Inodes the heal daemon's index heal heals at once."),
+    OptionDecl::new("shd-wait-qlength", OptType::Int).default("1024").range(1.0, 655_536.0).desc(NO_EFFECT),
     OptionDecl::new("favorite-child-policy", OptType::Enum(&["none", "size", "ctime", "mtime", "majority"]))
         .default("none")
-        .desc(HEAL_LATER),
-    OptionDecl::new("metadata-splitbrain-forced-heal", OptType::Bool).default("off").desc(HEAL_LATER),
-    OptionDecl::new("node-uuid", OptType::Str).desc(HEAL_LATER),
+        .desc(
+            "Resolve data and metadata split-brains automatically during any heal: 'size' takes the biggest file, \
+             'mtime' / 'ctime' the latest modification / change time, 'majority' a copy more than half of the \
+             children agree with (data: same size and mtime; metadata: same mode and owner); a tie leaves the \
+             split-brain. 'none': split-brains wait for `xlfs heal split-brain`.",
+        ),
+    OptionDecl::new("metadata-splitbrain-forced-heal", OptType::Bool).default("off").desc(NO_EFFECT),
+    OptionDecl::new("node-uuid", OptType::Str).desc(NO_EFFECT),
 ];
 
 /// Settings from the options (swapped whole by reconfigure).
@@ -180,6 +236,15 @@ struct Config {
     read_child: Option<usize>,
     hash_mode: i64,
     choose_local: bool,
+    data_heal: bool,
+    metadata_heal: bool,
+    entry_heal: bool,
+    bg_count: usize,
+    wait_qlen: usize,
+    heal_algo: heal::Algo,
+    heal_window: usize,
+    shd_threads: usize,
+    favorite: Option<heal::Choice>,
 }
 
 impl Config {
@@ -221,6 +286,19 @@ impl Config {
             read_child,
             hash_mode: o.int("read-hash-mode").unwrap_or(1),
             choose_local: o.bool("choose-local").unwrap_or(true),
+            data_heal: o.bool("data-self-heal").unwrap_or(true),
+            metadata_heal: o.bool("metadata-self-heal").unwrap_or(true),
+            entry_heal: o.bool("entry-self-heal").unwrap_or(true),
+            bg_count: usize::try_from(o.int("background-self-heal-count").unwrap_or(8)).unwrap_or(8),
+            wait_qlen: usize::try_from(o.int("heal-wait-queue-length").unwrap_or(128)).unwrap_or(128),
+            heal_algo: match o.str("data-self-heal-algorithm") {
+                Some("full") => heal::Algo::Full,
+                Some("diff") => heal::Algo::Diff,
+                _ => heal::Algo::Auto,
+            },
+            heal_window: usize::try_from(o.int("data-self-heal-window-size").unwrap_or(8)).unwrap_or(8),
+            shd_threads: usize::try_from(o.int("shd-max-threads").unwrap_or(1)).unwrap_or(1),
+            favorite: o.str("favorite-child-policy").and_then(heal::Choice::from_favorite),
         })
     }
 }
@@ -281,6 +359,7 @@ pub(crate) struct Inner {
     stats: Stats,
     reads: Vec<ReadStats>,
     rt: OnceLock<tokio::runtime::Handle>,
+    heal: heal::HealState,
 }
 
 impl Inner {
@@ -327,6 +406,9 @@ impl Inner {
 
     async fn dispatch(self: &Arc<Self>, ctx: CallCtx, req: Request) -> FopResult {
         let whole = (0, u64::MAX);
+        if heal::is_control(&req.fop) {
+            return self.control(&ctx, &req).await;
+        }
         match &req.fop {
             Fop::Lookup { loc } => {
                 let loc = loc.clone();
@@ -470,12 +552,18 @@ impl Inner {
         transaction::evaluate(self.fan(ctx, targets, &req).await).result
     }
 
-    /// fsync on every child holding the fd, then settle the window: fsync
-    /// does not answer before the counters on disk are settled.
+    /// fsync on every child holding the fd. When it succeeded on all of
+    /// them the eager-lock window stays open (see `eager_lock`); when it
+    /// failed somewhere the window is settled, blaming the failed children,
+    /// before fsync answers.
     async fn fsync(self: &Arc<Self>, ctx: &CallCtx, fd: Fd, req: Request) -> FopResult {
         let targets = self.fd_targets(ctx, &fd, self.up_mask()).await;
         let mark = self.write_mark(fd.gfid);
         let out = transaction::evaluate(self.fan(ctx, targets, &req).await);
+        if out.ok != 0 && out.failed == 0 && out.ok == all(self.children.len()) {
+            self.note_synced(fd.gfid, mark);
+            return out.result;
+        }
         let synced = (out.ok != 0 && out.failed == 0).then_some(mark);
         let in_window = self.settle(fd.gfid, out.failed, synced).await;
         if out.failed != 0 && !in_window {
@@ -657,6 +745,7 @@ impl Replicate {
             return Err(err(format!("cluster/replicate takes 1 to {MAX_CHILDREN} subvolumes, got {}", children.len())));
         }
         let cfg = Config::from_options(&options, &children).map_err(err)?;
+        let bg = cfg.bg_count;
         let names = pending_names(&options, &children).map_err(err)?;
         let mut base = [0u8; 8];
         base.copy_from_slice(&xlfs_sdk::Gfid::random().0[..8]);
@@ -676,6 +765,7 @@ impl Replicate {
             stats: Stats::default(),
             reads: (0..n).map(|_| ReadStats::default()).collect(),
             rt: OnceLock::new(),
+            heal: heal::HealState::new(bg),
             children,
             name,
         };
@@ -775,6 +865,7 @@ impl Xlator for Replicate {
         out.push(("read-failovers".into(), me.stats.failovers.load(Ordering::Relaxed).to_string()));
         out.push(("inodes".into(), me.inodes.len().to_string()));
         out.push(("fds".into(), me.fds.len().to_string()));
+        out.extend(me.heal.dump());
         out
     }
 

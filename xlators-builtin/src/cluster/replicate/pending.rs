@@ -178,6 +178,89 @@ pub fn stale(rows: &[Option<Vec<[i32; 3]>>], kind: Kind) -> Mask {
     if answered != 0 && accused & answered == answered { 0 } else { accused }
 }
 
+/// What the counters of one kind say, for self-heal (GlusterFS's
+/// `afr_selfheal_find_direction`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// No counter of this kind is raised on any answering child.
+    Clean,
+    /// `sources` hold good copies, `sinks` are to be healed from them.
+    /// `sinks` may be empty (counters raised on every copy alike: only a
+    /// reset is due). `uncertain` is set when every answering copy blames
+    /// itself, or the counters are raised alike on every copy (a client
+    /// died between pre-op and post-op), so no copy is known better than
+    /// another: all answering copies are then `sources` and the heal picks
+    /// among them.
+    Heal {
+        /// Copies to copy from.
+        sources: Mask,
+        /// Copies to heal.
+        sinks: Mask,
+        /// No copy is known good (every copy blames itself).
+        uncertain: bool,
+    },
+    /// Every copy that does not blame itself is blamed by another one: no
+    /// copy can be trusted without a policy.
+    SplitBrain {
+        /// The copies taking part in the split-brain.
+        copies: Mask,
+    },
+}
+
+/// Judges the counters of `kind` from the rows of the children that
+/// answered (`rows[i]` None for the others). Rows are first reduced by
+/// their smallest entry (a transaction in flight raises a row uniformly).
+/// A child that blames itself is a "fool" and has no say; the others are
+/// "wise"; a wise child blamed by no wise child is a source, every other
+/// answering child a sink. No wise child: everyone is uncertain. Wise
+/// children but no source: split-brain.
+pub fn verdict(rows: &[Option<Vec<[i32; 3]>>], kind: Kind) -> Verdict {
+    let k = kind as usize;
+    let mut answered: Mask = 0;
+    let mut raised = false;
+    let mut fools: Mask = 0;
+    let norm: Vec<Option<Vec<i64>>> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let r = r.as_ref()?;
+            if i < 64 {
+                answered |= bit(i);
+            }
+            raised |= r.iter().any(|c| c[k] != 0);
+            let min = r.iter().map(|c| i64::from(c[k])).min().unwrap_or(0);
+            let v: Vec<i64> = r.iter().map(|c| i64::from(c[k]) - min).collect();
+            if i < 64 && v.get(i).is_some_and(|&x| x > 0) {
+                fools |= bit(i);
+            }
+            Some(v)
+        })
+        .collect();
+    if !raised || answered == 0 {
+        return Verdict::Clean;
+    }
+    let wise = answered & !fools;
+    let flat = norm.iter().flatten().all(|r| r.iter().all(|&v| v == 0));
+    if wise == 0 || flat {
+        return Verdict::Heal { sources: answered, sinks: 0, uncertain: true };
+    }
+    let mut accused: Mask = 0;
+    for i in members(wise) {
+        if let Some(Some(r)) = norm.get(i) {
+            for (j, &v) in r.iter().enumerate() {
+                if j != i && v > 0 && j < 64 {
+                    accused |= bit(j);
+                }
+            }
+        }
+    }
+    let sources = wise & !accused;
+    if sources == 0 {
+        return Verdict::SplitBrain { copies: answered };
+    }
+    Verdict::Heal { sources, sinks: answered & !sources, uncertain: false }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,6 +306,38 @@ mod tests {
         assert_eq!(stale(&[r([0, 0, 1]), r([0, 0, 1]), r([0, 0, 1])], Kind::Metadata), 0);
         // Each blames the other: no usable information among the answering children.
         assert_eq!(stale(&[r([0, 1, 0]), r([1, 0, 0]), None], Kind::Data), 0);
+    }
+
+    #[test]
+    fn verdict_tells_sources_sinks_and_split_brain() {
+        use Verdict::*;
+        assert_eq!(verdict(&[r([0, 0, 0]), r([0, 0, 0]), None], Kind::Data), Clean);
+        // Child 2 missed writes.
+        assert_eq!(
+            verdict(&[r([0, 0, 2]), r([0, 0, 2]), r([0, 0, 0])], Kind::Data),
+            Heal { sources: 0b011, sinks: 0b100, uncertain: false }
+        );
+        // It also blames itself (failed while reachable).
+        assert_eq!(
+            verdict(&[r([0, 0, 1]), r([0, 0, 1]), r([0, 0, 1])], Kind::Data),
+            Heal { sources: 0b011, sinks: 0b100, uncertain: false }
+        );
+        // Raised uniformly (a client died between pre-op and post-op): everyone is a fool.
+        assert_eq!(
+            verdict(&[r([1, 1, 1]), r([1, 1, 1]), r([1, 1, 1])], Kind::Data),
+            Heal { sources: 0b111, sinks: 0, uncertain: true }
+        );
+        // Each of two blames the other: split-brain among them...
+        assert_eq!(verdict(&[r([0, 1, 0]), r([1, 0, 0]), None], Kind::Data), SplitBrain { copies: 0b011 });
+        // ... unless a third copy nobody blames is there to heal both.
+        assert_eq!(
+            verdict(&[r([0, 1, 0]), r([1, 0, 0]), r([0, 0, 0])], Kind::Data),
+            Heal { sources: 0b100, sinks: 0b011, uncertain: false }
+        );
+        // Three-way split-brain.
+        assert_eq!(verdict(&[r([0, 1, 1]), r([1, 0, 1]), r([1, 1, 0])], Kind::Data), SplitBrain { copies: 0b111 });
+        // Other kinds are not affected.
+        assert_eq!(verdict(&[r([0, 1, 0]), r([1, 0, 0]), None], Kind::Entry), Clean);
     }
 
     #[test]

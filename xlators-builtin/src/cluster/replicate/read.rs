@@ -124,6 +124,7 @@ impl Inner {
         } else {
             0
         };
+        let (parent, parent_missing_heal) = (loc.parent, loc.is_entry());
         let results = self.fan(ctx, up, &Request::with_xdata(Fop::Lookup { loc }, x)).await;
         let n = self.children.len();
         let mut rows: Vec<Option<Vec<[i32; 3]>>> = vec![None; n];
@@ -169,9 +170,17 @@ impl Inner {
             }
         }
         let mut stale = [0 as Mask; 3];
+        let mut split = 0u8;
         for k in Kind::ALL {
             stale[k as usize] = (pending::stale(&rows, k) | missing) & all(n);
+            if k != Kind::Entry && matches!(pending::verdict(&rows, k), pending::Verdict::SplitBrain { .. }) {
+                split |= 1 << (k as u8);
+            }
         }
+        if split != 0 {
+            tracing::warn!(volume = %self.name, %gfid, data = split & 1 != 0, metadata = split & 2 != 0, "lookup: split-brain");
+        }
+        let answered = ok.iter().fold(0, |m, (i, _)| m | bit(*i));
         let is_dir = ok.first().is_some_and(|(_, r)| matches!(&r.reply, Reply::Entry { iatt, .. } if iatt.is_dir()));
         if !gfid.is_null()
             && let Some(st) = self.inodes.get_or_insert(gfid)
@@ -182,7 +191,18 @@ impl Inner {
                 for k in Kind::ALL {
                     s.stale[k as usize] = stale[k as usize] | if k == Kind::Data { window } else { 0 };
                 }
+                s.split = split;
                 s.seen_gen = self.generation.load(Ordering::Acquire);
+            }
+            // Copies that answered and are stale (or a split-brain a policy may
+            // resolve): heal in the background; a copy missing the entry is
+            // healed through its parent's entry heal.
+            let stale_up = (stale[0] | stale[1] | stale[2]) & answered;
+            if stale_up != 0 || (split != 0 && cfg.favorite.is_some()) {
+                self.background_heal(ctx.client_id.clone(), gfid);
+            }
+            if missing != 0 && parent_missing_heal {
+                self.background_heal(ctx.client_id.clone(), parent);
             }
             if want_fds && fds > 0 {
                 self.brick_fds(&st, fds);
@@ -239,10 +259,25 @@ impl Inner {
         };
         let gfid = req.fop.gfid();
         if !gfid.is_null() && !matches!(req.fop, Fop::Statfs { .. }) {
-            let bad = self.stale_for(ctx, gfid, kind).await;
-            if cands & !bad == 0 && cands != 0 {
-                tracing::warn!(volume = %self.name, %gfid, "read: every reachable copy is stale");
-                return (None, Err(Errno::EIO));
+            let refused = |bad: Mask| {
+                (cands & !bad == 0 && cands != 0) || (split_brain_refuses(&req.fop, kind) && self.in_split_brain(gfid, kind))
+            };
+            let mut bad = self.stale_for(ctx, gfid, kind).await;
+            if refused(bad) {
+                // What this client knows may be old: another client or the
+                // heal daemon may have healed or resolved the inode since.
+                // Look again before refusing (AFR's inode refresh).
+                if self.lookup(ctx, Loc::gfid(gfid), Dict::new()).await.is_ok() {
+                    bad = self.inodes.get(&gfid).map_or(0, |st| bad_for(&st.s.lock().stale, kind));
+                }
+                if cands & !bad == 0 && cands != 0 {
+                    tracing::warn!(volume = %self.name, %gfid, "read: every reachable copy is stale");
+                    return (None, Err(Errno::EIO));
+                }
+                if refused(bad) {
+                    tracing::warn!(volume = %self.name, %gfid, kind = ?kind, "read refused: split-brain");
+                    return (None, Err(Errno::EIO));
+                }
             }
             cands &= !bad;
         }
@@ -334,6 +369,19 @@ impl Inner {
             4 => by(&lat),
             _ => by(&|i| lat(i).saturating_mul(out(i) + 1)),
         }
+    }
+}
+
+/// Reads a split-brain of `kind` makes fail with EIO: data reads
+/// (read, seek, rchecksum) for data, and getxattr, access and readlink
+/// for metadata. Stat and lookup still answer.
+fn split_brain_refuses(fop: &Fop, kind: Kind) -> bool {
+    match kind {
+        Kind::Data => matches!(fop, Fop::Readv { .. } | Fop::Seek { .. } | Fop::Rchecksum { .. }),
+        Kind::Metadata => {
+            matches!(fop, Fop::Getxattr { .. } | Fop::Fgetxattr { .. } | Fop::Access { .. } | Fop::Readlink { .. })
+        }
+        Kind::Entry => false,
     }
 }
 

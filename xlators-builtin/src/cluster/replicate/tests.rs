@@ -358,6 +358,7 @@ async fn a_child_failing_a_write_blames_itself_and_is_blamed() {
     let fd = n.create("f").await.expect("create");
     n.write(fd, 0, b"aaaa").await.expect("write");
     n.fsync(fd).await.expect("fsync");
+    n.quiesce().await;
     for i in 0..N {
         for j in 0..N {
             assert_eq!(c.pending(i, "f", j), [0, 0, 0], "clean after success");
@@ -388,7 +389,7 @@ async fn a_child_failing_a_write_blames_itself_and_is_blamed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eager_lock_one_lock_and_one_preop_for_many_writes_and_fsync_settles() {
+async fn eager_lock_one_lock_and_one_preop_for_many_writes_and_a_clean_fsync_keeps_the_window() {
     let c = Cluster::new();
     let n = c.node("client-a", &[("post-op-delay-secs", "30")]);
     let fd = n.create("f").await.expect("create");
@@ -402,20 +403,30 @@ async fn eager_lock_one_lock_and_one_preop_for_many_writes_and_fsync_settles() {
     for i in 0..N {
         assert_eq!(c.pending(i, "f", i), [1, 0, 0], "the delayed post-op leaves the counters raised");
     }
+    // An fsync that succeeds everywhere leaves the window (and the
+    // uniformly raised counters) as they are: no post-op, no new pre-op.
+    n.fsync(fd).await.expect("fsync");
+    for k in 0..5u64 {
+        n.write(fd, k * 4, b"more").await.expect("write");
+    }
     n.fsync(fd).await.expect("fsync");
     for i in 0..N {
-        for j in 0..N {
-            assert_eq!(c.pending(i, "f", j), [0, 0, 0], "fsync settled the post-op on brick {i}");
-        }
+        assert_eq!(c.pending(i, "f", i), [1, 0, 0], "still in the window on brick {i}");
     }
     let (locks, xops) = n.lock_and_xattrop();
     assert_eq!(locks - before.0, N as u64, "the lock is kept across fsync");
-    assert_eq!(xops - before.1, 2 * N as u64, "one pre-op and one post-op");
+    assert_eq!(xops - before.1, N as u64, "still one pre-op");
     assert_eq!(n.dump("eager-lock.held"), "1");
     n.close(fd).await;
     n.quiesce().await;
+    for i in 0..N {
+        for j in 0..N {
+            assert_eq!(c.pending(i, "f", j), [0, 0, 0], "the post-op at close cleared brick {i}");
+        }
+    }
     assert_eq!(n.dump("eager-lock.released.close"), "1");
-    let (locks, _) = n.lock_and_xattrop();
+    let (locks, xops) = n.lock_and_xattrop();
+    assert_eq!(xops - before.1, 2 * N as u64, "one pre-op and one post-op");
     assert_eq!(locks - before.0, 2 * N as u64, "lock and unlock");
 }
 

@@ -1,0 +1,490 @@
+//! features/index: the brick-side list of inodes that may need self-heal
+//! (GlusterFS's index translator, its `xattrop` index).
+//!
+//! It watches the replies to xattrop and fxattrop calls that carry AFR's
+//! pending counters (`trusted.afr.*`, or the prefixes of the watchlist
+//! options): when a counter of the inode is non-zero after the call, the
+//! inode's gfid is recorded; when a call leaves the counters it changed at
+//! zero, the inode's counters are read back and, if every watched counter
+//! is zero, the gfid is dropped.
+//! Xattrops on one inode are serialized here, so a drop never races a
+//! record for the same inode.
+//!
+//! With `index-base` set (the generated brick graph sets it to
+//! `<brick>/.glusterfs/indices`) every recorded gfid is also an empty file
+//! `<index-base>/xattrop/<gfid>`, read back when the brick starts, so the
+//! index survives restarts; without it the index lives in memory only.
+//! At most `index-max-entries` gfids are kept; beyond that new ones are
+//! not recorded (counted in the dump as `dropped`; a full heal crawl still
+//! finds them).
+//!
+//! Virtual xattrs on the volume root (the heal daemon reads them through
+//! AFR's children):
+//! - getxattr [`XATTROP_KEY`]: the recorded gfids, sorted, one per line,
+//!   at most `index-list-max` of them; getxattr `xlfs.index.xattrop:<gfid>`
+//!   lists those after `<gfid>` (the next page). The reply also carries
+//!   [`COUNT_KEY`] with the number recorded, as a decimal string.
+//! - setxattr [`PURGE_KEY`] with gfids (one per line, at most 65536): each is checked
+//!   again and dropped when its inode is gone or its counters are all zero
+//!   (the heal daemon sends it for inodes it found clean or gone).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use xlfs_sdk::{
+    CallCtx, Child, Dict, Errno, Fop, FopFuture, FopResult, Gfid, InitCtx, InitError, Loc, OptType, OptionDecl, Reply,
+    Request, Response, Value, Xlator, XlatorType,
+};
+
+/// The translator type.
+pub const TYPE: XlatorType = XlatorType {
+    name: "features/index",
+    description: "records on the brick the gfids whose AFR pending counters are raised (the self-heal index)",
+    options: OPTIONS,
+    min_children: 1,
+    max_children: 1,
+    build,
+};
+
+const OPTIONS: &[OptionDecl] = &[
+    OptionDecl::new("index-base", OptType::Path).desc(
+        "Directory holding the index on disk (GlusterFS: <brick>/.glusterfs/indices); recorded gfids are empty \
+         files in its 'xattrop' subdirectory and survive restarts. Not set: the index is kept in memory only.",
+    ),
+    OptionDecl::new("xattrop-pending-watchlist", OptType::List).default("trusted.afr.").desc(
+        "Xattr name prefixes whose xattrop values are watched (GlusterFS gives trusted.afr.<volume>-); a gfid is \
+         recorded while any watched value of its inode is non-zero.",
+    ),
+    OptionDecl::new("xattrop-dirty-watchlist", OptType::List)
+        .default("trusted.afr.dirty")
+        .desc("More watched xattr name prefixes (GlusterFS's dirty counters), treated like the pending ones."),
+    OptionDecl::new("index-max-entries", OptType::Int).default("1048576").range(1.0, 67_108_864.0).desc(
+        "Most gfids recorded at once; beyond that new ones are not recorded (a full heal still finds them).",
+    ),
+    OptionDecl::new("index-list-max", OptType::Int)
+        .default("4096")
+        .range(1.0, 1_048_576.0)
+        .desc("Most gfids one getxattr of xlfs.index.xattrop returns (ask for the next page with xlfs.index.xattrop:<last gfid>)."),
+];
+
+/// Getxattr key on the root listing the recorded gfids.
+pub const XATTROP_KEY: &str = "xlfs.index.xattrop";
+/// Reply key with the number of recorded gfids.
+pub const COUNT_KEY: &str = "xlfs.index.xattrop-count";
+/// Setxattr key on the root: check these gfids again and drop clean ones.
+pub const PURGE_KEY: &str = "xlfs.index.purge";
+
+/// Most gfids one purge request checks.
+const MAX_PURGE: usize = 65536;
+
+/// Stripes of the per-inode xattrop serialization.
+const STRIPES: usize = 64;
+
+struct Index {
+    child: Child,
+    name: String,
+    /// Watched xattr name prefixes.
+    watch: Vec<String>,
+    dir: Option<PathBuf>,
+    set: Mutex<BTreeSet<Gfid>>,
+    max: usize,
+    list_max: usize,
+    stripes: Vec<tokio::sync::Mutex<()>>,
+    dropped: AtomicU64,
+    io_errors: AtomicU64,
+}
+
+fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
+    let InitCtx { name, options, mut children, .. } = init;
+    let child = children.pop().ok_or_else(|| InitError::new(format!("{name}: features/index needs one subvolume")))?;
+    let max = usize::try_from(options.int("index-max-entries").unwrap_or(1 << 20)).unwrap_or(1 << 20);
+    let list_max = usize::try_from(options.int("index-list-max").unwrap_or(4096)).unwrap_or(4096);
+    let dir = options.path("index-base").map(|p| p.join("xattrop"));
+    let mut set = BTreeSet::new();
+    if let Some(d) = &dir {
+        std::fs::create_dir_all(d)
+            .map_err(|e| InitError::new(format!("{name}: index directory {}: {e}", d.display())))?;
+        set = load(d, max).map_err(|e| InitError::new(format!("{name}: reading {}: {e}", d.display())))?;
+    }
+    let watch: Vec<String> = ["xattrop-pending-watchlist", "xattrop-dirty-watchlist"]
+        .iter()
+        .flat_map(|k| options.list(k).unwrap_or(&[]).iter().filter(|p| !p.is_empty()).cloned())
+        .collect();
+    Ok(Arc::new(Index {
+        child,
+        name,
+        watch,
+        dir,
+        set: Mutex::new(set),
+        max,
+        list_max,
+        stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+        dropped: AtomicU64::new(0),
+        io_errors: AtomicU64::new(0),
+    }))
+}
+
+/// The gfids recorded in `dir` (at most `max`; other names are ignored).
+fn load(dir: &Path, max: usize) -> std::io::Result<BTreeSet<Gfid>> {
+    let mut out = BTreeSet::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if let Some(g) = e.file_name().to_str().and_then(Gfid::parse) {
+            if out.len() >= max {
+                tracing::warn!(dir = %dir.display(), max, "index holds more entries than index-max-entries; the rest is ignored");
+                break;
+            }
+            out.insert(g);
+        }
+    }
+    Ok(out)
+}
+
+impl Index {
+    fn watched_key(&self, k: &str) -> bool {
+        self.watch.iter().any(|p| k.starts_with(p.as_str()))
+    }
+
+    /// True when some watched value in `d` has a non-zero byte.
+    fn raised(&self, d: &Dict) -> bool {
+        d.iter().any(|(k, v)| self.watched_key(k) && matches!(v, Value::Bytes(b) if b.iter().any(|&x| x != 0)))
+    }
+
+    fn watched(&self, d: &Dict) -> bool {
+        d.keys().any(|k| self.watched_key(k))
+    }
+
+    fn stripe(&self, g: &Gfid) -> &tokio::sync::Mutex<()> {
+        let h = g.0.iter().fold(0usize, |h, &b| h.wrapping_mul(31).wrapping_add(usize::from(b)));
+        &self.stripes[h % STRIPES]
+    }
+
+    /// Records `g` (memory, then disk).
+    async fn add(&self, g: Gfid) {
+        {
+            let mut s = self.set.lock();
+            if s.contains(&g) {
+                return;
+            }
+            if s.len() >= self.max {
+                if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!(volume = %self.name, max = self.max, "index full: gfids needing heal are no longer recorded");
+                }
+                return;
+            }
+            s.insert(g);
+        }
+        if let Some(d) = &self.dir {
+            let p = d.join(g.to_string());
+            let r = tokio::task::spawn_blocking(move || {
+                std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(p).map(drop)
+            })
+            .await;
+            if !matches!(r, Ok(Ok(()))) {
+                self.io_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(volume = %self.name, gfid = %g, "could not record the gfid in the on-disk index");
+            }
+        }
+    }
+
+    /// Drops `g` (memory, then disk).
+    async fn remove(&self, g: Gfid) {
+        if !self.set.lock().remove(&g) {
+            return;
+        }
+        if let Some(d) = &self.dir {
+            let p = d.join(g.to_string());
+            let r = tokio::task::spawn_blocking(move || match std::fs::remove_file(p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            })
+            .await;
+            if !matches!(r, Ok(Ok(()))) {
+                self.io_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(volume = %self.name, gfid = %g, "could not drop the gfid from the on-disk index");
+            }
+        }
+    }
+
+    /// Reads every counter of `g` again; drops it when none is raised or
+    /// the inode is gone. Call with the stripe held.
+    async fn recheck(&self, ctx: &CallCtx, g: Gfid) {
+        if !self.set.lock().contains(&g) {
+            return;
+        }
+        let r =
+            self.child.call(ctx.clone(), Request::new(Fop::Getxattr { loc: Loc::gfid(g), name: String::new() })).await;
+        match r {
+            Ok(Response { reply: Reply::Xattrs(d), .. }) if !self.raised(&d) => self.remove(g).await,
+            Err(Errno::ENOENT | Errno::ESTALE) => self.remove(g).await,
+            _ => {}
+        }
+    }
+
+    async fn xattrop(&self, ctx: CallCtx, req: Request) -> FopResult {
+        let g = req.fop.gfid();
+        if g.is_null() {
+            return self.child.call(ctx, req).await;
+        }
+        let _serial = self.stripe(&g).lock().await;
+        let rsp = self.child.call(ctx.clone(), req).await?;
+        if let Reply::Xattrs(d) = &rsp.reply {
+            if self.raised(d) {
+                self.add(g).await;
+            } else {
+                self.recheck(&ctx, g).await;
+            }
+        }
+        Ok(rsp)
+    }
+
+    /// The sorted gfids after `after`, at most `list_max`.
+    fn page(&self, after: Option<Gfid>) -> Vec<Gfid> {
+        let s = self.set.lock();
+        match after {
+            Some(a) => s
+                .range((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded))
+                .take(self.list_max)
+                .copied()
+                .collect(),
+            None => s.iter().take(self.list_max).copied().collect(),
+        }
+    }
+
+    fn list(&self, key: &str) -> FopResult {
+        let after = match key.strip_prefix(XATTROP_KEY) {
+            Some("") => None,
+            Some(rest) => Some(rest.strip_prefix(':').and_then(Gfid::parse).ok_or(Errno::EINVAL)?),
+            None => return Err(Errno::ENODATA),
+        };
+        let text: String = self.page(after).iter().map(|g| format!("{g}\n")).collect();
+        let mut d = Dict::new();
+        d.set_bytes(key, text.into_bytes());
+        d.set_str(COUNT_KEY, self.set.lock().len().to_string());
+        Ok(Reply::Xattrs(d).into())
+    }
+
+    async fn purge(&self, ctx: &CallCtx, v: &[u8]) -> FopResult {
+        let text = std::str::from_utf8(v).map_err(|_| Errno::EINVAL)?;
+        for g in text.split(['\n', ',', ' ']).filter(|s| !s.is_empty()).take(MAX_PURGE) {
+            let g = Gfid::parse(g.trim()).ok_or(Errno::EINVAL)?;
+            let _serial = self.stripe(&g).lock().await;
+            self.recheck(ctx, g).await;
+        }
+        Ok(Reply::Empty.into())
+    }
+}
+
+fn is_root(loc: &Loc) -> bool {
+    loc.gfid == Gfid::ROOT && !loc.is_entry()
+}
+
+impl Xlator for Index {
+    fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
+        match &req.fop {
+            Fop::Xattrop { xattrs, .. } | Fop::Fxattrop { xattrs, .. } if self.watched(xattrs) => {
+                Box::pin(self.xattrop(ctx, req))
+            }
+            Fop::Getxattr { loc, name } if is_root(loc) && name.starts_with(XATTROP_KEY) => {
+                let r = self.list(name);
+                Box::pin(std::future::ready(r))
+            }
+            Fop::Setxattr { loc, xattrs, .. } if is_root(loc) && xattrs.contains(PURGE_KEY) => {
+                let v = xattrs.get_bytes(PURGE_KEY).unwrap_or_default();
+                Box::pin(async move { self.purge(&ctx, &v).await })
+            }
+            _ => self.child.call(ctx, req),
+        }
+    }
+
+    fn dump(&self) -> Vec<(String, String)> {
+        vec![
+            ("index-base".into(), self.dir.as_ref().map_or("(memory)".into(), |d| d.display().to_string())),
+            ("entries".into(), self.set.lock().len().to_string()),
+            ("dropped".into(), self.dropped.load(Ordering::Relaxed).to_string()),
+            ("io-errors".into(), self.io_errors.load(Ordering::Relaxed).to_string()),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use xlfs_sdk::{Options, XattropOp};
+
+    use super::*;
+    use crate::cluster::replicate::pending;
+
+    fn opts(decls: &[OptionDecl], given: &[(&str, &str)]) -> Options {
+        Options::resolve(decls, given.iter().copied()).expect("valid options")
+    }
+
+    struct T {
+        _tmp: tempfile::TempDir,
+        brick: PathBuf,
+        base: PathBuf,
+        posix: Arc<dyn Xlator>,
+    }
+
+    impl T {
+        fn new() -> T {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let brick = tmp.path().join("b");
+            std::fs::create_dir(&brick).expect("brick");
+            let posix = (crate::storage::posix::TYPE.build)(InitCtx {
+                name: "p".into(),
+                options: opts(crate::storage::posix::TYPE.options, &[("directory", &brick.display().to_string())]),
+                children: vec![],
+                events: Default::default(),
+            })
+            .expect("posix");
+            let base = brick.join(".glusterfs").join("indices");
+            T { _tmp: tmp, brick, base, posix }
+        }
+
+        fn index(&self, extra: &[(&str, &str)]) -> Arc<dyn Xlator> {
+            let b = self.base.display().to_string();
+            let mut given = vec![("index-base", b.as_str())];
+            given.extend_from_slice(extra);
+            build(InitCtx {
+                name: "idx".into(),
+                options: opts(OPTIONS, &given),
+                children: vec![Child { name: "p".into(), xl: self.posix.clone() }],
+                events: Default::default(),
+            })
+            .expect("index")
+        }
+
+        async fn file(&self, name: &str) -> Gfid {
+            let g = Gfid::random();
+            let x = Dict::new().with(xlfs_sdk::dict::keys::GFID_REQ, Value::Gfid(g));
+            let fop = Fop::Mknod { loc: Loc::entry(Gfid::ROOT, name), mode: 0o100644, rdev: 0, umask: 0 };
+            self.posix.call(CallCtx::root("t"), Request::with_xdata(fop, x)).await.expect("mknod");
+            g
+        }
+    }
+
+    async fn xop(ix: &Arc<dyn Xlator>, g: Gfid, key: &str, v: [i32; 3]) -> Dict {
+        let mut d = Dict::new();
+        d.set_bytes(key, pending::encode(v));
+        let fop = Fop::Xattrop { loc: Loc::gfid(g), op: XattropOp::AddArray, xattrs: d };
+        match ix.call(CallCtx::root("t"), Request::new(fop)).await.expect("xattrop").reply {
+            Reply::Xattrs(d) => d,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    async fn listed(ix: &Arc<dyn Xlator>, key: &str) -> (Vec<Gfid>, String) {
+        let fop = Fop::Getxattr { loc: Loc::root(), name: key.into() };
+        match ix.call(CallCtx::root("t"), Request::new(fop)).await.expect("getxattr").reply {
+            Reply::Xattrs(d) => {
+                let text = d.get_str(key).expect("list").to_string();
+                (
+                    text.lines().map(|l| Gfid::parse(l).expect("gfid")).collect(),
+                    d.get_str(COUNT_KEY).expect("count").into(),
+                )
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn index_records_raised_counters_and_drops_them_when_all_are_zero() {
+        let t = T::new();
+        let ix = t.index(&[]);
+        let g = t.file("f").await;
+        xop(&ix, g, "trusted.afr.c-0", [1, 0, 0]).await;
+        xop(&ix, g, "trusted.afr.c-1", [0, 1, 0]).await;
+        assert_eq!(listed(&ix, XATTROP_KEY).await, (vec![g], "1".into()));
+        assert!(t.base.join("xattrop").join(g.to_string()).exists());
+        // c-0 back to zero, but c-1 is still raised: kept.
+        xop(&ix, g, "trusted.afr.c-0", [-1, 0, 0]).await;
+        assert_eq!(listed(&ix, XATTROP_KEY).await.0, vec![g]);
+        xop(&ix, g, "trusted.afr.c-1", [0, -1, 0]).await;
+        assert_eq!(listed(&ix, XATTROP_KEY).await, (vec![], "0".into()));
+        assert!(!t.base.join("xattrop").join(g.to_string()).exists());
+        // Non-AFR xattrops are not watched.
+        xop(&ix, g, "trusted.other", [1, 0, 0]).await;
+        assert!(listed(&ix, XATTROP_KEY).await.0.is_empty());
+    }
+
+    #[tokio::test]
+    async fn index_survives_a_restart_pages_and_purges() {
+        let t = T::new();
+        let ix = t.index(&[("index-list-max", "2")]);
+        let mut gs = Vec::new();
+        for i in 0..3 {
+            let g = t.file(&format!("f{i}")).await;
+            xop(&ix, g, "trusted.afr.c-0", [0, 0, 1]).await;
+            gs.push(g);
+        }
+        gs.sort();
+        drop(ix);
+        let ix = t.index(&[("index-list-max", "2")]);
+        let (first, count) = listed(&ix, XATTROP_KEY).await;
+        assert_eq!((first.clone(), count.as_str()), (gs[..2].to_vec(), "3"));
+        let (next, _) = listed(&ix, &format!("{XATTROP_KEY}:{}", first[1])).await;
+        assert_eq!(next, gs[2..].to_vec());
+        // Purge: one file is gone, one has zero counters set behind the index's back, one stays raised.
+        let unlink = Fop::Unlink { loc: Loc::entry(Gfid::ROOT, "f0"), flags: 0 };
+        t.posix.call(CallCtx::root("t"), Request::new(unlink)).await.expect("unlink");
+        set_xattr(&t.brick.join("f1"), "trusted.afr.c-0", &pending::encode([0, 0, 0]));
+        let text: String = gs.iter().map(|g| format!("{g}\n")).collect();
+        let mut x = Dict::new();
+        x.set_bytes(PURGE_KEY, Bytes::from(text));
+        ix.call(CallCtx::root("t"), Request::new(Fop::Setxattr { loc: Loc::root(), xattrs: x, flags: 0 }))
+            .await
+            .expect("purge");
+        let g2 = read_gfid(&t.brick.join("f2"));
+        assert_eq!(listed(&ix, XATTROP_KEY).await.0, vec![g2]);
+    }
+
+    #[tokio::test]
+    async fn index_watches_only_the_watchlists_glusterfs_gives() {
+        let t = T::new();
+        let ix = t.index(&[
+            ("xattrop-pending-watchlist", "trusted.afr.rep3-"),
+            ("xattrop-dirty-watchlist", "trusted.afr.dirty"),
+        ]);
+        let (a, b, d) = (t.file("a").await, t.file("b").await, t.file("d").await);
+        xop(&ix, a, "trusted.afr.rep3-client-1", [1, 0, 0]).await;
+        xop(&ix, b, "trusted.afr.other-client-1", [1, 0, 0]).await;
+        xop(&ix, d, "trusted.afr.dirty", [0, 1, 0]).await;
+        let mut want = vec![a, d];
+        want.sort();
+        assert_eq!(listed(&ix, XATTROP_KEY).await.0, want);
+    }
+
+    #[tokio::test]
+    async fn index_is_bounded() {
+        let t = T::new();
+        let ix = t.index(&[("index-max-entries", "1")]);
+        let (a, b) = (t.file("a").await, t.file("b").await);
+        xop(&ix, a, "trusted.afr.c-0", [1, 0, 0]).await;
+        xop(&ix, b, "trusted.afr.c-0", [1, 0, 0]).await;
+        assert_eq!(listed(&ix, XATTROP_KEY).await.0, vec![a]);
+        assert!(ix.dump().contains(&("dropped".to_string(), "1".to_string())));
+    }
+
+    fn set_xattr(p: &Path, k: &str, v: &[u8]) {
+        use std::os::unix::ffi::OsStrExt;
+        let cp = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
+        let ck = std::ffi::CString::new(k).expect("key");
+        // SAFETY: valid NUL-terminated strings and a buffer of v.len() bytes.
+        let r = unsafe { libc::lsetxattr(cp.as_ptr(), ck.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+        assert_eq!(r, 0, "setxattr {}", p.display());
+    }
+
+    fn read_gfid(p: &Path) -> Gfid {
+        use std::os::unix::ffi::OsStrExt;
+        let cp = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
+        let mut b = [0u8; 16];
+        // SAFETY: valid NUL-terminated strings and a 16-byte buffer.
+        let r = unsafe { libc::lgetxattr(cp.as_ptr(), c"trusted.gfid".as_ptr(), b.as_mut_ptr().cast(), 16) };
+        assert_eq!(r, 16);
+        Gfid(b)
+    }
+}
