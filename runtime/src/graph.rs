@@ -8,14 +8,26 @@
 //! answer `ChildUp`, which climbs to the top; [`Graph::wait_up`] waits for it.
 //! [`Graph::shutdown`] (or dropping the graph) sends `ParentDown` and calls
 //! every node's `fini` once.
+//!
+//! Live changes (a mounted client's `xlfs reload`): [`GraphSpec::diff`] says
+//! whether a newly validated spec differs from the running one only in
+//! option values (same volumes in the same order, same types, subvolumes and
+//! module file contents) or in structure; [`Graph::reconfigure`] applies an
+//! options-only change to the running translators, all or nothing. A
+//! structural change needs a new graph built beside the old one (see
+//! [`crate::switch`]). [`live_graphs`] counts the graphs not yet dropped, so
+//! a switch can show that the old ones are freed.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use parking_lot::RwLock;
+use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, watch};
-use xlfs_sdk::options::OptionError;
+use xlfs_sdk::options::{OptValue, OptionError};
+use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{Child, Event, EventFrom, EventSink, InitCtx, InitError, Options, Upcall, Xlator, XlatorType};
 
 use crate::registry::Registry;
@@ -171,19 +183,55 @@ pub struct NotUp {
 }
 
 /// One volume of a validated graph.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct SpecNode {
     name: Arc<str>,
     line: usize,
     ty: XlatorType,
     options: Options,
     children: Vec<usize>,
+    /// The SHA-256 of the content of each file an option names (plugin
+    /// modules, policy modules), by option: a module rebuilt in place is a
+    /// change even though the volfile is not.
+    files: Vec<(String, [u8; 32])>,
+}
+
+/// Largest file hashed for [`SpecNode::files`] (plugin modules are limited
+/// to this size too).
+const MAX_HASHED_FILE: u64 = 512 << 20;
+
+/// The absolute path of an existing regular file an option value names:
+/// a path value, or a string that is one after an optional `scheme:`
+/// prefix (`wasm:/lib/policy.wasm`).
+fn option_file(value: &OptValue) -> Option<std::path::PathBuf> {
+    let p = match value {
+        OptValue::Path(p) => p.clone(),
+        OptValue::Str(s) => {
+            let s = s.split_once(':').filter(|(scheme, _)| !scheme.contains('/')).map_or(s.as_str(), |(_, rest)| rest);
+            std::path::PathBuf::from(s)
+        }
+        _ => return None,
+    };
+    let meta = std::fs::metadata(&p).ok()?;
+    (p.is_absolute() && meta.is_file() && meta.len() <= MAX_HASHED_FILE).then_some(p)
+}
+
+/// The content hash of each file `options` name, by option.
+fn files_hash(options: &Options) -> Vec<(String, [u8; 32])> {
+    let mut out = Vec::new();
+    for (key, value, _) in options.iter() {
+        let Some(path) = option_file(value) else { continue };
+        // An unreadable file hashes as its error: a later readable one differs.
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| e.to_string().into_bytes());
+        out.push((key.to_string(), Sha256::digest(&bytes).into()));
+    }
+    out
 }
 
 /// A validated graph that is not built: every type known, every subvolume
 /// defined, no cycle, one top, child counts and options valid. Built with
 /// [`Graph::from_spec`]; printed with [`GraphSpec::describe`].
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct GraphSpec {
     origin: String,
     /// In file order.
@@ -338,7 +386,8 @@ impl GraphSpec {
             }
             let options = Options::resolve(ty.options, v.options.iter().map(|o| (o.key.as_str(), o.value.as_str())))
                 .map_err(|e| opt_err(v.type_line, e))?;
-            nodes.push(SpecNode { name: Arc::from(v.name.as_str()), line: v.line, ty, options, children: kids });
+            let files = files_hash(&options);
+            nodes.push(SpecNode { name: Arc::from(v.name.as_str()), line: v.line, ty, options, children: kids, files });
         }
         Ok(GraphSpec { origin: volfile.origin.clone(), nodes, top, order })
     }
@@ -385,6 +434,140 @@ impl GraphSpec {
             self.describe_node(c, &body, Some(k + 1 == node.children.len()), seen, out);
         }
     }
+
+    /// The files the options name (plugin and policy modules): what a
+    /// volfile watcher also watches.
+    pub fn files(&self) -> Vec<std::path::PathBuf> {
+        let mut out: Vec<std::path::PathBuf> =
+            self.nodes.iter().flat_map(|n| n.options.iter().filter_map(|(_, v, _)| option_file(v))).collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// How `new` differs from this (running) spec: not at all, only in
+    /// option values, or in structure (volumes added, removed, reordered
+    /// or renamed, a type or subvolume list changed, the top changed, or a
+    /// file an option names changed content).
+    pub fn diff(&self, new: &GraphSpec) -> GraphDiff {
+        let names = |s: &GraphSpec| s.nodes.iter().map(|n| n.name.to_string()).collect::<Vec<_>>();
+        let (old_names, new_names) = (names(self), names(new));
+        if old_names != new_names {
+            let added: Vec<&String> = new_names.iter().filter(|n| !old_names.contains(n)).collect();
+            let removed: Vec<&String> = old_names.iter().filter(|n| !new_names.contains(n)).collect();
+            let list = |v: &[&String]| v.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ");
+            let mut why = Vec::new();
+            if !added.is_empty() {
+                why.push(format!("added {}", list(&added)));
+            }
+            if !removed.is_empty() {
+                why.push(format!("removed {}", list(&removed)));
+            }
+            if why.is_empty() {
+                why.push("reordered".to_string());
+            }
+            return GraphDiff::Structure(format!("volumes {}", why.join(", ")));
+        }
+        if self.top != new.top {
+            return GraphDiff::Structure(format!("top volume '{}' -> '{}'", self.top_name(), new.top_name()));
+        }
+        let mut changes = Vec::new();
+        for (o, n) in self.nodes.iter().zip(&new.nodes) {
+            if o.ty.name != n.ty.name {
+                return GraphDiff::Structure(format!("volume '{}': type {} -> {}", o.name, o.ty.name, n.ty.name));
+            }
+            if o.children != n.children {
+                return GraphDiff::Structure(format!("volume '{}': subvolumes changed", o.name));
+            }
+            // The same option naming the same file, whose content changed:
+            // what runs is not what the file now holds. (A new value is an
+            // option change: reconfigure loads the new file.)
+            for (key, hash) in &o.files {
+                let same_value = o.options.get(key) == n.options.get(key);
+                if same_value && n.files.iter().any(|(k, h)| k == key && h != hash) {
+                    return GraphDiff::Structure(format!("volume '{}': the file option '{key}' names changed", o.name));
+                }
+            }
+            if o.options == n.options {
+                continue;
+            }
+            let mut keys: Vec<&str> = o.options.iter().chain(n.options.iter()).map(|(k, _, _)| k).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            let shown = |opts: &Options, k: &str| opts.get(k).map_or_else(|| "(unset)".to_string(), |v| v.to_string());
+            let values = keys
+                .into_iter()
+                .filter(|k| o.options.get(k) != n.options.get(k))
+                .map(|k| OptionValueChange { key: k.to_string(), old: shown(&o.options, k), new: shown(&n.options, k) })
+                .collect();
+            changes.push(OptionChange { volume: o.name.to_string(), type_name: o.ty.name.to_string(), values });
+        }
+        if changes.is_empty() { GraphDiff::Same } else { GraphDiff::Options(changes) }
+    }
+}
+
+/// How a new spec differs from a running one ([`GraphSpec::diff`]).
+#[derive(Debug, PartialEq)]
+pub enum GraphDiff {
+    /// Nothing changed.
+    Same,
+    /// Only option values changed; [`Graph::reconfigure`] can apply them.
+    Options(Vec<OptionChange>),
+    /// The graph's shape or a module changed (the reason): it must be rebuilt.
+    Structure(String),
+}
+
+/// The changed options of one volume.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OptionChange {
+    /// The volume.
+    pub volume: String,
+    /// Its type.
+    pub type_name: String,
+    /// The options whose values differ.
+    pub values: Vec<OptionValueChange>,
+}
+
+/// One option's old and new value (`(unset)` for none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OptionValueChange {
+    /// The option.
+    pub key: String,
+    /// The running value.
+    pub old: String,
+    /// The new value.
+    pub new: String,
+}
+
+impl std::fmt::Display for OptionChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let values: Vec<String> = self.values.iter().map(|v| format!("{} {} -> {}", v.key, v.old, v.new)).collect();
+        write!(f, "volume '{}' ({}): {}", self.volume, self.type_name, values.join(", "))
+    }
+}
+
+/// Why [`Graph::reconfigure`] did not apply a spec; the running graph is
+/// as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconfigureFailure {
+    /// The spec differs in more than option values.
+    #[error("not an options-only change: {0}")]
+    Structure(String),
+    /// A translator cannot change its options while running (a new graph
+    /// is needed).
+    #[error("{change}: this translator cannot change options while running")]
+    Unsupported {
+        /// What was to change.
+        change: OptionChange,
+    },
+    /// A translator refused the new values.
+    #[error("{change}: refused: {message}")]
+    Refused {
+        /// What was to change.
+        change: OptionChange,
+        /// The translator's reason.
+        message: String,
+    },
 }
 
 /// A built node.
@@ -395,7 +578,8 @@ struct Node {
 
 /// A built graph of translators.
 pub struct Graph {
-    spec: GraphSpec,
+    /// Replaced (same structure, new option values) by a reconfigure.
+    spec: RwLock<Arc<GraphSpec>>,
     /// Indexed like `spec.nodes`.
     nodes: Arc<[Node]>,
     built_at: SystemTime,
@@ -408,9 +592,19 @@ pub struct Graph {
 /// before it is told it lost some.
 const UPCALL_QUEUE: usize = 1024;
 
+/// Graphs built and not yet dropped, in this process.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// How many graphs are built and not yet dropped in this process (a graph
+/// switch frees the old one once drained: this shows it).
+pub fn live_graphs() -> usize {
+    LIVE.load(Ordering::Acquire)
+}
+
 impl std::fmt::Debug for Graph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Graph").field("origin", &self.spec.origin).field("top", &self.spec.top_name()).finish()
+        let spec = self.spec();
+        f.debug_struct("Graph").field("origin", &spec.origin).field("top", &spec.top_name()).finish()
     }
 }
 
@@ -508,12 +702,60 @@ impl Graph {
             _ => {}
         });
         tracing::debug!(origin = %spec.origin, top = %spec.top_name(), nodes = nodes.len(), "graph built");
-        Ok(Graph { spec, nodes, built_at: SystemTime::now(), state, upcalls, shut: AtomicBool::new(false) })
+        LIVE.fetch_add(1, Ordering::AcqRel);
+        Ok(Graph {
+            spec: RwLock::new(Arc::new(spec)),
+            nodes,
+            built_at: SystemTime::now(),
+            state,
+            upcalls,
+            shut: AtomicBool::new(false),
+        })
+    }
+
+    /// Applies `new`'s option values to the running translators when they
+    /// are all that differs ([`GraphSpec::diff`]): each changed volume's
+    /// translator gets [`Xlator::reconfigure`] with its new options, in
+    /// file order. All or nothing: if one refuses (or cannot), the ones
+    /// already changed get their old options back and the error names the
+    /// volume, options and values. On success the graph's spec is `new`
+    /// (so [`Graph::describe`] shows the new values) and the changes are
+    /// returned (empty when nothing changed).
+    pub fn reconfigure(&self, new: GraphSpec) -> Result<Vec<OptionChange>, ReconfigureFailure> {
+        let old = self.spec();
+        let changes = match old.diff(&new) {
+            GraphDiff::Same => return Ok(Vec::new()),
+            GraphDiff::Structure(why) => return Err(ReconfigureFailure::Structure(why)),
+            GraphDiff::Options(c) => c,
+        };
+        let index = |name: &str| old.nodes.iter().position(|n| &*n.name == name);
+        let mut done: Vec<usize> = Vec::new();
+        for change in &changes {
+            let Some(i) = index(&change.volume) else { continue };
+            if let Err(e) = self.nodes[i].xl.reconfigure(&new.nodes[i].options) {
+                for &j in done.iter().rev() {
+                    if let Err(back) = self.nodes[j].xl.reconfigure(&old.nodes[j].options) {
+                        tracing::error!(volume = %old.nodes[j].name, error = %back, "restoring the old options failed");
+                    }
+                }
+                let change = change.clone();
+                return Err(match e {
+                    ReconfigureError::Unsupported => ReconfigureFailure::Unsupported { change },
+                    ReconfigureError::Invalid(message) => ReconfigureFailure::Refused { change, message },
+                });
+            }
+            done.push(i);
+        }
+        for c in &changes {
+            tracing::info!(origin = %new.origin, "reconfigured {c}");
+        }
+        *self.spec.write() = Arc::new(new);
+        Ok(changes)
     }
 
     /// Node indexes from the top down (parents before children).
-    fn top_down(&self) -> impl Iterator<Item = &Node> {
-        self.spec.order.iter().rev().map(|&i| &self.nodes[i])
+    fn top_down(&self) -> Vec<&Node> {
+        self.spec().order.iter().rev().map(|&i| &self.nodes[i]).collect()
     }
 
     /// Sends `ParentUp` to every node, top first; leaves answer `ChildUp`,
@@ -528,7 +770,7 @@ impl Graph {
         let mut rx = self.state.clone();
         match tokio::time::timeout(timeout, rx.wait_for(|s| *s == TopState::Up)).await {
             Ok(Ok(_)) => Ok(()),
-            _ => Err(NotUp { top: self.spec.top_name().to_string(), timeout }),
+            _ => Err(NotUp { top: self.spec().top_name().to_string(), timeout }),
         }
     }
 
@@ -551,13 +793,14 @@ impl Graph {
 
     /// The top node, where fops enter the graph.
     pub fn top(&self) -> Child {
-        Child { name: self.spec.nodes[self.spec.top].name.clone(), xl: self.nodes[self.spec.top].xl.clone() }
+        let spec = self.spec();
+        Child { name: spec.nodes[spec.top].name.clone(), xl: self.nodes[spec.top].xl.clone() }
     }
 
     /// Sends a graph event ([`EventFrom::Graph`]) to every node, top first.
     /// What a node's `notify` returns goes on to its parents.
     pub fn broadcast(&self, event: Event) {
-        let order: Vec<usize> = self.spec.order.iter().rev().copied().collect();
+        let order: Vec<usize> = self.spec().order.iter().rev().copied().collect();
         broadcast_to(&self.nodes, &order, &event);
     }
 
@@ -566,9 +809,10 @@ impl Graph {
     /// `dump` reports, each key prefixed with `VOLUME.`.
     pub fn dump(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        for &i in self.spec.order.iter().rev() {
-            let name = &self.spec.nodes[i].name;
-            out.push((format!("{name}.type"), self.spec.nodes[i].ty.name.to_string()));
+        let spec = self.spec();
+        for &i in spec.order.iter().rev() {
+            let name = &spec.nodes[i].name;
+            out.push((format!("{name}.type"), spec.nodes[i].ty.name.to_string()));
             out.extend(self.nodes[i].xl.dump().into_iter().map(|(k, v)| (format!("{name}.{k}"), v)));
         }
         out
@@ -584,17 +828,18 @@ impl Graph {
         for n in self.top_down() {
             n.xl.fini();
         }
-        tracing::debug!(origin = %self.spec.origin, "graph shut down");
+        tracing::debug!(origin = %self.spec().origin, "graph shut down");
     }
 
-    /// The validated description this graph was built from.
-    pub fn spec(&self) -> &GraphSpec {
-        &self.spec
+    /// The validated description this graph runs: the one it was built
+    /// from, or the last one [`Graph::reconfigure`] applied.
+    pub fn spec(&self) -> Arc<GraphSpec> {
+        self.spec.read().clone()
     }
 
     /// Where the volfile came from.
-    pub fn origin(&self) -> &str {
-        &self.spec.origin
+    pub fn origin(&self) -> String {
+        self.spec().origin.clone()
     }
 
     /// When the graph was built.
@@ -604,13 +849,14 @@ impl Graph {
 
     /// The tree, as [`GraphSpec::describe`].
     pub fn describe(&self) -> String {
-        self.spec.describe()
+        self.spec().describe()
     }
 }
 
 impl Drop for Graph {
     fn drop(&mut self) {
         self.shutdown();
+        LIVE.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -662,6 +908,17 @@ mod tests {
                 _ => {}
             }
             None
+        }
+        fn reconfigure(&self, options: &Options) -> Result<(), ReconfigureError> {
+            if self.children.is_empty() {
+                return Err(ReconfigureError::Unsupported);
+            }
+            let n = options.int("thread-count").unwrap_or(0);
+            if n == 13 {
+                return Err(ReconfigureError::Invalid("13 is unlucky".into()));
+            }
+            log(format!("{}:reconfigure:{n}", self.name));
+            Ok(())
         }
         fn dump(&self) -> Vec<(String, String)> {
             let names: Vec<&str> = self.children.iter().map(|c| &*c.name).collect();
@@ -972,7 +1229,7 @@ end-volume
     fn a_node_can_broadcast_through_its_sink() {
         let g = build(DIAMOND);
         take_log();
-        let leaf = g.spec.nodes.iter().position(|n| &*n.name == "shared").expect("shared node");
+        let leaf = g.spec().nodes.iter().position(|n| &*n.name == "shared").expect("shared node");
         g.nodes[leaf].sink.broadcast(Event::ClientGone { client_id: "c2".into() });
         let log = take_log();
         for n in ["top", "a", "b", "shared"] {
@@ -1015,6 +1272,68 @@ end-volume
         let e = GraphSpec::validate(&v, &Registry::builtin()).expect_err("features/trash is not built in");
         assert_eq!(e.line, 10);
         assert!(e.to_string().contains("unknown type 'features/trash'") && e.to_string().contains("storage/posix"), "{e}");
+    }
+
+    #[test]
+    fn diff_tells_options_from_structure() {
+        let old = check(CHAIN).expect("valid");
+        assert_eq!(old.diff(&check(CHAIN).expect("valid")), GraphDiff::Same);
+        let GraphDiff::Options(c) = old.diff(&check(&CHAIN.replace("thread-count 4", "thread-count 8")).expect("valid")) else {
+            panic!("options only")
+        };
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].to_string(), "volume 'mid' (test/pass): thread-count 4 -> 8");
+        let more = CHAIN.replace("subvolumes mid\n", "subvolumes extra\n")
+            + "volume extra\n type test/pass\n subvolumes mid\nend-volume\n";
+        let GraphDiff::Structure(why) = old.diff(&check(&more).expect("valid")) else { panic!("structure") };
+        assert_eq!(why, "volumes added 'extra'");
+        let fewer = "volume leaf\n type test/leaf\nend-volume\nvolume top\n type test/pass\n subvolumes leaf\nend-volume\n";
+        let GraphDiff::Structure(why) = old.diff(&check(fewer).expect("valid")) else { panic!("structure") };
+        assert_eq!(why, "volumes removed 'mid'");
+    }
+
+    #[test]
+    fn a_changed_module_file_is_a_structural_change() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let file = tmp.path().join("module.bin");
+        std::fs::write(&file, b"one").expect("write");
+        let text = CHAIN.replace("/srv/b1", &file.display().to_string());
+        let old = check(&text).expect("valid");
+        assert_eq!(old.files(), vec![file.clone()]);
+        assert_eq!(old.diff(&check(&text).expect("valid")), GraphDiff::Same);
+        std::fs::write(&file, b"two").expect("rewrite in place");
+        let GraphDiff::Structure(why) = old.diff(&check(&text).expect("valid")) else { panic!("structure") };
+        assert_eq!(why, "volume 'leaf': the file option 'directory' names changed");
+        // Naming another file is an option change.
+        let other = tmp.path().join("other.bin");
+        std::fs::write(&other, b"three").expect("write");
+        let GraphDiff::Options(c) = old.diff(&check(&CHAIN.replace("/srv/b1", &other.display().to_string())).expect("valid")) else {
+            panic!("options")
+        };
+        assert_eq!(c[0].values[0].key, "directory");
+    }
+
+    #[test]
+    fn reconfigure_is_all_or_nothing() {
+        let g = build(CHAIN);
+        take_log();
+        let before = g.describe();
+        // mid takes 8, then top refuses 13: mid gets 4 back.
+        let bad = CHAIN.replace("thread-count 4", "thread-count 8").replace("subvolumes mid", "option thread-count 13\n subvolumes mid");
+        let e = g.reconfigure(check(&bad).expect("valid")).expect_err("refused");
+        assert_eq!(e.to_string(), "volume 'top' (test/pass): thread-count 16 -> 13: refused: 13 is unlucky");
+        assert_eq!(take_log(), ["mid:reconfigure:8", "mid:reconfigure:4"]);
+        assert_eq!(g.describe(), before, "the running spec is unchanged");
+        // A leaf that cannot reconfigure says so.
+        let e = g.reconfigure(check(&CHAIN.replace("/srv/b1", "/srv/b2")).expect("valid")).expect_err("unsupported");
+        assert!(matches!(e, ReconfigureFailure::Unsupported { .. }), "{e}");
+        // Structure is refused; a good change applies and shows.
+        assert!(matches!(g.reconfigure(check(DIAMOND).expect("valid")), Err(ReconfigureFailure::Structure(_))));
+        let changes = g.reconfigure(check(&CHAIN.replace("thread-count 4", "thread-count 9")).expect("valid")).expect("applies");
+        assert_eq!(changes.len(), 1);
+        assert_eq!(take_log(), ["mid:reconfigure:9"]);
+        assert!(g.describe().contains("thread-count 9"), "{}", g.describe());
+        assert!(g.reconfigure(check(&CHAIN.replace("thread-count 4", "thread-count 9")).expect("valid")).expect("same").is_empty());
     }
 
     const DYN_OPTS: &[OptionDecl] = &[

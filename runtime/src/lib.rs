@@ -3,8 +3,8 @@
 //! The core runtime around the translators: the volfile parser
 //! ([`volfile`]), the translator registry ([`registry`]) and graph
 //! ([`graph`]), the inode and fd tables ([`inode`], [`fd`]), the FUSE bridge
-//! ([`fuse`]), and the in-process client API ([`client`], like GlusterFS's
-//! libgfapi). The `xlfs` binary is in `main.rs`.
+//! ([`fuse`]), live reload of a mount's graph ([`switch`]), and the
+//! in-process client API ([`client`], like GlusterFS's libgfapi). The `xlfs` binary is in `main.rs`.
 #![deny(missing_docs)]
 
 pub mod cli;
@@ -15,4 +15,5 @@ pub mod graph;
 pub mod inode;
 pub mod plugin;
 pub mod registry;
+pub mod switch;
 pub mod volfile;

@@ -16,6 +16,12 @@
 //!
 //! `xlfs umount [-l] MOUNTPOINT` unmounts (lazily with `-l`), also a mount
 //! whose process died ("Transport endpoint is not connected").
+//!
+//! Changing a live mount: the mount process reloads its volfile on SIGHUP,
+//! on `xlfs reload MOUNTPOINT` (through its control socket, see
+//! [`super::reload`]), and when its watcher (a poll every
+//! `--watch-interval` seconds, 0 for none) sees the volfile or a module file
+//! it names change; see [`crate::switch`].
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
@@ -31,6 +37,7 @@ use super::CliError;
 use crate::fuse::{FuseError, Mount, MountOptions, OptionsError};
 use crate::graph::{Graph, GraphSpec, NotUp};
 use crate::registry::Registry;
+use crate::switch::Reloader;
 use crate::volfile::Volfile;
 
 /// How long fops in flight may take to finish after the unmount.
@@ -64,6 +71,11 @@ pub struct MountArgs {
     /// Seconds to wait for the graph to come up (its bricks to connect).
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     pub up_timeout: u64,
+    /// Seconds between looks at the volfile (and the module files it
+    /// names) for changes to apply; 0 turns the watcher off (SIGHUP and
+    /// `xlfs reload` still work).
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub watch_interval: f64,
     /// Internal: this process is the daemon started by `xlfs mount`.
     #[arg(long, hide = true)]
     pub daemon_child: bool,
@@ -94,6 +106,9 @@ pub enum MountError {
     /// Signal handlers could not be installed.
     #[error("installing signal handlers: {0}")]
     Signal(std::io::Error),
+    /// The control socket for `xlfs reload` could not be made.
+    #[error("control socket: {0}")]
+    Control(std::io::Error),
     /// The daemon could not be started or failed before mounting.
     #[error("starting the mount daemon: {0}")]
     Daemon(String),
@@ -158,16 +173,39 @@ impl MountArgs {
                 return Ok(());
             }
         }
-        let (top, upcalls, rt) = (graph.top(), graph.upcalls(), tokio::runtime::Handle::current());
+        let (g, rt) = (graph.clone(), tokio::runtime::Handle::current());
         let mp = self.mountpoint.clone();
-        let mounted = tokio::task::spawn_blocking(move || Mount::new(top, Some(upcalls), &mp, opts, rt)).await;
+        let mounted = tokio::task::spawn_blocking(move || Mount::with_graph(g, &mp, opts, rt)).await;
         let mount = match mounted.map_err(MountError::from).and_then(|r| r.map_err(MountError::from)) {
-            Ok(m) => m,
+            Ok(m) => Arc::new(m),
             Err(e) => {
                 shutdown(graph).await;
                 return Err(e.into());
             }
         };
+        // The mount owns the graph now; a switch frees it.
+        drop(graph);
+        let mut hup = signal(SignalKind::hangup()).map_err(MountError::Signal)?;
+        let reloader = Arc::new(Reloader::new(
+            std::fs::canonicalize(&self.volfile).unwrap_or_else(|_| self.volfile.clone()),
+            Registry::builtin(),
+            mount.clone(),
+            timeout,
+        ));
+        let control = match super::reload::serve_control(mount.mountpoint(), reloader.clone()) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = mount.unmount(DRAIN).await;
+                if let Some(g) = mount.graph() {
+                    shutdown(g).await;
+                }
+                return Err(MountError::Control(e).into());
+            }
+        };
+        let watcher = (self.watch_interval > 0.0).then(|| {
+            let every = Duration::from_secs_f64(self.watch_interval.min(86_400.0));
+            tokio::spawn(reloader.clone().watch(every))
+        });
         let line = format!(
             "{READY_PREFIX}{} on {} (pid {})",
             self.volfile.display(),
@@ -180,14 +218,27 @@ impl MountArgs {
         if self.daemon_child {
             detach_stdio();
         }
-        let why = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-            _ = mount.ended() => "unmounted",
+        let why = loop {
+            tokio::select! {
+                _ = term.recv() => break "SIGTERM",
+                _ = int.recv() => break "SIGINT",
+                _ = mount.ended() => break "unmounted",
+                _ = hup.recv() => {
+                    let r = reloader.clone();
+                    tokio::spawn(async move { r.reload("SIGHUP").await });
+                }
+            }
         };
         tracing::info!(why, "unmounting");
+        if let Some(w) = watcher {
+            w.abort();
+        }
+        drop(control);
+        reloader.quiesce(timeout + crate::fuse::switch::DRAIN).await;
         let r = mount.unmount(DRAIN).await;
-        shutdown(graph).await;
+        if let Some(g) = mount.graph() {
+            shutdown(g).await;
+        }
         tracing::info!("stopped");
         r.map_err(|e| MountError::from(e).into())
     }
@@ -216,6 +267,8 @@ impl MountArgs {
             .arg(&log)
             .arg("--up-timeout")
             .arg(self.up_timeout.to_string())
+            .arg("--watch-interval")
+            .arg(self.watch_interval.to_string())
             .arg("-o")
             .arg(opts.to_option_string())
             .arg(&mountpoint)

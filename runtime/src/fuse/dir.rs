@@ -55,9 +55,7 @@ impl Core {
     pub(super) async fn releasedir(self: Arc<Self>, who: Caller, fh: FileHandle) -> Result<(), Errno> {
         let fd = self.fd(fh)?;
         self.dirs.0.lock().remove(&fh.0);
-        let r = self.call(self.ctx(who, 0, false), Fop::Releasedir { fd }).await.map(drop);
-        self.fds.release(fd.id);
-        r
+        self.release_locks(self.ctx(who, 0, false), fd, true).await
     }
 
     /// The entries from `offset` on: what is left from the last batch if

@@ -105,7 +105,7 @@ impl Core {
     /// `lock_owner` on the file.
     pub(super) async fn flush(self: Arc<Self>, who: Caller, fh: FileHandle, lock_owner: u64) -> Result<(), Errno> {
         let fd = self.fd(fh)?;
-        self.call(self.ctx(who, lock_owner, false), Fop::Flush { fd }).await.map(drop)
+        self.flush_locks(self.ctx(who, lock_owner, false), fd).await
     }
 
     /// release (the last close): a flush first when the kernel asks for it,
@@ -113,12 +113,10 @@ impl Core {
     pub(super) async fn release(self: Arc<Self>, who: Caller, fh: FileHandle, owner: Option<u64>, flush: bool) -> Result<(), Errno> {
         let fd = self.fd(fh)?;
         let ctx = self.ctx(who, owner.unwrap_or(0), false);
-        if flush && let Err(e) = self.call(ctx.clone(), Fop::Flush { fd }).await {
+        if flush && let Err(e) = self.flush_locks(ctx.clone(), fd).await {
             tracing::debug!(error = %e, "flush before release");
         }
-        let r = self.call(ctx, Fop::Release { fd }).await.map(drop);
-        self.fds.release(fd.id);
-        r
+        self.release_locks(ctx, fd, false).await
     }
 
     /// fsync or fsyncdir.

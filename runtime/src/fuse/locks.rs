@@ -15,13 +15,26 @@
 //! gone), the waiting fop is dropped, which takes the request off the
 //! brick's wait queue, and the kernel is answered EINTR (it restarts the
 //! call if the signal's handler asks for that).
+//!
+//! **Locks across a graph switch.** The bricks know a lock by the
+//! connection it came on, so a new graph (new connections) holds none of
+//! the old one's. The bridge therefore remembers the locks it was granted
+//! ([`HeldLocks`]: per inode and lock owner, the ranges and their types,
+//! kept as POSIX merges and splits them; dropped by the flush of each
+//! close for the owner, and by release for the fd) and a switch moves them
+//! ([`Core::move_locks`]). Lock fops, flush and release pass a gate
+//! (`lk_gate`) that the switch closes while it moves them; a SETLKW waiting
+//! on the old graph gives up there and waits again on the new one.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::FileHandle;
-use xlfs_sdk::{Errno, Flock, Fop, LkCmd, LockType, Reply};
+use parking_lot::Mutex;
+use xlfs_sdk::{CallCtx, Dict, Errno, Fd, FdId, Flock, Fop, Gfid, LkCmd, LockType, Reply};
 
+use super::switch::Active;
 use super::{Caller, Core};
 
 /// How often a waiting SETLKW checks its caller for pending signals.
@@ -66,6 +79,109 @@ fn from_flock(f: &Flock) -> FuseLock {
     FuseLock { start: f.start, end, typ, pid: f.pid }
 }
 
+/// Most (inode, owner) pairs whose locks are remembered, and most ranges
+/// per pair; locks past these are not moved by a graph switch (logged).
+const MAX_HELD: usize = 65_536;
+const MAX_RANGES: usize = 1024;
+
+/// One locked byte range, `end` inclusive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Range {
+    start: u64,
+    end: u64,
+    ty: LockType,
+}
+
+/// The locks one owner holds on one inode.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Held {
+    /// The fd they were taken through (the last one).
+    fd: Option<FdId>,
+    pid: u32,
+    /// Disjoint, by start.
+    ranges: Vec<Range>,
+}
+
+impl Held {
+    /// Applies a granted lock or unlock as POSIX does: the range takes the
+    /// new type (or is freed), splitting what it overlaps.
+    fn apply(&mut self, f: &Flock) -> bool {
+        let start = f.start;
+        let end = if f.len == 0 { u64::MAX } else { f.start.saturating_add(f.len - 1) };
+        let mut out = Vec::with_capacity(self.ranges.len() + 2);
+        for r in self.ranges.drain(..) {
+            if r.end < start || r.start > end {
+                out.push(r);
+                continue;
+            }
+            if r.start < start {
+                out.push(Range { end: start - 1, ..r });
+            }
+            if r.end > end {
+                out.push(Range { start: end + 1, ..r });
+            }
+        }
+        if f.ty != LockType::Unlock {
+            out.push(Range { start, end, ty: f.ty });
+        }
+        out.sort_by_key(|r| r.start);
+        self.ranges = out;
+        self.ranges.len() <= MAX_RANGES
+    }
+}
+
+/// The locks the mount was granted, by (inode, lock owner).
+#[derive(Default)]
+pub(super) struct HeldLocks(Mutex<HashMap<(Gfid, u64), Held>>);
+
+impl HeldLocks {
+    /// Records a granted SETLK/SETLKW (or unlock).
+    fn record(&self, fd: Fd, pid: u32, lock: &Flock) {
+        let mut m = self.0.lock();
+        let key = (fd.gfid, lock.owner);
+        if !m.contains_key(&key) && (lock.ty == LockType::Unlock || m.len() >= MAX_HELD) {
+            if lock.ty != LockType::Unlock {
+                tracing::warn!(gfid = %fd.gfid, "too many lock owners to remember: this lock will not survive a graph switch");
+            }
+            return;
+        }
+        let h = m.entry(key).or_default();
+        h.fd = Some(fd.id);
+        h.pid = pid;
+        if !h.apply(lock) {
+            tracing::warn!(gfid = %fd.gfid, "too many locked ranges to remember: these locks will not survive a graph switch");
+            m.remove(&key);
+            return;
+        }
+        if h.ranges.is_empty() {
+            m.remove(&key);
+        }
+    }
+
+    /// The flush of a close: the bricks drop the owner's locks on the inode.
+    fn drop_owner(&self, gfid: Gfid, owner: u64) {
+        self.0.lock().remove(&(gfid, owner));
+    }
+
+    /// A release: the bricks drop the locks taken through the fd.
+    fn drop_fd(&self, fd: FdId) {
+        self.0.lock().retain(|_, h| h.fd != Some(fd));
+    }
+
+    fn snapshot(&self) -> Vec<((Gfid, u64), Held)> {
+        self.0.lock().iter().map(|(k, h)| (*k, h.clone())).collect()
+    }
+
+    fn forget(&self, key: (Gfid, u64)) {
+        self.0.lock().remove(&key);
+    }
+
+    /// How many (inode, owner) pairs hold locks.
+    pub(super) fn len(&self) -> usize {
+        self.0.lock().len()
+    }
+}
+
 /// Parses one hexadecimal signal mask line of `/proc/PID/status`.
 fn mask(status: &str, key: &str) -> u64 {
     status
@@ -103,6 +219,7 @@ impl Core {
     pub(super) async fn getlk(self: Arc<Self>, who: Caller, fh: FileHandle, owner: u64, lk: FuseLock) -> Result<FuseLock, Errno> {
         let fd = self.fd(fh)?;
         let lock = to_flock(&lk, owner)?;
+        let _gate = self.lk_gate.read().await;
         match self.call(self.ctx(who, owner, false), Fop::Lk { fd, cmd: LkCmd::GetLk, lock }).await? {
             Reply::Lock(f) if f.ty == LockType::Unlock => Ok(FuseLock { typ: libc::F_UNLCK, pid: 0, ..lk }),
             Reply::Lock(f) => Ok(from_flock(&f)),
@@ -115,17 +232,89 @@ impl Core {
         let lock = to_flock(&lk, owner)?;
         let wait = sleep && lock.ty != LockType::Unlock;
         let cmd = if wait { LkCmd::SetLkw } else { LkCmd::SetLk };
-        let fop = self.call(self.ctx(who, owner, false), Fop::Lk { fd, cmd, lock });
-        if !wait {
-            return fop.await.map(drop);
+        loop {
+            let gate = self.lk_gate.read().await;
+            let entered = self.enter();
+            let a = entered.0.clone();
+            let fop = self.call_on(&a, self.ctx(who, owner, false), Fop::Lk { fd, cmd, lock }, Dict::new());
+            let r = if wait {
+                tokio::select! {
+                    biased;
+                    r = fop => r,
+                    () = interrupted(who.pid) => {
+                        tracing::debug!(pid = who.pid, "SETLKW interrupted by a signal");
+                        return Err(Errno::EINTR);
+                    }
+                    () = a.retiring() => {
+                        // A graph switch: wait again on the new graph.
+                        drop(entered);
+                        drop(gate);
+                        continue;
+                    }
+                }
+            } else {
+                fop.await
+            };
+            if r.is_ok() {
+                self.held.record(fd, who.pid, &lock);
+            }
+            return r.map(drop);
         }
-        tokio::select! {
-            r = fop => r.map(drop),
-            () = interrupted(who.pid) => {
-                tracing::debug!(pid = who.pid, "SETLKW interrupted by a signal");
-                Err(Errno::EINTR)
+    }
+
+    /// Flush of a close: the bricks drop `owner`'s POSIX locks on the file.
+    pub(super) async fn flush_locks(self: &Arc<Self>, ctx: CallCtx, fd: Fd) -> Result<(), Errno> {
+        let _gate = self.lk_gate.read().await;
+        let owner = ctx.lk_owner;
+        let r = self.call(ctx, Fop::Flush { fd }).await.map(drop);
+        self.held.drop_owner(fd.gfid, owner);
+        r
+    }
+
+    /// Release (or releasedir): the bricks drop the locks taken through it.
+    /// The fd leaves the table first, so no graph switch reopens it now.
+    pub(super) async fn release_locks(self: &Arc<Self>, ctx: CallCtx, fd: Fd, dir: bool) -> Result<(), Errno> {
+        let _gate = self.lk_gate.read().await;
+        self.fds.release(fd.id);
+        let fop = if dir { Fop::Releasedir { fd } } else { Fop::Release { fd } };
+        let r = self.call(ctx, fop).await.map(drop);
+        self.held.drop_fd(fd.id);
+        r
+    }
+
+    /// Moves the locks the mount holds from graph `old` to graph `new`
+    /// (lock fops are held at the gate): each owner's locks on an inode are
+    /// unlocked on the old graph, then each range is taken again (SETLK) on
+    /// the new one. Returns (ranges moved, ranges lost).
+    pub(super) async fn move_locks(&self, old: &Active, new: &Active) -> (usize, usize) {
+        let (mut moved, mut lost) = (0, 0);
+        for ((gfid, owner), held) in self.held.snapshot() {
+            let Some(id) = held.fd else { continue };
+            let fd = Fd { id, gfid };
+            let ctx = CallCtx { lk_owner: owner, pid: held.pid, ..CallCtx::root(self.client_id.clone()) };
+            let all = Flock { ty: LockType::Unlock, start: 0, len: 0, pid: held.pid, owner };
+            if let Err(e) = self.call_on(old, ctx.clone(), Fop::Lk { fd, cmd: LkCmd::SetLk, lock: all }, Dict::new()).await {
+                tracing::debug!(%gfid, owner, error = %e, "unlock on the old graph");
+            }
+            let mut kept = true;
+            for r in &held.ranges {
+                let len = if r.end == u64::MAX { 0 } else { r.end - r.start + 1 };
+                let lock = Flock { ty: r.ty, start: r.start, len, pid: held.pid, owner };
+                match self.call_on(new, ctx.clone(), Fop::Lk { fd, cmd: LkCmd::SetLk, lock }, Dict::new()).await {
+                    Ok(_) => moved += 1,
+                    Err(e) => {
+                        tracing::warn!(%gfid, owner, start = r.start, end = r.end, error = %e,
+                            "a lock could not be taken again on the new graph: it is lost");
+                        lost += 1;
+                        kept = false;
+                    }
+                }
+            }
+            if !kept {
+                self.held.forget((gfid, owner));
             }
         }
+        (moved, lost)
     }
 }
 
@@ -147,6 +336,43 @@ mod tests {
         assert_eq!(to_flock(&FuseLock { start: 0, end: 1, typ: 42, pid: 0 }, 0), Err(Errno::EINVAL));
         let one = FuseLock { start: 3, end: 3, typ: libc::F_UNLCK, pid: 0 };
         assert_eq!(to_flock(&one, 0).expect("valid").len, 1);
+    }
+
+    fn flock(ty: LockType, start: u64, len: u64) -> Flock {
+        Flock { ty, start, len, pid: 1, owner: 7 }
+    }
+
+    #[test]
+    fn held_ranges_split_and_merge_as_posix_does() {
+        let mut h = Held::default();
+        let r = |start, end, ty| Range { start, end, ty };
+        assert!(h.apply(&flock(LockType::Write, 0, 100)));
+        assert!(h.apply(&flock(LockType::Unlock, 10, 10)));
+        assert_eq!(h.ranges, [r(0, 9, LockType::Write), r(20, 99, LockType::Write)]);
+        assert!(h.apply(&flock(LockType::Read, 50, 0)));
+        assert_eq!(h.ranges, [r(0, 9, LockType::Write), r(20, 49, LockType::Write), r(50, u64::MAX, LockType::Read)]);
+        assert!(h.apply(&flock(LockType::Unlock, 0, 0)));
+        assert!(h.ranges.is_empty());
+    }
+
+    #[test]
+    fn held_locks_follow_flush_and_release() {
+        let held = HeldLocks::default();
+        let g = Gfid([1; 16]);
+        let fd = |id| Fd { id: FdId(id), gfid: g };
+        held.record(fd(1), 5, &flock(LockType::Write, 0, 10));
+        held.record(fd(2), 5, &Flock { owner: 8, ..flock(LockType::Read, 0, 0) });
+        assert_eq!(held.len(), 2);
+        // An unlock of everything forgets the owner; an unlock of an
+        // unknown owner records nothing.
+        held.record(fd(1), 5, &flock(LockType::Unlock, 0, 0));
+        held.record(fd(1), 5, &Flock { owner: 99, ..flock(LockType::Unlock, 0, 0) });
+        assert_eq!(held.len(), 1);
+        held.record(fd(1), 5, &flock(LockType::Write, 0, 10));
+        held.drop_owner(g, 7);
+        assert_eq!(held.snapshot().len(), 1);
+        held.drop_fd(FdId(2));
+        assert_eq!(held.len(), 0);
     }
 
     #[test]

@@ -29,12 +29,18 @@
 //! `io` (files), `dir` (directories), `locks` (POSIX locks and flock) and
 //! `upcall` (invalidations from the bricks); [`options`] holds the mount
 //! options. [`Mount`] mounts, serves and unmounts.
+//!
+//! **Graph switch.** Fops go to the mount's active graph, which
+//! [`Mount::switch`] replaces while the mount serves: open fds are reopened
+//! on the new graph, the locks the mount holds move with them, and the old
+//! graph drains before it is shut down (see [`switch`]).
 
 mod dir;
 mod entry;
 mod io;
 mod locks;
 pub mod options;
+pub mod switch;
 mod upcall;
 
 use std::collections::HashMap;
@@ -54,12 +60,14 @@ use fuser::{
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, broadcast, watch};
-use xlfs_sdk::{CallCtx, Child, Dict, Errno, Fd, FdId, FileType, Fop, Gfid, Iatt, Reply, Request, Timespec, Upcall};
+use xlfs_sdk::{CallCtx, Child, Dict, Errno, Fd, FdId, FileType, Fop, Gfid, Iatt, Reply, Timespec, Upcall};
 
 use crate::fd::FdTable;
+use crate::graph::Graph;
 use crate::inode::InodeTable;
 
 pub use options::{MountOptions, OptionsError};
+pub use switch::SwitchReport;
 
 /// Why a mount failed.
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +103,7 @@ pub enum FuseError {
 
 /// Counts fops in flight so an unmount can wait for them.
 #[derive(Default)]
-struct InFlight {
+pub(crate) struct InFlight {
     count: AtomicUsize,
     idle: Notify,
 }
@@ -104,8 +112,20 @@ struct InFlightGuard<'a>(&'a InFlight);
 
 impl InFlight {
     fn enter(&self) -> InFlightGuard<'_> {
-        self.count.fetch_add(1, Ordering::AcqRel);
+        self.begin();
         InFlightGuard(self)
+    }
+
+    /// Counts one more in flight, without a guard: [`InFlight::leave`] ends it.
+    fn begin(&self) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Ends what [`InFlight::begin`] (or a guard) began.
+    fn leave(&self) {
+        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_waiters();
+        }
     }
 
     async fn drained(&self, timeout: Duration) -> bool {
@@ -124,9 +144,7 @@ impl InFlight {
 
 impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle.notify_waiters();
-        }
+        self.0.leave();
     }
 }
 
@@ -173,7 +191,14 @@ fn parse_groups(status: &str) -> Option<Vec<u32>> {
 
 /// What the bridge shares between reader threads and tasks.
 pub(crate) struct Core {
-    top: Child,
+    /// The graph fops go to (replaced by a switch).
+    active: parking_lot::RwLock<Arc<switch::Active>>,
+    /// Lock fops, flush and release pass here; a switch closes it while
+    /// it moves the locks.
+    lk_gate: tokio::sync::RwLock<()>,
+    held: locks::HeldLocks,
+    /// Set once the session runs: true when it ends.
+    ended: OnceLock<watch::Receiver<bool>>,
     rt: Handle,
     inodes: InodeTable,
     fds: FdTable,
@@ -264,6 +289,25 @@ impl From<&FuseRequest> for Caller {
 }
 
 impl Core {
+    fn new(active: Arc<switch::Active>, rt: Handle, opts: MountOptions, client_id: Arc<str>) -> Core {
+        Core {
+            active: parking_lot::RwLock::new(active),
+            lk_gate: tokio::sync::RwLock::new(()),
+            held: locks::HeldLocks::default(),
+            ended: OnceLock::new(),
+            rt,
+            inodes: InodeTable::new(opts.inode_lru_limit),
+            fds: FdTable::new(opts.max_open_fds),
+            client_id,
+            inflight: InFlight::default(),
+            groups: GroupCache(Mutex::new(HashMap::new())),
+            notifier: OnceLock::new(),
+            dirs: dir::DirBuffers::default(),
+            no_caps: entry::NoCaps::default(),
+            opts,
+        }
+    }
+
     /// The call context for a caller; `groups` reads its supplementary
     /// groups (for fops whose result depends on them).
     fn ctx(&self, c: Caller, lk_owner: u64, groups: bool) -> CallCtx {
@@ -276,12 +320,13 @@ impl Core {
         self.call_x(ctx, fop, Dict::new()).await
     }
 
-    /// Sends one fop with xdata.
+    /// Sends one fop with xdata to the active graph.
     async fn call_x(&self, ctx: CallCtx, fop: Fop, xdata: Dict) -> Result<Reply, Errno> {
         let kind = fop.kind();
-        let r = self.top.call(ctx, Request::with_xdata(fop, xdata)).await;
+        let entered = self.enter();
+        let r = self.call_on(&entered.0, ctx, fop, xdata).await;
         tracing::trace!(fop = kind.name(), ok = r.is_ok(), "fop");
-        Ok(r?.reply)
+        r
     }
 
     /// The gfid of a node id the kernel holds (ESTALE if unknown).
@@ -821,10 +866,30 @@ const UNMOUNT_WAIT: Duration = Duration::from_secs(10);
 impl Mount {
     /// Mounts `top` (an active graph's top) on `mountpoint` and starts
     /// serving. `upcalls` carries the graph's upcalls (invalidations).
+    /// The caller keeps the graph (and shuts it down); a later
+    /// [`Mount::switch`] leaves it to the caller too.
     /// Blocks for the mount and the FUSE handshake: call it from a blocking
     /// context (such as `spawn_blocking`) inside a tokio runtime.
     pub fn new(
         top: Child,
+        upcalls: Option<broadcast::Receiver<Upcall>>,
+        mountpoint: &Path,
+        opts: MountOptions,
+        rt: Handle,
+    ) -> Result<Mount, FuseError> {
+        Mount::start(switch::Active::new(1, top, None), upcalls, mountpoint, opts, rt)
+    }
+
+    /// Mounts `graph` (activated and up), which the mount then owns: a
+    /// [`Mount::switch`] away from it shuts it down once drained. Blocks as
+    /// [`Mount::new`] does.
+    pub fn with_graph(graph: Arc<Graph>, mountpoint: &Path, opts: MountOptions, rt: Handle) -> Result<Mount, FuseError> {
+        let upcalls = graph.upcalls();
+        Mount::start(switch::Active::new(1, graph.top(), Some(graph)), Some(upcalls), mountpoint, opts, rt)
+    }
+
+    fn start(
+        active: switch::Active,
         upcalls: Option<broadcast::Receiver<Upcall>>,
         mountpoint: &Path,
         opts: MountOptions,
@@ -842,24 +907,14 @@ impl Mount {
             std::process::id(),
             mountpoint.display()
         ));
-        let core = Arc::new(Core {
-            top,
-            rt: rt.clone(),
-            inodes: InodeTable::new(opts.inode_lru_limit),
-            fds: FdTable::new(opts.max_open_fds),
-            client_id,
-            inflight: InFlight::default(),
-            groups: GroupCache(Mutex::new(HashMap::new())),
-            notifier: OnceLock::new(),
-            dirs: dir::DirBuffers::default(),
-            no_caps: entry::NoCaps::default(),
-            opts,
-        });
+        let active = Arc::new(active);
+        let core = Arc::new(Core::new(active.clone(), rt.clone(), opts, client_id));
         let config = core.opts.fuser_config();
         let session = fuser::Session::new(Bridge { core: core.clone() }, &mountpoint, &config)
             .map_err(|source| FuseError::Mount { path: mountpoint.clone(), source })?;
         let _ = core.notifier.set(session.notifier());
         let (tx, ended) = watch::channel(false);
+        let _ = core.ended.set(ended.clone());
         let session = std::thread::Builder::new()
             .name("fuse-session".into())
             .spawn(move || {
@@ -870,10 +925,35 @@ impl Mount {
             .map_err(FuseError::Session)?;
         set_readahead(&mountpoint, core.opts.max_readahead);
         if let Some(rx) = upcalls {
-            rt.spawn(upcall::watch(Arc::downgrade(&core), rx, ended.clone()));
+            core.watch_upcalls(&active, rx);
         }
         tracing::info!(mountpoint = %mountpoint.display(), options = %core.opts.to_option_string(), "mounted");
         Ok(Mount { core, mountpoint, ended, session: Mutex::new(Some(session)) })
+    }
+
+    /// Moves the mount to `graph` (activated, and up) while it serves:
+    /// every open fd is reopened on it, the locks the mount holds move,
+    /// new fops go to it, and the old graph drains; an old graph the mount
+    /// owns is then shut down and dropped. The mount owns `graph` from now
+    /// on. In-flight fops are not failed by the switch.
+    pub async fn switch(&self, graph: Arc<Graph>) -> SwitchReport {
+        self.core.switch(graph.top(), Some(graph)).await
+    }
+
+    /// The active graph's generation: 1 at mount, one more per switch.
+    pub fn generation(&self) -> u64 {
+        self.core.current().generation
+    }
+
+    /// The active graph, if the mount owns it.
+    pub fn graph(&self) -> Option<Arc<Graph>> {
+        self.core.current().graph.clone()
+    }
+
+    /// Locks the mount holds and would move in a switch, as (inode, owner)
+    /// pairs (for diagnosis and tests).
+    pub fn held_locks(&self) -> usize {
+        self.core.held.len()
     }
 
     /// The mount point (canonical).
