@@ -13,11 +13,17 @@ use crate::graph::{GraphError, LoadError};
 use crate::volfile::VolfileError;
 
 pub mod brick;
+pub mod heal;
 pub mod mount;
+pub mod reload;
+pub mod up;
 pub mod volfile;
 
 pub use brick::{BrickArgs, BrickError};
+pub use heal::{HealArgs, HealError};
 pub use mount::{MountArgs, MountError, UmountArgs};
+pub use reload::{ReloadArgs, ReloadError, StatusArgs};
+pub use up::{DownArgs, UpArgs, UpError, replica_volfile};
 pub use volfile::VolfileCommand;
 
 /// xlfs: a distributed filesystem built from a graph of translators.
@@ -36,13 +42,25 @@ pub enum Command {
     #[command(subcommand)]
     Volfile(VolfileCommand),
     /// Serve a brick: a directory behind posix -> locks -> io-threads ->
-    /// io-stats -> protocol/server, until SIGTERM or SIGINT.
+    /// index -> io-stats -> protocol/server, until SIGTERM or SIGINT.
     Brick(BrickArgs),
     /// Mount a volume with FUSE: the graph of a client volfile, until
     /// unmounted, SIGTERM or SIGINT (a daemon unless --foreground).
     Mount(MountArgs),
     /// Unmount an xlfs mount (also one whose process died).
     Umount(UmountArgs),
+    /// Start three local bricks and mount a replica-3 volume over them.
+    Up(UpArgs),
+    /// Unmount and stop what `xlfs up` started.
+    Down(DownArgs),
+    /// Self-heal a replicated volume, list what needs healing, or resolve
+    /// a split-brain.
+    Heal(HealArgs),
+    /// Make a mounted client re-read its volfile now (as SIGHUP does).
+    Reload(ReloadArgs),
+    /// Show a mounted client's running graph, its generation and when it
+    /// was switched.
+    Status(StatusArgs),
 }
 
 /// Why a command failed; the message is what the user sees.
@@ -60,6 +78,15 @@ pub enum CliError {
     /// Mounting or unmounting failed.
     #[error(transparent)]
     Mount(#[from] MountError),
+    /// `xlfs up` or `xlfs down` failed.
+    #[error(transparent)]
+    Up(#[from] UpError),
+    /// Healing failed.
+    #[error(transparent)]
+    Heal(#[from] HealError),
+    /// A reload or status request failed.
+    #[error(transparent)]
+    Reload(#[from] ReloadError),
     /// Writing the output failed.
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
@@ -80,7 +107,8 @@ impl Cli {
         match &self.command {
             Command::Brick(b) => b.log_file.as_deref(),
             Command::Mount(m) => m.log_file.as_deref(),
-            Command::Volfile(_) | Command::Umount(_) => None,
+            Command::Heal(h) => h.log_file.as_deref(),
+            _ => None,
         }
     }
 
@@ -90,7 +118,8 @@ impl Cli {
     pub fn default_log_filter(&self) -> &'static str {
         match &self.command {
             Command::Brick(_) | Command::Mount(_) => "info",
-            Command::Volfile(_) | Command::Umount(_) => "warn",
+            Command::Heal(h) if h.is_daemon() => "info",
+            _ => "warn",
         }
     }
 
@@ -101,6 +130,11 @@ impl Cli {
             Command::Brick(args) => args.run(out).await,
             Command::Mount(args) => args.run(out).await,
             Command::Umount(args) => args.run(),
+            Command::Up(args) => args.run(out).await,
+            Command::Down(args) => args.run(out).await,
+            Command::Heal(args) => args.run(out).await,
+            Command::Reload(args) => args.run(out).await,
+            Command::Status(args) => args.run(out).await,
         }
     }
 }

@@ -12,6 +12,8 @@
 //! - [`TestProcess`]: re-runs this test binary as a separate process that
 //!   plays a role (for example a lock holder to be killed with SIGKILL).
 //! - [`run_xlfs`]: runs the `xlfs` binary to completion, for failure cases.
+//! - [`fuse_mount`]: a FUSE mount by a real `xlfs mount` process, and `sh`
+//!   to run a bash script on it.
 //! - [`workload`]: the foundation's client-API workload, run in-process and
 //!   over the network with the same assertions.
 //!
@@ -21,6 +23,7 @@
 //! start bricks from the test's own thread, not from spawned tasks.
 #![allow(dead_code)]
 
+pub mod fuse_mount;
 pub mod workload;
 
 use std::ffi::OsStr;
@@ -464,6 +467,16 @@ impl Cluster {
             b.finish_start(l);
         }
         Cluster { bricks }
+    }
+}
+
+impl Cluster {
+    /// The client volfile of a replicated volume `rep3` over these bricks
+    /// (`rep3-client-<i>` -> `rep3-replicate-0` with `afr` options ->
+    /// io-stats `rep3`; see [`xlfs_runtime::cli::replica_volfile`]).
+    pub fn replica_volfile(&self, afr: &[(&str, &str)]) -> String {
+        let bricks: Vec<(u16, String)> = self.bricks.iter().map(|b| (b.port(), b.subvolume())).collect();
+        xlfs_runtime::cli::replica_volfile("rep3", &bricks, afr)
     }
 }
 

@@ -37,6 +37,17 @@ pub fn read_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
     Some(buf)
 }
 
+/// Sets one xattr of `path` (not following symlinks); panics on failure.
+pub fn write_xattr(path: &Path, name: &str, value: &[u8]) {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let p = CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
+    let n = CString::new(name).expect("name without NUL");
+    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
+    let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    assert!(r == 0, "setxattr {name} on {}: {}", path.display(), std::io::Error::last_os_error());
+}
+
 /// Where the gfid handle of `gfid` lives under `brick`.
 pub fn handle_path(brick: &Path, gfid: Gfid) -> std::path::PathBuf {
     let s = gfid.to_string();

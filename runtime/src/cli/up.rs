@@ -1,0 +1,444 @@
+//! `xlfs up [DIR]` and `xlfs down [DIR]`: a local replica-3 volume in one
+//! command, for trying xlfs and for development.
+//!
+//! `up` lays out `DIR` (default `./xlfs-data`):
+//!
+//! ```text
+//! DIR/bricks/b0 b1 b2   the three brick directories (kept across up/down)
+//! DIR/client.vol        the client volfile (rewritten by each `up`)
+//! DIR/mnt               the mount point
+//! DIR/logs/*.log        one log per process
+//! DIR/run/*.pid         the processes `up` started, for `down`
+//! ```
+//!
+//! It starts three `xlfs brick` processes on free loopback ports (each
+//! reports the port it bound in its start line), writes a client volfile
+//! (protocol/client x3 -> cluster/replicate -> debug/io-stats, as GlusterFS
+//! generates for a replica 3 volume), starts the self-heal daemon
+//! (`xlfs heal --daemon`) and mounts the volume with `xlfs mount`, then
+//! prints what it did and how to stop it. If anything fails, what was
+//! started is stopped again.
+//!
+//! `down` unmounts and stops, in that order, the mount, the heal daemon
+//! and the bricks (SIGTERM, then waits for each to exit); the data stays in
+//! the bricks for the next `up`. A pid is only signalled while its
+//! `/proc/PID/cmdline` is still the xlfs process `up` started.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+
+use super::CliError;
+
+/// The volume's name (its top volume and the prefix of its translators).
+const VOLUME: &str = "xlfs";
+
+/// Bricks in the volume.
+const REPLICAS: usize = 3;
+
+/// How long a brick may take to report that it serves.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a process may take to exit after SIGTERM (a brick drains its
+/// in-flight fops for up to 30 s).
+const STOP_TIMEOUT: Duration = Duration::from_secs(40);
+
+/// `xlfs up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Where the bricks, the volfile, the logs and the mount point go.
+    #[arg(default_value = "xlfs-data")]
+    pub dir: PathBuf,
+    /// Mount options for `xlfs mount -o` (comma-separated).
+    #[arg(short = 'o', value_name = "OPTS")]
+    pub options: Option<String>,
+    /// Extra `cluster/replicate` options in the client volfile, as
+    /// KEY=VALUE (e.g. lock-contention-policy=inodelk-count); repeatable.
+    #[arg(long = "afr", value_name = "KEY=VALUE")]
+    pub afr: Vec<String>,
+    /// Do not start the self-heal daemon.
+    #[arg(long)]
+    pub no_shd: bool,
+}
+
+/// `xlfs down`.
+#[derive(Debug, Args)]
+pub struct DownArgs {
+    /// The directory `xlfs up` used.
+    #[arg(default_value = "xlfs-data")]
+    pub dir: PathBuf,
+}
+
+/// Why up or down failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpError {
+    /// A file or directory under DIR could not be used.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A process could not be started or did not start.
+    #[error("starting {what}: {why} (log: {})", log.display())]
+    Start {
+        /// Which process.
+        what: String,
+        /// Why.
+        why: String,
+        /// Its log.
+        log: PathBuf,
+    },
+    /// The volume is running already.
+    #[error("{} is already up ({running}); run `xlfs down {}` first", dir.display(), dir.display())]
+    AlreadyUp {
+        /// DIR.
+        dir: PathBuf,
+        /// What runs.
+        running: String,
+    },
+    /// A `--afr` value is not KEY=VALUE.
+    #[error("--afr {0:?}: expected KEY=VALUE with no whitespace")]
+    BadOption(String),
+    /// Some processes did not stop.
+    #[error("still running after {STOP_TIMEOUT:?}: {0}")]
+    NotStopped(String),
+}
+
+/// The paths under DIR.
+struct Layout {
+    dir: PathBuf,
+}
+
+impl Layout {
+    fn new(dir: &Path) -> Result<Layout, UpError> {
+        std::fs::create_dir_all(dir).map_err(|source| UpError::Io { path: dir.to_path_buf(), source })?;
+        let dir = std::fs::canonicalize(dir).map_err(|source| UpError::Io { path: dir.to_path_buf(), source })?;
+        Ok(Layout { dir })
+    }
+
+    fn brick(&self, i: usize) -> PathBuf {
+        self.dir.join("bricks").join(format!("b{i}"))
+    }
+    fn volfile(&self) -> PathBuf {
+        self.dir.join("client.vol")
+    }
+    fn mnt(&self) -> PathBuf {
+        self.dir.join("mnt")
+    }
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("{name}.log"))
+    }
+    fn pid_file(&self, name: &str) -> PathBuf {
+        self.dir.join("run").join(format!("{name}.pid"))
+    }
+
+    /// The processes `up` starts, in stop order.
+    fn names() -> Vec<String> {
+        let mut v = vec!["mount".to_string(), "shd".to_string()];
+        v.extend((0..REPLICAS).map(|i| format!("b{i}")));
+        v
+    }
+
+    fn mkdirs(&self) -> Result<(), UpError> {
+        let mut dirs = vec![self.dir.join("logs"), self.dir.join("run"), self.mnt()];
+        dirs.extend((0..REPLICAS).map(|i| self.brick(i)));
+        for d in dirs {
+            std::fs::create_dir_all(&d).map_err(|source| UpError::Io { path: d, source })?;
+        }
+        Ok(())
+    }
+
+    /// The live process recorded under `name`, if any.
+    fn running(&self, name: &str) -> Option<u32> {
+        let pid: u32 = std::fs::read_to_string(self.pid_file(name)).ok()?.trim().parse().ok()?;
+        is_ours(pid, &self.dir).then_some(pid)
+    }
+
+    fn record(&self, name: &str, pid: u32) -> Result<(), UpError> {
+        let path = self.pid_file(name);
+        std::fs::write(&path, format!("{pid}\n")).map_err(|source| UpError::Io { path, source })
+    }
+}
+
+/// True while `pid` is an xlfs process whose command line names `dir`.
+fn is_ours(pid: u32, dir: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let dir = dir.as_os_str().as_encoded_bytes();
+    let names_dir = args.iter().any(|a| a.windows(dir.len()).any(|w| w == dir));
+    let is_xlfs = args.first().is_some_and(|a| a.ends_with(b"xlfs"));
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+        .unwrap_or(true);
+    is_xlfs && names_dir && !zombie
+}
+
+/// True if `path` is a mount whose FUSE process is gone ("Transport
+/// endpoint is not connected").
+fn is_dead_mount(path: &Path) -> bool {
+    std::fs::metadata(path).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN))
+}
+
+/// A process `up` started.
+struct Started {
+    name: String,
+    pid: u32,
+}
+
+impl UpArgs {
+    pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
+        let afr = self
+            .afr
+            .iter()
+            .map(|kv| match kv.split_once('=') {
+                Some((k, v)) if !k.is_empty() && !v.is_empty() && !kv.contains(char::is_whitespace) => {
+                    Ok((k.to_string(), v.to_string()))
+                }
+                _ => Err(UpError::BadOption(kv.clone())),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let lay = Layout::new(&self.dir)?;
+        let running: Vec<String> = Layout::names()
+            .iter()
+            .filter_map(|n| lay.running(n).map(|p| format!("{n} pid {p}")))
+            .collect();
+        if !running.is_empty() {
+            return Err(UpError::AlreadyUp { dir: lay.dir.clone(), running: running.join(", ") }.into());
+        }
+        lay.mkdirs()?;
+        // A mount left behind by a process that died.
+        if is_dead_mount(&lay.mnt()) {
+            let _ = crate::fuse::lazy_unmount(&lay.mnt());
+        }
+        let (no_shd, options) = (self.no_shd, self.options);
+        let report = tokio::task::spawn_blocking(move || {
+            let mut started = Vec::new();
+            match start_all(&lay, &afr, no_shd, options.as_deref(), &mut started) {
+                Ok(lines) => Ok(lines),
+                Err(e) => {
+                    stop(&lay, &started);
+                    Err(e)
+                }
+            }
+        })
+        .await
+        .map_err(|e| UpError::Start { what: "xlfs up".into(), why: e.to_string(), log: PathBuf::new() })??;
+        out.write_all(report.as_bytes())?;
+        out.flush()?;
+        Ok(())
+    }
+}
+
+/// Starts the bricks, the heal daemon and the mount; returns the report.
+fn start_all(
+    lay: &Layout,
+    afr: &[(String, String)],
+    no_shd: bool,
+    options: Option<&str>,
+    started: &mut Vec<Started>,
+) -> Result<String, UpError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| UpError::Start { what: "xlfs".into(), why: format!("finding the xlfs binary: {e}"), log: PathBuf::new() })?;
+    let mut report = String::new();
+    let mut ports = Vec::new();
+    for i in 0..REPLICAS {
+        let name = format!("b{i}");
+        let (dir, log) = (lay.brick(i), lay.log(&name));
+        let mut cmd = Command::new(&exe);
+        cmd.arg("brick").arg("--dir").arg(&dir).args(["--port", "0", "--host", "127.0.0.1", "--allow", "127.0.0.1"]);
+        cmd.arg("--log-file").arg(&log);
+        let (child, line) = spawn_daemon(cmd, &name, &log, |l| l.starts_with("xlfs brick: serving "))?;
+        started.push(Started { name: name.clone(), pid: child.id() });
+        lay.record(&name, child.id())?;
+        let port = line
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.trim().parse::<u16>().ok())
+            .ok_or_else(|| UpError::Start { what: name.clone(), why: format!("unexpected start line {line:?}"), log: log.clone() })?;
+        report += &format!("xlfs up: brick {name}: {} on 127.0.0.1:{port} (pid {}, log {})\n", dir.display(), child.id(), log.display());
+        ports.push(port);
+    }
+    let volfile = lay.volfile();
+    let bricks: Vec<(u16, String)> = ports.iter().enumerate().map(|(i, p)| (*p, lay.brick(i).display().to_string())).collect();
+    let afr: Vec<(&str, &str)> = afr.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let text = format!("# generated by xlfs up; rewritten on each `xlfs up {}`\n{}", lay.dir.display(), replica_volfile(VOLUME, &bricks, &afr));
+    std::fs::write(&volfile, text).map_err(|source| UpError::Io { path: volfile.clone(), source })?;
+    if !no_shd {
+        let log = lay.log("shd");
+        let mut cmd = Command::new(&exe);
+        cmd.arg("heal").arg("--volfile").arg(&volfile).arg("--daemon").arg("--log-file").arg(&log);
+        let (child, _) = spawn_daemon(cmd, "the self-heal daemon", &log, |l| l.starts_with(super::heal::DAEMON_PREFIX))?;
+        started.push(Started { name: "shd".into(), pid: child.id() });
+        lay.record("shd", child.id())?;
+        report += &format!("xlfs up: self-heal daemon (pid {}, log {})\n", child.id(), log.display());
+    }
+    let log = lay.log("mount");
+    let mut cmd = Command::new(&exe);
+    cmd.arg("mount").arg("--volfile").arg(&volfile).arg("--log-file").arg(&log);
+    if let Some(o) = options {
+        cmd.arg("-o").arg(o);
+    }
+    cmd.arg(lay.mnt());
+    let mounted = cmd.stdin(Stdio::null()).output().map_err(|e| UpError::Start {
+        what: "xlfs mount".into(),
+        why: e.to_string(),
+        log: log.clone(),
+    })?;
+    let line = String::from_utf8_lossy(&mounted.stdout).trim().to_string();
+    let pid = line.rsplit_once("(pid ").and_then(|(_, p)| p.trim_end_matches(')').parse::<u32>().ok());
+    let (true, Some(pid)) = (mounted.status.success(), pid) else {
+        let err = String::from_utf8_lossy(&mounted.stderr).trim().to_string();
+        return Err(UpError::Start { what: "xlfs mount".into(), why: format!("{}: {err}", mounted.status), log });
+    };
+    started.push(Started { name: "mount".into(), pid });
+    lay.record("mount", pid)?;
+    report += &format!(
+        "xlfs up: replica-3 volume '{VOLUME}' ({}) mounted on {} (pid {pid}, log {})\n\
+         Stop it with: xlfs down {}\n",
+        volfile.display(),
+        lay.mnt().display(),
+        log.display(),
+        lay.dir.display()
+    );
+    Ok(report)
+}
+
+/// The client volfile of a replicated volume named `volume` over bricks
+/// served on 127.0.0.1 (`(port, remote-subvolume)` each): one
+/// protocol/client per brick (`<volume>-client-<i>`), cluster/replicate
+/// over them (`<volume>-replicate-0`, with `afr` options added), and
+/// debug/io-stats named `volume` on top, as GlusterFS generates for a
+/// replica volume. Used by `xlfs up` and by the end-to-end tests.
+pub fn replica_volfile(volume: &str, bricks: &[(u16, String)], afr: &[(&str, &str)]) -> String {
+    let clients: Vec<String> = (0..bricks.len()).map(|i| format!("{volume}-client-{i}")).collect();
+    let mut v = String::new();
+    for ((port, subvol), name) in bricks.iter().zip(&clients) {
+        v += &format!(
+            "volume {name}\n    type protocol/client\n    option remote-host 127.0.0.1\n    option remote-port {port}\n    \
+             option remote-subvolume {subvol}\nend-volume\n\n"
+        );
+    }
+    v += &format!("volume {volume}-replicate-0\n    type cluster/replicate\n    option afr-pending-xattr {}\n", clients.join(","));
+    for (k, val) in afr {
+        v += &format!("    option {k} {val}\n");
+    }
+    v += &format!("    subvolumes {}\nend-volume\n\n", clients.join(" "));
+    v += &format!("volume {volume}\n    type debug/io-stats\n    subvolumes {volume}-replicate-0\nend-volume\n");
+    v
+}
+
+/// Starts `cmd` in a new session with its stdout piped until `ready`
+/// matches a line (then stdout goes nowhere); stderr to `log`.
+fn spawn_daemon(
+    mut cmd: Command,
+    what: &str,
+    log: &Path,
+    ready: impl Fn(&str) -> bool + Send + 'static,
+) -> Result<(Child, String), UpError> {
+    let fail = |why: String| UpError::Start { what: what.to_string(), why, log: log.to_path_buf() };
+    let err = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(|e| fail(e.to_string()))?;
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(err));
+    // SAFETY: setsid is async-signal-safe and touches no memory of ours.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| fail(e.to_string()))?;
+    let Some(stdout) = child.stdout.take() else { return Err(fail("no stdout".into())) };
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Reads the start line, then keeps draining stdout so the daemon never
+    // blocks or gets EPIPE on a later line.
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if !sent && ready(&line) {
+                let _ = tx.send(line);
+                sent = true;
+            }
+        }
+    });
+    match rx.recv_timeout(START_TIMEOUT) {
+        Ok(line) => Ok((child, line)),
+        Err(_) => {
+            let status = child.try_wait().ok().flatten();
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(fail(match status {
+                Some(s) => format!("exited with {s}"),
+                None => format!("no start line within {START_TIMEOUT:?}"),
+            }))
+        }
+    }
+}
+
+/// SIGTERMs the processes (in order) and waits for each to go.
+fn stop(lay: &Layout, procs: &[Started]) -> Vec<String> {
+    let mut left = Vec::new();
+    let order = Layout::names();
+    let mut procs: Vec<&Started> = procs.iter().collect();
+    procs.sort_by_key(|p| order.iter().position(|n| *n == p.name));
+    for p in procs {
+        if !is_ours(p.pid, &lay.dir) {
+            continue;
+        }
+        // SAFETY: kill(2) on a pid checked to be our process just now.
+        unsafe { libc::kill(p.pid as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while is_ours(p.pid, &lay.dir) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if is_ours(p.pid, &lay.dir) {
+            left.push(format!("{} pid {}", p.name, p.pid));
+        } else {
+            let _ = std::fs::remove_file(lay.pid_file(&p.name));
+        }
+    }
+    left
+}
+
+impl DownArgs {
+    pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
+        let lay = Layout::new(&self.dir)?;
+        let procs: Vec<Started> = Layout::names()
+            .into_iter()
+            .filter_map(|name| lay.running(&name).map(|pid| Started { name, pid }))
+            .collect();
+        let mnt = lay.mnt();
+        let report = tokio::task::spawn_blocking(move || {
+            let mut report = String::new();
+            let dead = is_dead_mount(&mnt);
+            if dead {
+                let _ = crate::fuse::lazy_unmount(&mnt);
+                report += &format!("xlfs down: detached the dead mount on {}\n", mnt.display());
+            }
+            let names: Vec<String> = procs.iter().map(|p| format!("{} (pid {})", p.name, p.pid)).collect();
+            let left = stop(&lay, &procs);
+            if !names.is_empty() {
+                report += &format!("xlfs down: stopped {}\n", names.join(", "));
+            } else if !dead {
+                report += &format!("xlfs down: nothing running under {}\n", lay.dir.display());
+            }
+            report += &format!("xlfs down: the data stays in {}; `xlfs up {}` starts it again\n", lay.dir.join("bricks").display(), lay.dir.display());
+            (report, left)
+        })
+        .await
+        .map_err(|e| UpError::NotStopped(e.to_string()))?;
+        out.write_all(report.0.as_bytes())?;
+        out.flush()?;
+        if !report.1.is_empty() {
+            return Err(UpError::NotStopped(report.1.join(", ")).into());
+        }
+        Ok(())
+    }
+}

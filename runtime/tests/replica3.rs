@@ -1,0 +1,483 @@
+//! Replication end to end: three real `xlfs brick` processes, a replica-3
+//! client (protocol/client x3 -> cluster/replicate -> io-stats) mounted
+//! with FUSE by a real `xlfs mount` process or built in-process, and
+//! `xlfs heal`, `xlfs up` and `xlfs down` run as the user would.
+//!
+//! - a writer keeps writing (and creating files) through the mount while a
+//!   brick is SIGKILLed and restarted: it sees no error, and after heal the
+//!   three brick copies are identical (names, gfids, data, symlinks) with
+//!   every pending counter zero;
+//! - with two bricks down and quorum auto, modifying fops fail cleanly,
+//!   reads of healthy data work, and nothing is half applied;
+//! - a split-brain made on the bricks is EIO through the mount and resolved
+//!   by each policy of `xlfs heal split-brain`;
+//! - a pgbench-like workload over the network sends far fewer lock and
+//!   xattrop fops with `notify` and `inodelk-count` than with `fd-count`,
+//!   and two clients writing one file both make progress under every
+//!   policy;
+//! - `xlfs up` / `xlfs down` bring a volume up and down and keep its data.
+
+mod kit;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kit::fuse_mount::{FuseMount, XLFS, is_mounted, sh};
+use kit::{Cluster, run_xlfs};
+use xlfs_runtime::client::Client;
+
+const N: usize = 3;
+
+/// Writes the volfile next to the mount's files and returns its path.
+fn volfile_file(dir: &Path, text: &str) -> PathBuf {
+    let p = dir.join("client.vol");
+    std::fs::write(&p, text).expect("write volfile");
+    p
+}
+
+/// Runs `xlfs heal --volfile V ARGS`; returns (success, stdout+stderr).
+fn heal(volfile: &Path, args: &[&str]) -> (bool, String) {
+    let mut all = vec!["heal".to_string(), "--volfile".into(), volfile.display().to_string()];
+    all.extend(args.iter().map(|s| s.to_string()));
+    let out = run_xlfs(&all);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// Heals until `xlfs heal` says all is clean (bounded).
+fn heal_until_clean(volfile: &Path) -> String {
+    let mut log = String::new();
+    for _ in 0..30 {
+        let (ok, text) = heal(volfile, &[]);
+        log += &text;
+        if ok {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    panic!("heal did not finish:\n{log}");
+}
+
+/// Every entry under a brick root (without `.glusterfs`), relative, sorted.
+fn tree(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let p = e.expect("entry").path();
+            if p.strip_prefix(root).is_ok_and(|r| r.starts_with(".glusterfs")) {
+                continue;
+            }
+            if p.symlink_metadata().expect("lstat").is_dir() {
+                stack.push(p.clone());
+            }
+            out.push(p.strip_prefix(root).expect("under root").to_path_buf());
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The `trusted.afr.rep3-client-<j>` counters of a brick file.
+fn pending(path: &Path, j: usize) -> [i32; 3] {
+    let v = kit::workload::read_xattr(path, &format!("trusted.afr.rep3-client-{j}")).unwrap_or_default();
+    let mut out = [0i32; 3];
+    for (o, c) in out.iter_mut().zip(v.chunks_exact(4)) {
+        *o = i32::from_be_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    out
+}
+
+fn set_pending(path: &Path, j: usize, v: [i32; 3]) {
+    let mut b = Vec::new();
+    for x in v {
+        b.extend_from_slice(&x.to_be_bytes());
+    }
+    kit::workload::write_xattr(path, &format!("trusted.afr.rep3-client-{j}"), &b);
+}
+
+/// Asserts the bricks hold the same names, gfids, types, data and link
+/// targets, and that no counter blames anyone.
+fn assert_identical(c: &Cluster) {
+    let roots: Vec<PathBuf> = c.bricks.iter().map(|b| b.dir().to_path_buf()).collect();
+    let want = tree(&roots[0]);
+    for r in &roots[1..] {
+        assert_eq!(tree(r), want, "names on {} vs {}", r.display(), roots[0].display());
+    }
+    for rel in &want {
+        let p0 = roots[0].join(rel);
+        let m0 = p0.symlink_metadata().expect("lstat");
+        for r in &roots[1..] {
+            let p = r.join(rel);
+            let m = p.symlink_metadata().expect("lstat");
+            assert_eq!(m0.file_type(), m.file_type(), "type of {}", rel.display());
+            assert_eq!(
+                kit::workload::read_xattr(&p0, "trusted.gfid"),
+                kit::workload::read_xattr(&p, "trusted.gfid"),
+                "gfid of {}",
+                rel.display()
+            );
+            if m0.is_file() {
+                assert!(std::fs::read(&p0).expect("read") == std::fs::read(&p).expect("read"), "data of {}", rel.display());
+                assert_eq!(m0.len(), m.len(), "size of {}", rel.display());
+            }
+            if m0.file_type().is_symlink() {
+                assert_eq!(std::fs::read_link(&p0).expect("readlink"), std::fs::read_link(&p).expect("readlink"));
+            } else {
+                use std::os::unix::fs::PermissionsExt;
+                assert_eq!(m0.permissions().mode(), m.permissions().mode(), "mode of {}", rel.display());
+            }
+        }
+    }
+    for r in &roots {
+        for rel in want.iter().filter(|rel| !r.join(rel).symlink_metadata().expect("lstat").file_type().is_symlink()) {
+            for j in 0..N {
+                assert_eq!(pending(&r.join(rel), j), [0, 0, 0], "{} on {} blames child {j}", rel.display(), r.display());
+            }
+        }
+    }
+}
+
+/// A writer through the mount: overwrites and appends in a few long-lived
+/// fds, creates a new file now and then, fsyncs every few writes; keeps
+/// the expected contents. Stops at `stop`; returns the model and errors.
+fn writer(mnt: PathBuf, stop: Arc<AtomicBool>, ops: Arc<AtomicU64>) -> (BTreeMap<String, Vec<u8>>, Vec<String>) {
+    let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut errors = Vec::new();
+    let mut files: Vec<(String, std::fs::File)> = Vec::new();
+    std::fs::create_dir_all(mnt.join("w")).expect("mkdir w");
+    let mut seed = 0x9e37_79b9_u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) && errors.len() < 5 {
+        if files.len() < 4 || n % 40 == 0 {
+            let name = format!("w/f{}", files.len());
+            match std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(mnt.join(&name)) {
+                Ok(f) => {
+                    model.insert(name.clone(), Vec::new());
+                    files.push((name, f));
+                }
+                Err(e) => errors.push(format!("create {name}: {e}")),
+            }
+        }
+        let Some(k) = (!files.is_empty()).then(|| (rnd() as usize) % files.len()) else { continue };
+        let (name, f) = &files[k];
+        let data = model.get_mut(name).expect("modelled");
+        let len = 1 + (rnd() % 9000) as usize;
+        let off = if data.is_empty() || rnd() % 3 == 0 { data.len() } else { (rnd() as usize) % data.len() };
+        let byte = (rnd() % 251) as u8;
+        let buf = vec![byte; len];
+        match f.write_all_at(&buf, off as u64) {
+            Ok(()) => {
+                if data.len() < off + len {
+                    data.resize(off + len, 0);
+                }
+                data[off..off + len].copy_from_slice(&buf);
+            }
+            Err(e) => errors.push(format!("write {name} at {off}: {e}")),
+        }
+        if n % 7 == 0
+            && let Err(e) = f.sync_all()
+        {
+            errors.push(format!("fsync {name}: {e}"));
+        }
+        n += 1;
+        ops.fetch_add(1, Ordering::Relaxed);
+    }
+    for (name, f) in &files {
+        if let Err(e) = f.sync_all() {
+            errors.push(format!("final fsync {name}: {e}"));
+        }
+    }
+    (model, errors)
+}
+
+/// Waits until the writer has done `more` further operations (bounded).
+fn progress(ops: &AtomicU64, more: u64) {
+    let start = ops.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ops.load(Ordering::Relaxed) < start + more {
+        assert!(Instant::now() < deadline, "writer stalled at {} ops", ops.load(Ordering::Relaxed));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn writer_survives_a_brick_restart_and_heal_makes_the_copies_identical() {
+    let mut c = Cluster::start(N);
+    let m = FuseMount::start(&c.replica_volfile(&[]), "");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let vol = volfile_file(tmp.path(), &c.replica_volfile(&[]));
+    let (stop, ops) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let w = {
+        let (mnt, stop, ops) = (m.path().to_path_buf(), stop.clone(), ops.clone());
+        std::thread::spawn(move || writer(mnt, stop, ops))
+    };
+    progress(&ops, 100);
+    c[1].kill();
+    progress(&ops, 300);
+    sh(m.path(), &[], "mkdir -p w/made-while-down/sub && echo x > w/made-while-down/sub/f && ln -s f w/made-while-down/sub/l && chmod 700 w/made-while-down");
+    c[1].restart();
+    progress(&ops, 300);
+    stop.store(true, Ordering::Relaxed);
+    let (model, errors) = w.join().expect("writer thread");
+    assert!(errors.is_empty(), "the application saw errors: {errors:?}");
+    let log = heal_until_clean(&vol);
+    for (name, want) in &model {
+        let got = std::fs::read(m.path().join(name)).expect("read back through the mount");
+        assert!(got == *want, "{name}: {} bytes read, {} expected", got.len(), want.len());
+    }
+    assert_identical(&c);
+    let (ok, info) = heal(&vol, &["info"]);
+    assert!(ok, "{info}");
+    eprintln!("{} writes; heal said:\n{log}\ninfo after:\n{info}", ops.load(Ordering::Relaxed));
+}
+
+#[test]
+fn quorum_auto_with_two_bricks_down_refuses_writes_and_keeps_reads() {
+    let mut c = Cluster::start(N);
+    let m = FuseMount::start(&c.replica_volfile(&[]), "");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let vol = volfile_file(tmp.path(), &c.replica_volfile(&[]));
+    sh(m.path(), &[], "mkdir d && printf 'healthy data\\n' > d/f && sync");
+    c[1].kill();
+    c[2].kill();
+    // Wait for the client to notice (ENOTCONN on the next fops).
+    std::thread::sleep(Duration::from_millis(300));
+    let out = sh(
+        m.path(),
+        &[],
+        r#"
+[ "$(cat d/f)" = "healthy data" ] || { echo "read failed"; exit 1; }
+if printf 'more\n' >> d/f 2>/dev/null; then echo "append succeeded"; exit 1; fi
+if : > d/new 2>/dev/null; then echo "create succeeded"; exit 1; fi
+if mkdir d/dir 2>/dev/null; then echo "mkdir succeeded"; exit 1; fi
+if chmod 600 d/f 2>/dev/null; then echo "chmod succeeded"; exit 1; fi
+if rm d/f 2>/dev/null; then echo "unlink succeeded"; exit 1; fi
+printf 'refused as expected: '; printf 'x' >> d/f 2>&1 || true
+"#,
+    );
+    eprintln!("{out}");
+    // Nothing was half applied on the brick that stayed up.
+    let b0 = c[0].dir().to_path_buf();
+    assert_eq!(std::fs::read(b0.join("d/f")).expect("brick copy"), b"healthy data\n");
+    assert!(!b0.join("d/new").exists() && !b0.join("d/dir").exists());
+    c[1].restart();
+    c[2].restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ok = std::process::Command::new("bash")
+            .arg("-c")
+            .arg("printf 'after recovery\\n' >> d/f")
+            .current_dir(m.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "writes did not come back after the bricks restarted");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    heal_until_clean(&vol);
+    assert_eq!(std::fs::read(m.path().join("d/f")).expect("read"), b"healthy data\nafter recovery\n");
+    assert_identical(&c);
+}
+
+#[test]
+fn split_brain_is_eio_and_each_policy_resolves_it() {
+    let mut c = Cluster::start(N);
+    let tmp = tempfile::tempdir().expect("tmp");
+    let vol = volfile_file(tmp.path(), &c.replica_volfile(&[]));
+    {
+        let m = FuseMount::start(&c.replica_volfile(&[]), "");
+        sh(m.path(), &[], "for f in big mtime source; do printf 'original\\n' > $f; done; sync");
+    }
+    // Each copy blames the others for data, with different contents:
+    // child 0 has the biggest copy, child 1 the newest, child 2 another.
+    let b: Vec<PathBuf> = c.bricks.iter().map(|b| b.dir().to_path_buf()).collect();
+    for name in ["big", "mtime", "source"] {
+        for (i, root) in b.iter().enumerate() {
+            let p = root.join(name);
+            let data = match i {
+                0 => b"copy zero, the biggest of the three\n".to_vec(),
+                1 => b"copy one\n".to_vec(),
+                _ => b"copy two!\n".to_vec(),
+            };
+            std::fs::write(&p, &data).expect("write brick copy");
+            let age = if i == 1 { 0 } else { 3600 };
+            sh(root, &[], &format!("touch -d '@{}' {name}", now_secs() - age));
+            for j in 0..N {
+                set_pending(&p, j, if j == i { [0, 0, 0] } else { [1, 0, 0] });
+            }
+        }
+    }
+    // As a brick's index would have recorded them (features/index keeps one
+    // empty file per gfid with pending counters and reloads them at start).
+    for (i, root) in b.iter().enumerate() {
+        let index = root.join(".glusterfs/indices/xattrop");
+        std::fs::create_dir_all(&index).expect("index dir");
+        for name in ["big", "mtime", "source"] {
+            let gfid = kit::workload::gfid_xattr(&root.join(name));
+            std::fs::write(index.join(gfid.to_string()), b"").expect("index entry");
+        }
+        c[i].restart();
+    }
+    let m = FuseMount::start(&c.replica_volfile(&[]), "");
+    for name in ["big", "mtime", "source"] {
+        let err = std::fs::read(m.path().join(name)).expect_err("a split-brain file is not readable");
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{name}: {err}");
+    }
+    let (ok, info) = heal(&vol, &["info"]);
+    assert!(ok || !info.is_empty(), "{info}");
+    assert!(info.contains("split-brain"), "heal info names the split-brain: {info}");
+    let resolve = |args: &[&str]| {
+        let (ok, text) = heal(&vol, args);
+        assert!(ok, "xlfs heal {args:?}: {text}");
+    };
+    resolve(&["split-brain", "bigger-file", "/big"]);
+    resolve(&["split-brain", "latest-mtime", "/mtime"]);
+    resolve(&["split-brain", "source-brick", "/source", "--source-brick", "rep3-client-2"]);
+    let read = |name: &str| std::fs::read(m.path().join(name)).expect("readable after resolution");
+    assert_eq!(read("big"), b"copy zero, the biggest of the three\n");
+    assert_eq!(read("mtime"), b"copy one\n");
+    assert_eq!(read("source"), b"copy two!\n");
+    assert_identical(&c);
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs()
+}
+
+/// A pgbench-like workload over the network (4 fds on one file, small
+/// writes, fsyncs); returns the lock and xattrop fops AFR sent.
+async fn pgbench_like(c: &Cluster, policy: &str) -> (u64, u64) {
+    let g = kit::graph_from(&c.replica_volfile(&[("lock-contention-policy", policy)]));
+    g.wait_up(kit::UP_TIMEOUT).await.expect("client up");
+    let cl = Client::new(g.top());
+    let path = format!("/table-{policy}");
+    let mut files = vec![cl.create(&path, libc::O_RDWR, 0o644).await.expect("create")];
+    for _ in 1..4 {
+        files.push(cl.open(&path, libc::O_RDWR).await.expect("open"));
+    }
+    let page = Bytes::from(vec![7u8; 8192]);
+    for round in 0..10u64 {
+        for (k, f) in files.iter().enumerate() {
+            for w in 0..3u64 {
+                f.write((k as u64 * 100 + round * 3 + w) * 8192, page.clone()).await.expect("write");
+            }
+            f.fsync(false).await.expect("fsync");
+        }
+    }
+    for f in files {
+        f.close().await.expect("close");
+    }
+    let dump = |k: &str| -> u64 {
+        g.dump()
+            .into_iter()
+            .find(|(key, _)| key == &format!("rep3-replicate-0.sent.{k}"))
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0)
+    };
+    // Let the last eager-lock window end (post-op delay 1 s).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = (dump("INODELK") + dump("FINODELK"), dump("XATTROP") + dump("FXATTROP"));
+    g.shutdown();
+    r
+}
+
+/// Two clients write one file at the same time; both must finish.
+async fn two_writers(c: &Cluster, policy: &str) {
+    let vol = c.replica_volfile(&[("lock-contention-policy", policy)]);
+    let (g1, g2) = (kit::graph_from(&vol), kit::graph_from(&vol));
+    g1.wait_up(kit::UP_TIMEOUT).await.expect("client 1 up");
+    g2.wait_up(kit::UP_TIMEOUT).await.expect("client 2 up");
+    let path = format!("/shared-{policy}");
+    let (c1, c2) = (Client::new(g1.top()), Client::new(g2.top()));
+    c1.create(&path, libc::O_RDWR, 0o644).await.expect("create").close().await.expect("close");
+    let run = |cl: Client, id: u64| {
+        let path = path.clone();
+        async move {
+            let f = cl.open(&path, libc::O_RDWR).await.expect("open");
+            for i in 0..40u64 {
+                f.write((id * 40 + i) * 4096, Bytes::from(vec![id as u8 + 1; 4096])).await.expect("write");
+                if i % 10 == 9 {
+                    f.fsync(false).await.expect("fsync");
+                }
+            }
+            f.close().await.expect("close");
+        }
+    };
+    let both = async { tokio::join!(run(c1, 0), run(c2, 1)) };
+    tokio::time::timeout(Duration::from_secs(120), both).await.unwrap_or_else(|_| panic!("{policy}: two writers stuck"));
+    let cl = Client::new(g1.top());
+    let f = cl.open(&path, libc::O_RDONLY).await.expect("open");
+    for id in 0..2u64 {
+        let got = f.read(id * 40 * 4096, 4096).await.expect("read");
+        assert!(got.iter().all(|b| *b == id as u8 + 1), "{policy}: writer {id}'s data");
+    }
+    f.close().await.expect("close");
+    g1.shutdown();
+    g2.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_policies_over_the_network() {
+    let c = Cluster::start(N);
+    let mut totals = Vec::new();
+    for policy in ["fd-count", "inodelk-count", "notify"] {
+        let (locks, xops) = pgbench_like(&c, policy).await;
+        eprintln!("3 bricks over TCP, 4 fds x 10 rounds of 3 x 8 KiB writes + fsync: {policy:>13}: INODELK+FINODELK {locks:>4}  XATTROP+FXATTROP {xops:>4}");
+        totals.push(locks + xops);
+        two_writers(&c, policy).await;
+    }
+    assert!(totals[1] * 3 < totals[0] && totals[2] * 3 < totals[0], "{totals:?}");
+}
+
+/// Runs `xlfs down DIR` when dropped (also when the test panics).
+struct Down(PathBuf);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(XLFS).arg("down").arg(&self.0).output();
+    }
+}
+
+#[test]
+fn up_and_down_keep_the_data() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("vol");
+    let _down = Down(dir.clone());
+    let up = run_xlfs(&["up".as_ref(), dir.as_os_str()]);
+    let text = String::from_utf8_lossy(&up.stdout).into_owned() + &String::from_utf8_lossy(&up.stderr);
+    assert!(up.status.success(), "xlfs up: {text}");
+    assert!(text.contains("mounted on") && text.contains("xlfs down"), "{text}");
+    let mnt = std::fs::canonicalize(dir.join("mnt")).expect("mnt");
+    assert!(is_mounted(&mnt), "{text}");
+    std::fs::write(mnt.join("kept"), b"across up and down\n").expect("write through the mount");
+    for i in 0..N {
+        let copy = dir.join(format!("bricks/b{i}/kept"));
+        assert_eq!(std::fs::read(&copy).expect("brick copy"), b"across up and down\n");
+    }
+    let again = run_xlfs(&["up".as_ref(), dir.as_os_str()]);
+    assert!(!again.status.success(), "a second up refuses");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already up"));
+    let down = run_xlfs(&["down".as_ref(), dir.as_os_str()]);
+    assert!(down.status.success(), "{}", String::from_utf8_lossy(&down.stderr));
+    assert!(!is_mounted(&mnt));
+    assert!(std::fs::read_dir(dir.join("run")).expect("run dir").next().is_none(), "pid files removed");
+    let up = run_xlfs(&["up".as_ref(), dir.as_os_str()]);
+    assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
+    assert_eq!(std::fs::read(mnt.join("kept")).expect("read after up"), b"across up and down\n");
+    let down = run_xlfs(&["down".as_ref(), dir.as_os_str()]);
+    assert!(down.status.success());
+}
