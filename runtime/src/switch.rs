@@ -295,6 +295,11 @@ impl Reloader {
         }
     }
 
+    /// Every translator's dump of the running graph (`volume.key`, value).
+    pub fn dump(&self) -> Vec<(String, String)> {
+        self.target.graph().map(|g| g.dump()).unwrap_or_default()
+    }
+
     /// The mount's state.
     pub fn status(&self) -> Status {
         let st = self.state.lock();

@@ -30,97 +30,24 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kit::{Cluster, XLFS};
+use kit::Cluster;
+use kit::fuse_mount::{FuseMount, is_mounted, send_signal};
 
 /// A hang guard for the mount and for each change to be applied.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-fn is_mounted(path: &Path) -> bool {
-    let p = path.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|m| m.lines().any(|l| l.split(' ').nth(4) == Some(p.as_str())))
-        .unwrap_or(false)
-}
-
-fn signal(pid: u32, sig: libc::c_int) {
-    // SAFETY: kill(2) on a child we spawned and have not reaped.
-    unsafe { libc::kill(pid as libc::pid_t, sig) };
-}
-
-/// An `xlfs mount --foreground` process; dropping it stops the process
-/// and detaches the mount if it is still there.
-struct MountProc {
-    child: Option<Child>,
-    mnt: PathBuf,
-    vol: PathBuf,
-    log: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-impl MountProc {
-    fn start(volfile: &str, opts: &str, watch_interval: &str) -> MountProc {
-        let dir = tempfile::Builder::new().prefix("xlfs-hotswap-").tempdir().expect("temp dir");
-        let vol = dir.path().join("client.vol");
-        std::fs::write(&vol, volfile).expect("volfile");
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).expect("mount point");
-        let mnt = std::fs::canonicalize(&mnt).expect("canonical");
-        let log = dir.path().join("mount.log");
-        let mut cmd = Command::new(XLFS);
-        cmd.arg("mount").arg("--volfile").arg(&vol).arg("--foreground").arg("--log-file").arg(&log);
-        cmd.args(["--watch-interval", watch_interval, "-o", opts]).arg(&mnt);
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        cmd.env("XLFS_LOG", std::env::var("XLFS_TEST_LOG").unwrap_or_else(|_| "info".into()));
-        // SAFETY: prctl is async-signal-safe: the mount unmounts (SIGTERM)
-        // if the test process dies.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().expect("spawn xlfs mount");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(TIMEOUT).unwrap_or_default();
-        let mut m = MountProc { child: Some(child), mnt, vol, log, dir };
-        if !line.starts_with("xlfs mount: ") {
-            let mut err = String::new();
-            if let Some(c) = m.child.as_mut() {
-                let _ = c.kill();
-                let _ = c.wait();
-                if let Some(mut e) = c.stderr.take() {
-                    let _ = e.read_to_string(&mut err);
-                }
-            }
-            panic!("mount did not start: {line:?}\nstderr: {err}\nlog:\n{}", m.log());
-        }
-        m
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
+/// What this test needs of a mount beyond the kit's.
+impl FuseMount {
     /// Replaces the volfile atomically (the watcher never sees half of it).
     fn write_volfile(&self, text: &str) {
-        let tmp = self.dir.path().join("client.vol.new");
+        let tmp = self.dir().join("client.vol.new");
         std::fs::write(&tmp, text).expect("write volfile");
-        std::fs::rename(&tmp, &self.vol).expect("replace volfile");
+        std::fs::rename(&tmp, self.volfile()).expect("replace volfile");
     }
 
     /// Runs `xlfs ARGS MOUNTPOINT`: (success, stdout, stderr).
     fn xlfs(&self, cmd: &str) -> (bool, String, String) {
-        let out = kit::run_xlfs(&[cmd.as_ref(), self.mnt.as_os_str()]);
+        let out = kit::run_xlfs(&[cmd.as_ref(), self.path().as_os_str()]);
         (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
     }
 
@@ -142,45 +69,8 @@ impl MountProc {
 
     /// SIGTERM; the process must unmount and exit 0.
     fn stop(&mut self) {
-        let mut child = self.child.take().expect("running");
-        signal(child.id(), libc::SIGTERM);
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            if let Some(st) = child.try_wait().expect("try_wait") {
-                assert!(st.success(), "mount exited with {st}\nlog:\n{}", self.log());
-                return;
-            }
-            assert!(Instant::now() < deadline, "mount did not exit on SIGTERM\nlog:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for MountProc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            signal(c.id(), libc::SIGTERM);
-            let deadline = Instant::now() + TIMEOUT;
-            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if is_mounted(&self.mnt) {
-            let _ = xlfs_runtime::fuse::lazy_unmount(&self.mnt);
-        }
-        if std::thread::panicking() {
-            let log = self.log();
-            let keep = std::env::temp_dir().join(format!("xlfs-hotswap-mount-{}.log", std::process::id()));
-            if std::fs::write(&keep, &log).is_ok() {
-                eprintln!("--- the whole mount log is kept in {} ---", keep.display());
-            }
-            let warnings: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ") || l.contains(" ERROR ")).take(100).collect();
-            eprintln!("--- mount log warnings ---\n{}", warnings.join("\n"));
-            let tail: Vec<&str> = log.lines().rev().take(100).collect();
-            eprintln!("--- mount log (last lines) ---\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
-        }
+        let st = self.stop_with(libc::SIGTERM);
+        assert!(st.success(), "mount exited with {st}\nlog:\n{}", self.log());
     }
 }
 
@@ -355,7 +245,7 @@ fn ofd_lock(f: &std::fs::File, cmd: libc::c_int, ty: libc::c_short) -> std::io::
 }
 
 /// Waits until `xlfs status` satisfies `want` (a hang guard).
-fn wait_status(m: &MountProc, what: &str, want: impl Fn(&str) -> bool) -> String {
+fn wait_status(m: &FuseMount, what: &str, want: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let s = m.status();
@@ -378,8 +268,8 @@ fn twenty_changes_under_a_verified_workload() {
     };
     std::fs::copy(&m.passthrough, &m.plug).expect("plug module");
     let base = Variant { page_count: 4, policy: "tolerant".into(), access_log: false, extra: None };
-    let mut mount = MountProc::start(&volfile(&c, &m, &base), "direct-io-mode=on", "0.2");
-    let mnt = mount.mnt.clone();
+    let mut mount = FuseMount::start_args(&volfile(&c, &m, &base), "direct-io-mode=on", &["--watch-interval", "0.2"]);
+    let mnt = mount.path().to_path_buf();
     assert_eq!(mount.generation(), 1);
 
     // The workload: four long-lived fds, a churn of short-lived ones, and
@@ -444,7 +334,7 @@ fn twenty_changes_under_a_verified_workload() {
             mount.write_volfile(&volfile(&c, &m, &v));
         }
         match trigger {
-            "SIGHUP" => signal(mount.pid(), libc::SIGHUP),
+            "SIGHUP" => send_signal(mount.pid(), libc::SIGHUP),
             "xlfs reload" => {
                 let (ok, out, err) = mount.xlfs("reload");
                 assert!(ok, "step {step} ({kind}): xlfs reload failed: {err}\n{out}");

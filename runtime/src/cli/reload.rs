@@ -9,11 +9,13 @@
 //! finds the process. The socket is made when the mount is up and removed
 //! when it ends; a stale one (the process died) is refused at connect.
 //!
-//! The exchange is one request line (`reload` or `status`) and the answer:
+//! The exchange is one request line (`reload`, `status` or `dump`) and the answer:
 //! a line `ok` or `error`, then the text to show. `xlfs reload` prints the
 //! outcome and exits 1 when the new volfile was rejected (the running graph
 //! goes on); `xlfs status` prints the running graph, its generation, the
-//! volfile, when it was switched and the last reload's outcome.
+//! volfile, when it was switched and the last reload's outcome, and with
+//! `--dump` every translator's counters (how a workload's lock and xattrop
+//! fops per lock-contention policy are seen on a mount).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -39,6 +41,11 @@ pub struct ReloadArgs {
 pub struct StatusArgs {
     /// The mount point of the client.
     pub mountpoint: PathBuf,
+    /// Also print every translator's counters (`volume.key = value`):
+    /// io-stats per fop, the lock and xattrop fops cluster/replicate sent
+    /// (`sent.FINODELK` ...), eager-lock windows, heal queues, ...
+    #[arg(long)]
+    pub dump: bool,
 }
 
 /// Why a reload or status request failed.
@@ -115,7 +122,7 @@ impl ReloadArgs {
 
 impl StatusArgs {
     pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
-        match ask(&self.mountpoint, "status").await? {
+        match ask(&self.mountpoint, if self.dump { "dump" } else { "status" }).await? {
             (true, text) => {
                 out.write_all(text.as_bytes())?;
                 Ok(())
@@ -180,7 +187,14 @@ async fn answer(stream: UnixStream, reloader: &Reloader) -> std::io::Result<()> 
             Err(e) => format!("error\n{e}\n"),
         },
         "status" => format!("ok\n{}", reloader.status()),
-        other => format!("error\nunknown request {other:?}: expected reload or status\n"),
+        "dump" => {
+            let mut text = format!("ok\n{}", reloader.status());
+            for (k, v) in reloader.dump() {
+                text += &format!("{k} = {v}\n");
+            }
+            text
+        }
+        other => format!("error\nunknown request {other:?}: expected reload, status or dump\n"),
     };
     wr.write_all(reply.as_bytes()).await?;
     wr.shutdown().await

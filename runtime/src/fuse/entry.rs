@@ -53,10 +53,16 @@ impl Core {
     }
 
     pub(super) async fn getattr(self: Arc<Self>, who: Caller, ino: INodeNo, fh: Option<FileHandle>) -> Result<FileAttr, Errno> {
+        // The kernel drops its attributes after each write and asks again
+        // at once: the write's own answer is as fresh as a new one.
+        let gfid = self.gfid(ino)?;
+        if let Some(iatt) = self.written.get(gfid, self.opts.attribute_timeout) {
+            return Ok(file_attr(&iatt, ino.0));
+        }
         let ctx = self.ctx(who, 0, false);
         let reply = match fh.map(|h| self.fd(h)) {
             Some(Ok(fd)) => self.call(ctx, Fop::Fstat { fd }).await?,
-            _ => self.call(ctx, Fop::Stat { loc: Loc::gfid(self.gfid(ino)?) }).await?,
+            _ => self.call(ctx, Fop::Stat { loc: Loc::gfid(gfid) }).await?,
         };
         match reply {
             Reply::Attr(iatt) => Ok(file_attr(&iatt, ino.0)),
@@ -222,7 +228,7 @@ impl Core {
         }
         let gfid = self.gfid(ino)?;
         let caps = name == CAPABILITY;
-        if caps && self.no_caps.known(gfid, self.opts.attribute_timeout) {
+        if caps && self.no_caps.get(gfid, self.opts.attribute_timeout).is_some() {
             return Err(Errno::ENODATA);
         }
         let r = match self.call(self.ctx(who, 0, true), Fop::Getxattr { loc: Loc::gfid(gfid), name: name.clone() }).await {
@@ -231,7 +237,7 @@ impl Core {
             Err(e) => Err(e),
         };
         if caps && r == Err(Errno::ENODATA) {
-            self.no_caps.remember(gfid);
+            self.no_caps.put(gfid, ());
         }
         r
     }
@@ -268,29 +274,43 @@ impl Core {
 /// The xattr the kernel reads before each write.
 const CAPABILITY: &str = "security.capability";
 
-/// Most inodes [`NoCaps`] remembers; it starts over beyond.
-const NO_CAPS_MAX: usize = 65536;
+/// Most inodes a [`Recent`] map remembers; it starts over beyond.
+const RECENT_MAX: usize = 65536;
 
-/// Inodes known to have no `security.capability`, and since when.
-#[derive(Default)]
-pub(super) struct NoCaps(parking_lot::Mutex<std::collections::HashMap<Gfid, std::time::Instant>>);
+/// What the bridge learned about inodes and when, trusted for a TTL (the
+/// mount's attribute-timeout, as the kernel trusts attributes): inodes
+/// known to have no `security.capability` (`()`), and the attributes a
+/// write returned ([`Iatt`]). Bounded: it starts over beyond [`RECENT_MAX`].
+pub(super) struct Recent<V>(parking_lot::Mutex<std::collections::HashMap<Gfid, (V, std::time::Instant)>>);
 
-impl NoCaps {
-    fn known(&self, gfid: Gfid, ttl: std::time::Duration) -> bool {
-        self.0.lock().get(&gfid).is_some_and(|at| at.elapsed() < ttl)
+impl<V> Default for Recent<V> {
+    fn default() -> Self {
+        Recent(parking_lot::Mutex::new(std::collections::HashMap::new()))
+    }
+}
+
+impl<V: Clone> Recent<V> {
+    /// What was learned about `gfid` less than `ttl` ago.
+    pub(super) fn get(&self, gfid: Gfid, ttl: std::time::Duration) -> Option<V> {
+        self.0.lock().get(&gfid).filter(|(_, at)| at.elapsed() < ttl).map(|(v, _)| v.clone())
     }
 
-    fn remember(&self, gfid: Gfid) {
+    pub(super) fn put(&self, gfid: Gfid, v: V) {
         let mut m = self.0.lock();
-        if m.len() >= NO_CAPS_MAX {
+        if m.len() >= RECENT_MAX && !m.contains_key(&gfid) {
             m.clear();
         }
-        m.insert(gfid, std::time::Instant::now());
+        m.insert(gfid, (v, std::time::Instant::now()));
     }
 
-    /// Forgets an inode (its xattrs changed, or another client changed it).
+    /// Forgets an inode (it changed, or another client changed it).
     pub(super) fn forget(&self, gfid: Gfid) {
         self.0.lock().remove(&gfid);
+    }
+
+    /// Forgets everything.
+    pub(super) fn clear(&self) {
+        self.0.lock().clear();
     }
 }
 
@@ -326,15 +346,18 @@ mod tests {
     }
 
     #[test]
-    fn missing_capabilities_are_remembered_for_a_while() {
-        let c = NoCaps::default();
-        let g = Gfid::ROOT;
-        assert!(!c.known(g, std::time::Duration::from_secs(1)));
-        c.remember(g);
-        assert!(c.known(g, std::time::Duration::from_secs(1)));
-        assert!(!c.known(g, std::time::Duration::ZERO), "expired");
+    fn recent_facts_expire_and_are_forgotten() {
+        let c = Recent::<u32>::default();
+        let (g, s) = (Gfid::ROOT, std::time::Duration::from_secs(1));
+        assert_eq!(c.get(g, s), None);
+        c.put(g, 7);
+        assert_eq!(c.get(g, s), Some(7));
+        assert_eq!(c.get(g, std::time::Duration::ZERO), None, "expired");
         c.forget(g);
-        assert!(!c.known(g, std::time::Duration::from_secs(1)));
+        assert_eq!(c.get(g, s), None);
+        c.put(g, 8);
+        c.clear();
+        assert_eq!(c.get(g, s), None);
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub fn send_signal(pid: u32, sig: libc::c_int) {
 pub struct FuseMount {
     pub child: Option<Child>,
     mnt: PathBuf,
+    vol: PathBuf,
     log: PathBuf,
     dir: tempfile::TempDir,
 }
@@ -39,6 +40,11 @@ pub struct FuseMount {
 impl FuseMount {
     /// Mounts `volfile` with `-o opts` and waits for the start line.
     pub fn start(volfile: &str, opts: &str) -> FuseMount {
+        FuseMount::start_args(volfile, opts, &[])
+    }
+
+    /// [`FuseMount::start`] with more `xlfs mount` arguments.
+    pub fn start_args(volfile: &str, opts: &str, args: &[&str]) -> FuseMount {
         let dir = tempfile::Builder::new().prefix("xlfs-fuse-").tempdir().expect("temp dir");
         let vol = dir.path().join("client.vol");
         std::fs::write(&vol, volfile).expect("volfile");
@@ -47,7 +53,7 @@ impl FuseMount {
         let mnt = std::fs::canonicalize(&mnt).expect("canonical");
         let log = dir.path().join("mount.log");
         let mut cmd = Command::new(XLFS);
-        cmd.arg("mount").arg("--volfile").arg(&vol).arg("--foreground").arg("--log-file").arg(&log);
+        cmd.arg("mount").arg("--volfile").arg(&vol).arg("--foreground").arg("--log-file").arg(&log).args(args);
         if !opts.is_empty() {
             cmd.arg("-o").arg(opts);
         }
@@ -70,7 +76,7 @@ impl FuseMount {
             let _ = tx.send(line);
         });
         let line = rx.recv_timeout(MOUNT_TIMEOUT).unwrap_or_default();
-        let mut m = FuseMount { child: Some(child), mnt, log, dir };
+        let mut m = FuseMount { child: Some(child), mnt, vol, log, dir };
         if !line.starts_with("xlfs mount: ") {
             let mut err = String::new();
             if let Some(c) = m.child.as_mut() {
@@ -88,6 +94,21 @@ impl FuseMount {
 
     pub fn path(&self) -> &Path {
         &self.mnt
+    }
+
+    /// The volfile the mount was started with.
+    pub fn volfile(&self) -> &Path {
+        &self.vol
+    }
+
+    /// The directory holding the volfile, the log and the mount point.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The mount process's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
     }
 
     pub fn log(&self) -> String {
@@ -128,7 +149,15 @@ impl Drop for FuseMount {
             let _ = xlfs_runtime::fuse::lazy_unmount(&self.mnt);
         }
         if std::thread::panicking() {
-            eprintln!("--- mount log ({}) ---\n{}", self.dir.path().display(), self.log());
+            let log = self.log();
+            let keep = std::env::temp_dir().join(format!("xlfs-mount-{}-{}.log", std::process::id(), self.mnt.display().to_string().replace('/', "-")));
+            if std::fs::write(&keep, &log).is_ok() {
+                eprintln!("--- the whole mount log is kept in {} ---", keep.display());
+            }
+            let warnings: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ") || l.contains(" ERROR ")).take(100).collect();
+            eprintln!("--- mount log warnings ---\n{}", warnings.join("\n"));
+            let tail: Vec<&str> = log.lines().rev().take(100).collect();
+            eprintln!("--- mount log (last lines) ---\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
         }
     }
 }
