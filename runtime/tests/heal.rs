@@ -10,6 +10,10 @@
 //! directories (contents and `trusted.afr.*` counters), as a crash could
 //! leave them.
 
+#[allow(dead_code)]
+#[path = "kit/workload.rs"]
+mod workload;
+
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -119,60 +123,15 @@ fn calls(g: &Graph, vol: &str, fop: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
-    use std::os::unix::ffi::OsStrExt;
-    let cp = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
-    let cn = std::ffi::CString::new(name).ok()?;
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
-    let n = unsafe { libc::lgetxattr(cp.as_ptr(), cn.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    (n >= 0).then(|| {
-        buf.truncate(n as usize);
-        buf
-    })
-}
-
-fn set_xattr(p: &Path, name: &str, v: &[u8]) {
-    use std::os::unix::ffi::OsStrExt;
-    let cp = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
-    let cn = std::ffi::CString::new(name).expect("name");
-    // SAFETY: valid NUL-terminated strings and a buffer of v.len() bytes.
-    let r = unsafe { libc::lsetxattr(cp.as_ptr(), cn.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-    assert_eq!(r, 0, "setxattr {name} on {}", p.display());
-}
+use workload::{read_xattr as xattr, write_xattr as set_xattr};
 
 fn counters(p: &Path, j: usize) -> [i32; 3] {
-    let v = xattr(p, &format!("trusted.afr.rep3-client-{j}")).unwrap_or_default();
-    let mut out = [0i32; 3];
-    for (o, c) in out.iter_mut().zip(v.chunks_exact(4)) {
-        *o = i32::from_be_bytes([c[0], c[1], c[2], c[3]]);
-    }
-    out
+    workload::afr_counters(p, &format!("trusted.afr.rep3-client-{j}"))
 }
 
-fn encode(v: [i32; 3]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_be_bytes()).collect()
-}
+use workload::afr_value as encode;
 
-/// Every entry under `root` but `.glusterfs`, relative, sorted.
-fn tree(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir") {
-            let p = e.expect("entry").path();
-            if p.strip_prefix(root).is_ok_and(|r| r.starts_with(".glusterfs")) {
-                continue;
-            }
-            if p.symlink_metadata().expect("lstat").is_dir() {
-                stack.push(p.clone());
-            }
-            out.push(p.strip_prefix(root).expect("under root").to_path_buf());
-        }
-    }
-    out.sort();
-    out
-}
+use workload::brick_tree as tree;
 
 /// Asserts the three bricks hold the same tree (names, types, gfids, data,
 /// mode, owner, user xattrs, symlink targets) with every counter at zero,

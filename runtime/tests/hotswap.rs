@@ -9,7 +9,7 @@
 //! removed, and a plugin module file replaced in place by another build
 //! (graph switches). Changes reach the mount through its volfile watcher,
 //! SIGHUP and `xlfs reload`. A broken volfile, a bad option value, a
-//! plugin whose init fails and a plugin of another ABI are each rejected
+//! plugin whose init fails, one that traps in init and a plugin of another ABI are each rejected
 //! by `xlfs reload` with a clear message while the workload goes on.
 //!
 //! Checked: no I/O error, every read verified, the data on each brick at
@@ -369,6 +369,7 @@ fn twenty_changes_under_a_verified_workload() {
     let good = volfile(&c, &m, &v);
     let fault_inject = plugin_kit::wasm("fault-inject");
     let abi2 = plugin_kit::wasm("abi2");
+    let hostile = plugin_kit::wasm("hostile");
     let below = if v.access_log { "hs-alog" } else { "hs-plug" };
     let bad_plugin = |module: &Path, opts: &str| {
         let mut w = v.clone();
@@ -381,6 +382,7 @@ fn twenty_changes_under_a_verified_workload() {
         (good.replace(&format!("page-count {}", v.page_count), "page-count 99"), "'page-count'", "an out-of-range value"),
         (bad_plugin(&fault_inject, "    option fops NO-SUCH-FOP\n"), "init failed", "a plugin whose init fails"),
         (bad_plugin(&abi2, ""), "ABI major version mismatch", "a plugin built for ABI 2"),
+        (bad_plugin(&hostile, "    option mode init-trap\n"), "wasm trap", "a plugin that traps at init"),
     ];
     let before = mount.status();
     for (text, needle, what) in &rejected {

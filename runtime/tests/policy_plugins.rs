@@ -13,6 +13,9 @@
 //!   logged, and a crash loop disables the module.
 
 mod plugin_kit;
+#[allow(dead_code)]
+#[path = "kit/workload.rs"]
+mod workload;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -186,22 +189,7 @@ async fn pgbench_like(policy: &str) -> (u64, u64, String) {
     }
     let graph = up(&replica3(&bricks, policy)).await;
     let c = Client::new(graph.top());
-    let mut files = vec![c.create("/table", libc::O_RDWR, 0o644).await.expect("create")];
-    for _ in 1..4 {
-        files.push(c.open("/table", libc::O_RDWR).await.expect("open"));
-    }
-    let page = Bytes::from(vec![1u8; 8192]);
-    for round in 0..10u64 {
-        for (k, f) in files.iter().enumerate() {
-            for w in 0..3u64 {
-                f.write((k as u64 * 100 + round * 3 + w) * 8192, page.clone()).await.expect("write");
-            }
-            f.fsync(false).await.expect("fsync");
-        }
-    }
-    for f in files {
-        f.close().await.expect("close");
-    }
+    workload::pgbench_like(&c, "/table").await;
     // Eager-lock windows end in the background: wait until none is held.
     for _ in 0..2000 {
         if dump_value(&graph, "rep3-replicate-0.eager-lock.held").as_deref() == Some("0") {

@@ -63,42 +63,15 @@ fn heal_until_clean(volfile: &Path) -> String {
     panic!("heal did not finish:\n{log}");
 }
 
-/// Every entry under a brick root (without `.glusterfs`), relative, sorted.
-fn tree(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir") {
-            let p = e.expect("entry").path();
-            if p.strip_prefix(root).is_ok_and(|r| r.starts_with(".glusterfs")) {
-                continue;
-            }
-            if p.symlink_metadata().expect("lstat").is_dir() {
-                stack.push(p.clone());
-            }
-            out.push(p.strip_prefix(root).expect("under root").to_path_buf());
-        }
-    }
-    out.sort();
-    out
-}
+use kit::workload::brick_tree as tree;
 
 /// The `trusted.afr.rep3-client-<j>` counters of a brick file.
 fn pending(path: &Path, j: usize) -> [i32; 3] {
-    let v = kit::workload::read_xattr(path, &format!("trusted.afr.rep3-client-{j}")).unwrap_or_default();
-    let mut out = [0i32; 3];
-    for (o, c) in out.iter_mut().zip(v.chunks_exact(4)) {
-        *o = i32::from_be_bytes([c[0], c[1], c[2], c[3]]);
-    }
-    out
+    kit::workload::afr_counters(path, &format!("trusted.afr.rep3-client-{j}"))
 }
 
 fn set_pending(path: &Path, j: usize, v: [i32; 3]) {
-    let mut b = Vec::new();
-    for x in v {
-        b.extend_from_slice(&x.to_be_bytes());
-    }
-    kit::workload::write_xattr(path, &format!("trusted.afr.rep3-client-{j}"), &b);
+    kit::workload::write_xattr(path, &format!("trusted.afr.rep3-client-{j}"), &kit::workload::afr_value(v));
 }
 
 /// Asserts the bricks hold the same names, gfids, types, data and link
@@ -358,29 +331,13 @@ fn now_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs()
 }
 
-/// A pgbench-like workload over the network (4 fds on one file, small
-/// writes, fsyncs); returns the lock and xattrop fops AFR sent.
+/// The pgbench-like workload over the network; returns the lock and
+/// xattrop fops AFR sent.
 async fn pgbench_like(c: &Cluster, policy: &str) -> (u64, u64) {
     let g = kit::graph_from(&c.replica_volfile(&[("lock-contention-policy", policy)]));
     g.wait_up(kit::UP_TIMEOUT).await.expect("client up");
     let cl = Client::new(g.top());
-    let path = format!("/table-{policy}");
-    let mut files = vec![cl.create(&path, libc::O_RDWR, 0o644).await.expect("create")];
-    for _ in 1..4 {
-        files.push(cl.open(&path, libc::O_RDWR).await.expect("open"));
-    }
-    let page = Bytes::from(vec![7u8; 8192]);
-    for round in 0..10u64 {
-        for (k, f) in files.iter().enumerate() {
-            for w in 0..3u64 {
-                f.write((k as u64 * 100 + round * 3 + w) * 8192, page.clone()).await.expect("write");
-            }
-            f.fsync(false).await.expect("fsync");
-        }
-    }
-    for f in files {
-        f.close().await.expect("close");
-    }
+    kit::workload::pgbench_like(&cl, &format!("/table-{policy}")).await;
     let dump = |k: &str| -> u64 {
         g.dump()
             .into_iter()

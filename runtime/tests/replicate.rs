@@ -82,33 +82,10 @@ async fn quiesce(graph: &Graph) {
     panic!("eager locks still held: {:?}", graph.dump());
 }
 
-/// Every entry under `root` (without `.glusterfs`), relative, sorted.
-fn tree(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir") {
-            let p = e.expect("entry").path();
-            if p.strip_prefix(root).is_ok_and(|r| r.starts_with(".glusterfs")) {
-                continue;
-            }
-            if p.symlink_metadata().expect("lstat").is_dir() {
-                stack.push(p.clone());
-            }
-            out.push(p.strip_prefix(root).expect("under root").to_path_buf());
-        }
-    }
-    out.sort();
-    out
-}
+use workload::brick_tree as tree;
 
 fn pending(path: &Path, j: usize) -> [i32; 3] {
-    let v = workload::read_xattr(path, &format!("trusted.afr.rep3-client-{j}")).unwrap_or_default();
-    let mut out = [0i32; 3];
-    for (o, c) in out.iter_mut().zip(v.chunks_exact(4)) {
-        *o = i32::from_be_bytes([c[0], c[1], c[2], c[3]]);
-    }
-    out
+    workload::afr_counters(path, &format!("trusted.afr.rep3-client-{j}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,23 +137,7 @@ async fn foundation_workload_over_replica3_leaves_identical_bricks() {
 async fn pgbench_like(policy: &str) -> (u64, u64) {
     let s = setup(&[("lock-contention-policy", policy)]).await;
     let c = Client::new(s.graph.top());
-    let first = c.create("/table", libc::O_RDWR, 0o644).await.expect("create");
-    let mut files = vec![first];
-    for _ in 1..4 {
-        files.push(c.open("/table", libc::O_RDWR).await.expect("open"));
-    }
-    let page = Bytes::from(vec![1u8; 8192]);
-    for round in 0..10u64 {
-        for (k, f) in files.iter().enumerate() {
-            for w in 0..3u64 {
-                f.write((k as u64 * 100 + round * 3 + w) * 8192, page.clone()).await.expect("write");
-            }
-            f.fsync(false).await.expect("fsync");
-        }
-    }
-    for f in files {
-        f.close().await.expect("close");
-    }
+    workload::pgbench_like(&c, "/table").await;
     quiesce(&s.graph).await;
     let calls = |kind: &str| -> u64 {
         (0..BRICKS)

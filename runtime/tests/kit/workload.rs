@@ -6,7 +6,7 @@
 //! the same assertions.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,7 +27,7 @@ pub fn read_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
     use std::os::unix::ffi::OsStrExt;
     let p = CString::new(path.as_os_str().as_bytes()).ok()?;
     let n = CString::new(name).ok()?;
-    let mut buf = vec![0u8; 256];
+    let mut buf = vec![0u8; 4096];
     // SAFETY: valid NUL-terminated strings and a buffer of the given length.
     let len = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     if len < 0 {
@@ -46,6 +46,63 @@ pub fn write_xattr(path: &Path, name: &str, value: &[u8]) {
     // SAFETY: valid NUL-terminated strings and a buffer of the given length.
     let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
     assert!(r == 0, "setxattr {name} on {}: {}", path.display(), std::io::Error::last_os_error());
+}
+
+/// Every entry under a brick root but `.glusterfs`, relative, sorted.
+pub fn brick_tree(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let p = e.expect("entry").path();
+            if p.strip_prefix(root).is_ok_and(|r| r.starts_with(".glusterfs")) {
+                continue;
+            }
+            if p.symlink_metadata().expect("lstat").is_dir() {
+                stack.push(p.clone());
+            }
+            out.push(p.strip_prefix(root).expect("under root").to_path_buf());
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The three AFR counters (data, metadata, entry) in xattr `key` of
+/// `path`: zeros when it is absent.
+pub fn afr_counters(path: &Path, key: &str) -> [i32; 3] {
+    let v = read_xattr(path, key).unwrap_or_default();
+    let mut out = [0i32; 3];
+    for (o, c) in out.iter_mut().zip(v.chunks_exact(4)) {
+        *o = i32::from_be_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    out
+}
+
+/// The 12-byte xattr value of three AFR counters.
+pub fn afr_value(v: [i32; 3]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_be_bytes()).collect()
+}
+
+/// A pgbench-like workload: four fds open on `path` (created), ten rounds
+/// in which each fd writes three 8 KiB pages and fsyncs, then all closed.
+pub async fn pgbench_like(c: &Client, path: &str) {
+    let mut files = vec![c.create(path, libc::O_RDWR, 0o644).await.expect("create")];
+    for _ in 1..4 {
+        files.push(c.open(path, libc::O_RDWR).await.expect("open"));
+    }
+    let page = Bytes::from(vec![1u8; 8192]);
+    for round in 0..10u64 {
+        for (k, f) in files.iter().enumerate() {
+            for w in 0..3u64 {
+                f.write((k as u64 * 100 + round * 3 + w) * 8192, page.clone()).await.expect("write");
+            }
+            f.fsync(false).await.expect("fsync");
+        }
+    }
+    for f in files {
+        f.close().await.expect("close");
+    }
 }
 
 /// Where the gfid handle of `gfid` lives under `brick`.

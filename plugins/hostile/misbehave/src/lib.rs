@@ -2,7 +2,8 @@
 //! name starts with option `trigger` (default `evil`) make it misbehave as
 //! option `mode` says; every other fop passes through (tail wind), so the
 //! tests can check that the node keeps serving once the host has dealt with
-//! the fault.
+//! the fault. Mode `init-trap` panics (traps) in init already, so the node
+//! cannot be built at all.
 
 use std::hint::black_box;
 
@@ -33,7 +34,7 @@ pub struct Hostile {
 }
 
 const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("mode", OptType::Enum(&["loop", "alloc", "trap", "garbage", "bad-child", "no-unwind"]))
+    OptionDecl::new("mode", OptType::Enum(&["loop", "alloc", "trap", "garbage", "bad-child", "no-unwind", "init-trap"]))
         .default("trap")
         .desc("How to misbehave on a triggering fop."),
     OptionDecl::new("trigger", OptType::Str).default("evil").desc("Entry-name prefix that triggers the misbehaviour."),
@@ -52,6 +53,7 @@ impl Plugin for Hostile {
             "garbage" => Mode::Garbage,
             "bad-child" => Mode::BadChild,
             "no-unwind" => Mode::NoUnwind,
+            "init-trap" => panic!("hostile plugin: trap in init on purpose"),
             _ => Mode::Trap,
         };
         Ok(Hostile { mode, trigger: options.str("trigger").unwrap_or("evil").to_string() })
