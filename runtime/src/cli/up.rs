@@ -172,7 +172,8 @@ fn is_ours(pid: u32, dir: &Path) -> bool {
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
     let dir = dir.as_os_str().as_encoded_bytes();
     let names_dir = args.iter().any(|a| a.windows(dir.len()).any(|w| w == dir));
-    let is_xlfs = args.first().is_some_and(|a| a.ends_with(b"xlfs"));
+    // Any build or copy of the binary (xlfs, xlfs-1.2, a rebuilt one ...).
+    let is_xlfs = args.first().is_some_and(|a| a.rsplit(|b| *b == b'/').next().is_some_and(|n| n.starts_with(b"xlfs")));
     let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
