@@ -7,8 +7,10 @@
 //! the stream first; its advice says which page-aligned ranges to prefetch
 //! (one READ of `page-size` bytes per page, wound to the child in the
 //! background) and which cached pages to drop. A read whose pages are all
-//! cached is answered from them; otherwise it goes to the child unchanged
-//! (a page still being fetched is not waited for).
+//! cached is answered from them; a read whose pages are all cached or
+//! still being fetched waits for those prefetches to land (as GlusterFS's
+//! page faults wait on a pending page) instead of reading the same bytes a
+//! second time; otherwise it goes to the child unchanged.
 //!
 //! Bounds: at most `2 * page-count + 2` pages per fd (prefetches past that
 //! are skipped) and [`MAX_FDS`] fds (later fds read without read-ahead).
@@ -99,6 +101,8 @@ struct State {
 struct ReadAhead {
     child: Child,
     state: Arc<Mutex<State>>,
+    /// Woken whenever a prefetch lands (or is thrown away).
+    landed: Arc<tokio::sync::Notify>,
 }
 
 fn settings(options: &Options) -> Result<(Geometry, Arc<dyn ReadAheadPolicy>), String> {
@@ -112,7 +116,7 @@ fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
     let (geo, policy) = settings(&init.options).map_err(InitError::new)?;
     let child = init.children.into_iter().next().ok_or_else(|| InitError::new("needs one child"))?;
     let state = State { geo, policy, fds: HashMap::new(), stats: Stats::default() };
-    Ok(Arc::new(ReadAhead { child, state: Arc::new(Mutex::new(state)) }))
+    Ok(Arc::new(ReadAhead { child, state: Arc::new(Mutex::new(state)), landed: Arc::new(tokio::sync::Notify::new()) }))
 }
 
 impl State {
@@ -138,7 +142,9 @@ impl State {
         // Serve before dropping: the advice may drop the pages this read
         // consumes (gluster-strict keeps nothing behind the reader).
         let plan = serve(&f.pages, info, geo);
-        apply_drops(&mut f.pages, &advice, geo);
+        // A read that will wait for its pages being fetched keeps them.
+        let keep = (plan.is_none() && fetching(&f.pages, info, geo)).then_some(info);
+        apply_drops(&mut f.pages, &advice, geo, keep);
         let fetch = plan_prefetch(&mut f.pages, &advice, geo, max_pages);
         let generation = f.generation;
         let st = &mut self.stats;
@@ -151,6 +157,11 @@ impl State {
         (plan, fetch, generation)
     }
 
+    /// See [`fetching`].
+    fn fetching(&self, fd: Fd, info: ReadInfo) -> bool {
+        self.fds.get(&fd.id).is_some_and(|f| fetching(&f.pages, info, self.geo))
+    }
+
     fn invalidate(&mut self, gfid: Gfid) {
         let geo = self.geo;
         for f in self.fds.values_mut().filter(|f| gfid.is_null() || f.gfid == gfid) {
@@ -159,17 +170,41 @@ impl State {
     }
 }
 
-fn apply_drops(pages: &mut BTreeMap<u64, Page>, advice: &Advice, geo: Geometry) {
+fn apply_drops(pages: &mut BTreeMap<u64, Page>, advice: &Advice, geo: Geometry, keep: Option<ReadInfo>) {
+    let kept = |k: u64| {
+        keep.is_some_and(|i| k.saturating_add(geo.page_size) > i.offset && k < i.offset.saturating_add(i.size))
+    };
     for r in &advice.drop {
         let doomed: Vec<u64> = pages
             .range(r.offset..r.end())
             .map(|(k, _)| *k)
-            .filter(|k| k.saturating_add(geo.page_size) <= r.end())
+            .filter(|k| k.saturating_add(geo.page_size) <= r.end() && !kept(*k))
             .collect();
         for k in doomed {
             pages.remove(&k);
         }
     }
+}
+
+/// True when every page a read needs is cached or being fetched, and at
+/// least one is being fetched.
+fn fetching(pages: &BTreeMap<u64, Page>, info: ReadInfo, geo: Geometry) -> bool {
+    let end = info.offset.saturating_add(info.size);
+    let mut page = geo.page_floor(info.offset);
+    let mut pending = false;
+    while page < end {
+        match pages.get(&page) {
+            Some(Page::Pending) => pending = true,
+            Some(Page::Ready { data, .. }) if (data.len() as u64) < geo.page_size => break,
+            Some(Page::Ready { .. }) => {}
+            None => return false,
+        }
+        match page.checked_add(geo.page_size) {
+            Some(n) => page = n,
+            None => break,
+        }
+    }
+    pending
 }
 
 /// Marks the advised pages not yet cached as pending, up to the bound.
@@ -220,6 +255,31 @@ fn serve(pages: &BTreeMap<u64, Page>, info: ReadInfo, geo: Geometry) -> Option<R
 }
 
 impl ReadAhead {
+    /// Waits until the prefetches a read needs have landed; the reply from
+    /// the cache, or None if a page it needs went away (failed, dropped,
+    /// invalidated by a write).
+    async fn after_prefetch(&self, fd: Fd, info: ReadInfo) -> Option<Reply> {
+        loop {
+            let landed = self.landed.notified();
+            tokio::pin!(landed);
+            landed.as_mut().enable();
+            {
+                let mut st = self.state.lock();
+                let geo = st.geo;
+                let f = st.fds.get(&fd.id)?;
+                if let Some(reply) = serve(&f.pages, info, geo) {
+                    st.stats.hits += 1;
+                    st.stats.misses = st.stats.misses.saturating_sub(1);
+                    return Some(reply);
+                }
+                if !st.fetching(fd, info) {
+                    return None;
+                }
+            }
+            landed.await;
+        }
+    }
+
     /// Winds one READ per page in the background; a page lands only if
     /// the fd's generation did not move meanwhile.
     fn prefetch(&self, ctx: &CallCtx, fd: Fd, pages: Vec<u64>, generation: u64, page_size: u64) {
@@ -231,24 +291,28 @@ impl ReadAhead {
             return;
         };
         for offset in pages {
-            let (child, state, ctx) = (self.child.clone(), self.state.clone(), ctx.clone());
+            let (child, state, ctx, landed) = (self.child.clone(), self.state.clone(), ctx.clone(), self.landed.clone());
             let size = u32::try_from(page_size).unwrap_or(u32::MAX);
             rt.spawn(async move {
                 let res = child.call(ctx, Request::new(Fop::Readv { fd, size, offset, flags: 0 })).await;
-                let mut st = state.lock();
-                let Some(f) = st.fds.get_mut(&fd.id) else { return };
-                if f.generation != generation || !matches!(f.pages.get(&offset), Some(Page::Pending)) {
-                    return;
-                }
-                match res {
-                    Ok(Response { reply: Reply::Read { data, iatt }, .. }) => {
-                        f.pages.insert(offset, Page::Ready { data, iatt });
+                {
+                    let mut st = state.lock();
+                    if let Some(f) = st.fds.get_mut(&fd.id)
+                        && f.generation == generation
+                        && matches!(f.pages.get(&offset), Some(Page::Pending))
+                    {
+                        match res {
+                            Ok(Response { reply: Reply::Read { data, iatt }, .. }) => {
+                                f.pages.insert(offset, Page::Ready { data, iatt });
+                            }
+                            other => {
+                                tracing::debug!(offset, ?other, "read-ahead prefetch failed");
+                                f.pages.remove(&offset);
+                            }
+                        }
                     }
-                    other => {
-                        tracing::debug!(offset, ?other, "read-ahead prefetch failed");
-                        f.pages.remove(&offset);
-                    }
                 }
+                landed.notify_waiters();
             });
         }
     }
@@ -284,6 +348,12 @@ impl Xlator for ReadAhead {
                 }
                 match plan {
                     Some(reply) => Box::pin(async move { Ok(Response::from(reply)) }),
+                    None if self.state.lock().fetching(fd, info) => Box::pin(async move {
+                        match self.after_prefetch(fd, info).await {
+                            Some(reply) => Ok(Response::from(reply)),
+                            None => self.child.call(ctx, req).await,
+                        }
+                    }),
                     None => self.child.call(ctx, req),
                 }
             }
@@ -432,6 +502,26 @@ mod tests {
 
     fn opts(policy: &str) -> Vec<(&str, &str)> {
         vec![("page-size", "4KB"), ("page-count", "4"), ("policy", policy)]
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_read_waits_for_its_page_being_prefetched_instead_of_reading_it_again() {
+        for policy in ["tolerant", "gluster-strict"] {
+            let (xl, file) = setup(&opts(policy), 32 * PS);
+            // No pause between reads: the prefetches are still in flight
+            // when the next read comes.
+            for i in 0..32 {
+                assert_eq!(read(&xl, fd(1), (i * PS) as u64, PS as u32).await, expected(i * PS, PS), "{policy} page {i}");
+            }
+            let reads = file.reads.lock().clone();
+            let mut offsets: Vec<u64> = reads.iter().map(|(o, _)| *o).collect();
+            offsets.sort_unstable();
+            let n = offsets.len();
+            offsets.dedup();
+            assert_eq!(offsets.len(), n, "{policy}: a page was read from the child twice: {reads:?}");
+            let hits: u64 = dump(&xl, "hits").parse().expect("hits");
+            assert!(hits >= 16, "{policy}: hits {hits}");
+        }
     }
 
     #[tokio::test(flavor = "current_thread")]
