@@ -18,7 +18,7 @@ mod kit;
 
 use kit::fuse_mount::{FuseMount, MOUNT_TIMEOUT, XLFS, is_mounted, send_signal, sh};
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::process::CommandExt;

@@ -21,7 +21,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use bytes::Bytes;
 use xlfs_runtime::client::Client;
 use xlfs_runtime::graph::Graph;
 use xlfs_runtime::registry::Registry;

@@ -133,7 +133,7 @@ fn writer(mnt: PathBuf, stop: Arc<AtomicBool>, ops: Arc<AtomicU64>) -> (BTreeMap
     };
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) && errors.len() < 5 {
-        if files.len() < 4 || n % 40 == 0 {
+        if files.len() < 4 || n.is_multiple_of(40) {
             let name = format!("w/f{}", files.len());
             match std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(mnt.join(&name)) {
                 Ok(f) => {
@@ -159,7 +159,7 @@ fn writer(mnt: PathBuf, stop: Arc<AtomicBool>, ops: Arc<AtomicU64>) -> (BTreeMap
             }
             Err(e) => errors.push(format!("write {name} at {off}: {e}")),
         }
-        if n % 7 == 0
+        if n.is_multiple_of(7)
             && let Err(e) = f.sync_all()
         {
             errors.push(format!("fsync {name}: {e}"));

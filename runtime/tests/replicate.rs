@@ -12,7 +12,6 @@ mod workload;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bytes::Bytes;
 use xlfs_runtime::client::Client;
 use xlfs_runtime::graph::Graph;
 use xlfs_runtime::registry::Registry;
