@@ -112,9 +112,7 @@ async fn done(g: Arc<Graph>) {
     tokio::task::spawn_blocking(move || g.shutdown()).await.expect("shutdown");
 }
 
-fn dump(g: &Graph, key: &str) -> Option<String> {
-    g.dump().into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
-}
+use workload::dump_value as dump;
 
 /// The number of calls of `fop` io-stats `vol` counted.
 fn calls(g: &Graph, vol: &str, fop: &str) -> u64 {

@@ -13,49 +13,20 @@
 //!   logged, and a crash loop disables the module.
 
 mod plugin_kit;
+#[path = "kit/logs.rs"]
+mod logs;
 #[allow(dead_code)]
 #[path = "kit/workload.rs"]
 mod workload;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use xlfs_runtime::client::Client;
 use xlfs_runtime::graph::Graph;
 use xlfs_runtime::registry::Registry;
 
-// ---- log capture ---------------------------------------------------------
-
-fn log_buffer() -> &'static Mutex<Vec<u8>> {
-    static BUF: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
-    BUF.get_or_init(|| Mutex::new(Vec::new()))
-}
-
-struct Capture;
-
-impl std::io::Write for Capture {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        log_buffer().lock().expect("log buffer").extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn capture_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("info,xlfs::plugin=debug"))
-        .with_ansi(false)
-        .with_writer(|| Capture)
-        .try_init();
-}
-
-fn log_lines(needles: &[&str]) -> Vec<String> {
-    let buf = log_buffer().lock().expect("log buffer");
-    String::from_utf8_lossy(&buf).lines().filter(|l| needles.iter().all(|n| l.contains(n))).map(String::from).collect()
-}
+use logs::{capture_logs, log_lines};
 
 // ---- helpers -------------------------------------------------------------
 
@@ -79,9 +50,7 @@ async fn up(volfile: &str) -> Graph {
     graph
 }
 
-fn dump_value(graph: &Graph, key: &str) -> Option<String> {
-    graph.dump().into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
-}
+use workload::dump_value;
 
 fn counter(graph: &Graph, key: &str) -> u64 {
     dump_value(graph, key).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no counter {key} in {:?}", graph.dump()))
@@ -189,13 +158,7 @@ async fn pgbench_like(policy: &str) -> (u64, u64, String) {
     let graph = up(&replica3(&bricks, policy)).await;
     let c = Client::new(graph.top());
     workload::pgbench_like(&c, "/table").await;
-    // Eager-lock windows end in the background: wait until none is held.
-    for _ in 0..2000 {
-        if dump_value(&graph, "rep3-replicate-0.eager-lock.held").as_deref() == Some("0") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    workload::quiesce(&graph).await;
     let calls = |kind: &str| -> u64 {
         (0..BRICKS)
             .filter_map(|i| dump_value(&graph, &format!("rep3-client-{i}.fop.{kind}")))

@@ -66,21 +66,7 @@ async fn setup(afr_options: &[(&str, &str)]) -> Setup {
     Setup { _tmp: tmp, bricks, graph }
 }
 
-fn dump_value(graph: &Graph, key: &str) -> Option<String> {
-    graph.dump().into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
-}
-
-/// Waits until replicate holds no eager lock (windows end in the background).
-async fn quiesce(graph: &Graph) {
-    for _ in 0..2000 {
-        if dump_value(graph, "rep3-replicate-0.eager-lock.held").as_deref() == Some("0") {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("eager locks still held: {:?}", graph.dump());
-}
-
+use workload::{dump_value, quiesce};
 use workload::brick_tree as tree;
 
 fn pending(path: &Path, j: usize) -> [i32; 3] {

@@ -92,6 +92,22 @@ pub enum CliError {
     Output(#[from] std::io::Error),
 }
 
+/// Makes the process `cmd` starts the leader of a new session, so it
+/// outlives the command that started it (`xlfs mount`'s daemon, the
+/// processes of `xlfs up`).
+fn new_session(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid is async-signal-safe and touches no memory of ours.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 impl From<LoadError> for CliError {
     fn from(e: LoadError) -> CliError {
         match e {

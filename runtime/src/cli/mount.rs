@@ -24,7 +24,6 @@
 //! it names change; see [`crate::switch`].
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -275,15 +274,7 @@ impl MountArgs {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // SAFETY: setsid is async-signal-safe and touches no memory of ours.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        super::new_session(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| MountError::Daemon(e.to_string()))?;
         let mut line = String::new();
         if let Some(stdout) = child.stdout.take() {

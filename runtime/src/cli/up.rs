@@ -25,7 +25,6 @@
 //! `/proc/PID/cmdline` is still the xlfs process `up` started.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -345,15 +344,7 @@ fn spawn_daemon(
     let fail = |why: String| UpError::Start { what: what.to_string(), why, log: log.to_path_buf() };
     let err = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(|e| fail(e.to_string()))?;
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(err));
-    // SAFETY: setsid is async-signal-safe and touches no memory of ours.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    super::new_session(&mut cmd);
     let mut child = cmd.spawn().map_err(|e| fail(e.to_string()))?;
     let Some(stdout) = child.stdout.take() else { return Err(fail("no stdout".into())) };
     let (tx, rx) = std::sync::mpsc::channel();

@@ -84,6 +84,23 @@ pub fn afr_value(v: [i32; 3]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_be_bytes()).collect()
 }
 
+/// The value of `key` in the graph's dump.
+pub fn dump_value(graph: &Graph, key: &str) -> Option<String> {
+    graph.dump().into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+/// Waits until the `rep3-replicate-0` volume holds no eager lock (windows
+/// end in the background); panics after ten seconds.
+pub async fn quiesce(graph: &Graph) {
+    for _ in 0..2000 {
+        if dump_value(graph, "rep3-replicate-0.eager-lock.held").as_deref() == Some("0") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("eager locks still held: {:?}", graph.dump());
+}
+
 /// A pgbench-like workload: four fds open on `path` (created), ten rounds
 /// in which each fd writes three 8 KiB pages and fsyncs, then all closed.
 pub async fn pgbench_like(c: &Client, path: &str) {

@@ -225,21 +225,27 @@ impl Inner {
         Ok(rsp)
     }
 
+    /// Children the last lookup of `gfid` found stale for a read of `kind`.
+    fn known_bad(&self, gfid: Gfid, kind: Kind) -> Mask {
+        self.inodes.get(&gfid).map_or(0, |st| bad_for(&st.s.lock().stale, kind))
+    }
+
     /// Children stale for a read of `kind` on `gfid`, looked up again if
-    /// a child came up since AFR last looked.
-    async fn stale_for(self: &Arc<Self>, ctx: &CallCtx, gfid: Gfid, kind: Kind) -> Mask {
+    /// a child came up since AFR last looked; and whether the answer comes
+    /// from a lookup made now.
+    async fn stale_for(self: &Arc<Self>, ctx: &CallCtx, gfid: Gfid, kind: Kind) -> (Mask, bool) {
         let current = self.generation.load(Ordering::Acquire);
         let known = self.inodes.get(&gfid).and_then(|st| {
             let s = st.s.lock();
             (s.seen_gen == current).then(|| bad_for(&s.stale, kind))
         });
         if let Some(bad) = known {
-            return bad;
+            return (bad, false);
         }
         if self.lookup(ctx, Loc::gfid(gfid), Dict::new()).await.is_err() {
-            return 0;
+            return (0, true);
         }
-        self.inodes.get(&gfid).map_or(0, |st| bad_for(&st.s.lock().stale, kind))
+        (self.known_bad(gfid, kind), true)
     }
 
     /// A read fop on one child, failing over to the next; returns the child
@@ -262,13 +268,13 @@ impl Inner {
             let refused = |bad: Mask| {
                 (cands & !bad == 0 && cands != 0) || (split_brain_refuses(&req.fop, kind) && self.in_split_brain(gfid, kind))
             };
-            let mut bad = self.stale_for(ctx, gfid, kind).await;
+            let (mut bad, fresh) = self.stale_for(ctx, gfid, kind).await;
             if refused(bad) {
                 // What this client knows may be old: another client or the
                 // heal daemon may have healed or resolved the inode since.
                 // Look again before refusing (AFR's inode refresh).
-                if self.lookup(ctx, Loc::gfid(gfid), Dict::new()).await.is_ok() {
-                    bad = self.inodes.get(&gfid).map_or(0, |st| bad_for(&st.s.lock().stale, kind));
+                if !fresh && self.lookup(ctx, Loc::gfid(gfid), Dict::new()).await.is_ok() {
+                    bad = self.known_bad(gfid, kind);
                 }
                 if cands & !bad == 0 && cands != 0 {
                     tracing::warn!(volume = %self.name, %gfid, "read: every reachable copy is stale");
