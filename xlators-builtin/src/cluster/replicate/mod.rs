@@ -45,6 +45,7 @@
 //! windows opened and why they ended, settles, upcalls and read failovers.
 
 mod eager_lock;
+mod entry_lock;
 mod fds;
 pub mod heal;
 mod lock;
@@ -117,6 +118,13 @@ const OPTIONS: &[OptionDecl] = &[
     OptionDecl::new("eager-lock", OptType::Bool)
         .default("on")
         .desc("Keep the inode lock and delay the post-op across back-to-back data transactions on an inode."),
+    OptionDecl::new("entry-eager-lock", OptType::Bool).default("on").desc(
+        "Directory delegation: the first entry transaction (create, mknod, mkdir, symlink, link, unlink, rename \
+         within one directory) locks the whole directory on every child and keeps the lock for \
+         post-op-delay-secs, so later ones in that directory cost one round trip instead of three. Another \
+         client's (or rmdir's, or heal's) entry lock in the directory makes it return the lock at once \
+         (contention upcall). Needs optimistic-change-log; xlfs only.",
+    ),
     OptionDecl::new("optimistic-change-log", OptType::Bool).default("on").desc(
         "Metadata and entry transactions that lock every child skip the pre-op and write counters only when the \
          fop failed somewhere (as GlusterFS).",
@@ -229,6 +237,7 @@ struct Config {
     policy: Arc<dyn LockContentionPolicy>,
     post_op_delay: Duration,
     eager_lock: bool,
+    entry_eager_lock: bool,
     optimistic: bool,
     ensure_durability: bool,
     quorum: Quorum,
@@ -280,6 +289,8 @@ impl Config {
             post_op_delay: Duration::from_secs(u64::try_from(o.int("post-op-delay-secs").unwrap_or(1)).unwrap_or(1)),
             eager_lock: o.bool("eager-lock").unwrap_or(true),
             optimistic: o.bool("optimistic-change-log").unwrap_or(true),
+            entry_eager_lock: o.bool("entry-eager-lock").unwrap_or(true)
+                && o.bool("optimistic-change-log").unwrap_or(true),
             ensure_durability: o.bool("ensure-durability").unwrap_or(true),
             quorum,
             quorum_reads: o.bool("quorum-reads").unwrap_or(false),
@@ -353,6 +364,8 @@ pub(crate) struct Inner {
     /// looked up again.
     generation: AtomicU64,
     inodes: Inodes,
+    /// Directory delegations (`entry_lock`).
+    dirs: entry_lock::Dirs,
     fds: Fds,
     owner_base: u64,
     next_owner: AtomicU64,
@@ -759,6 +772,7 @@ impl Replicate {
             local: AtomicU64::new(0),
             generation: AtomicU64::new(1),
             inodes: Inodes::new(),
+            dirs: entry_lock::Dirs::default(),
             fds: Fds::new(),
             owner_base: u64::from_le_bytes(base),
             next_owner: AtomicU64::new(1),
@@ -790,6 +804,7 @@ impl Xlator for Replicate {
             EventFrom::Graph => {
                 if event == Event::ParentDown {
                     me.release_all();
+                    me.release_delegations();
                 }
                 return None;
             }
@@ -819,7 +834,11 @@ impl Xlator for Replicate {
                     Some(Event::Upcall(Upcall::InodelkContention { gfid, domain, holder_client, holder_owner }))
                 }
             }
-            Event::Upcall(Upcall::EntrylkContention { domain, .. }) if domain == me.name => None,
+            Event::Upcall(Upcall::EntrylkContention { gfid, domain, .. }) if domain == me.name => {
+                me.stats.upcalls.fetch_add(1, Ordering::Relaxed);
+                me.entry_contention(gfid);
+                None
+            }
             e => Some(e),
         }
     }
@@ -859,6 +878,10 @@ impl Xlator for Replicate {
         out.push(("eager-lock.held".into(), me.windows_held().to_string()));
         for ((_, why), n) in WHY.iter().zip(&me.stats.released) {
             out.push((format!("eager-lock.released.{why}"), n.load(Ordering::Relaxed).to_string()));
+        }
+        out.push(("entry-eager-lock.held".into(), me.dirs.held().to_string()));
+        for (k, v) in [("taken", &me.dirs.taken), ("joined", &me.dirs.joined), ("returned", &me.dirs.returned)] {
+            out.push((format!("entry-eager-lock.{k}"), v.load(Ordering::Relaxed).to_string()));
         }
         out.push(("eager-lock.settles".into(), me.stats.settles.load(Ordering::Relaxed).to_string()));
         out.push(("contention-upcalls".into(), me.stats.upcalls.load(Ordering::Relaxed).to_string()));

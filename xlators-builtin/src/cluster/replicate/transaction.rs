@@ -294,7 +294,24 @@ impl Inner {
             Fop::Create { fd, flags, .. } => Some((*fd, *flags)),
             _ => None,
         };
-        let (out, blamed) = self.txn(ctx, Kind::Entry, locks, parents.clone(), None, req).await;
+        let delegated = match (parents.as_slice(), whole_dir) {
+            ([dir], None) => {
+                let in_dir: Vec<String> = names.iter().map(|(_, n)| n.clone()).collect();
+                self.delegated_txn(ctx, *dir, in_dir, &req).await
+            }
+            _ => None,
+        };
+        let (out, blamed) = match delegated {
+            Some(r) => r,
+            None => {
+                // Per-name locks would wait behind this client's own
+                // delegation of these directories: return it first.
+                for d in parents.iter().chain(whole_dir.iter()) {
+                    self.surrender_delegation(*d).await;
+                }
+                self.txn(ctx, Kind::Entry, locks, parents.clone(), None, req).await
+            }
+        };
         for p in &parents {
             self.mark_stale(*p, Kind::Entry, blamed);
         }

@@ -1,0 +1,404 @@
+//! Directory delegation: the eager lock for entry transactions.
+//!
+//! Without it every create, mknod, mkdir, symlink, link, unlink and rename
+//! takes an entrylk on its name on every child, sends the fop, and unlocks:
+//! three round trips, each waited for. With `entry-eager-lock` on, the first
+//! entry transaction in a directory takes an entrylk on the *whole*
+//! directory (AFR's domain, no name) on every child and keeps it; later
+//! entry transactions in that directory by this client join the held lock
+//! and cost one round trip (the fop itself). Two transactions on the same
+//! name never run at once, so every child applies them in the same order.
+//!
+//! Counters work as for any optimistic entry transaction: nothing is
+//! written while every child succeeds; a fop that fails on some children
+//! blames them on the directory at once (`blame`).
+//!
+//! The delegation ends (unlock) when:
+//! - no entry transaction used it for `post-op-delay-secs`,
+//! - another client (or another lock owner of this one, such as rmdir or
+//!   heal) waits for an entrylk in the directory: the locks translator sends
+//!   an entrylk contention upcall and the delegation is returned as soon as
+//!   the transactions using it finish,
+//! - a child came up since it was taken (its lock on that child may be gone),
+//! - the graph goes away.
+//!
+//! A delegation is only taken when every child is up and locks; otherwise
+//! entry transactions take their per-name locks as before.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use xlfs_sdk::{CallCtx, Gfid, Request};
+
+use super::Inner;
+use super::lock::{Held, Target};
+use super::pending::{Kind, Mask, all};
+use super::transaction::{Outcome, evaluate};
+
+/// Most directories with a delegation (held or being taken) at once;
+/// beyond, entry transactions take per-name locks.
+pub const MAX_DIRS: usize = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Unlocked,
+    /// Being locked or unlocked.
+    Busy,
+    Held,
+}
+
+struct State {
+    phase: Phase,
+    held: Option<Held>,
+    /// `Inner::generation` when the lock was taken.
+    generation: u64,
+    /// Names with a transaction in flight.
+    busy: HashSet<String>,
+    in_flight: usize,
+    idle_since: Instant,
+    /// Return it once the transactions in flight finish.
+    release: bool,
+    timer: bool,
+}
+
+struct Dir {
+    s: Mutex<State>,
+    changed: Notify,
+}
+
+/// The delegations of one replicate translator.
+#[derive(Default)]
+pub struct Dirs {
+    map: Mutex<HashMap<Gfid, Arc<Dir>>>,
+    /// Delegations taken, used by a transaction, and returned.
+    pub taken: AtomicU64,
+    pub joined: AtomicU64,
+    pub returned: AtomicU64,
+}
+
+impl Dirs {
+    /// Directories with a delegation held now.
+    pub fn held(&self) -> usize {
+        self.map.lock().values().filter(|d| d.s.lock().phase == Phase::Held).count()
+    }
+}
+
+/// A transaction's place in a delegation.
+struct Ticket {
+    dir: Arc<Dir>,
+    names: Vec<String>,
+    locked: Mask,
+    lk_ctx: CallCtx,
+}
+
+impl Inner {
+    /// Runs an entry transaction whose names are all in `dir` under that
+    /// directory's delegation. `None` when no delegation can be had (not
+    /// every child up or lockable, too many directories): the caller takes
+    /// per-name locks instead.
+    pub async fn delegated_txn(
+        self: &Arc<Self>,
+        ctx: &CallCtx,
+        dir: Gfid,
+        names: Vec<String>,
+        req: &Request,
+    ) -> Option<(Outcome, Mask)> {
+        let t = self.join_delegation(ctx, dir, names).await?;
+        let n = self.children.len();
+        let mut out = evaluate(self.fan(ctx, t.locked, req).await);
+        self.check_fop_quorum(&mut out);
+        if out.ok != 0 && out.failed != 0 {
+            self.blame(&t.lk_ctx, dir, Kind::Entry, t.locked, out.failed).await;
+        }
+        let blamed = if out.ok == 0 { 0 } else { out.failed & all(n) };
+        self.leave_delegation(t);
+        Some((out, blamed))
+    }
+
+    async fn join_delegation(self: &Arc<Self>, ctx: &CallCtx, dir: Gfid, names: Vec<String>) -> Option<Ticket> {
+        if !self.cfg().entry_eager_lock || dir.is_null() {
+            return None;
+        }
+        let d = {
+            let mut map = self.dirs.map.lock();
+            if let Some(d) = map.get(&dir) {
+                d.clone()
+            } else {
+                if map.len() >= MAX_DIRS {
+                    map.retain(|_, d| d.s.lock().phase != Phase::Unlocked);
+                    if map.len() >= MAX_DIRS {
+                        return None;
+                    }
+                }
+                let d = Arc::new(Dir {
+                    s: Mutex::new(State {
+                        phase: Phase::Unlocked,
+                        held: None,
+                        generation: 0,
+                        busy: HashSet::new(),
+                        in_flight: 0,
+                        idle_since: Instant::now(),
+                        release: false,
+                        timer: false,
+                    }),
+                    changed: Notify::new(),
+                });
+                map.insert(dir, d.clone());
+                d
+            }
+        };
+        let n = self.children.len();
+        enum Step {
+            Wait,
+            Return(Option<Held>),
+            Take,
+        }
+        loop {
+            let notified = d.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let step = {
+                let mut s = d.s.lock();
+                match s.phase {
+                    Phase::Held => {
+                        let gen_now = self.generation.load(Ordering::Acquire);
+                        if s.generation != gen_now || self.up_mask() != all(n) {
+                            s.release = true;
+                        }
+                        if s.release {
+                            if s.in_flight == 0 {
+                                s.phase = Phase::Busy;
+                                Step::Return(s.held.take())
+                            } else {
+                                Step::Wait
+                            }
+                        } else if names.iter().all(|nm| !s.busy.contains(nm)) {
+                            let held = s.held.as_ref()?;
+                            let t = Ticket { dir: d.clone(), names: names.clone(), locked: held.locked, lk_ctx: held.ctx.clone() };
+                            s.busy.extend(names.iter().cloned());
+                            s.in_flight += 1;
+                            self.dirs.joined.fetch_add(1, Ordering::Relaxed);
+                            return Some(t);
+                        } else {
+                            Step::Wait
+                        }
+                    }
+                    Phase::Busy => Step::Wait,
+                    Phase::Unlocked => {
+                        if self.up_mask() != all(n) {
+                            return None;
+                        }
+                        s.phase = Phase::Busy;
+                        s.release = false;
+                        Step::Take
+                    }
+                }
+            };
+            match step {
+                Step::Wait => notified.await,
+                Step::Return(held) => self.return_delegation(&d, held).await,
+                Step::Take => {
+                    let generation = self.generation.load(Ordering::Acquire);
+                    let lctx = ctx.with_lk_owner(self.new_owner());
+                    let target = Target::Entry { dir, name: String::new() };
+                    let got = match self.lock(lctx, vec![target], all(n), false).await {
+                        Ok(h) if h.locked == all(n) => Some(h),
+                        Ok(h) => {
+                            self.unlock(&h).await;
+                            None
+                        }
+                        Err(_) => None,
+                    };
+                    let ticket = {
+                        let mut s = d.s.lock();
+                        match got {
+                            Some(h) => {
+                                // The transaction that took the delegation
+                                // always uses it, even if a contention upcall
+                                // came meanwhile: every hand-over makes progress.
+                                let t = Ticket {
+                                    dir: d.clone(),
+                                    names: names.clone(),
+                                    locked: h.locked,
+                                    lk_ctx: h.ctx.clone(),
+                                };
+                                s.phase = Phase::Held;
+                                s.held = Some(h);
+                                s.generation = generation;
+                                s.idle_since = Instant::now();
+                                s.busy.extend(names.iter().cloned());
+                                s.in_flight += 1;
+                                self.dirs.taken.fetch_add(1, Ordering::Relaxed);
+                                self.dirs.joined.fetch_add(1, Ordering::Relaxed);
+                                self.ensure_delegation_timer(&d, &mut s);
+                                Some(t)
+                            }
+                            None => {
+                                s.phase = Phase::Unlocked;
+                                None
+                            }
+                        }
+                    };
+                    d.changed.notify_waiters();
+                    return ticket;
+                }
+            }
+        }
+    }
+
+    fn leave_delegation(self: &Arc<Self>, t: Ticket) {
+        let d = t.dir;
+        {
+            let mut s = d.s.lock();
+            for nm in &t.names {
+                s.busy.remove(nm);
+            }
+            s.in_flight -= 1;
+            s.idle_since = Instant::now();
+            if s.release && s.in_flight == 0 && s.phase == Phase::Held {
+                self.spawn_return(&d, &mut s);
+            } else {
+                self.ensure_delegation_timer(&d, &mut s);
+            }
+        }
+        d.changed.notify_waiters();
+    }
+
+    /// Unlocks a delegation taken out of its state (phase Busy) and marks
+    /// it unlocked.
+    async fn return_delegation(&self, d: &Arc<Dir>, held: Option<Held>) {
+        if let Some(h) = held {
+            self.unlock(&h).await;
+            self.dirs.returned.fetch_add(1, Ordering::Relaxed);
+        }
+        {
+            let mut s = d.s.lock();
+            s.phase = Phase::Unlocked;
+            s.release = false;
+        }
+        d.changed.notify_waiters();
+    }
+
+    /// Returns the delegation in the background (called with its state
+    /// locked, phase Held, nothing in flight).
+    fn spawn_return(self: &Arc<Self>, d: &Arc<Dir>, s: &mut State) {
+        let Some(h) = self.handle() else { return };
+        let held = s.held.take();
+        s.phase = Phase::Busy;
+        let (me, d2) = (self.clone(), d.clone());
+        h.spawn(async move { me.return_delegation(&d2, held).await });
+    }
+
+    fn ensure_delegation_timer(self: &Arc<Self>, d: &Arc<Dir>, s: &mut State) {
+        if s.timer || s.phase != Phase::Held {
+            return;
+        }
+        let Some(h) = self.handle() else { return };
+        s.timer = true;
+        let (me, d2) = (self.clone(), d.clone());
+        h.spawn(async move { me.delegation_timer(d2).await });
+    }
+
+    /// Returns the delegation once it has been idle for post-op-delay-secs.
+    async fn delegation_timer(self: Arc<Self>, d: Arc<Dir>) {
+        loop {
+            let delay = self.cfg().post_op_delay;
+            let next = {
+                let mut s = d.s.lock();
+                if s.phase != Phase::Held {
+                    s.timer = false;
+                    return;
+                }
+                let now = Instant::now();
+                let idle_end = s.idle_since + delay;
+                if s.in_flight == 0 && (s.release || now >= idle_end) {
+                    s.timer = false;
+                    s.phase = Phase::Busy;
+                    Err(s.held.take())
+                } else {
+                    Ok(if s.in_flight > 0 { now + delay.max(Duration::from_millis(10)) } else { idle_end })
+                }
+            };
+            match next {
+                Ok(wake) => tokio::time::sleep_until(tokio::time::Instant::from_std(wake)).await,
+                Err(held) => {
+                    // The entry stays in the map (a joiner may hold it);
+                    // unlocked entries are pruned when the map is full.
+                    self.return_delegation(&d, held).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Another lock owner waits for an entrylk in `dir`: return the
+    /// delegation as soon as nothing uses it.
+    pub fn entry_contention(self: &Arc<Self>, dir: Gfid) {
+        let Some(d) = self.dirs.map.lock().get(&dir).cloned() else { return };
+        let mut s = d.s.lock();
+        match s.phase {
+            Phase::Unlocked => {}
+            // Being taken: returned after the transaction taking it.
+            Phase::Busy => s.release = true,
+            Phase::Held => {
+                s.release = true;
+                if s.in_flight == 0 {
+                    self.spawn_return(&d, &mut s);
+                }
+            }
+        }
+    }
+
+    /// Returns this client's delegation of `dir`, if it holds one, and
+    /// waits until it is returned: a transaction about to take per-name
+    /// locks there (rmdir, a rename across directories) would otherwise
+    /// wait for the contention upcall.
+    pub async fn surrender_delegation(self: &Arc<Self>, dir: Gfid) {
+        let Some(d) = self.dirs.map.lock().get(&dir).cloned() else { return };
+        loop {
+            let notified = d.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let ret = {
+                let mut s = d.s.lock();
+                match s.phase {
+                    Phase::Unlocked => return,
+                    Phase::Held if s.in_flight == 0 => {
+                        s.phase = Phase::Busy;
+                        Some(s.held.take())
+                    }
+                    Phase::Held => {
+                        s.release = true;
+                        None
+                    }
+                    Phase::Busy => None,
+                }
+            };
+            match ret {
+                Some(held) => {
+                    self.return_delegation(&d, held).await;
+                    return;
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// Returns every delegation not in use (graph going away).
+    pub fn release_delegations(self: &Arc<Self>) {
+        let dirs: Vec<Arc<Dir>> = self.dirs.map.lock().values().cloned().collect();
+        for d in dirs {
+            let mut s = d.s.lock();
+            if s.phase == Phase::Held {
+                s.release = true;
+                if s.in_flight == 0 {
+                    self.spawn_return(&d, &mut s);
+                }
+            }
+        }
+    }
+}
