@@ -140,4 +140,9 @@ pub mod keys {
     pub const GFID_XATTR: &str = "trusted.gfid";
     /// The brick root's volume-id xattr.
     pub const VOLUME_ID_XATTR: &str = "trusted.glusterfs.volume-id";
+    /// On fsync: make the whole file system that holds the fd durable
+    /// (`syncfs(2)`) instead of the one file. One such call covers every
+    /// write any file on the brick finished before it, so replicate shares
+    /// one among the windows it ends at the same time (group commit).
+    pub const SYNCFS: &str = "xlfs.syncfs";
 }

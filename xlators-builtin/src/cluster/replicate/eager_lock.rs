@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use xlfs_sdk::dict::keys::INODELK_COUNT;
 use xlfs_sdk::policy::lock_contention::{Decision, LockEvent, LockView};
-use xlfs_sdk::{CallCtx, Errno, Fd, Fop, FopResult, Gfid, Request, Value};
+use xlfs_sdk::{CallCtx, Errno, Fd, FopResult, Gfid, Request, Value};
 
 use super::Inner;
 use super::lock::{Held, Target};
@@ -597,10 +597,8 @@ impl Inner {
             && self.cfg().ensure_durability
             && let Some(fd) = cl.fd
         {
-            let req = Request::new(Fop::Fsync { fd, datasync: true });
             let targets = cl.members & !cl.failed;
-            let out = evaluate(self.fan(ctx, targets, &req).await);
-            cl.failed |= out.failed;
+            cl.failed |= self.group_sync(ctx, fd, targets).await;
         }
         self.post_op(ctx, &cl, false).await;
     }

@@ -993,3 +993,32 @@ async fn entry_eager_lock_off_takes_a_lock_per_fop() {
     assert_eq!(n.entrylks(), 2 * 5 * N as u64, "a lock and an unlock per create per child");
     assert_eq!(n.dump("entry-eager-lock.taken"), "0");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_ending_together_share_a_syncfs_per_child() {
+    let c = Cluster::new();
+    let n = Arc::new(c.node("client-a", &[]));
+    // Writers that all hold their windows open, then close at once.
+    let mut fds = Vec::new();
+    for k in 0..16u8 {
+        let fd = n.create(&format!("f{k}")).await.expect("create");
+        n.write(fd, 0, &[k; 100]).await.expect("write");
+        fds.push(fd);
+    }
+    let closes = fds.iter().map(|fd| {
+        let (n, fd) = (n.clone(), *fd);
+        Box::pin(async move { n.close(fd).await }) as Pin<Box<dyn Future<Output = ()> + Send>>
+    });
+    join_all(closes.collect()).await;
+    n.quiesce().await;
+    for i in 0..N {
+        let syncs = n.seen(i, &[FopKind::Fsync]);
+        assert!((1..16).contains(&syncs), "child {i}: {syncs} syncs for 16 windows ending together");
+        for k in 0..16u8 {
+            assert_eq!(c.read(i, &format!("f{k}")), vec![k; 100], "brick {i}");
+            for j in 0..N {
+                assert_eq!(c.pending(i, &format!("f{k}"), j), [0, 0, 0], "f{k} on brick {i} blames {j}");
+            }
+        }
+    }
+}

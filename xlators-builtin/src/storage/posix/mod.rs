@@ -600,7 +600,11 @@ impl Inner {
             Fop::Fsync { fd, datasync } => {
                 let f = self.fd(fd.id)?;
                 let pre = f.iatt()?;
-                sys::fsync(f.fd.as_fd(), datasync)?;
+                if xdata.contains(xlfs_sdk::dict::keys::SYNCFS) {
+                    sys::syncfs(f.fd.as_fd())?;
+                } else {
+                    sys::fsync(f.fd.as_fd(), datasync)?;
+                }
                 ok(Reply::PrePost { pre, post: f.iatt()? })
             }
             Fop::Opendir { loc, fd } => {

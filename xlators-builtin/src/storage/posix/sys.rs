@@ -359,6 +359,11 @@ pub(crate) fn ftruncate(fd: BorrowedFd<'_>, len: u64) -> Sys<()> {
     sys!(libc::ftruncate(fd.as_raw_fd(), off(len)?)).map(drop)
 }
 
+/// `syncfs`: every dirty inode of the file system holding `fd`.
+pub(crate) fn syncfs(fd: BorrowedFd<'_>) -> Sys<()> {
+    sys!(libc::syncfs(fd.as_raw_fd())).map(drop)
+}
+
 /// `fsync`, or `fdatasync` when `datasync`.
 pub(crate) fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> Sys<()> {
     if datasync { sys!(libc::fdatasync(fd.as_raw_fd())).map(drop) } else { sys!(libc::fsync(fd.as_raw_fd())).map(drop) }
