@@ -140,4 +140,11 @@ pub mod keys {
     pub const GFID_XATTR: &str = "trusted.gfid";
     /// The brick root's volume-id xattr.
     pub const VOLUME_ID_XATTR: &str = "trusted.glusterfs.volume-id";
+    /// On a lookup (GlusterFS's `GF_CONTENT_KEY`): a u64 byte limit. When
+    /// the inode is a regular file no larger than it, storage/posix puts
+    /// the whole file content in the reply xdata under the same key
+    /// (bytes), so performance/quick-read can answer reads without opening
+    /// the file. cluster/replicate passes it up only from a copy a read
+    /// would be served from.
+    pub const CONTENT: &str = "glusterfs.content";
 }
