@@ -6,6 +6,9 @@
 //! (see `pending`) and answers from a good copy. A copy that lacks an
 //! entry the others have is stale in every kind; when the parent's entry
 //! counters blame a child, that child's word on the entry is not taken.
+//! A file's content asked for with `glusterfs.content` (quick-read) is
+//! passed up only when the chosen reply comes from a copy a data read
+//! would use; otherwise the key is taken out.
 //!
 //! Reads go to one child: among the children up, holding the fd (for fd
 //! fops) and not known stale for what the fop reads, the one chosen by:

@@ -752,11 +752,13 @@ impl Inner {
     }
 
     /// The whole content of a regular file no larger than `max` (for
-    /// [`CONTENT`] on lookup), or None when it is not one, or changed
-    /// while being read (the reply's attributes must describe the bytes).
+    /// [`CONTENT`] on lookup), or None when it is not one, is larger than
+    /// a dict value may be on the wire, or changed while being read (the
+    /// reply's attributes must describe the bytes).
     fn small_content(&self, node: &Node, max: u64) -> Option<Bytes> {
         let size = u64::try_from(node.st.st_size).ok()?;
-        if node.fmt() != libc::S_IFREG || size > max.min(MAX_IO as u64) {
+        let cap = xlfs_sdk::abi::Limits::DEFAULT.max_string as u64;
+        if node.fmt() != libc::S_IFREG || size > max.min(cap) {
             return None;
         }
         let same = |st: &libc::stat| {
