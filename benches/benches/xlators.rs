@@ -3,7 +3,13 @@
 //! - features/locks over a null leaf: uncontended inodelk lock+unlock, and
 //!   four lock owners contending for one inode;
 //! - debug/io-stats over a null leaf against the null leaf alone (its
-//!   overhead per fop), with latency measurement on and off.
+//!   overhead per fop), with latency measurement on and off;
+//! - performance/quick-read over a null leaf: a 4 KiB read answered from
+//!   the cache (hit), a read of an uncached inode (miss, to the leaf), and
+//!   a lookup that fetches and caches the content;
+//! - performance/open-behind over a null leaf: a deferred open + flush +
+//!   release (nothing goes down), and open + read (the open is made) +
+//!   release, against the null leaf alone.
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -123,5 +129,73 @@ fn io_stats(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, posix, locks, io_stats);
+fn quick_read(c: &mut Criterion) {
+    let rt = runtime();
+    let ctx = CallCtx::root("bench");
+    let mut group = c.benchmark_group("quick-read");
+    group.throughput(Throughput::Elements(1));
+    let cached = Gfid([0x11; 16]);
+    let uncached = Gfid([0x22; 16]);
+    let read = |gfid: Gfid| Request::new(Fop::Readv { fd: Fd { id: FdId(1), gfid }, size: 4096, offset: 0, flags: 0 });
+    let configs: [(&str, &[Layer<'_>]); 2] =
+        [("null-alone", &[]), ("quick-read", &[("performance/quick-read", &[("cache-invalidation", "on")])])];
+    for (name, layers) in configs {
+        let g = null_graph(&rt, layers);
+        let top = g.top();
+        rt.block_on(top.call(ctx.clone(), Request::new(Fop::Lookup { loc: Loc::gfid(cached) }))).expect("lookup");
+        group.bench_function(format!("read-4k-hit/{name}"), |b| b.to_async(&rt).iter(|| top.call(ctx.clone(), read(cached))));
+        group.bench_function(format!("read-4k-miss/{name}"), |b| {
+            b.to_async(&rt).iter(|| top.call(ctx.clone(), read(uncached)))
+        });
+        group.bench_function(format!("lookup-fetching-content/{name}"), |b| {
+            b.to_async(&rt).iter(|| top.call(ctx.clone(), Request::new(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") })))
+        });
+        g.shutdown();
+    }
+    group.finish();
+}
+
+fn open_behind(c: &mut Criterion) {
+    let rt = runtime();
+    let ctx = CallCtx::root("bench");
+    let gfid = Gfid([0x33; 16]);
+    let mut group = c.benchmark_group("open-behind");
+    group.throughput(Throughput::Elements(1));
+    let configs: [(&str, &[Layer<'_>]); 2] = [("null-alone", &[]), ("open-behind", &[("performance/open-behind", &[])])];
+    for (name, layers) in configs {
+        let g = null_graph(&rt, layers);
+        let top = g.top();
+        let mut next = 0u64;
+        let mut fd = || {
+            next += 1;
+            Fd { id: FdId(next), gfid }
+        };
+        let open = |fd: Fd| Request::new(Fop::Open { loc: Loc::gfid(gfid), flags: libc::O_RDONLY as u32, fd: fd.id });
+        group.bench_function(format!("open-flush-release/{name}"), |b| {
+            b.to_async(&rt).iter(|| {
+                let (top, ctx, fd) = (&top, &ctx, fd());
+                async move {
+                    top.call(ctx.clone(), open(fd)).await.expect("open");
+                    top.call(ctx.clone(), Request::new(Fop::Flush { fd })).await.expect("flush");
+                    top.call(ctx.clone(), Request::new(Fop::Release { fd })).await.expect("release");
+                }
+            })
+        });
+        group.bench_function(format!("open-read-release/{name}"), |b| {
+            b.to_async(&rt).iter(|| {
+                let (top, ctx, fd) = (&top, &ctx, fd());
+                async move {
+                    top.call(ctx.clone(), open(fd)).await.expect("open");
+                    let read = Fop::Readv { fd, size: 4096, offset: 0, flags: 0 };
+                    top.call(ctx.clone(), Request::new(read)).await.expect("read");
+                    top.call(ctx.clone(), Request::new(Fop::Release { fd })).await.expect("release");
+                }
+            })
+        });
+        g.shutdown();
+    }
+    group.finish();
+}
+
+criterion_group!(benches, posix, locks, io_stats, quick_read, open_behind);
 criterion_main!(benches);

@@ -7,8 +7,11 @@ use std::time::Duration;
 
 use xlfs_runtime::graph::Graph;
 use xlfs_runtime::registry::Registry;
+use bytes::Bytes;
+use xlfs_sdk::dict::keys;
 use xlfs_sdk::{
-    CallCtx, Event, EventFrom, Fop, FopFuture, Iatt, InitCtx, InitError, Reply, Request, Response, Xlator, XlatorType,
+    CallCtx, Dict, Event, EventFrom, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Reply, Request, Response, Xlator,
+    XlatorType,
 };
 
 /// A scratch directory for a brick: on tmpfs (`/dev/shm`) when it exists, so
@@ -55,18 +58,34 @@ fn layered(leaf: &str, layers: &[Layer<'_>]) -> String {
     v
 }
 
+/// The size of every file the null leaf's lookups find.
+pub const NULL_FILE_SIZE: usize = 4096;
+
+static NULL_CONTENT: [u8; NULL_FILE_SIZE] = [0; NULL_FILE_SIZE];
+
 /// A leaf that answers every fop at once, so that what is measured above it
-/// is the translators' own cost.
+/// is the translators' own cost. A lookup finds a regular file of
+/// [`NULL_FILE_SIZE`] bytes (gfid as asked, or a fixed one for a name) and
+/// returns its content when asked with `glusterfs.content`.
 struct Null;
 
 impl Xlator for Null {
     fn call(&self, _ctx: CallCtx, req: Request) -> FopFuture<'_> {
-        let reply = match req.fop {
+        let mut xdata = Dict::new();
+        let reply = match &req.fop {
             Fop::Stat { .. } | Fop::Fstat { .. } => Reply::Attr(Iatt { gfid: req.fop.gfid(), ..Iatt::default() }),
             Fop::Writev { .. } => Reply::PrePost { pre: Iatt::default(), post: Iatt::default() },
+            Fop::Lookup { loc } => {
+                let gfid = if loc.gfid.is_null() { Gfid([0xf1; 16]) } else { loc.gfid };
+                let iatt = Iatt { gfid, mode: 0o100644, size: NULL_FILE_SIZE as u64, ..Iatt::default() };
+                if req.xdata.get_u64(keys::CONTENT).is_some_and(|max| max >= NULL_FILE_SIZE as u64) {
+                    xdata.set_bytes(keys::CONTENT, Bytes::from_static(&NULL_CONTENT));
+                }
+                Reply::Entry { iatt, postparent: Iatt::default() }
+            }
             _ => Reply::Empty,
         };
-        Box::pin(async move { Ok(Response::from(reply)) })
+        Box::pin(async move { Ok(Response { reply, xdata }) })
     }
 
     fn notify(&self, event: Event, from: EventFrom) -> Option<Event> {

@@ -145,4 +145,11 @@ pub mod keys {
     /// write any file on the brick finished before it, so replicate shares
     /// one among the windows it ends at the same time (group commit).
     pub const SYNCFS: &str = "xlfs.syncfs";
+    /// On a lookup (GlusterFS's `GF_CONTENT_KEY`): a u64 byte limit. When
+    /// the inode is a regular file no larger than it, storage/posix puts
+    /// the whole file content in the reply xdata under the same key
+    /// (bytes), so performance/quick-read can answer reads without opening
+    /// the file. cluster/replicate passes it up only from a copy a read
+    /// would be served from.
+    pub const CONTENT: &str = "glusterfs.content";
 }

@@ -38,6 +38,8 @@ pub mod protocol {
 pub mod performance {
     //! Translators that trade work for speed.
     pub mod io_threads;
+    pub mod open_behind;
+    pub mod quick_read;
     pub mod read_ahead;
 }
 
@@ -50,5 +52,6 @@ pub mod debug {
 /// Every built-in translator type.
 pub fn builtin_types() -> Vec<XlatorType> {
     vec![storage::posix::TYPE, features::locks::TYPE, features::index::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE, performance::io_threads::TYPE, performance::read_ahead::TYPE,
+        performance::quick_read::TYPE, performance::open_behind::TYPE,
         protocol::client::TYPE, protocol::server::TYPE, cluster::replicate::TYPE]
 }

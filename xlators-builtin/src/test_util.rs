@@ -11,7 +11,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use xlfs_sdk::{
-    CallCtx, Child, Errno, Event, EventSink, Fop, FopFuture, FopKind, Gfid, Iatt, InitCtx, OptionDecl, Options, Reply,
+    CallCtx, Child, Errno, Event, EventSink, Fop, FopFuture, FopKind, FopResult, Gfid, Iatt, InitCtx, OptionDecl, Options, Reply,
     Request, Response, Xlator,
 };
 
@@ -24,6 +24,7 @@ use xlfs_sdk::{
 pub struct Mock {
     calls: Mutex<Vec<(CallCtx, Request)>>,
     fail: Mutex<Option<Errno>>,
+    answers: Mutex<Vec<(FopKind, FopResult)>>,
 }
 
 impl Mock {
@@ -48,6 +49,14 @@ impl Mock {
     /// Makes every later call fail with `e` (or succeed again with None).
     pub fn fail_with(&self, e: Option<Errno>) {
         *self.fail.lock() = e;
+    }
+
+    /// Answers every later call of `kind` with `res` (instead of the
+    /// default reply), until set again.
+    pub fn answer(&self, kind: FopKind, res: FopResult) {
+        let mut a = self.answers.lock();
+        a.retain(|(k, _)| *k != kind);
+        a.push((kind, res));
     }
 
     /// This mock as a child named `mock`.
@@ -75,9 +84,12 @@ fn reply_for(fop: &Fop) -> Reply {
 
 impl Xlator for Mock {
     fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
-        let res = match *self.fail.lock() {
-            Some(e) => Err(e),
-            None => Ok(Response::from(reply_for(&req.fop))),
+        let kind = req.fop.kind();
+        let set = self.answers.lock().iter().find(|(k, _)| *k == kind).map(|(_, r)| r.clone());
+        let res = match (*self.fail.lock(), set) {
+            (Some(e), _) => Err(e),
+            (None, Some(r)) => r,
+            (None, None) => Ok(Response::from(reply_for(&req.fop))),
         };
         self.calls.lock().push((ctx, req));
         Box::pin(std::future::ready(res))

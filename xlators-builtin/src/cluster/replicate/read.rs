@@ -6,6 +6,9 @@
 //! (see `pending`) and answers from a good copy. A copy that lacks an
 //! entry the others have is stale in every kind; when the parent's entry
 //! counters blame a child, that child's word on the entry is not taken.
+//! A file's content asked for with `glusterfs.content` (quick-read) is
+//! passed up only when the chosen reply comes from a copy a data read
+//! would use; otherwise the key is taken out.
 //!
 //! Reads go to one child: among the children up, holding the fd (for fd
 //! fops) and not known stale for what the fop reads, the one chosen by:
@@ -27,6 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
+use xlfs_sdk::dict::keys::CONTENT;
 use xlfs_sdk::{CallCtx, Dict, Errno, Fop, FopResult, Gfid, Loc, Reply, Request, Response, Value};
 
 use super::Inner;
@@ -213,10 +217,19 @@ impl Inner {
         let pick =
             self.read_order(ctx, gfid, if good != 0 { good } else { ok.iter().fold(0, |m, (i, _)| m | bit(*i)) });
         let chosen = pick.first().copied();
-        let (_, mut rsp) = match ok.iter().position(|(i, _)| Some(*i) == chosen) {
+        let (from, mut rsp) = match ok.iter().position(|(i, _)| Some(*i) == chosen) {
             Some(p) => ok.swap_remove(p),
             None => ok.swap_remove(0),
         };
+        // Small-file content (quick-read) goes up only from a copy a read
+        // would be served from: not blamed for data (nor in a window that
+        // failed on it), and no data split-brain.
+        if rsp.xdata.contains(CONTENT) {
+            let blamed = (bad | self.known_bad(gfid, Kind::Data)) & bit(from) != 0;
+            if is_dir || blamed || split & 1 != 0 {
+                rsp.xdata.remove(CONTENT);
+            }
+        }
         for k in self.keys.iter().map(String::as_str).chain([super::OPEN_FD_COUNT, IS_LOCAL]) {
             if !xdata.contains(k) {
                 rsp.xdata.remove(k);

@@ -1022,3 +1022,41 @@ async fn windows_ending_together_share_a_syncfs_per_child() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_content_comes_only_from_a_copy_a_read_would_use() {
+    use xlfs_sdk::Value;
+    use xlfs_sdk::dict::keys::CONTENT;
+    let c = Cluster::new();
+    // Child 2 is preferred for reads, and will be stale.
+    let n = c.node("client-a", &[("read-subvolume-index", "2")]);
+    let fd = n.create("f").await.expect("create");
+    n.write(fd, 0, b"one").await.expect("write");
+    n.fsync(fd).await.expect("fsync");
+    n.down(2);
+    n.write(fd, 0, b"two").await.expect("write with a child down");
+    n.fsync(fd).await.expect("fsync");
+    n.up(2);
+    assert_eq!(c.read(2, "f"), b"one");
+    let lookup = |x: Dict| n.afr.call(n.ctx.clone(), Request::with_xdata(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") }, x));
+    let ask = Dict::new().with(CONTENT, Value::U64(1024));
+    let r = lookup(ask.clone()).await.expect("lookup");
+    assert_eq!(r.xdata.get_bytes(CONTENT).as_deref(), Some(&b"two"[..]), "content from a good copy, not the stale one");
+    assert!(!lookup(Dict::new()).await.expect("lookup").xdata.contains(CONTENT), "not asked, not given");
+    n.close(fd).await;
+    n.quiesce().await;
+    // A data split-brain (each copy blames the next): lookup still answers,
+    // without content, as a read would fail.
+    for i in 0..N {
+        let p = std::ffi::CString::new(c.bricks[i].dir.join("f").as_os_str().as_encoded_bytes()).expect("path");
+        for j in 0..N {
+            let v = pending::encode(if j == (i + 1) % N { [1, 0, 0] } else { [0, 0, 0] });
+            let name = std::ffi::CString::new(format!("trusted.afr.test-client-{j}")).expect("name");
+            // SAFETY: valid C strings and a value of the given length.
+            let rc = unsafe { libc::lsetxattr(p.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+            assert_eq!(rc, 0, "set pending on brick {i}");
+        }
+    }
+    let r = lookup(ask).await.expect("lookup answers in split-brain");
+    assert!(!r.xdata.contains(CONTENT), "no content from a split-brain: {:?}", r.xdata.keys().collect::<Vec<_>>());
+}

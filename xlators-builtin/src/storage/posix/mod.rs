@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
-use xlfs_sdk::dict::keys::{GFID_REQ, GFID_XATTR, VOLUME_ID_XATTR};
+use xlfs_sdk::dict::keys::{CONTENT, GFID_REQ, GFID_XATTR, VOLUME_ID_XATTR};
 use xlfs_sdk::slots::FdSlots;
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
@@ -747,7 +747,33 @@ impl Inner {
         };
         let mut rsp = Response::from(Reply::Entry { iatt: iatt(&node.st, node.gfid), postparent });
         rsp.xdata = self.fill_xdata(self.brick.target(&node), node.gfid, xdata);
+        if let Some(max) = xdata.get_u64(CONTENT)
+            && let Some(data) = self.small_content(&node, max)
+        {
+            rsp.xdata.set_bytes(CONTENT, data);
+        }
         Ok(rsp)
+    }
+
+    /// The whole content of a regular file no larger than `max` (for
+    /// [`CONTENT`] on lookup), or None when it is not one, is larger than
+    /// a dict value may be on the wire, or changed while being read (the
+    /// reply's attributes must describe the bytes).
+    fn small_content(&self, node: &Node, max: u64) -> Option<Bytes> {
+        let size = u64::try_from(node.st.st_size).ok()?;
+        let cap = xlfs_sdk::abi::Limits::DEFAULT.max_string as u64;
+        if node.fmt() != libc::S_IFREG || size > max.min(cap) {
+            return None;
+        }
+        let same = |st: &libc::stat| {
+            (st.st_ino, st.st_size, st.st_mtime, st.st_mtime_nsec, st.st_ctime, st.st_ctime_nsec)
+                == (node.st.st_ino, node.st.st_size, node.st.st_mtime, node.st.st_mtime_nsec, node.st.st_ctime, node.st.st_ctime_nsec)
+        };
+        let file = sys::openat(self.brick.gfs(), node.handle(), libc::O_RDONLY | libc::O_NOFOLLOW, 0).ok()?;
+        let mut buf = vec![0u8; usize::try_from(size).ok()?];
+        let n = sys::pread_full(file.as_fd(), &mut buf, 0).ok()?;
+        let st = sys::fstat(file.as_fd()).ok()?;
+        (n == buf.len() && same(&st)).then(|| Bytes::from(buf))
     }
 
     /// The reply xdata for a request that names xattrs or asks for the open

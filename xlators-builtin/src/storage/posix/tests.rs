@@ -1340,3 +1340,36 @@ fn fops_run_without_a_tokio_runtime() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn lookup_returns_small_file_content_when_asked() {
+    use xlfs_sdk::dict::keys::CONTENT;
+    let e = env();
+    let (g, fd) = e.create(Gfid::ROOT, "small").await;
+    e.write(fd, 0, b"hello quick-read").await;
+    let (big, bfd) = e.create(Gfid::ROOT, "big").await;
+    e.write(bfd, 0, &[7u8; 100]).await;
+    e.mkdir(Gfid::ROOT, "dir").await;
+    let ask = |max: u64| Dict::new().with(CONTENT, Value::U64(max));
+    // Asked with room: the whole content, matching the reply's size.
+    let r = e.runx(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "small") }, ask(64)).await.expect("lookup");
+    assert_eq!(r.xdata.get_bytes(CONTENT).as_deref(), Some(&b"hello quick-read"[..]));
+    assert!(matches!(r.reply, Reply::Entry { iatt, .. } if iatt.gfid == g && iatt.size == 16));
+    // By gfid as well; exactly the limit is still small.
+    let r = e.runx(Fop::Lookup { loc: Loc::gfid(g) }, ask(16)).await.expect("lookup");
+    assert_eq!(r.xdata.get_bytes(CONTENT).as_deref(), Some(&b"hello quick-read"[..]));
+    // Larger than the limit, a directory, or not asked: no content.
+    let r = e.runx(Fop::Lookup { loc: Loc::gfid(big) }, ask(99)).await.expect("lookup");
+    assert!(!r.xdata.contains(CONTENT));
+    let r = e.runx(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "dir") }, ask(1 << 20)).await.expect("lookup");
+    assert!(!r.xdata.contains(CONTENT));
+    let r = e.run(Fop::Lookup { loc: Loc::gfid(g) }).await.expect("lookup");
+    assert!(!r.xdata.contains(CONTENT));
+    // An empty file has empty content.
+    let (_, efd) = e.create(Gfid::ROOT, "empty").await;
+    let r = e.runx(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "empty") }, ask(64)).await.expect("lookup");
+    assert_eq!(r.xdata.get_bytes(CONTENT).as_deref(), Some(&b""[..]));
+    for f in [fd, bfd, efd] {
+        e.release(f).await;
+    }
+}
