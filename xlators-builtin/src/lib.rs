@@ -39,6 +39,7 @@ pub mod performance {
     //! Translators that trade work for speed.
     pub mod io_threads;
     pub mod read_ahead;
+    pub mod write_behind;
 }
 
 pub mod debug {
@@ -50,5 +51,6 @@ pub mod debug {
 /// Every built-in translator type.
 pub fn builtin_types() -> Vec<XlatorType> {
     vec![storage::posix::TYPE, features::locks::TYPE, features::index::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE, performance::io_threads::TYPE, performance::read_ahead::TYPE,
+        performance::write_behind::TYPE,
         protocol::client::TYPE, protocol::server::TYPE, cluster::replicate::TYPE]
 }
