@@ -268,6 +268,12 @@ impl InodeWb {
     /// the queued writes.
     fn view(&self) -> Option<Iatt> {
         let mut a = self.base?;
+        self.grow(&mut a);
+        Some(a)
+    }
+
+    /// Grows attributes by the queued writes: size, blocks, times.
+    fn grow(&self, a: &mut Iatt) {
         if let Some(end) = self.entries.iter().map(Entry::end).max() {
             if end > a.size {
                 a.size = end;
@@ -278,7 +284,6 @@ impl InodeWb {
                 a.ctime = a.ctime.max(t);
             }
         }
-        Some(a)
     }
 
     /// Takes attributes from a completed write: a write never shrinks a
@@ -710,9 +715,15 @@ impl Inner {
                     return Err(e);
                 }
                 let conf = t.conf;
-                let fd_flags = t.fds.get(&fd.id).map_or(0, |f| f.flags);
+                // An fd not seen opening has no known flags; past the fd
+                // bound one might be O_SYNC, so such writes are not delayed.
+                let (fd_flags, unknown) = match t.fds.get(&fd.id) {
+                    Some(f) => (f.flags, false),
+                    None => (0, t.fds.len() >= MAX_FDS),
+                };
                 let direct = if conf.strict_o_direct { O_DIRECT } else { 0 };
                 let sync = t.closed
+                    || unknown
                     || (flags | fd_flags) & (O_SYNC | O_DSYNC | direct) != 0
                     || fd_flags & O_APPEND != 0
                     || len == 0
@@ -835,8 +846,8 @@ impl Inner {
         let generation = self.t.lock().generation(gfid);
         let seed = matches!(req.fop, Fop::Create { .. } | Fop::Lookup { .. } | Fop::Stat { .. } | Fop::Fstat { .. });
         let fop = req.fop.clone();
-        let res = self.child.call(ctx, req).await;
-        if let Ok(resp) = &res {
+        let mut res = self.child.call(ctx, req).await;
+        if let Ok(resp) = &mut res {
             let mut t = self.t.lock();
             match (&fop, &resp.reply) {
                 (Fop::Open { flags, fd, .. }, _) => {
@@ -862,6 +873,14 @@ impl Inner {
                 Reply::PrePost { post, .. } => t.observe(gfid, generation, *post, false),
                 Reply::Copied { post, .. } => t.observe(gfid, generation, *post, false),
                 _ => {}
+            }
+            // A lookup by name can reach an inode with queued writes without
+            // draining them: show their size and times, not the brick's.
+            if let Reply::Entry { iatt, .. } = &mut resp.reply
+                && let Some(i) = t.inodes.get(&iatt.gfid)
+                && !i.entries.is_empty()
+            {
+                i.grow(iatt);
             }
         }
         res
@@ -948,16 +967,8 @@ impl Inner {
         if let Ok(Response { reply: Reply::Dirents(entries), .. }) = &mut res {
             let t = self.t.lock();
             for d in entries.iter_mut() {
-                if let Some(i) = t.inodes.get(&d.iatt.gfid)
-                    && !i.entries.is_empty()
-                    && let Some(end) = i.entries.iter().map(Entry::end).max()
-                {
-                    d.iatt.size = d.iatt.size.max(end);
-                    d.iatt.blocks = d.iatt.blocks.max(d.iatt.size.div_ceil(512));
-                    if let Some(s) = i.synth {
-                        d.iatt.mtime = d.iatt.mtime.max(s);
-                        d.iatt.ctime = d.iatt.ctime.max(s);
-                    }
+                if let Some(i) = t.inodes.get(&d.iatt.gfid) {
+                    i.grow(&mut d.iatt);
                 }
             }
         }
