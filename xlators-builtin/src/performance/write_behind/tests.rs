@@ -454,3 +454,52 @@ fn options_alias_and_bounds() {
     let bad = Options::resolve(OPTIONS, [("cache-size", "512KB"), ("aggregate-size", "1MB")]).expect("options");
     assert!(matches!(xl.reconfigure(&bad), Err(ReconfigureError::Invalid(_))));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_on_worker_threads_end_with_exact_data() {
+    let (xl, file) = setup(&[("cache-size", "512KB"), ("aggregate-size", "16KB")]);
+    open(&xl, 1, 0).await;
+    const REGION: u64 = 100_000;
+    let mut tasks = Vec::new();
+    for w in 0..4u64 {
+        let xl = xl.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut model = vec![0u8; REGION as usize];
+            for (off, len, byte) in series(300 + w as usize).into_iter().skip(w as usize * 7) {
+                let off = off % (REGION - 9_000);
+                let data = vec![byte.wrapping_add(w as u8); len];
+                write_ok(&xl, fd(1), w * REGION + off, data.clone()).await;
+                apply(&mut model, off, &data);
+            }
+            model
+        }));
+    }
+    let mut models = Vec::new();
+    for t in tasks {
+        models.push(t.await.expect("writer"));
+    }
+    fsync(&xl, fd(1)).await.expect("fsync");
+    let data = file.data.lock().clone();
+    for (w, model) in models.iter().enumerate() {
+        let from = w * REGION as usize;
+        let got = data[from.min(data.len())..(from + REGION as usize).min(data.len())].to_vec();
+        // Bytes never written read as zero both in the model and on the file.
+        let got: Vec<u8> = got.into_iter().chain(std::iter::repeat(0)).take(REGION as usize).collect();
+        assert!(got == *model, "writer {w}: data differs");
+    }
+    assert_eq!(dump(&xl, "queued-bytes"), 0);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn lookup_by_name_and_readdirp_show_the_queued_size() {
+    let (xl, file) = setup(&[("trickling-writes", "off")]);
+    open(&xl, 1, 0).await;
+    write_ok(&xl, fd(1), 0, vec![1; 700]).await;
+    let got = xl.call(ctx(), Request::new(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") })).await.expect("lookup");
+    assert!(matches!(got.reply, Reply::Entry { iatt, .. } if iatt.size == 700 && iatt.blocks == 2));
+    assert!(file.writes().is_empty(), "a lookup by name does not drain");
+    // A lookup by gfid drains and answers exactly.
+    let got = xl.call(ctx(), Request::new(Fop::Lookup { loc: Loc::gfid(GFID) })).await.expect("lookup");
+    assert_eq!(got.reply, Reply::Entry { iatt: file.iatt(), postparent: Iatt::default() });
+    assert_eq!(file.writes(), vec![(0, 700)]);
+}
