@@ -503,3 +503,20 @@ async fn lookup_by_name_and_readdirp_show_the_queued_size() {
     assert_eq!(got.reply, Reply::Entry { iatt: file.iatt(), postparent: Iatt::default() });
     assert_eq!(file.writes(), vec![(0, 700)]);
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn without_flush_behind_flush_waits_and_an_invalidated_inode_writes_synchronously() {
+    let (xl, file) = setup(&[("flush-behind", "off"), ("trickling-writes", "off")]);
+    open(&xl, 1, 0).await;
+    write_ok(&xl, fd(1), 0, vec![1; 10]).await;
+    xl.call(ctx(), Request::new(Fop::Flush { fd: fd(1) })).await.expect("flush");
+    assert_eq!(file.kinds()[2..], [FopKind::Writev, FopKind::Flush], "sent before the flush answered");
+    // Another client changed the file: its attributes here are stale, so
+    // the next write is sent synchronously and reseeds them.
+    let ev = Event::Upcall(Upcall::Invalidate { gfid: GFID });
+    assert_eq!(xl.notify(ev.clone(), EventFrom::Child(0)), Some(ev));
+    apply(&mut file.data.lock(), 0, &[0; 50]);
+    let post = write_ok(&xl, fd(1), 0, vec![2; 10]).await;
+    assert_eq!(post.size, 50);
+    assert_eq!(file.writes().len(), 2);
+}
