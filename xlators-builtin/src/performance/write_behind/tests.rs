@@ -520,3 +520,37 @@ async fn without_flush_behind_flush_waits_and_an_invalidated_inode_writes_synchr
     assert_eq!(post.size, 50);
     assert_eq!(file.writes().len(), 2);
 }
+
+#[test]
+fn the_inode_table_is_bounded_by_evicting_idle_inodes() {
+    let mut t = Table {
+        conf: conf(&Options::resolve(OPTIONS, []).expect("options")).expect("conf"),
+        inodes: HashMap::new(),
+        fds: HashMap::new(),
+        total: 0,
+        seq: 0,
+        tick: 0,
+        tasks: HashMap::new(),
+        next_task: 0,
+        closed: false,
+        stats: Stats::default(),
+    };
+    let gfid = |n: usize| {
+        let mut g = [0u8; 16];
+        g[..8].copy_from_slice(&(n as u64 + 2).to_be_bytes());
+        Gfid(g)
+    };
+    // A busy inode (a waiter on it) is never evicted.
+    t.slot(gfid(0)).expect("room").busy = 1;
+    for n in 1..MAX_INODES * 2 {
+        assert!(t.slot(gfid(n)).is_some(), "idle inodes make room");
+        assert!(t.inodes.len() <= MAX_INODES);
+    }
+    assert!(t.inodes.contains_key(&gfid(0)));
+    assert!(t.stats.evictions >= MAX_INODES as u64);
+    // Full of busy inodes: no state for a new one (its writes go synchronously).
+    for i in t.inodes.values_mut() {
+        i.busy = 1;
+    }
+    assert!(t.slot(gfid(MAX_INODES * 3)).is_none());
+}
