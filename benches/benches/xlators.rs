@@ -10,6 +10,9 @@
 //! - performance/open-behind over a null leaf: a deferred open + flush +
 //!   release (nothing goes down), and open + read (the open is made) +
 //!   release, against the null leaf alone.
+//! - performance/write-behind over a null leaf: a 4 KiB write acknowledged
+//!   from the queue (sequential, so it merges into the queue's tail) and a
+//!   4 KiB O_SYNC write (not delayed: sent and answered synchronously).
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -197,5 +200,39 @@ fn open_behind(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, posix, locks, io_stats, quick_read, open_behind);
+fn write_behind(c: &mut Criterion) {
+    let rt = runtime();
+    let ctx = CallCtx::root("bench");
+    let gfid = Gfid([9; 16]);
+    let mut group = c.benchmark_group("write-behind");
+    group.throughput(Throughput::Elements(1));
+    let g = null_graph(&rt, &[("performance/write-behind", &[])]);
+    let top = g.top();
+    let open = |id: u64, flags: u32| {
+        rt.block_on(top.call(ctx.clone(), Request::new(Fop::Open { loc: Loc::gfid(gfid), flags, fd: FdId(id) })))
+            .expect("open");
+    };
+    open(1, 0);
+    open(2, libc::O_SYNC as u32);
+    let write = |id: u64, offset: u64| {
+        let fd = Fd { id: FdId(id), gfid };
+        Request::new(Fop::Writev { fd, data: Bytes::from_static(&[0; 4096]), offset, flags: 0 })
+    };
+    // The first write seeds the attributes (sent synchronously).
+    rt.block_on(top.call(ctx.clone(), write(1, 0))).expect("seed write");
+    let offset = std::sync::atomic::AtomicU64::new(4096);
+    group.bench_function("write-4k/queued", |b| {
+        b.to_async(&rt).iter(|| {
+            let off = offset.fetch_add(4096, std::sync::atomic::Ordering::Relaxed) % (1 << 30);
+            top.call(ctx.clone(), write(1, off))
+        })
+    });
+    group.bench_function("write-4k/o-sync", |b| b.to_async(&rt).iter(|| top.call(ctx.clone(), write(2, 0))));
+    rt.block_on(top.call(ctx.clone(), Request::new(Fop::Fsync { fd: Fd { id: FdId(1), gfid }, datasync: false })))
+        .expect("fsync");
+    group.finish();
+    g.shutdown();
+}
+
+criterion_group!(benches, posix, locks, io_stats, quick_read, open_behind, write_behind);
 criterion_main!(benches);

@@ -41,6 +41,7 @@ pub mod performance {
     pub mod open_behind;
     pub mod quick_read;
     pub mod read_ahead;
+    pub mod write_behind;
 }
 
 pub mod debug {
@@ -53,5 +54,6 @@ pub mod debug {
 pub fn builtin_types() -> Vec<XlatorType> {
     vec![storage::posix::TYPE, features::locks::TYPE, features::index::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE, performance::io_threads::TYPE, performance::read_ahead::TYPE,
         performance::quick_read::TYPE, performance::open_behind::TYPE,
+        performance::write_behind::TYPE,
         protocol::client::TYPE, protocol::server::TYPE, cluster::replicate::TYPE]
 }

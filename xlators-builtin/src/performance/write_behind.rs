@@ -1,0 +1,1128 @@
+//! performance/write-behind: acknowledges writes as soon as they are queued
+//! and sends them to the child in the background, aggregated, like
+//! GlusterFS's write-behind on a client. It sits above cluster/replicate,
+//! where one write waits for every brick, so a writer no longer pays that
+//! round trip per write.
+//!
+//! **Queue.** Each inode has a queue of writes acknowledged but not yet
+//! completed by the child (GlusterFS's liabilities), in arrival order. A
+//! write contiguous with the queue's tail (same fd, no xdata) is merged into
+//! it up to `aggregate-size` bytes. Entries are sent from the head in order:
+//! an entry never overtakes an earlier one it overlaps (with
+//! `strict-write-ordering` nothing overtakes anything: one child write at a
+//! time), so the final data is what the application wrote last. A partial
+//! tail batch waits for more data while another write of the inode is in
+//! flight (with `trickling-writes`; without it, until something needs the
+//! queue drained), which is how small writes aggregate.
+//!
+//! **Window.** The queued bytes of an inode stay below `cache-size`; a write
+//! that does not fit waits until the queue drains below it. The number of
+//! queue entries per inode ([`MAX_ENTRIES`]), of inodes with state
+//! ([`MAX_INODES`], idle ones are evicted oldest first), of fds tracked
+//! ([`MAX_FDS`]) and the bytes queued over all inodes ([`TOTAL_WINDOWS`]
+//! windows) are bounded too; past the global byte bound a write is sent
+//! synchronously instead.
+//!
+//! **Attributes.** The write reply is `PrePost`, and upper layers use it (the
+//! FUSE bridge answers GETATTR from the last write's post attributes). So
+//! the translator keeps per inode the last attributes that passed through
+//! (create/lookup entries, stat/fstat, readv, and the pre/post replies of
+//! writes, setattr, truncate, fsync, fallocate...) and synthesizes a queued
+//! write's `post` from them: size grown to cover every queued write, blocks
+//! recomputed, mtime/ctime now. A write on an inode with no known attributes
+//! is sent synchronously and its real reply seeds them: nothing is invented.
+//! A reply that was overtaken by a later change of the inode's attributes
+//! (a generation count) does not overwrite them.
+//!
+//! **Reads and attributes of a dirty inode.** A read entirely covered by
+//! queued data is answered from the queue; otherwise the queued writes it
+//! could see are drained first. Stat, fstat and lookup by gfid of an inode
+//! with queued writes drain first, so their answers are exact. Readdirp
+//! entries of such an inode get the queue's size and times.
+//!
+//! **Barriers.** Fsync, flush (without flush-behind), release, truncate,
+//! ftruncate, setattr, fsetattr, fallocate, discard, zerofill,
+//! copy_file_range (both inodes), lk, seek and rchecksum wait for the
+//! inode's queued writes to complete, then go down. With `flush-behind` a
+//! flush answers at once (with a deferred error if one is pending) and is
+//! sent after the queue drains; release waits for those background flushes
+//! too, so the brick never sees a release before the fd's writes and flush.
+//!
+//! **Writes not delayed.** Writes with `O_SYNC`/`O_DSYNC` (in the write's
+//! flags or the fd's open flags, recorded from open and create), on
+//! `O_APPEND` fds (the brick chooses their offset) and, with
+//! `strict-O_DIRECT` (on here by default), `O_DIRECT` writes drain the
+//! inode's earlier writes and are then sent synchronously.
+//!
+//! **Errors.** A background write that fails is logged (`warn`, with the
+//! gfid) and its errno is kept on the inode and on the fd that wrote it; the
+//! next write, fsync or flush on the file returns it and clears it (the fd's
+//! own error is still returned by that fd's close even if another fd
+//! consumed the inode's). Without `resync-failed-syncs-after-fsync` the
+//! failed data is dropped, as GlusterFS does; with it the failed writes stay
+//! queued and are retried by the next fsync (which still fails with the
+//! error), drain or full window, until a flush or release makes a last
+//! attempt.
+//!
+//! Background sends are tokio tasks; `fini` aborts those still running (and
+//! logs what was not written).
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use xlfs_sdk::options::{OptType, OptionDecl};
+use xlfs_sdk::xlator::ReconfigureError;
+use xlfs_sdk::{
+    CallCtx, Child, Dict, Errno, Event, EventFrom, Fd, FdId, FileType, Fop, FopFuture, FopResult, Gfid, Iatt,
+    InitCtx, InitError, Options, Reply, Request, Response, Timespec, Upcall, Xlator, XlatorType,
+};
+
+/// Most inodes with write-behind state; idle ones are evicted past it.
+pub const MAX_INODES: usize = 16384;
+/// Most fds whose open flags and errors are tracked.
+pub const MAX_FDS: usize = 65536;
+/// Most queue entries per inode (small scattered writes do not merge).
+pub const MAX_ENTRIES: usize = 1024;
+/// Most batches of one inode in flight to the child at once.
+pub const MAX_IN_FLIGHT: usize = 16;
+/// Bytes queued over all inodes are bounded by this many `cache-size`s.
+pub const TOTAL_WINDOWS: u64 = 64;
+
+const OPTIONS: &[OptionDecl] = &[
+    OptionDecl::new("cache-size", OptType::Size).default("1MB").range(524288.0, 1073741824.0).desc(
+        "Size of the write-behind buffer of a single file (inode): bytes acknowledged to the application \
+         but not yet written by the child. A write that does not fit waits until earlier writes drain.",
+    ),
+    OptionDecl::new("window-size", OptType::Size)
+        .range(524288.0, 1073741824.0)
+        .desc("Old name of cache-size (GlusterFS accepts both keys); cache-size wins when both are given."),
+    OptionDecl::new("aggregate-size", OptType::Size).default("128KB").range(4096.0, 1073741824.0).desc(
+        "Contiguous queued writes are merged into one child write of up to this many bytes; must not \
+         exceed cache-size.",
+    ),
+    OptionDecl::new("flush-behind", OptType::Bool).default("on").desc(
+        "Answer flush (each close) at once, with the error of an earlier failed write if one is pending, \
+         and send it to the child in the background after the file's queued writes.",
+    ),
+    OptionDecl::new("strict-O_DIRECT", OptType::Bool).default("on").desc(
+        "When on, writes on O_DIRECT fds (or with O_DIRECT in the write's flags) are not delayed: earlier \
+         writes drain and the write is sent synchronously. When off, O_DIRECT is ignored, as GlusterFS's \
+         default (off) does; xlfs defaults to on so that O_DIRECT writers get what they asked for. \
+         O_SYNC and O_DSYNC writes are never delayed.",
+    ),
+    OptionDecl::new("strict-write-ordering", OptType::Bool)
+        .default("off")
+        .desc("Do not let later writes overtake earlier ones even when they do not overlap: one child write per file at a time."),
+    OptionDecl::new("trickling-writes", OptType::Bool).default("on").desc(
+        "Send a partial batch at once when nothing else of the file is in flight; when off, a partial \
+         batch waits until it reaches aggregate-size or something needs the queue drained (fsync, flush, \
+         a read of it, a full window).",
+    ),
+    OptionDecl::new("resync-failed-syncs-after-fsync", OptType::Bool).default("off").desc(
+        "If background writes fail, keep them queued and retry them (at the next fsync, which still fails \
+         with the error, or drain) until a flush or a successful sync, instead of dropping them.",
+    ),
+];
+
+/// The translator type.
+pub const TYPE: XlatorType = XlatorType {
+    name: "performance/write-behind",
+    description: "acknowledges writes once queued and sends them to the child in the background, aggregated",
+    options: OPTIONS,
+    min_children: 1,
+    max_children: 1,
+    build,
+};
+
+const O_SYNC: u32 = libc::O_SYNC as u32;
+const O_DSYNC: u32 = libc::O_DSYNC as u32;
+const O_DIRECT: u32 = libc::O_DIRECT as u32;
+const O_APPEND: u32 = libc::O_APPEND as u32;
+const O_TRUNC: u32 = libc::O_TRUNC as u32;
+
+#[derive(Clone, Copy, Debug)]
+struct Conf {
+    window: u64,
+    aggregate: u64,
+    flush_behind: bool,
+    strict_o_direct: bool,
+    strict_ordering: bool,
+    trickling: bool,
+    resync: bool,
+}
+
+fn conf(o: &Options) -> Result<Conf, String> {
+    let window = if o.is_set("window-size") && !o.is_set("cache-size") {
+        o.size("window-size")
+    } else {
+        o.size("cache-size")
+    }
+    .unwrap_or(1 << 20);
+    let aggregate = o.size("aggregate-size").unwrap_or(128 << 10);
+    if window < aggregate {
+        return Err(format!("cache-size ({window} bytes) is smaller than aggregate-size ({aggregate} bytes)"));
+    }
+    Ok(Conf {
+        window,
+        aggregate,
+        flush_behind: o.bool("flush-behind").unwrap_or(true),
+        strict_o_direct: o.bool("strict-O_DIRECT").unwrap_or(true),
+        strict_ordering: o.bool("strict-write-ordering").unwrap_or(false),
+        trickling: o.bool("trickling-writes").unwrap_or(true),
+        resync: o.bool("resync-failed-syncs-after-fsync").unwrap_or(false),
+    })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Acknowledged, not sent yet.
+    Queued,
+    /// Sent, the child has not answered.
+    InFlight,
+    /// Failed, kept for a retry (resync-failed-syncs-after-fsync).
+    Parked,
+}
+
+struct Entry {
+    seq: u64,
+    fd: Fd,
+    ctx: CallCtx,
+    flags: u32,
+    xdata: Dict,
+    offset: u64,
+    len: u64,
+    chunks: Vec<Bytes>,
+    state: State,
+    /// A flush or release waits for it: do not park it again on failure.
+    last_attempt: bool,
+}
+
+impl Entry {
+    fn end(&self) -> u64 {
+        self.offset.saturating_add(self.len)
+    }
+    fn overlaps(&self, other: &Entry) -> bool {
+        self.offset < other.end() && other.offset < self.end()
+    }
+    fn data(&mut self) -> Bytes {
+        if self.chunks.len() != 1 {
+            let mut b = BytesMut::with_capacity(self.len as usize);
+            for c in &self.chunks {
+                b.extend_from_slice(c);
+            }
+            self.chunks = vec![b.freeze()];
+        }
+        self.chunks.first().cloned().unwrap_or_default()
+    }
+}
+
+struct InodeWb {
+    /// The last attributes seen from the child.
+    base: Option<Iatt>,
+    /// Bumped at each change of `base`, so that an overtaken reply is ignored.
+    generation: u64,
+    /// When the last queued write was acknowledged (its mtime/ctime).
+    synth: Option<Timespec>,
+    entries: VecDeque<Entry>,
+    bytes: u64,
+    error: Option<Errno>,
+    /// Callers waiting on this inode and background flushes: not idle.
+    busy: u32,
+    /// Callers that need the queue sent now (partial batches included).
+    drainers: u32,
+    /// Background flushes not yet answered by the child.
+    bg: u32,
+    last_used: u64,
+    notify: Arc<Notify>,
+}
+
+impl InodeWb {
+    fn new(tick: u64) -> InodeWb {
+        InodeWb {
+            base: None,
+            generation: 0,
+            synth: None,
+            entries: VecDeque::new(),
+            bytes: 0,
+            error: None,
+            busy: 0,
+            drainers: 0,
+            bg: 0,
+            last_used: tick,
+            notify: Arc::new(Notify::new()),
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.entries.is_empty() && self.error.is_none() && self.busy == 0 && self.bg == 0
+    }
+
+    /// The attributes as the application sees them: the child's, grown by
+    /// the queued writes.
+    fn view(&self) -> Option<Iatt> {
+        let mut a = self.base?;
+        self.grow(&mut a);
+        Some(a)
+    }
+
+    /// Grows attributes by the queued writes: size, blocks, times.
+    fn grow(&self, a: &mut Iatt) {
+        if let Some(end) = self.entries.iter().map(Entry::end).max() {
+            if end > a.size {
+                a.size = end;
+                a.blocks = a.blocks.max(end.div_ceil(512));
+            }
+            if let Some(t) = self.synth {
+                a.mtime = a.mtime.max(t);
+                a.ctime = a.ctime.max(t);
+            }
+        }
+    }
+
+    /// Takes attributes from a completed write: a write never shrinks a
+    /// file, so a reply overtaken by a later write does not either.
+    fn absorb_write(&mut self, post: Iatt) {
+        let mut a = post;
+        if let Some(b) = self.base {
+            a.size = a.size.max(b.size);
+            a.blocks = a.blocks.max(b.blocks);
+            if a.gfid.is_null() {
+                a.gfid = b.gfid;
+            }
+        }
+        self.base = Some(a);
+        self.generation += 1;
+    }
+
+    /// The queued bytes of `[offset, end)`, if every byte is queued.
+    fn serve(&self, offset: u64, end: u64) -> Option<Bytes> {
+        if end <= offset {
+            return None;
+        }
+        let mut ranges: Vec<(u64, u64)> = self
+            .entries
+            .iter()
+            .filter(|e| e.offset < end && e.end() > offset)
+            .map(|e| (e.offset.max(offset), e.end().min(end)))
+            .collect();
+        ranges.sort_unstable();
+        let mut covered = offset;
+        for (s, e) in ranges {
+            if s > covered {
+                return None;
+            }
+            covered = covered.max(e);
+        }
+        if covered < end {
+            return None;
+        }
+        let mut out = vec![0u8; (end - offset) as usize];
+        for e in self.entries.iter().filter(|e| e.offset < end && e.end() > offset) {
+            let mut pos = e.offset;
+            for c in &e.chunks {
+                let c_end = pos.saturating_add(c.len() as u64);
+                let (s, t) = (pos.max(offset), c_end.min(end));
+                if s < t {
+                    out[(s - offset) as usize..(t - offset) as usize]
+                        .copy_from_slice(&c[(s - pos) as usize..(t - pos) as usize]);
+                }
+                pos = c_end;
+            }
+        }
+        Some(Bytes::from(out))
+    }
+}
+
+struct FdWb {
+    flags: u32,
+    error: Option<Errno>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Stats {
+    writes_queued: u64,
+    writes_aggregated: u64,
+    writes_sync: u64,
+    bytes_queued: u64,
+    batches_sent: u64,
+    bytes_sent: u64,
+    read_hits: u64,
+    reads_drained: u64,
+    errors_deferred: u64,
+    errors_returned: u64,
+    window_waits: u64,
+    retries: u64,
+    evictions: u64,
+    flushes_behind: u64,
+}
+
+struct Table {
+    conf: Conf,
+    inodes: HashMap<Gfid, InodeWb>,
+    fds: HashMap<FdId, FdWb>,
+    /// Bytes queued over all inodes.
+    total: u64,
+    /// Last sequence number given to a queue entry.
+    seq: u64,
+    tick: u64,
+    tasks: HashMap<u64, AbortHandle>,
+    next_task: u64,
+    closed: bool,
+    stats: Stats,
+}
+
+impl Table {
+    /// The inode's state, created (evicting idle ones if the table is full)
+    /// when absent; None when the table is full of busy inodes.
+    fn slot(&mut self, gfid: Gfid) -> Option<&mut InodeWb> {
+        self.tick += 1;
+        let tick = self.tick;
+        if !self.inodes.contains_key(&gfid) {
+            if gfid.is_null() {
+                return None;
+            }
+            if self.inodes.len() >= MAX_INODES {
+                self.evict();
+            }
+            if self.inodes.len() >= MAX_INODES {
+                return None;
+            }
+            self.inodes.insert(gfid, InodeWb::new(tick));
+        }
+        let i = self.inodes.get_mut(&gfid)?;
+        i.last_used = tick;
+        Some(i)
+    }
+
+    /// Drops the idle quarter of the table used longest ago.
+    fn evict(&mut self) {
+        let mut idle: Vec<u64> = self.inodes.values().filter(|i| i.idle()).map(|i| i.last_used).collect();
+        if idle.is_empty() {
+            return;
+        }
+        let k = (MAX_INODES / 4).clamp(1, idle.len()) - 1;
+        let (_, cut, _) = idle.select_nth_unstable(k);
+        let cut = *cut;
+        let before = self.inodes.len();
+        self.inodes.retain(|_, i| !(i.idle() && i.last_used <= cut));
+        self.stats.evictions += (before - self.inodes.len()) as u64;
+    }
+
+    /// The deferred error to return on `fd` (its own first, else the
+    /// inode's), cleared.
+    fn take_error(&mut self, fd: &Fd) -> Option<Errno> {
+        let own = self.fds.get_mut(&fd.id).and_then(|f| f.error.take());
+        let inode = self.inodes.get_mut(&fd.gfid).and_then(|i| i.error.take());
+        let e = own.or(inode);
+        if e.is_some() {
+            self.stats.errors_returned += 1;
+        }
+        e
+    }
+
+    fn generation(&self, gfid: Gfid) -> u64 {
+        self.inodes.get(&gfid).map_or(0, |i| i.generation)
+    }
+
+    /// Attributes from a reply of a fop sent when the inode's generation
+    /// was `generation`: taken unless something newer arrived meanwhile.
+    fn observe(&mut self, gfid: Gfid, generation: u64, iatt: Iatt, seed: bool) {
+        if gfid.is_null() || !matches!(iatt.file_type(), FileType::Regular | FileType::Unknown) {
+            return;
+        }
+        if !seed && !self.inodes.contains_key(&gfid) {
+            return;
+        }
+        if let Some(i) = self.slot(gfid)
+            && i.generation == generation
+        {
+            let mut a = iatt;
+            if a.gfid.is_null() {
+                a.gfid = gfid;
+            }
+            i.base = Some(a);
+            i.generation += 1;
+        }
+    }
+}
+
+struct Inner {
+    child: Child,
+    t: Mutex<Table>,
+}
+
+/// The write-behind translator.
+pub struct WriteBehind {
+    inner: Arc<Inner>,
+}
+
+fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
+    let conf = conf(&init.options).map_err(InitError::new)?;
+    let child = init.children.into_iter().next().ok_or_else(|| InitError::new("needs one child"))?;
+    let t = Table {
+        conf,
+        inodes: HashMap::new(),
+        fds: HashMap::new(),
+        total: 0,
+        seq: 0,
+        tick: 0,
+        tasks: HashMap::new(),
+        next_task: 0,
+        closed: false,
+        stats: Stats::default(),
+    };
+    Ok(Arc::new(WriteBehind { inner: Arc::new(Inner { child, t: Mutex::new(t) }) }))
+}
+
+fn now_ts() -> Timespec {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    Timespec { sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nsec: d.subsec_nanos() }
+}
+
+fn have_runtime() -> bool {
+    tokio::runtime::Handle::try_current().is_ok()
+}
+
+/// Marks an inode busy (and optionally draining) while a caller waits on it.
+struct Hold {
+    inner: Arc<Inner>,
+    gfid: Gfid,
+    drain: bool,
+}
+
+impl Hold {
+    /// Holds `gfid`; with `drain`, parked writes are retried and partial
+    /// batches sent at once.
+    fn new(inner: &Arc<Inner>, t: &mut Table, gfid: Gfid, drain: bool) -> Hold {
+        if let Some(i) = t.slot(gfid) {
+            i.busy += 1;
+            if drain {
+                i.drainers += 1;
+            }
+        }
+        if drain {
+            inner.unpark(t, gfid, u64::MAX, false);
+            inner.pump(t, gfid);
+        }
+        Hold { inner: inner.clone(), gfid, drain }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut t = self.inner.t.lock();
+        if let Some(i) = t.inodes.get_mut(&self.gfid) {
+            i.busy = i.busy.saturating_sub(1);
+            if self.drain {
+                i.drainers = i.drainers.saturating_sub(1);
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Spawns a background task tracked for `fini`.
+    fn spawn(self: &Arc<Self>, t: &mut Table, f: impl Future<Output = ()> + Send + 'static) {
+        let id = t.next_task;
+        t.next_task += 1;
+        let inner = self.clone();
+        let h = tokio::spawn(async move {
+            f.await;
+            inner.t.lock().tasks.remove(&id);
+        });
+        t.tasks.insert(id, h.abort_handle());
+    }
+
+    /// Makes the parked writes up to `upto` queued again (a retry).
+    fn unpark(&self, t: &mut Table, gfid: Gfid, upto: u64, last_attempt: bool) {
+        let Table { inodes, stats, .. } = t;
+        let Some(i) = inodes.get_mut(&gfid) else { return };
+        for e in i.entries.iter_mut().filter(|e| e.seq <= upto) {
+            if e.state == State::Parked {
+                e.state = State::Queued;
+                stats.retries += 1;
+            }
+            if last_attempt {
+                e.last_attempt = true;
+            }
+        }
+    }
+
+    /// Sends what may go now of the inode's queue, in order.
+    fn pump(self: &Arc<Self>, t: &mut Table, gfid: Gfid) {
+        if t.closed || !have_runtime() {
+            return;
+        }
+        let conf = t.conf;
+        let mut sends = Vec::new();
+        {
+            let Some(i) = t.inodes.get_mut(&gfid) else { return };
+            let n = i.entries.len();
+            let mut in_flight = i.entries.iter().filter(|e| e.state == State::InFlight).count();
+            for idx in 0..n {
+                let e = &i.entries[idx];
+                match e.state {
+                    State::InFlight => continue,
+                    State::Parked => break,
+                    State::Queued => {}
+                }
+                if in_flight >= MAX_IN_FLIGHT || (conf.strict_ordering && in_flight > 0) {
+                    break;
+                }
+                if i.entries.iter().take(idx).any(|p| p.state == State::InFlight && p.overlaps(e)) {
+                    break;
+                }
+                let partial_tail = idx + 1 == n && e.len < conf.aggregate;
+                if partial_tail && i.drainers == 0 && !(conf.trickling && in_flight == 0) {
+                    break;
+                }
+                let e = &mut i.entries[idx];
+                e.state = State::InFlight;
+                in_flight += 1;
+                let fop = Fop::Writev { fd: e.fd, data: e.data(), offset: e.offset, flags: e.flags };
+                sends.push((e.seq, e.ctx.clone(), Request::with_xdata(fop, e.xdata.clone()), e.len));
+            }
+        }
+        for (seq, ctx, req, len) in sends {
+            t.stats.batches_sent += 1;
+            t.stats.bytes_sent += len;
+            let inner = self.clone();
+            self.spawn(t, async move {
+                let res = inner.child.call(ctx, req).await;
+                inner.landed(gfid, seq, res);
+            });
+        }
+    }
+
+    /// A background write came back.
+    fn landed(self: &Arc<Self>, gfid: Gfid, seq: u64, res: FopResult) {
+        let mut guard = self.t.lock();
+        let t = &mut *guard;
+        let resync = t.conf.resync;
+        let Table { inodes, fds, stats, total, .. } = t;
+        let Some(i) = inodes.get_mut(&gfid) else { return };
+        let Some(pos) = i.entries.iter().position(|e| e.seq == seq) else { return };
+        match res {
+            Ok(resp) => {
+                if let Some(e) = i.entries.remove(pos) {
+                    i.bytes = i.bytes.saturating_sub(e.len);
+                    *total = total.saturating_sub(e.len);
+                }
+                if let Reply::PrePost { post, .. } = resp.reply {
+                    i.absorb_write(post);
+                }
+            }
+            Err(errno) => {
+                stats.errors_deferred += 1;
+                i.error = Some(errno);
+                let keep = resync && i.entries.get(pos).is_some_and(|e| !e.last_attempt);
+                if let Some(e) = i.entries.get_mut(pos) {
+                    tracing::warn!(
+                        %gfid, fd = e.fd.id.0, offset = e.offset, len = e.len, error = %errno, retry = keep,
+                        "write-behind: a background write failed; the error is returned by the next write, fsync or flush of the file"
+                    );
+                    if let Some(f) = fds.get_mut(&e.fd.id) {
+                        f.error = Some(errno);
+                    }
+                    if keep {
+                        e.state = State::Parked;
+                    }
+                }
+                if !keep && let Some(e) = i.entries.remove(pos) {
+                    i.bytes = i.bytes.saturating_sub(e.len);
+                    *total = total.saturating_sub(e.len);
+                }
+            }
+        }
+        i.notify.notify_waiters();
+        self.pump(t, gfid);
+    }
+
+    /// Waits until `done` holds for the table (checked under its lock),
+    /// woken by the inode's notifications. Returns at once if the inode has
+    /// no state.
+    async fn wait<R>(&self, gfid: Gfid, mut done: impl FnMut(&mut Table) -> Option<R>) -> Option<R> {
+        loop {
+            let notify = self.t.lock().inodes.get(&gfid).map(|i| i.notify.clone())?;
+            let mut n = pin!(notify.notified());
+            n.as_mut().enable();
+            {
+                let mut t = self.t.lock();
+                if !t.inodes.contains_key(&gfid) {
+                    return None;
+                }
+                if let Some(r) = done(&mut t) {
+                    return Some(r);
+                }
+            }
+            n.await;
+        }
+    }
+
+    /// Waits until every write queued on `gfid` so far has been sent and
+    /// answered (or parked after failing). `last_attempt`: parked writes are
+    /// retried one last time and dropped if they fail again.
+    async fn drain(self: &Arc<Self>, gfid: Gfid, last_attempt: bool) {
+        let (upto, _hold) = {
+            let mut t = self.t.lock();
+            if t.inodes.get(&gfid).is_none_or(|i| i.entries.is_empty()) {
+                return;
+            }
+            let upto = t.seq;
+            self.unpark(&mut t, gfid, upto, last_attempt);
+            (upto, Hold::new(self, &mut t, gfid, true))
+        };
+        self.wait(gfid, |t| {
+            let i = t.inodes.get(&gfid)?;
+            i.entries.iter().all(|e| e.seq > upto || e.state == State::Parked).then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until the inode's background flushes are answered.
+    async fn wait_bg(&self, gfid: Gfid) {
+        self.wait(gfid, |t| t.inodes.get(&gfid).is_none_or(|i| i.bg == 0).then_some(())).await;
+    }
+
+    async fn writev(self: &Arc<Self>, ctx: CallCtx, req: Request) -> FopResult {
+        let Fop::Writev { fd, data, offset, flags } = &req.fop else { return self.child.call(ctx, req).await };
+        let (fd, offset, len) = (*fd, *offset, data.len() as u64);
+        let mut hold: Option<Hold> = None;
+        loop {
+            let notify = {
+                let mut t = self.t.lock();
+                if let Some(e) = t.take_error(&fd) {
+                    return Err(e);
+                }
+                match t.slot(fd.gfid) {
+                    Some(i) => i.notify.clone(),
+                    None => break,
+                }
+            };
+            let mut n = pin!(notify.notified());
+            n.as_mut().enable();
+            let acked = {
+                let mut guard = self.t.lock();
+                let t = &mut *guard;
+                if let Some(e) = t.take_error(&fd) {
+                    return Err(e);
+                }
+                let conf = t.conf;
+                // An fd not seen opening has no known flags; past the fd
+                // bound one might be O_SYNC, so such writes are not delayed.
+                let (fd_flags, unknown) = match t.fds.get(&fd.id) {
+                    Some(f) => (f.flags, false),
+                    None => (0, t.fds.len() >= MAX_FDS),
+                };
+                let direct = if conf.strict_o_direct { O_DIRECT } else { 0 };
+                let sync = t.closed
+                    || unknown
+                    || (flags | fd_flags) & (O_SYNC | O_DSYNC | direct) != 0
+                    || fd_flags & O_APPEND != 0
+                    || len == 0
+                    || len > conf.window
+                    || t.total.saturating_add(len) > conf.window.saturating_mul(TOTAL_WINDOWS)
+                    || !have_runtime();
+                let Table { inodes, stats, total, seq, .. } = t;
+                let Some(i) = inodes.get_mut(&fd.gfid) else { break };
+                if sync || i.base.is_none() {
+                    break;
+                }
+                let room = i.bytes == 0 || (i.bytes + len <= conf.window && i.entries.len() < MAX_ENTRIES);
+                if room {
+                    let pre = i.view();
+                    let merge = i.entries.back_mut().filter(|tail| {
+                        tail.state == State::Queued
+                            && tail.fd.id == fd.id
+                            && tail.flags == *flags
+                            && tail.xdata.is_empty()
+                            && req.xdata.is_empty()
+                            && tail.end() == offset
+                            && tail.len + len <= conf.aggregate
+                    });
+                    match merge {
+                        Some(tail) => {
+                            tail.chunks.push(data.clone());
+                            tail.len += len;
+                            stats.writes_aggregated += 1;
+                        }
+                        None => {
+                            *seq += 1;
+                            i.entries.push_back(Entry {
+                                seq: *seq,
+                                fd,
+                                ctx: ctx.clone(),
+                                flags: *flags,
+                                xdata: req.xdata.clone(),
+                                offset,
+                                len,
+                                chunks: vec![data.clone()],
+                                state: State::Queued,
+                                last_attempt: false,
+                            });
+                        }
+                    }
+                    i.bytes += len;
+                    *total += len;
+                    i.synth = Some(now_ts());
+                    let post = i.view();
+                    stats.writes_queued += 1;
+                    stats.bytes_queued += len;
+                    self.pump(t, fd.gfid);
+                    Some(match (pre, post) {
+                        (Some(pre), Some(post)) => Ok(Response::from(Reply::PrePost { pre, post })),
+                        _ => Err(Errno::EIO), // base was checked above
+                    })
+                } else {
+                    if hold.is_none() {
+                        stats.window_waits += 1;
+                        hold = Some(Hold::new(self, t, fd.gfid, true));
+                    }
+                    None
+                }
+            };
+            if let Some(res) = acked {
+                drop(hold); // locks the table: after the guard is gone
+                return res;
+            }
+            n.await;
+        }
+        drop(hold);
+        // Not delayed: earlier writes first, then this one, synchronously.
+        self.drain(fd.gfid, false).await;
+        let generation = {
+            let mut t = self.t.lock();
+            t.stats.writes_sync += 1;
+            t.generation(fd.gfid)
+        };
+        let res = self.child.call(ctx, req).await;
+        if let Ok(Response { reply: Reply::PrePost { post, .. }, .. }) = &res {
+            self.t.lock().observe(fd.gfid, generation, *post, true);
+        }
+        res
+    }
+
+    async fn readv(self: &Arc<Self>, ctx: CallCtx, req: Request) -> FopResult {
+        let Fop::Readv { fd, size, offset, .. } = &req.fop else { return self.child.call(ctx, req).await };
+        let (gfid, offset) = (fd.gfid, *offset);
+        let end = offset.saturating_add(u64::from(*size));
+        let must_drain = {
+            let mut guard = self.t.lock();
+            let t = &mut *guard;
+            match t.inodes.get(&gfid) {
+                Some(i) if !i.entries.is_empty() => {
+                    let view = i.view();
+                    let eof = view.map_or(0, |a| a.size);
+                    let served = view.and_then(|a| i.serve(offset, end.min(eof)).map(|d| (d, a)));
+                    if let Some((data, iatt)) = served {
+                        t.stats.read_hits += 1;
+                        return Ok(Response::from(Reply::Read { data, iatt }));
+                    }
+                    // Queued writes at or past the read could change its bytes or its end.
+                    let dirty = i.entries.iter().any(|e| e.end() > offset);
+                    if dirty {
+                        t.stats.reads_drained += 1;
+                    }
+                    dirty
+                }
+                _ => false,
+            }
+        };
+        if must_drain {
+            self.drain(gfid, false).await;
+        }
+        self.forward(gfid, ctx, req).await
+    }
+
+    /// Sends a fop down and takes the attributes of its reply.
+    async fn forward(&self, gfid: Gfid, ctx: CallCtx, req: Request) -> FopResult {
+        let generation = self.t.lock().generation(gfid);
+        let seed = matches!(req.fop, Fop::Create { .. } | Fop::Lookup { .. } | Fop::Stat { .. } | Fop::Fstat { .. });
+        let fop = req.fop.clone();
+        let mut res = self.child.call(ctx, req).await;
+        if let Ok(resp) = &mut res {
+            let mut t = self.t.lock();
+            match (&fop, &resp.reply) {
+                (Fop::Open { flags, fd, .. }, _) => {
+                    track_fd(&mut t, *fd, *flags);
+                    if flags & O_TRUNC != 0
+                        && let Some(i) = t.inodes.get_mut(&gfid)
+                    {
+                        // The brick truncated the file: its size is unknown here now.
+                        i.base = None;
+                        i.generation += 1;
+                    }
+                }
+                (Fop::Create { flags, fd, .. }, _) => track_fd(&mut t, *fd, *flags),
+                _ => {}
+            }
+            match &resp.reply {
+                Reply::Entry { iatt, .. } => {
+                    let g = if iatt.gfid.is_null() { gfid } else { iatt.gfid };
+                    let at = if g == gfid { generation } else { t.generation(g) };
+                    t.observe(g, at, *iatt, seed);
+                }
+                Reply::Attr(iatt) | Reply::Read { iatt, .. } => t.observe(gfid, generation, *iatt, seed),
+                Reply::PrePost { post, .. } => t.observe(gfid, generation, *post, false),
+                Reply::Copied { post, .. } => t.observe(gfid, generation, *post, false),
+                _ => {}
+            }
+            // A lookup by name can reach an inode with queued writes without
+            // draining them: show their size and times, not the brick's.
+            if let Reply::Entry { iatt, .. } = &mut resp.reply
+                && let Some(i) = t.inodes.get(&iatt.gfid)
+                && !i.entries.is_empty()
+            {
+                i.grow(iatt);
+            }
+        }
+        res
+    }
+
+    /// Drains the queues of `gfids`, then forwards.
+    async fn barrier(self: &Arc<Self>, gfids: &[Gfid], ctx: CallCtx, req: Request) -> FopResult {
+        for g in gfids {
+            self.drain(*g, false).await;
+        }
+        let target = gfids.last().copied().unwrap_or(Gfid::NULL);
+        self.forward(target, ctx, req).await
+    }
+
+    async fn fsync(self: &Arc<Self>, ctx: CallCtx, req: Request) -> FopResult {
+        let fd = req.fop.fd().copied().unwrap_or_default();
+        self.drain(fd.gfid, false).await;
+        if let Some(e) = self.t.lock().take_error(&fd) {
+            return Err(e);
+        }
+        self.forward(fd.gfid, ctx, req).await
+    }
+
+    async fn flush(self: &Arc<Self>, ctx: CallCtx, req: Request) -> FopResult {
+        let fd = req.fop.fd().copied().unwrap_or_default();
+        {
+            let mut guard = self.t.lock();
+            let t = &mut *guard;
+            if let Some(e) = t.take_error(&fd) {
+                return Err(e);
+            }
+            if t.conf.flush_behind && !t.closed && have_runtime() {
+                t.stats.flushes_behind += 1;
+                let upto = t.seq;
+                self.unpark(t, fd.gfid, upto, true);
+                let tracked = t.slot(fd.gfid).map(|i| i.bg += 1).is_some();
+                if tracked {
+                    let inner = self.clone();
+                    self.spawn(t, async move {
+                        inner.drain(fd.gfid, true).await;
+                        if let Err(e) = inner.child.call(ctx, req).await {
+                            tracing::debug!(gfid = %fd.gfid, error = %e, "write-behind: background flush failed");
+                        }
+                        let mut t = inner.t.lock();
+                        if let Some(i) = t.inodes.get_mut(&fd.gfid) {
+                            i.bg = i.bg.saturating_sub(1);
+                            i.notify.notify_waiters();
+                        }
+                    });
+                    return Ok(Response::from(Reply::Empty));
+                }
+            }
+        }
+        self.drain(fd.gfid, true).await;
+        if let Some(e) = self.t.lock().take_error(&fd) {
+            return Err(e);
+        }
+        self.child.call(ctx, req).await
+    }
+
+    async fn release(self: &Arc<Self>, ctx: CallCtx, req: Request) -> FopResult {
+        let fd = req.fop.fd().copied().unwrap_or_default();
+        self.drain(fd.gfid, true).await;
+        self.wait_bg(fd.gfid).await;
+        let res = self.child.call(ctx, req).await;
+        if let Some(f) = self.t.lock().fds.remove(&fd.id)
+            && let Some(e) = f.error
+        {
+            tracing::warn!(gfid = %fd.gfid, fd = fd.id.0, error = %e, "write-behind: fd released with a write error never returned to it");
+        }
+        res
+    }
+
+    async fn lookup_or_stat(self: &Arc<Self>, gfid: Gfid, ctx: CallCtx, req: Request) -> FopResult {
+        let dirty = self.t.lock().inodes.get(&gfid).is_some_and(|i| !i.entries.is_empty());
+        if dirty {
+            self.drain(gfid, false).await;
+        }
+        self.forward(gfid, ctx, req).await
+    }
+
+    async fn readdirp(&self, ctx: CallCtx, req: Request) -> FopResult {
+        let mut res = self.child.call(ctx, req).await;
+        if let Ok(Response { reply: Reply::Dirents(entries), .. }) = &mut res {
+            let t = self.t.lock();
+            for d in entries.iter_mut() {
+                if let Some(i) = t.inodes.get(&d.iatt.gfid) {
+                    i.grow(&mut d.iatt);
+                }
+            }
+        }
+        res
+    }
+}
+
+fn track_fd(t: &mut Table, fd: FdId, flags: u32) {
+    if t.fds.len() < MAX_FDS || t.fds.contains_key(&fd) {
+        t.fds.insert(fd, FdWb { flags, error: None });
+    }
+}
+
+impl Xlator for WriteBehind {
+    fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
+        let inner = self.inner.clone();
+        match &req.fop {
+            Fop::Writev { .. } => Box::pin(async move { inner.writev(ctx, req).await }),
+            Fop::Readv { .. } => Box::pin(async move { inner.readv(ctx, req).await }),
+            Fop::Fsync { .. } => Box::pin(async move { inner.fsync(ctx, req).await }),
+            Fop::Flush { .. } => Box::pin(async move { inner.flush(ctx, req).await }),
+            Fop::Release { .. } => Box::pin(async move { inner.release(ctx, req).await }),
+            Fop::Fstat { fd } => {
+                let g = fd.gfid;
+                Box::pin(async move { inner.lookup_or_stat(g, ctx, req).await })
+            }
+            Fop::Stat { loc } | Fop::Lookup { loc } => {
+                let g = loc.gfid;
+                Box::pin(async move { inner.lookup_or_stat(g, ctx, req).await })
+            }
+            Fop::Open { loc, flags, .. } if flags & O_TRUNC != 0 => {
+                let g = [loc.gfid];
+                Box::pin(async move { inner.barrier(&g, ctx, req).await })
+            }
+            Fop::Open { loc, .. } | Fop::Create { loc, .. } => {
+                let g = loc.gfid;
+                Box::pin(async move { inner.forward(g, ctx, req).await })
+            }
+            Fop::Setattr { loc, .. } | Fop::Truncate { loc, .. } => {
+                let g = [loc.gfid];
+                Box::pin(async move { inner.barrier(&g, ctx, req).await })
+            }
+            Fop::Fsetattr { fd, .. }
+            | Fop::Ftruncate { fd, .. }
+            | Fop::Fallocate { fd, .. }
+            | Fop::Discard { fd, .. }
+            | Fop::Zerofill { fd, .. }
+            | Fop::Lk { fd, .. }
+            | Fop::Seek { fd, .. }
+            | Fop::Rchecksum { fd, .. } => {
+                let g = [fd.gfid];
+                Box::pin(async move { inner.barrier(&g, ctx, req).await })
+            }
+            Fop::CopyFileRange { fd_in, fd_out, .. } => {
+                let g = [fd_in.gfid, fd_out.gfid];
+                Box::pin(async move { inner.barrier(&g, ctx, req).await })
+            }
+            Fop::Readdirp { .. } => Box::pin(async move { inner.readdirp(ctx, req).await }),
+            Fop::Forget { gfid } => {
+                let mut t = self.inner.t.lock();
+                if t.inodes.get(gfid).is_some_and(InodeWb::idle) {
+                    t.inodes.remove(gfid);
+                }
+                drop(t);
+                self.inner.child.call(ctx, req)
+            }
+            _ => self.inner.child.call(ctx, req),
+        }
+    }
+
+    fn notify(&self, event: Event, from: EventFrom) -> Option<Event> {
+        if let Event::Upcall(Upcall::Invalidate { gfid }) = &event
+            && let Some(i) = self.inner.t.lock().inodes.get_mut(gfid)
+        {
+            // Changed through another client: the next write seeds anew.
+            i.base = None;
+            i.generation += 1;
+        }
+        match from {
+            EventFrom::Child(_) => Some(event),
+            EventFrom::Graph => None,
+        }
+    }
+
+    fn reconfigure(&self, options: &Options) -> Result<(), ReconfigureError> {
+        let c = conf(options).map_err(ReconfigureError::Invalid)?;
+        let mut t = self.inner.t.lock();
+        t.conf = c;
+        let gfids: Vec<Gfid> = t.inodes.keys().copied().collect();
+        for g in gfids {
+            self.inner.pump(&mut t, g);
+            if let Some(i) = t.inodes.get(&g) {
+                i.notify.notify_waiters();
+            }
+        }
+        Ok(())
+    }
+
+    fn dump(&self) -> Vec<(String, String)> {
+        let t = self.inner.t.lock();
+        let c = t.conf;
+        let s = t.stats;
+        let entries: usize = t.inodes.values().map(|i| i.entries.len()).sum();
+        let pending: usize = t.inodes.values().filter(|i| i.error.is_some()).count();
+        [
+            ("cache-size", c.window.to_string()),
+            ("aggregate-size", c.aggregate.to_string()),
+            ("flush-behind", c.flush_behind.to_string()),
+            ("strict-O_DIRECT", c.strict_o_direct.to_string()),
+            ("strict-write-ordering", c.strict_ordering.to_string()),
+            ("trickling-writes", c.trickling.to_string()),
+            ("resync-failed-syncs-after-fsync", c.resync.to_string()),
+            ("inodes", t.inodes.len().to_string()),
+            ("fds", t.fds.len().to_string()),
+            ("queue-entries", entries.to_string()),
+            ("queued-bytes", t.total.to_string()),
+            ("background-tasks", t.tasks.len().to_string()),
+            ("errors-pending", pending.to_string()),
+            ("writes-queued", s.writes_queued.to_string()),
+            ("writes-aggregated", s.writes_aggregated.to_string()),
+            ("writes-sync", s.writes_sync.to_string()),
+            ("bytes-queued", s.bytes_queued.to_string()),
+            ("batches-sent", s.batches_sent.to_string()),
+            ("bytes-sent", s.bytes_sent.to_string()),
+            ("read-hits", s.read_hits.to_string()),
+            ("reads-drained", s.reads_drained.to_string()),
+            ("errors-deferred", s.errors_deferred.to_string()),
+            ("errors-returned", s.errors_returned.to_string()),
+            ("window-waits", s.window_waits.to_string()),
+            ("retries", s.retries.to_string()),
+            ("evictions", s.evictions.to_string()),
+            ("flushes-behind", s.flushes_behind.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    fn fini(&self) {
+        let mut t = self.inner.t.lock();
+        t.closed = true;
+        for (_, h) in t.tasks.drain() {
+            h.abort();
+        }
+        for (gfid, i) in t.inodes.drain() {
+            if !i.entries.is_empty() {
+                tracing::warn!(%gfid, bytes = i.bytes, writes = i.entries.len(), "write-behind: queued writes dropped at fini");
+            }
+            i.notify.notify_waiters();
+        }
+        t.fds.clear();
+        t.total = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests;

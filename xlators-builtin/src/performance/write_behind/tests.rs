@@ -1,0 +1,556 @@
+//! Unit tests of performance/write-behind over an in-memory file child that
+//! records every call, can hold writes at a gate and fail them.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tokio::sync::Semaphore;
+use xlfs_sdk::{EventSink, FopKind, Loc};
+
+use super::*;
+
+const GFID: Gfid = Gfid([7; 16]);
+const REG: u32 = 0o100644;
+
+/// One file in memory. Writes pass `gate` (when set) before they apply.
+#[derive(Default)]
+struct MemFile {
+    data: Mutex<Vec<u8>>,
+    calls: Mutex<Vec<(FopKind, u64, u64)>>,
+    gate: Mutex<Option<Arc<Semaphore>>>,
+    fail_writes: AtomicU32,
+}
+
+impl MemFile {
+    fn iatt(&self) -> Iatt {
+        let size = self.data.lock().len() as u64;
+        Iatt { gfid: GFID, mode: REG, nlink: 1, size, blocks: size.div_ceil(512), ..Iatt::default() }
+    }
+    fn calls(&self) -> Vec<(FopKind, u64, u64)> {
+        self.calls.lock().clone()
+    }
+    fn kinds(&self) -> Vec<FopKind> {
+        self.calls.lock().iter().map(|c| c.0).collect()
+    }
+    fn writes(&self) -> Vec<(u64, u64)> {
+        self.calls.lock().iter().filter(|c| c.0 == FopKind::Writev).map(|c| (c.1, c.2)).collect()
+    }
+    /// Holds every later write until permits are added.
+    fn close_gate(&self) -> Arc<Semaphore> {
+        let s = Arc::new(Semaphore::new(0));
+        *self.gate.lock() = Some(s.clone());
+        s
+    }
+}
+
+impl Xlator for MemFile {
+    fn call(&self, _ctx: CallCtx, req: Request) -> FopFuture<'_> {
+        Box::pin(async move {
+            let (off, len) = match &req.fop {
+                Fop::Writev { data, offset, .. } => (*offset, data.len() as u64),
+                Fop::Readv { offset, size, .. } => (*offset, u64::from(*size)),
+                _ => (0, 0),
+            };
+            self.calls.lock().push((req.fop.kind(), off, len));
+            let reply = match req.fop {
+                Fop::Writev { data, offset, .. } => {
+                    let gate = self.gate.lock().clone();
+                    if let Some(g) = gate {
+                        g.acquire().await.map_err(|_| Errno::EIO)?.forget();
+                    }
+                    if self.fail_writes.load(Ordering::SeqCst) > 0 {
+                        self.fail_writes.fetch_sub(1, Ordering::SeqCst);
+                        return Err(Errno::EIO);
+                    }
+                    let pre = self.iatt();
+                    {
+                        let mut d = self.data.lock();
+                        let end = offset as usize + data.len();
+                        if d.len() < end {
+                            d.resize(end, 0);
+                        }
+                        d[offset as usize..end].copy_from_slice(&data);
+                    }
+                    Reply::PrePost { pre, post: self.iatt() }
+                }
+                Fop::Readv { size, offset, .. } => {
+                    let d = self.data.lock();
+                    let from = (offset as usize).min(d.len());
+                    let to = from.saturating_add(size as usize).min(d.len());
+                    let data = Bytes::copy_from_slice(&d[from..to]);
+                    drop(d);
+                    Reply::Read { data, iatt: self.iatt() }
+                }
+                Fop::Lookup { .. } | Fop::Create { .. } => Reply::Entry { iatt: self.iatt(), postparent: Iatt::default() },
+                Fop::Fstat { .. } | Fop::Stat { .. } => Reply::Attr(self.iatt()),
+                Fop::Fsync { .. } => Reply::PrePost { pre: self.iatt(), post: self.iatt() },
+                Fop::Ftruncate { offset, .. } => {
+                    let pre = self.iatt();
+                    self.data.lock().resize(offset as usize, 0);
+                    Reply::PrePost { pre, post: self.iatt() }
+                }
+                _ => Reply::Empty,
+            };
+            Ok(Response::from(reply))
+        })
+    }
+}
+
+fn setup(opts: &[(&str, &str)]) -> (Arc<dyn Xlator>, Arc<MemFile>) {
+    let file = Arc::new(MemFile::default());
+    let options = Options::resolve(OPTIONS, opts.iter().copied()).expect("options");
+    let init = InitCtx {
+        name: "wb".into(),
+        options,
+        children: vec![Child { name: Arc::from("mem"), xl: file.clone() }],
+        events: EventSink::new(),
+    };
+    (build(init).expect("build"), file)
+}
+
+fn fd(id: u64) -> Fd {
+    Fd { id: FdId(id), gfid: GFID }
+}
+
+fn ctx() -> CallCtx {
+    CallCtx::root("t")
+}
+
+/// Opens fd `id` with `flags` and seeds the attributes with a lookup.
+async fn open(xl: &Arc<dyn Xlator>, id: u64, flags: u32) {
+    xl.call(ctx(), Request::new(Fop::Lookup { loc: Loc::gfid(GFID) })).await.expect("lookup");
+    xl.call(ctx(), Request::new(Fop::Open { loc: Loc::gfid(GFID), flags, fd: FdId(id) })).await.expect("open");
+}
+
+async fn write(xl: &Arc<dyn Xlator>, fd: Fd, offset: u64, data: Vec<u8>) -> FopResult {
+    xl.call(ctx(), Request::new(Fop::Writev { fd, data: Bytes::from(data), offset, flags: 0 })).await
+}
+
+async fn write_ok(xl: &Arc<dyn Xlator>, fd: Fd, offset: u64, data: Vec<u8>) -> Iatt {
+    match write(xl, fd, offset, data).await {
+        Ok(Response { reply: Reply::PrePost { post, .. }, .. }) => post,
+        other => panic!("write: {other:?}"),
+    }
+}
+
+async fn read(xl: &Arc<dyn Xlator>, fd: Fd, offset: u64, size: u32) -> (Bytes, Iatt) {
+    match xl.call(ctx(), Request::new(Fop::Readv { fd, size, offset, flags: 0 })).await {
+        Ok(Response { reply: Reply::Read { data, iatt }, .. }) => (data, iatt),
+        other => panic!("read: {other:?}"),
+    }
+}
+
+async fn fsync(xl: &Arc<dyn Xlator>, fd: Fd) -> FopResult {
+    xl.call(ctx(), Request::new(Fop::Fsync { fd, datasync: false })).await
+}
+
+/// Lets the background sends (answered at once when no gate holds them) run.
+async fn settle() {
+    for _ in 0..64 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn dump(xl: &Arc<dyn Xlator>, key: &str) -> u64 {
+    xl.dump().into_iter().find(|(k, _)| k == key).and_then(|(_, v)| v.parse().ok()).unwrap_or(u64::MAX)
+}
+
+fn apply(model: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    let end = offset as usize + data.len();
+    if model.len() < end {
+        model.resize(end, 0);
+    }
+    model[offset as usize..end].copy_from_slice(data);
+}
+
+/// A fixed pseudo-random series of overlapping writes (offset, length, byte).
+fn series(n: usize) -> Vec<(u64, usize, u8)> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x % 60_000), 1 + (x >> 20) as usize % 9000, (i % 250) as u8 + 1)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn overlapping_writes_land_in_order_and_the_final_data_is_exact() {
+    for opts in [
+        vec![],
+        vec![("strict-write-ordering", "on")],
+        vec![("trickling-writes", "off")],
+        vec![("aggregate-size", "4KB"), ("cache-size", "512KB")],
+    ] {
+        let (xl, file) = setup(&opts);
+        open(&xl, 1, 0).await;
+        let gate = file.close_gate();
+        let mut model = Vec::new();
+        for (i, (off, len, byte)) in series(200).into_iter().enumerate() {
+            let post = write_ok(&xl, fd(1), off, vec![byte; len]).await;
+            apply(&mut model, off, &vec![byte; len]);
+            assert_eq!(post.size, model.len() as u64, "{opts:?}: post size after write {i}");
+            if i % 7 == 0 {
+                gate.add_permits(3);
+                settle().await;
+            }
+        }
+        gate.add_permits(100_000);
+        fsync(&xl, fd(1)).await.expect("fsync");
+        assert_eq!(*file.data.lock(), model, "{opts:?}: final data");
+        assert_eq!(dump(&xl, "queued-bytes"), 0);
+        assert!(dump(&xl, "writes-queued") >= 190, "{opts:?}: writes were acknowledged from the queue");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_read_is_served_from_the_queue_or_after_draining_it() {
+    // trickling off: partial batches stay queued until something drains them.
+    let (xl, file) = setup(&[("trickling-writes", "off")]);
+    apply(&mut file.data.lock(), 0, &[1u8; 10_000]);
+    open(&xl, 1, 0).await;
+    write_ok(&xl, fd(1), 8_000, vec![2; 4_000]).await;
+    write_ok(&xl, fd(1), 12_000, vec![3; 1_000]).await;
+    settle().await;
+    assert!(file.writes().is_empty(), "still queued");
+
+    // Covered by the queue, up to the end of the file: served, short read at EOF.
+    let (data, iatt) = read(&xl, fd(1), 9_000, 8_192).await;
+    let mut expect = vec![2u8; 3_000];
+    expect.extend_from_slice(&[3; 1_000]);
+    assert_eq!(data, expect);
+    assert_eq!(iatt.size, 13_000);
+    assert_eq!(dump(&xl, "read-hits"), 1);
+    assert!(!file.kinds().contains(&FopKind::Readv));
+
+    // Partly on the brick: the queue drains first, then the child reads exact data.
+    let (data, iatt) = read(&xl, fd(1), 7_000, 2_000).await;
+    let mut expect = vec![1u8; 1_000];
+    expect.extend_from_slice(&[2; 1_000]);
+    assert_eq!(data, expect);
+    assert_eq!(iatt.size, 13_000);
+    assert_eq!(file.writes(), vec![(8_000, 5_000)], "the two contiguous writes went down merged");
+    let last = file.kinds().last().copied();
+    assert_eq!(last, Some(FopKind::Readv), "the read went down after the writes");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn fstat_after_queued_writes_is_exact() {
+    let (xl, file) = setup(&[("trickling-writes", "off")]);
+    open(&xl, 1, 0).await;
+    let post = write_ok(&xl, fd(1), 0, vec![5; 3_000]).await;
+    assert_eq!((post.size, post.blocks, post.gfid), (3_000, 6, GFID));
+    let post = write_ok(&xl, fd(1), 10_000, vec![6; 100]).await;
+    assert_eq!(post.size, 10_100);
+    assert!(file.writes().is_empty());
+    let got = xl.call(ctx(), Request::new(Fop::Fstat { fd: fd(1) })).await.expect("fstat");
+    assert_eq!(got.reply, Reply::Attr(file.iatt()));
+    assert_eq!(file.iatt().size, 10_100);
+    let got = xl.call(ctx(), Request::new(Fop::Stat { loc: Loc::gfid(GFID) })).await.expect("stat");
+    assert_eq!(got.reply, Reply::Attr(file.iatt()));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_first_write_without_attributes_is_sent_synchronously() {
+    let (xl, file) = setup(&[]);
+    xl.call(ctx(), Request::new(Fop::Open { loc: Loc::gfid(GFID), flags: 0, fd: FdId(1) })).await.expect("open");
+    let post = write_ok(&xl, fd(1), 0, vec![1; 100]).await;
+    assert_eq!(file.writes(), vec![(0, 100)], "sent before the reply");
+    assert_eq!(post, file.iatt());
+    // Seeded: the next one is queued.
+    write_ok(&xl, fd(1), 100, vec![1; 100]).await;
+    assert_eq!(file.writes().len(), 1);
+    assert_eq!((dump(&xl, "writes-sync"), dump(&xl, "writes-queued")), (1, 1));
+}
+
+/// Records warnings for the log assertions.
+struct Capture(Arc<Mutex<Vec<String>>>);
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, e: &tracing::Event<'_>) {
+        struct V(String);
+        impl tracing::field::Visit for V {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{}={:?} ", f.name(), v));
+            }
+        }
+        let mut v = V(format!("{} ", e.metadata().level()));
+        e.record(&mut v);
+        self.0.lock().push(v.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_failed_background_write_is_returned_by_the_next_fsync_and_flush_and_logged() {
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let _guard = tracing::subscriber::set_default(Capture(logs.clone()));
+    let (xl, file) = setup(&[]);
+    open(&xl, 1, 0).await;
+    open(&xl, 2, 0).await;
+    file.fail_writes.store(1, Ordering::SeqCst);
+    write_ok(&xl, fd(1), 0, vec![1; 100]).await;
+    settle().await;
+    assert_eq!(dump(&xl, "errors-deferred"), 1);
+    assert_eq!(fsync(&xl, fd(1)).await, Err(Errno::EIO));
+    // Reported once, then cleared.
+    fsync(&xl, fd(1)).await.expect("second fsync");
+    assert!(!file.kinds().is_empty());
+    let logged = logs.lock().clone();
+    assert!(
+        logged.iter().any(|l| l.starts_with("WARN") && l.contains(&GFID.to_string()) && l.contains("failed")),
+        "{logged:?}"
+    );
+
+    // Flush (behind) returns it too; and the writer's fd keeps its own error
+    // even when another fd's write consumed the inode's.
+    file.fail_writes.store(1, Ordering::SeqCst);
+    write_ok(&xl, fd(1), 0, vec![2; 100]).await;
+    settle().await;
+    assert_eq!(write(&xl, fd(2), 500, vec![3; 10]).await.map(|_| ()), Err(Errno::EIO));
+    assert_eq!(xl.call(ctx(), Request::new(Fop::Flush { fd: fd(1) })).await, Err(Errno::EIO));
+    xl.call(ctx(), Request::new(Fop::Flush { fd: fd(1) })).await.expect("cleared");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn with_resync_a_failed_write_is_retried_after_fsync() {
+    let (xl, file) = setup(&[("resync-failed-syncs-after-fsync", "on")]);
+    open(&xl, 1, 0).await;
+    file.fail_writes.store(1, Ordering::SeqCst);
+    write_ok(&xl, fd(1), 0, vec![9; 100]).await;
+    settle().await;
+    assert!(file.data.lock().is_empty());
+    // fsync fails (GlusterFS fails it regardless) but retried the write.
+    assert_eq!(fsync(&xl, fd(1)).await, Err(Errno::EIO));
+    assert_eq!(*file.data.lock(), vec![9; 100]);
+    assert_eq!(dump(&xl, "retries"), 1);
+    fsync(&xl, fd(1)).await.expect("synced");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn o_sync_and_o_direct_writes_are_not_delayed() {
+    let (xl, file) = setup(&[]);
+    open(&xl, 1, 0).await;
+    open(&xl, 2, O_SYNC).await;
+    let gate = file.close_gate();
+    gate.add_permits(1000);
+    // A queued write first: it must reach the child before the O_SYNC one.
+    write_ok(&xl, fd(1), 0, vec![1; 10]).await;
+    assert!(file.writes().is_empty(), "queued, not sent yet");
+    write_ok(&xl, fd(2), 10, vec![2; 10]).await;
+    assert_eq!(file.writes(), vec![(0, 10), (10, 10)], "O_SYNC: sent and answered before the reply");
+    // O_DIRECT in the write's flags (strict-O_DIRECT is on by default).
+    let w = Fop::Writev { fd: fd(1), data: Bytes::from(vec![3; 10]), offset: 20, flags: O_DIRECT };
+    xl.call(ctx(), Request::new(w.clone())).await.expect("direct write");
+    assert_eq!(file.writes().last(), Some(&(20, 10)));
+    assert_eq!(dump(&xl, "writes-sync"), 2);
+    // strict-O_DIRECT off ignores O_DIRECT, as GlusterFS does by default.
+    let (xl, file) = setup(&[("strict-O_DIRECT", "off")]);
+    open(&xl, 1, O_DIRECT).await;
+    write_ok(&xl, fd(1), 0, vec![1; 10]).await;
+    xl.call(ctx(), Request::new(w)).await.expect("direct write");
+    assert!(file.writes().is_empty(), "behind");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_full_window_blocks_the_writer_until_the_queue_drains() {
+    let (xl, file) = setup(&[("cache-size", "512KB"), ("aggregate-size", "128KB")]);
+    open(&xl, 1, 0).await;
+    let gate = file.close_gate();
+    for i in 0..4u64 {
+        write_ok(&xl, fd(1), i * 131_072, vec![i as u8; 131_072]).await;
+    }
+    assert_eq!(dump(&xl, "queued-bytes"), 512 * 1024);
+    let xl2 = xl.clone();
+    let blocked = tokio::spawn(async move { write_ok(&xl2, fd(1), 4 * 131_072, vec![4; 4096]).await });
+    settle().await;
+    assert!(!blocked.is_finished(), "the window is full");
+    assert_eq!(dump(&xl, "window-waits"), 1);
+    gate.add_permits(1);
+    settle().await;
+    let post = blocked.await.expect("join");
+    assert_eq!(post.size, 4 * 131_072 + 4096);
+    assert!(dump(&xl, "queued-bytes") <= 512 * 1024);
+    gate.add_permits(100);
+    fsync(&xl, fd(1)).await.expect("fsync");
+    assert_eq!(file.data.lock().len(), 4 * 131_072 + 4096);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn contiguous_small_writes_are_aggregated_into_fewer_child_writes() {
+    let (xl, file) = setup(&[]);
+    open(&xl, 1, 0).await;
+    let gate = file.close_gate();
+    for i in 0..32u64 {
+        write_ok(&xl, fd(1), i * 4096, vec![i as u8; 4096]).await;
+    }
+    gate.add_permits(1000);
+    fsync(&xl, fd(1)).await.expect("fsync");
+    // The first is sent at once (trickling), the other 31 wait for it and merge.
+    assert_eq!(file.writes(), vec![(0, 4096), (4096, 31 * 4096)]);
+    assert_eq!((dump(&xl, "writes-aggregated"), dump(&xl, "batches-sent")), (30, 2));
+    let expect: Vec<u8> = (0..32u8).flat_map(|i| vec![i; 4096]).collect();
+    assert_eq!(*file.data.lock(), expect);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn release_and_flush_reach_the_child_after_the_queued_writes() {
+    let (xl, file) = setup(&[("trickling-writes", "off")]);
+    open(&xl, 1, 0).await;
+    write_ok(&xl, fd(1), 0, vec![1; 100]).await;
+    write_ok(&xl, fd(1), 1000, vec![1; 100]).await;
+    // flush-behind: answered at once, sent after the writes.
+    xl.call(ctx(), Request::new(Fop::Flush { fd: fd(1) })).await.expect("flush");
+    assert!(!file.kinds().contains(&FopKind::Flush));
+    xl.call(ctx(), Request::new(Fop::Release { fd: fd(1) })).await.expect("release");
+    let kinds: Vec<FopKind> = file.kinds().into_iter().filter(|k| !matches!(k, FopKind::Lookup | FopKind::Open)).collect();
+    assert_eq!(kinds, vec![FopKind::Writev, FopKind::Writev, FopKind::Flush, FopKind::Release]);
+    assert_eq!(file.calls()[2..4], [(FopKind::Writev, 0, 100), (FopKind::Writev, 1000, 100)]);
+    assert_eq!(dump(&xl, "fds"), 0);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn truncate_waits_for_the_queue_and_fini_aborts_background_sends() {
+    let (xl, file) = setup(&[]);
+    open(&xl, 1, 0).await;
+    write_ok(&xl, fd(1), 0, vec![1; 5000]).await;
+    let t = xl.call(ctx(), Request::new(Fop::Ftruncate { fd: fd(1), offset: 10 })).await.expect("ftruncate");
+    assert!(matches!(t.reply, Reply::PrePost { post, .. } if post.size == 10));
+    assert_eq!(*file.data.lock(), vec![1; 10]);
+    // The next write's attributes start from the truncated size.
+    assert_eq!(write_ok(&xl, fd(1), 10, vec![2; 5]).await.size, 15);
+    settle().await;
+    let _gate = file.close_gate();
+    write_ok(&xl, fd(1), 100, vec![3; 5]).await;
+    settle().await;
+    assert_eq!(dump(&xl, "background-tasks"), 1);
+    xl.fini();
+    assert_eq!((dump(&xl, "background-tasks"), dump(&xl, "inodes")), (0, 0));
+}
+
+#[test]
+fn options_alias_and_bounds() {
+    let o = Options::resolve(OPTIONS, [("window-size", "2MB")]).expect("options");
+    assert_eq!(conf(&o).expect("conf").window, 2 << 20);
+    let o = Options::resolve(OPTIONS, [("window-size", "2MB"), ("cache-size", "4MB")]).expect("options");
+    assert_eq!(conf(&o).expect("conf").window, 4 << 20);
+    let o = Options::resolve(OPTIONS, [("cache-size", "512KB"), ("aggregate-size", "1MB")]).expect("options");
+    assert!(conf(&o).is_err());
+    let (xl, _file) = setup(&[]);
+    assert_eq!((dump(&xl, "cache-size"), dump(&xl, "aggregate-size")), (1 << 20, 128 << 10));
+    let o = Options::resolve(OPTIONS, [("cache-size", "4MB"), ("strict-write-ordering", "on")]).expect("options");
+    xl.reconfigure(&o).expect("reconfigure");
+    assert_eq!(dump(&xl, "cache-size"), 4 << 20);
+    let bad = Options::resolve(OPTIONS, [("cache-size", "512KB"), ("aggregate-size", "1MB")]).expect("options");
+    assert!(matches!(xl.reconfigure(&bad), Err(ReconfigureError::Invalid(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_on_worker_threads_end_with_exact_data() {
+    let (xl, file) = setup(&[("cache-size", "512KB"), ("aggregate-size", "16KB")]);
+    open(&xl, 1, 0).await;
+    const REGION: u64 = 100_000;
+    let mut tasks = Vec::new();
+    for w in 0..4u64 {
+        let xl = xl.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut model = vec![0u8; REGION as usize];
+            for (off, len, byte) in series(300 + w as usize).into_iter().skip(w as usize * 7) {
+                let off = off % (REGION - 9_000);
+                let data = vec![byte.wrapping_add(w as u8); len];
+                write_ok(&xl, fd(1), w * REGION + off, data.clone()).await;
+                apply(&mut model, off, &data);
+            }
+            model
+        }));
+    }
+    let mut models = Vec::new();
+    for t in tasks {
+        models.push(t.await.expect("writer"));
+    }
+    fsync(&xl, fd(1)).await.expect("fsync");
+    let data = file.data.lock().clone();
+    for (w, model) in models.iter().enumerate() {
+        let from = w * REGION as usize;
+        let got = data[from.min(data.len())..(from + REGION as usize).min(data.len())].to_vec();
+        // Bytes never written read as zero both in the model and on the file.
+        let got: Vec<u8> = got.into_iter().chain(std::iter::repeat(0)).take(REGION as usize).collect();
+        assert!(got == *model, "writer {w}: data differs");
+    }
+    assert_eq!(dump(&xl, "queued-bytes"), 0);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn lookup_by_name_and_readdirp_show_the_queued_size() {
+    let (xl, file) = setup(&[("trickling-writes", "off")]);
+    open(&xl, 1, 0).await;
+    write_ok(&xl, fd(1), 0, vec![1; 700]).await;
+    let got = xl.call(ctx(), Request::new(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") })).await.expect("lookup");
+    assert!(matches!(got.reply, Reply::Entry { iatt, .. } if iatt.size == 700 && iatt.blocks == 2));
+    assert!(file.writes().is_empty(), "a lookup by name does not drain");
+    // A lookup by gfid drains and answers exactly.
+    let got = xl.call(ctx(), Request::new(Fop::Lookup { loc: Loc::gfid(GFID) })).await.expect("lookup");
+    assert_eq!(got.reply, Reply::Entry { iatt: file.iatt(), postparent: Iatt::default() });
+    assert_eq!(file.writes(), vec![(0, 700)]);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn without_flush_behind_flush_waits_and_an_invalidated_inode_writes_synchronously() {
+    let (xl, file) = setup(&[("flush-behind", "off"), ("trickling-writes", "off")]);
+    open(&xl, 1, 0).await;
+    write_ok(&xl, fd(1), 0, vec![1; 10]).await;
+    xl.call(ctx(), Request::new(Fop::Flush { fd: fd(1) })).await.expect("flush");
+    assert_eq!(file.kinds()[2..], [FopKind::Writev, FopKind::Flush], "sent before the flush answered");
+    // Another client changed the file: its attributes here are stale, so
+    // the next write is sent synchronously and reseeds them.
+    let ev = Event::Upcall(Upcall::Invalidate { gfid: GFID });
+    assert_eq!(xl.notify(ev.clone(), EventFrom::Child(0)), Some(ev));
+    apply(&mut file.data.lock(), 0, &[0; 50]);
+    let post = write_ok(&xl, fd(1), 0, vec![2; 10]).await;
+    assert_eq!(post.size, 50);
+    assert_eq!(file.writes().len(), 2);
+}
+
+#[test]
+fn the_inode_table_is_bounded_by_evicting_idle_inodes() {
+    let mut t = Table {
+        conf: conf(&Options::resolve(OPTIONS, []).expect("options")).expect("conf"),
+        inodes: HashMap::new(),
+        fds: HashMap::new(),
+        total: 0,
+        seq: 0,
+        tick: 0,
+        tasks: HashMap::new(),
+        next_task: 0,
+        closed: false,
+        stats: Stats::default(),
+    };
+    let gfid = |n: usize| {
+        let mut g = [0u8; 16];
+        g[..8].copy_from_slice(&(n as u64 + 2).to_be_bytes());
+        Gfid(g)
+    };
+    // A busy inode (a waiter on it) is never evicted.
+    t.slot(gfid(0)).expect("room").busy = 1;
+    for n in 1..MAX_INODES * 2 {
+        assert!(t.slot(gfid(n)).is_some(), "idle inodes make room");
+        assert!(t.inodes.len() <= MAX_INODES);
+    }
+    assert!(t.inodes.contains_key(&gfid(0)));
+    assert!(t.stats.evictions >= MAX_INODES as u64);
+    // Full of busy inodes: no state for a new one (its writes go synchronously).
+    for i in t.inodes.values_mut() {
+        i.busy = 1;
+    }
+    assert!(t.slot(gfid(MAX_INODES * 3)).is_none());
+}
