@@ -154,6 +154,15 @@ pub enum Upcall {
         /// The inode.
         gfid: Gfid,
     },
+    /// Inside a brick: [`Upcall::Invalidate`] for one client only
+    /// (features/upcall names the clients that have the inode cached;
+    /// protocol/server sends each of them a plain `Invalidate`).
+    InvalidateFor {
+        /// The inode.
+        gfid: Gfid,
+        /// The [`CallCtx::client_id`](crate::CallCtx) to tell.
+        client: String,
+    },
 }
 
 type TopHook = Arc<dyn Fn(&Event) + Send + Sync>;

@@ -23,6 +23,7 @@ pub mod features {
     //! Brick-side features.
     pub mod index;
     pub mod locks;
+    pub mod upcall;
 }
 
 #[cfg(test)]
@@ -52,7 +53,7 @@ pub mod debug {
 
 /// Every built-in translator type.
 pub fn builtin_types() -> Vec<XlatorType> {
-    vec![storage::posix::TYPE, features::locks::TYPE, features::index::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE, performance::io_threads::TYPE, performance::read_ahead::TYPE,
+    vec![storage::posix::TYPE, features::locks::TYPE, features::index::TYPE, features::upcall::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE, performance::io_threads::TYPE, performance::read_ahead::TYPE,
         performance::quick_read::TYPE, performance::open_behind::TYPE,
         performance::write_behind::TYPE,
         protocol::client::TYPE, protocol::server::TYPE, cluster::replicate::TYPE]

@@ -535,6 +535,7 @@ enum_codec!(Upcall, "upcall", {
     (InodelkContention { gfid, domain, holder_client, holder_owner } = 0),
     (EntrylkContention { gfid, domain, name, holder_client } = 1),
     (Invalidate { gfid } = 2),
+    (InvalidateFor { gfid, client } = 3),
 });
 
 /// [`Fop`]: the u16 [`FopKind`] code, then the variant's fields in order.

@@ -328,6 +328,7 @@ fn upcall() -> impl Strategy<Value = Upcall> {
             Upcall::EntrylkContention { gfid, domain, name, holder_client }
         }),
         gfid().prop_map(|gfid| Upcall::Invalidate { gfid }),
+        (gfid(), name()).prop_map(|(gfid, client)| Upcall::InvalidateFor { gfid, client }),
     ]
 }
 
@@ -660,7 +661,7 @@ fn unknown_tags_are_errors() {
         Err(DecodeError::UnknownTag { what, tag })
     }
     assert_eq!(dec::<Event>(&[7], None), unknown("event", 7));
-    assert_eq!(dec::<Event>(&[5, 3], None), unknown("upcall", 3));
+    assert_eq!(dec::<Event>(&[5, 4], None), unknown("upcall", 4));
     assert_eq!(dec::<FopResult>(&[2], None), unknown("result", 2));
     assert_eq!(dec::<Value>(&[5], None), unknown("dict value", 5));
     assert_eq!(dec::<Reply>(&[255], None), unknown("reply", 255));

@@ -423,7 +423,13 @@ impl Server {
                     .into_iter()
                     .collect(),
                 Upcall::Invalidate { .. } => conns.values().cloned().collect(),
+                Upcall::InvalidateFor { client, .. } => conns.get(client.as_str()).cloned().into_iter().collect(),
             }
+        };
+        // Clients only ever get the plain form.
+        let u = match u {
+            Upcall::InvalidateFor { gfid, .. } => Upcall::Invalidate { gfid },
+            u => u,
         };
         if targets.is_empty() {
             tracing::debug!(upcall = ?u, "upcall for no connected client");

@@ -1,0 +1,412 @@
+//! features/upcall: tells clients that have an inode cached when another
+//! client changes it (GlusterFS's upcall translator with
+//! `cache-invalidation`), so client caches (md-cache, quick-read, the
+//! kernel's through the FUSE bridge) can be kept for long and still be true.
+//!
+//! Every fop that names an inode (by fd, by gfid, an entry's parent, the
+//! inode an entry reply returns, each readdirp entry) records its client as
+//! interested in that inode, with the time. When a fop that changes an
+//! inode succeeds, every *other* client that touched it within
+//! `cache-invalidation-timeout` seconds is sent [`Upcall::InvalidateFor`]
+//! (protocol/server delivers a plain `Invalidate` to that client only):
+//! - data and metadata changes (write, truncate, setattr, xattrs,
+//!   fallocate, ...) invalidate the inode;
+//! - entry changes (create, mkdir, mknod, symlink, link, unlink, rmdir,
+//!   rename) invalidate the parent directories (their entries changed) and
+//!   the inode they act on (its link count or ctime changed).
+//!
+//! The changing client itself is not told: its caches saw the reply.
+//! Memory is bounded: at most `cache-invalidation-max-inodes` inodes are
+//! tracked, each with at most [`MAX_CLIENTS`] clients; expired entries are
+//! dropped when the table is full.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use xlfs_sdk::xlator::ReconfigureError;
+use xlfs_sdk::{
+    CallCtx, Child, Event, EventSink, Fop, FopFuture, Gfid, InitCtx, InitError, OptType, OptionDecl, Options, Reply,
+    Request, Response, Upcall, Xlator, XlatorType,
+};
+
+/// The translator type.
+pub const TYPE: XlatorType = XlatorType {
+    name: "features/upcall",
+    description: "tells the clients that have an inode cached when another client changes it (cache invalidation)",
+    options: OPTIONS,
+    min_children: 1,
+    max_children: 1,
+    build,
+};
+
+const OPTIONS: &[OptionDecl] = &[
+    OptionDecl::new("cache-invalidation", OptType::Bool).default("on").desc(
+        "Send invalidations (GlusterFS: features.cache-invalidation, off there by default; on here so that client \
+         caches can keep entries long and stay true).",
+    ),
+    OptionDecl::new("cache-invalidation-timeout", OptType::Int).default("60").range(1.0, 3600.0).desc(
+        "Seconds a client stays interested in an inode after its last fop on it (GlusterFS's default 60). Clients \
+         must not cache longer than this (md-cache-timeout at most this value).",
+    ),
+    OptionDecl::new("cache-invalidation-max-inodes", OptType::Int)
+        .default("262144")
+        .range(16.0, 16_777_216.0)
+        .desc("Most inodes tracked at once (about 100 bytes each plus 40 per client); the oldest are dropped first."),
+];
+
+/// Most clients remembered per inode; beyond, the least recent is dropped
+/// (it then misses invalidations only if it still caches past its own
+/// timeout, which a client bounded by md-cache-timeout does not).
+pub const MAX_CLIENTS: usize = 64;
+
+struct Config {
+    on: bool,
+    timeout: Duration,
+    max_inodes: usize,
+}
+
+impl Config {
+    fn from(o: &Options) -> Config {
+        Config {
+            on: o.bool("cache-invalidation").unwrap_or(true),
+            timeout: Duration::from_secs(o.int("cache-invalidation-timeout").unwrap_or(60).max(1) as u64),
+            max_inodes: o.int("cache-invalidation-max-inodes").unwrap_or(262_144).max(16) as usize,
+        }
+    }
+}
+
+/// The clients interested in one inode, with when each last touched it.
+type Interest = Vec<(Arc<str>, Instant)>;
+
+/// The upcall translator.
+pub struct UpcallXl {
+    child: Child,
+    events: EventSink,
+    cfg: RwLock<Config>,
+    table: Mutex<HashMap<Gfid, Interest>>,
+    sent: AtomicU64,
+    dropped_inodes: AtomicU64,
+}
+
+fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
+    let InitCtx { options, mut children, events, name } = init;
+    let child = children.pop().ok_or_else(|| InitError::new(format!("{name}: features/upcall needs a subvolume")))?;
+    Ok(Arc::new(UpcallXl {
+        child,
+        events,
+        cfg: RwLock::new(Config::from(&options)),
+        table: Mutex::new(HashMap::new()),
+        sent: AtomicU64::new(0),
+        dropped_inodes: AtomicU64::new(0),
+    }))
+}
+
+/// What a fop changes, once it succeeded.
+enum Change {
+    None,
+    /// The inodes whose data or metadata changed.
+    Inodes(Vec<Gfid>),
+}
+
+impl UpcallXl {
+    /// Records `client` as interested in `gfids`.
+    fn touch(&self, client: &Arc<str>, gfids: &[Gfid]) {
+        let cfg = self.cfg.read();
+        if !cfg.on {
+            return;
+        }
+        let now = Instant::now();
+        let mut t = self.table.lock();
+        if t.len() + gfids.len() > cfg.max_inodes {
+            let before = t.len();
+            t.retain(|_, v| {
+                v.retain(|(_, at)| now.duration_since(*at) < cfg.timeout);
+                !v.is_empty()
+            });
+            // Still full: drop arbitrary ones (their clients' caches time
+            // out on their own within md-cache-timeout).
+            let excess = (t.len() + gfids.len()).saturating_sub(cfg.max_inodes);
+            let victims: Vec<Gfid> = t.keys().take(excess).copied().collect();
+            for g in victims {
+                t.remove(&g);
+            }
+            self.dropped_inodes.fetch_add((before - t.len()) as u64, Ordering::Relaxed);
+        }
+        for g in gfids.iter().filter(|g| !g.is_null()) {
+            let v = t.entry(*g).or_default();
+            match v.iter_mut().find(|(c, _)| c == client) {
+                Some(e) => e.1 = now,
+                None => {
+                    if v.len() >= MAX_CLIENTS
+                        && let Some(oldest) = v.iter().enumerate().min_by_key(|(_, (_, at))| *at).map(|(i, _)| i)
+                    {
+                        v.swap_remove(oldest);
+                    }
+                    v.push((client.clone(), now));
+                }
+            }
+        }
+    }
+
+    /// Tells every other client interested in `gfids` that they changed.
+    fn invalidate(&self, from: &str, gfids: &[Gfid]) {
+        let cfg = self.cfg.read();
+        if !cfg.on {
+            return;
+        }
+        let now = Instant::now();
+        let mut out: Vec<(Gfid, Arc<str>)> = Vec::new();
+        {
+            let mut t = self.table.lock();
+            for g in gfids {
+                if let Some(v) = t.get_mut(g) {
+                    v.retain(|(_, at)| now.duration_since(*at) < cfg.timeout);
+                    out.extend(v.iter().filter(|(c, _)| &**c != from).map(|(c, _)| (*g, c.clone())));
+                    if v.is_empty() {
+                        t.remove(g);
+                    }
+                }
+            }
+        }
+        for (gfid, client) in out {
+            self.sent.fetch_add(1, Ordering::Relaxed);
+            self.events.send(Event::Upcall(Upcall::InvalidateFor { gfid, client: client.to_string() }));
+        }
+    }
+}
+
+/// The inodes a request names (before it runs).
+fn named(fop: &Fop) -> Vec<Gfid> {
+    let mut v = Vec::with_capacity(2);
+    match fop {
+        Fop::Rename { old, new, .. } => {
+            v.extend([old.gfid, old.parent, new.gfid, new.parent]);
+        }
+        Fop::Link { old, new } => v.extend([old.gfid, new.parent]),
+        Fop::CopyFileRange { fd_in, fd_out, .. } => v.extend([fd_in.gfid, fd_out.gfid]),
+        _ => {
+            if let Some(l) = fop.loc() {
+                v.extend([l.gfid, l.parent]);
+            }
+            if let Some(fd) = fop.fd() {
+                v.push(fd.gfid);
+            }
+        }
+    }
+    v.retain(|g| !g.is_null());
+    v
+}
+
+/// The inodes a reply names (entries found or made, readdirp entries).
+fn answered(rsp: &Response) -> Vec<Gfid> {
+    match &rsp.reply {
+        Reply::Entry { iatt, .. } | Reply::Rename { iatt } => vec![iatt.gfid],
+        Reply::Dirents(d) => d.iter().map(|e| e.iatt.gfid).filter(|g| !g.is_null()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// What a successful fop changed: the inode for data and metadata fops;
+/// the parents and the inode for entry fops.
+fn changed(fop: &Fop, rsp: &Response) -> Change {
+    use Fop::*;
+    let with_reply = |mut v: Vec<Gfid>| {
+        v.extend(answered(rsp));
+        v.retain(|g| !g.is_null());
+        v.sort_unstable_by_key(|g| g.0);
+        v.dedup();
+        Change::Inodes(v)
+    };
+    match fop {
+        Writev { .. } | Ftruncate { .. } | Truncate { .. } | Setattr { .. } | Fsetattr { .. } | Setxattr { .. }
+        | Fsetxattr { .. } | Removexattr { .. } | Fremovexattr { .. } | Fallocate { .. } | Discard { .. }
+        | Zerofill { .. } => with_reply(named(fop)),
+        CopyFileRange { fd_out, .. } => Change::Inodes(vec![fd_out.gfid]),
+        Create { .. } | Mkdir { .. } | Mknod { .. } | Symlink { .. } | Link { .. } | Unlink { .. } | Rmdir { .. }
+        | Rename { .. } => with_reply(named(fop)),
+        _ => Change::None,
+    }
+}
+
+impl Xlator for UpcallXl {
+    fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
+        Box::pin(async move {
+            // Internal fops (AFR's changelog, locks) are not client caching.
+            let internal = matches!(
+                req.fop.kind(),
+                xlfs_sdk::FopKind::Xattrop
+                    | xlfs_sdk::FopKind::Fxattrop
+                    | xlfs_sdk::FopKind::Inodelk
+                    | xlfs_sdk::FopKind::Finodelk
+                    | xlfs_sdk::FopKind::Entrylk
+                    | xlfs_sdk::FopKind::Fentrylk
+                    | xlfs_sdk::FopKind::Forget
+                    | xlfs_sdk::FopKind::Release
+                    | xlfs_sdk::FopKind::Releasedir
+            );
+            if internal || !self.cfg.read().on {
+                return self.child.call(ctx, req).await;
+            }
+            let fop = req.fop.clone();
+            let before = named(&fop);
+            let r = self.child.call(ctx.clone(), req).await;
+            if let Ok(rsp) = &r {
+                let mut touched = before;
+                touched.extend(answered(rsp));
+                self.touch(&ctx.client_id, &touched);
+                if let Change::Inodes(g) = changed(&fop, rsp) {
+                    self.invalidate(&ctx.client_id, &g);
+                }
+            }
+            r
+        })
+    }
+
+    fn reconfigure(&self, o: &Options) -> Result<(), ReconfigureError> {
+        *self.cfg.write() = Config::from(o);
+        if !self.cfg.read().on {
+            self.table.lock().clear();
+        }
+        Ok(())
+    }
+
+    fn dump(&self) -> Vec<(String, String)> {
+        let cfg = self.cfg.read();
+        vec![
+            ("cache-invalidation".into(), cfg.on.to_string()),
+            ("cache-invalidation-timeout".into(), cfg.timeout.as_secs().to_string()),
+            ("inodes".into(), self.table.lock().len().to_string()),
+            ("invalidations-sent".into(), self.sent.load(Ordering::Relaxed).to_string()),
+            ("inodes-dropped".into(), self.dropped_inodes.load(Ordering::Relaxed).to_string()),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xlfs_sdk::{Dict, DirEntry, Errno, EventFrom, FdId, FileType, Iatt, Loc};
+
+    /// A leaf that answers entry fops with an entry of `NEW`, and
+    /// everything else with success.
+    struct Leaf;
+    const NEW: Gfid = Gfid([7; 16]);
+    const DIR: Gfid = Gfid([3; 16]);
+    const FILE: Gfid = Gfid([5; 16]);
+
+    impl Xlator for Leaf {
+        fn call(&self, _ctx: CallCtx, req: Request) -> FopFuture<'_> {
+            let iatt = Iatt { gfid: NEW, ..Iatt::default() };
+            let reply = match req.fop {
+                Fop::Lookup { .. } | Fop::Create { .. } | Fop::Mkdir { .. } => Reply::Entry { iatt, postparent: Iatt::default() },
+                Fop::Readdirp { .. } => Reply::Dirents(vec![DirEntry {
+                    name: "f".into(),
+                    d_off: 1,
+                    d_type: FileType::Regular,
+                    iatt: Iatt { gfid: FILE, ..Iatt::default() },
+                }]),
+                Fop::Unlink { .. } => Reply::Parent { pre: Iatt::default(), post: Iatt::default() },
+                Fop::Stat { ref loc } if loc.gfid == Gfid([9; 16]) => return Box::pin(std::future::ready(Err(Errno::ENOENT))),
+                _ => Reply::Empty,
+            };
+            Box::pin(std::future::ready(Ok(Response { reply, xdata: Dict::new() })))
+        }
+    }
+
+    struct Top(Mutex<Vec<Upcall>>);
+    impl Xlator for Top {
+        fn call(&self, _: CallCtx, _: Request) -> FopFuture<'_> {
+            Box::pin(std::future::ready(Err(Errno::ENOSYS)))
+        }
+        fn notify(&self, event: Event, _: EventFrom) -> Option<Event> {
+            if let Event::Upcall(u) = event {
+                self.0.lock().push(u);
+            }
+            None
+        }
+    }
+
+    fn node(opts: &[(&str, &str)]) -> (Arc<dyn Xlator>, Arc<Top>) {
+        let sink = EventSink::new();
+        let xl = build(InitCtx {
+            name: "up".into(),
+            options: Options::resolve(OPTIONS, opts.iter().copied()).expect("options"),
+            children: vec![Child { name: Arc::from("leaf"), xl: Arc::new(Leaf) }],
+            events: sink.clone(),
+        })
+        .expect("build");
+        let top = Arc::new(Top(Mutex::new(Vec::new())));
+        let top_dyn: Arc<dyn Xlator> = top.clone();
+        sink.attach_parent(Arc::downgrade(&top_dyn), 0, EventSink::new());
+        (xl, top)
+    }
+
+    fn fd(gfid: Gfid) -> xlfs_sdk::Fd {
+        xlfs_sdk::Fd { id: FdId(1), gfid }
+    }
+
+    fn sent(top: &Top) -> Vec<(Gfid, String)> {
+        let mut v: Vec<(Gfid, String)> = top
+            .0
+            .lock()
+            .drain(..)
+            .filter_map(|u| match u {
+                Upcall::InvalidateFor { gfid, client } => Some((gfid, client)),
+                _ => None,
+            })
+            .collect();
+        v.sort_by(|a, b| (a.0.0, &a.1).cmp(&(b.0.0, &b.1)));
+        v
+    }
+
+    #[tokio::test]
+    async fn a_write_invalidates_the_other_clients_that_read_the_inode_not_the_writer() {
+        let (xl, top) = node(&[]);
+        let (a, b, c) = (CallCtx::root("a"), CallCtx::root("b"), CallCtx::root("c"));
+        xl.call(a.clone(), Fop::Fstat { fd: fd(FILE) }.into()).await.expect("a stats");
+        xl.call(b.clone(), Fop::Readv { fd: fd(FILE), size: 1, offset: 0, flags: 0 }.into()).await.expect("b reads");
+        xl.call(c.clone(), Fop::Fstat { fd: fd(DIR) }.into()).await.expect("c looks elsewhere");
+        assert!(sent(&top).is_empty(), "reads invalidate nothing");
+        let w = Fop::Writev { fd: fd(FILE), data: bytes::Bytes::from_static(b"x"), offset: 0, flags: 0 };
+        xl.call(a.clone(), w.into()).await.expect("a writes");
+        assert_eq!(sent(&top), vec![(FILE, "b".to_string())]);
+        // An unsuccessful change tells no one.
+        let st = Fop::Stat { loc: Loc::gfid(Gfid([9; 16])) };
+        xl.call(b.clone(), st.into()).await.expect_err("fails");
+        assert!(sent(&top).is_empty());
+    }
+
+    #[tokio::test]
+    async fn entry_changes_invalidate_the_parent_and_readdirp_entries_count_as_cached() {
+        let (xl, top) = node(&[]);
+        let (a, b) = (CallCtx::root("a"), CallCtx::root("b"));
+        xl.call(b.clone(), Fop::Readdirp { fd: fd(DIR), size: 4096, offset: 0 }.into()).await.expect("b lists");
+        xl.call(a.clone(), Fop::Create { loc: Loc::entry(DIR, "n"), flags: 0, mode: 0o644, umask: 0, fd: FdId(2) }.into())
+            .await
+            .expect("a creates");
+        assert_eq!(sent(&top), vec![(DIR, "b".to_string())], "b's listing of DIR is stale");
+        xl.call(a.clone(), Fop::Unlink { loc: Loc { gfid: FILE, parent: DIR, name: "f".into() }, flags: 0 }.into())
+            .await
+            .expect("a unlinks the file b got from readdirp");
+        assert_eq!(sent(&top), vec![(DIR, "b".to_string()), (FILE, "b".to_string())]);
+    }
+
+    #[tokio::test]
+    async fn off_sends_nothing_and_interest_expires() {
+        let (xl, top) = node(&[("cache-invalidation", "off")]);
+        let (a, b) = (CallCtx::root("a"), CallCtx::root("b"));
+        xl.call(b.clone(), Fop::Fstat { fd: fd(FILE) }.into()).await.expect("b");
+        xl.call(a.clone(), Fop::Ftruncate { fd: fd(FILE), offset: 0 }.into()).await.expect("a");
+        assert!(sent(&top).is_empty());
+        let (xl, top) = node(&[("cache-invalidation-max-inodes", "16")]);
+        for k in 0..64u8 {
+            xl.call(b.clone(), Fop::Fstat { fd: fd(Gfid([k; 16])) }.into()).await.expect("b");
+        }
+        let dump: HashMap<String, String> = xl.dump().into_iter().collect();
+        assert!(dump["inodes"].parse::<usize>().expect("count") <= 16, "bounded: {dump:?}");
+        drop(top);
+    }
+}
