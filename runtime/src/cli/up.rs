@@ -340,6 +340,18 @@ pub fn replica_volfile(volume: &str, bricks: &[(u16, String)], afr: &[(&str, &st
     client_volfile(volume, bricks, afr, DEFAULT_PERF)
 }
 
+/// Options the generated graph sets on a performance translator. The
+/// bricks run features/upcall, so the caches trust what they hold until
+/// an invalidation (as GlusterFS's recommended `group metadata-cache`
+/// settings: md-cache-timeout 600 with cache-invalidation on).
+fn perf_options(name: &str) -> &'static [(&'static str, &'static str)] {
+    match name {
+        "md-cache" => &[("md-cache-timeout", "600"), ("cache-invalidation", "on")],
+        "quick-read" => &[("cache-invalidation", "on")],
+        _ => &[],
+    }
+}
+
 /// [`replica_volfile`] with the given performance translators (names of
 /// `performance/<name>` types, top first) instead of the default ones.
 pub fn client_volfile(volume: &str, bricks: &[(u16, String)], afr: &[(&str, &str)], perf: &[&str]) -> String {
@@ -359,7 +371,11 @@ pub fn client_volfile(volume: &str, bricks: &[(u16, String)], afr: &[(&str, &str
     v += &format!("    subvolumes {}\nend-volume\n\n", clients.join(" "));
     for p in perf.iter().rev() {
         let name = format!("{volume}-{p}");
-        v += &format!("volume {name}\n    type performance/{p}\n    subvolumes {below}\nend-volume\n\n");
+        v += &format!("volume {name}\n    type performance/{p}\n");
+        for (k, val) in perf_options(p) {
+            v += &format!("    option {k} {val}\n");
+        }
+        v += &format!("    subvolumes {below}\nend-volume\n\n");
         below = name;
     }
     v += &format!("volume {volume}\n    type debug/io-stats\n    subvolumes {below}\nend-volume\n");

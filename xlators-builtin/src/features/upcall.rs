@@ -47,9 +47,10 @@ const OPTIONS: &[OptionDecl] = &[
         "Send invalidations (GlusterFS: features.cache-invalidation, off there by default; on here so that client \
          caches can keep entries long and stay true).",
     ),
-    OptionDecl::new("cache-invalidation-timeout", OptType::Int).default("60").range(1.0, 3600.0).desc(
-        "Seconds a client stays interested in an inode after its last fop on it (GlusterFS's default 60). Clients \
-         must not cache longer than this (md-cache-timeout at most this value).",
+    OptionDecl::new("cache-invalidation-timeout", OptType::Int).default("600").range(1.0, 3600.0).desc(
+        "Seconds a client stays interested in an inode after its last fop on it. Clients must not cache longer \
+         than this: 600 matches the md-cache-timeout the generated client graph uses (GlusterFS recommends \
+         setting both to 600; its own default here is 60).",
     ),
     OptionDecl::new("cache-invalidation-max-inodes", OptType::Int)
         .default("262144")
@@ -72,7 +73,7 @@ impl Config {
     fn from(o: &Options) -> Config {
         Config {
             on: o.bool("cache-invalidation").unwrap_or(true),
-            timeout: Duration::from_secs(o.int("cache-invalidation-timeout").unwrap_or(60).max(1) as u64),
+            timeout: Duration::from_secs(o.int("cache-invalidation-timeout").unwrap_or(600).max(1) as u64),
             max_inodes: o.int("cache-invalidation-max-inodes").unwrap_or(262_144).max(16) as usize,
         }
     }

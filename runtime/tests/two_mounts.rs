@@ -1,0 +1,142 @@
+//! Two mounts of one replica-3 volume (two `xlfs mount` processes over
+//! three `xlfs brick` processes), with the default client graph: md-cache,
+//! quick-read, open-behind and write-behind, caching for 600 s with
+//! cache invalidation on. For each operation done on one mount, the other
+//! (which has just looked at the old state, so its caches hold it) sees the
+//! result within a few seconds: only the bricks' invalidations (features/
+//! upcall) can make that happen, as the kernel keeps names and attributes
+//! for a second and md-cache for ten minutes.
+
+mod kit;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kit::Cluster;
+use kit::fuse_mount::FuseMount;
+
+/// How long the other mount may take to see a change (far below the
+/// caches' own lifetimes).
+const SEEN_WITHIN: Duration = Duration::from_secs(5);
+
+/// Waits until `check` holds on the other mount; panics naming `what`.
+fn eventually(what: &str, mut check: impl FnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + SEEN_WITHIN;
+    loop {
+        match check() {
+            Ok(()) => return,
+            Err(why) if Instant::now() >= deadline => panic!("{what}: not seen on the other mount: {why}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn read(p: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(p).map_err(|e| e.to_string())
+}
+
+fn xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok()?;
+    let n = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0u8; 256];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return None;
+    }
+    buf.truncate(r as usize);
+    Some(buf)
+}
+
+fn set_xattr(p: &Path, name: &str, v: &[u8]) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+    let n = std::ffi::CString::new(name).expect("name");
+    // SAFETY: valid C strings and a value of the given length.
+    assert_eq!(unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) }, 0, "setxattr");
+}
+
+fn remove_xattr(p: &Path, name: &str) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+    let n = std::ffi::CString::new(name).expect("name");
+    // SAFETY: valid C strings.
+    assert_eq!(unsafe { libc::removexattr(c.as_ptr(), n.as_ptr()) }, 0, "removexattr");
+}
+
+#[test]
+fn every_change_on_one_mount_is_seen_on_the_other() {
+    let c = Cluster::start(3);
+    let vol = c.replica_volfile(&[]);
+    assert!(vol.contains("performance/md-cache") && vol.contains("md-cache-timeout 600"), "{vol}");
+    let (ma, mb) = (FuseMount::start(&vol, ""), FuseMount::start(&vol, ""));
+    let (a, b) = (ma.path(), mb.path());
+
+    // create + write: b looked first, so a negative entry may be cached.
+    assert!(!b.join("f").exists());
+    std::fs::write(a.join("f"), b"hello").expect("write on a");
+    eventually("create and write", || (read(&b.join("f"))? == b"hello").then_some(()).ok_or("old".into()));
+
+    // write (b has the content cached from its read).
+    std::fs::write(a.join("f"), b"hello, world").expect("rewrite on a");
+    eventually("write", || {
+        let got = read(&b.join("f"))?;
+        (got == b"hello, world").then_some(()).ok_or(format!("{:?}", String::from_utf8_lossy(&got)))
+    });
+
+    // truncate
+    std::fs::OpenOptions::new().write(true).open(a.join("f")).and_then(|f| f.set_len(2)).expect("truncate");
+    eventually("truncate", || {
+        let n = std::fs::metadata(b.join("f")).map_err(|e| e.to_string())?.len();
+        (n == 2).then_some(()).ok_or(format!("size {n}"))
+    });
+
+    // chmod
+    let _ = std::fs::metadata(b.join("f"));
+    std::fs::set_permissions(a.join("f"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    eventually("chmod", || {
+        let m = std::fs::metadata(b.join("f")).map_err(|e| e.to_string())?.mode() & 0o7777;
+        (m == 0o600).then_some(()).ok_or(format!("mode {m:o}"))
+    });
+
+    // chown
+    std::os::unix::fs::chown(a.join("f"), Some(4321), Some(4321)).expect("chown");
+    eventually("chown", || {
+        let u = std::fs::metadata(b.join("f")).map_err(|e| e.to_string())?.uid();
+        (u == 4321).then_some(()).ok_or(format!("uid {u}"))
+    });
+
+    // setxattr / removexattr (b asks first, so absence may be cached)
+    assert_eq!(xattr(&b.join("f"), "user.k"), None);
+    set_xattr(&a.join("f"), "user.k", b"v");
+    eventually("setxattr", || (xattr(&b.join("f"), "user.k").as_deref() == Some(b"v")).then_some(()).ok_or("absent".into()));
+    remove_xattr(&a.join("f"), "user.k");
+    eventually("removexattr", || xattr(&b.join("f"), "user.k").is_none().then_some(()).ok_or("present".into()));
+
+    // rename
+    assert!(!b.join("g").exists());
+    std::fs::rename(a.join("f"), a.join("g")).expect("rename");
+    eventually("rename", || {
+        (!b.join("f").exists() && read(&b.join("g"))? == b"he").then_some(()).ok_or("old names".into())
+    });
+
+    // unlink
+    std::fs::remove_file(a.join("g")).expect("unlink");
+    eventually("unlink", || (!b.join("g").exists()).then_some(()).ok_or("still there".into()));
+
+    // mkdir / rmdir, and a listing of the directory above
+    assert!(!b.join("d").exists());
+    let names = |p: &Path| -> Vec<String> {
+        let mut v: Vec<String> =
+            std::fs::read_dir(p).map(|r| r.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
+        v.sort();
+        v
+    };
+    assert!(names(b).is_empty(), "{:?}", names(b));
+    std::fs::create_dir(a.join("d")).expect("mkdir");
+    eventually("mkdir", || (b.join("d").is_dir() && names(b) == ["d"]).then_some(()).ok_or(format!("{:?}", names(b))));
+    std::fs::write(a.join("d/x"), b"x").expect("create in d");
+    eventually("create in a subdirectory", || (names(&b.join("d")) == ["x"]).then_some(()).ok_or("empty".into()));
+    std::fs::remove_file(a.join("d/x")).expect("unlink in d");
+    std::fs::remove_dir(a.join("d")).expect("rmdir");
+    eventually("rmdir", || (!b.join("d").exists() && names(b).is_empty()).then_some(()).ok_or("still there".into()));
+}
