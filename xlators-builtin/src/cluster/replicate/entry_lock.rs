@@ -24,6 +24,14 @@
 //!
 //! A delegation is only taken when every child is up and locks; otherwise
 //! entry transactions take their per-name locks as before.
+//!
+//! **Known names.** While the delegation is held nobody else can add or
+//! remove a name in the directory, so once it is taken the directory is
+//! listed in the background (if its entries are not stale on any child and
+//! it has at most [`MAX_KNOWN`] names); from then on a lookup of a name the
+//! listing and this client's own entry fops say is absent is answered
+//! ENOENT without asking the bricks (the lookup before every create). The
+//! entry fops that run while the listing is read are replayed onto it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -32,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
-use xlfs_sdk::{CallCtx, Gfid, Request};
+use xlfs_sdk::{CallCtx, Fop, Gfid, Request};
 
 use super::Inner;
 use super::lock::{Held, Target};
@@ -42,6 +50,25 @@ use super::transaction::{Outcome, evaluate};
 /// Most directories with a delegation (held or being taken) at once;
 /// beyond, entry transactions take per-name locks.
 pub const MAX_DIRS: usize = 4096;
+
+/// Largest directory whose names are kept while delegated.
+pub const MAX_KNOWN: usize = 16384;
+
+/// What an entry fop did to a name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameChange {
+    Added,
+    Removed,
+}
+
+/// The directory's names while the delegation is held.
+enum Known {
+    /// Not known (listing not started, failed, or too big).
+    No,
+    /// Being listed: the changes made meanwhile, to replay.
+    Listing(Vec<(String, NameChange)>),
+    Yes(HashSet<String>),
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -63,6 +90,10 @@ struct State {
     /// Return it once the transactions in flight finish.
     release: bool,
     timer: bool,
+    known: Known,
+    /// Bumped each time the delegation is taken (a listing started under
+    /// an earlier one is dropped).
+    epoch: u64,
 }
 
 struct Dir {
@@ -78,6 +109,26 @@ pub struct Dirs {
     pub taken: AtomicU64,
     pub joined: AtomicU64,
     pub returned: AtomicU64,
+    /// Listings that made a delegated directory's names known.
+    pub listed: AtomicU64,
+    /// Lookups answered ENOENT from the known names.
+    pub absent_hits: AtomicU64,
+}
+
+/// The names an entry fop that succeeded everywhere added or removed in
+/// its directory (`names` as the transaction locked them: the entry, or
+/// old then new for rename); `None` for a fop this does not know.
+fn name_changes(fop: &Fop, names: &[String]) -> Option<Vec<(String, NameChange)>> {
+    use NameChange::*;
+    let first = names.first()?.clone();
+    Some(match fop {
+        Fop::Create { .. } | Fop::Mknod { .. } | Fop::Mkdir { .. } | Fop::Symlink { .. } | Fop::Link { .. } => {
+            vec![(first, Added)]
+        }
+        Fop::Unlink { .. } | Fop::Rmdir { .. } => vec![(first, Removed)],
+        Fop::Rename { .. } => vec![(first, Removed), (names.get(1)?.clone(), Added)],
+        _ => return None,
+    })
 }
 
 impl Dirs {
@@ -115,7 +166,16 @@ impl Inner {
             self.blame(&t.lk_ctx, dir, Kind::Entry, t.locked, out.failed).await;
         }
         let blamed = if out.ok == 0 { 0 } else { out.failed & all(n) };
-        self.leave_delegation(t);
+        // What the fop did to the directory's names: nothing when it
+        // failed everywhere, unknown when it failed somewhere.
+        let changes = if out.ok == 0 {
+            Some(Vec::new())
+        } else if out.failed != 0 || out.result.is_err() {
+            None
+        } else {
+            name_changes(&req.fop, &t.names)
+        };
+        self.leave_delegation(t, changes);
         Some((out, blamed))
     }
 
@@ -144,6 +204,8 @@ impl Inner {
                         idle_since: Instant::now(),
                         release: false,
                         timer: false,
+                        known: Known::No,
+                        epoch: 0,
                     }),
                     changed: Notify::new(),
                 });
@@ -232,9 +294,12 @@ impl Inner {
                                 s.idle_since = Instant::now();
                                 s.busy.extend(names.iter().cloned());
                                 s.in_flight += 1;
+                                s.epoch += 1;
+                                s.known = Known::No;
                                 self.dirs.taken.fetch_add(1, Ordering::Relaxed);
                                 self.dirs.joined.fetch_add(1, Ordering::Relaxed);
                                 self.ensure_delegation_timer(&d, &mut s);
+                                self.start_listing(ctx, dir, &d, &mut s);
                                 Some(t)
                             }
                             None => {
@@ -250,12 +315,28 @@ impl Inner {
         }
     }
 
-    fn leave_delegation(self: &Arc<Self>, t: Ticket) {
+    fn leave_delegation(self: &Arc<Self>, t: Ticket, changes: Option<Vec<(String, NameChange)>>) {
         let d = t.dir;
         {
             let mut s = d.s.lock();
             for nm in &t.names {
                 s.busy.remove(nm);
+            }
+            match (changes, &mut s.known) {
+                (None, k) => *k = Known::No,
+                (Some(c), Known::Listing(log)) => log.extend(c),
+                (Some(c), Known::Yes(set)) => {
+                    for (name, ch) in c {
+                        match ch {
+                            NameChange::Added => set.insert(name),
+                            NameChange::Removed => set.remove(&name),
+                        };
+                    }
+                    if set.len() > MAX_KNOWN {
+                        s.known = Known::No;
+                    }
+                }
+                (Some(_), Known::No) => {}
             }
             s.in_flight -= 1;
             s.idle_since = Instant::now();
@@ -266,6 +347,57 @@ impl Inner {
             }
         }
         d.changed.notify_waiters();
+    }
+
+    /// Lists the directory in the background, if its entries are not
+    /// stale anywhere, to know its names while the delegation is held.
+    fn start_listing(self: &Arc<Self>, ctx: &CallCtx, dir: Gfid, d: &Arc<Dir>, s: &mut State) {
+        let stale = self.inodes.get(&dir).map_or(0, |st| st.s.lock().stale[Kind::Entry as usize]);
+        if stale != 0 {
+            return;
+        }
+        let Some(h) = self.handle() else { return };
+        let Some(i) = (0..self.children.len()).find(|i| self.up_mask() & super::pending::bit(*i) != 0) else { return };
+        s.known = Known::Listing(Vec::new());
+        let (me, d2, epoch) = (self.clone(), d.clone(), s.epoch);
+        let lctx = CallCtx::root(ctx.client_id.clone());
+        h.spawn(async move {
+            let listed = me.list_dir(&lctx, i, dir, MAX_KNOWN).await;
+            let mut s = d2.s.lock();
+            if s.epoch != epoch || s.phase != Phase::Held {
+                return;
+            }
+            let log = match std::mem::replace(&mut s.known, Known::No) {
+                Known::Listing(log) => log,
+                _ => return,
+            };
+            if let Ok(entries) = listed {
+                let mut set: HashSet<String> = entries.into_iter().map(|e| e.name).collect();
+                for (name, ch) in log {
+                    match ch {
+                        NameChange::Added => set.insert(name),
+                        NameChange::Removed => set.remove(&name),
+                    };
+                }
+                me.dirs.listed.fetch_add(1, Ordering::Relaxed);
+                s.known = Known::Yes(set);
+            }
+        });
+    }
+
+    /// True when `name` is known absent from `dir`: this client holds the
+    /// directory's delegation and its listing does not have the name.
+    pub fn known_absent(&self, dir: Gfid, name: &str) -> bool {
+        let Some(d) = self.dirs.map.lock().get(&dir).cloned() else { return false };
+        let s = d.s.lock();
+        let absent = s.phase == Phase::Held
+            && !s.release
+            && s.generation == self.generation.load(Ordering::Acquire)
+            && matches!(&s.known, Known::Yes(set) if !set.contains(name));
+        if absent {
+            self.dirs.absent_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        absent
     }
 
     /// Unlocks a delegation taken out of its state (phase Busy) and marks
@@ -279,6 +411,7 @@ impl Inner {
             let mut s = d.s.lock();
             s.phase = Phase::Unlocked;
             s.release = false;
+            s.known = Known::No;
         }
         d.changed.notify_waiters();
     }

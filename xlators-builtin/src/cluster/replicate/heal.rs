@@ -687,8 +687,9 @@ impl Inner {
         healed
     }
 
-    /// The entries of directory `dir` on child `i` (without `.` and `..`).
-    async fn list_dir(&self, ctx: &CallCtx, i: usize, dir: Gfid) -> Result<Vec<DirEntry>, Errno> {
+    /// The entries of directory `dir` on child `i` (without `.` and `..`);
+    /// E2BIG beyond `max` of them.
+    pub(super) async fn list_dir(&self, ctx: &CallCtx, i: usize, dir: Gfid, max: usize) -> Result<Vec<DirEntry>, Errno> {
         let fd = Fd { id: self.heal_fd(), gfid: dir };
         self.on(i, ctx, Fop::Opendir { loc: Loc::gfid(dir), fd: fd.id }).await?;
         let mut out = Vec::new();
@@ -699,7 +700,7 @@ impl Inner {
                     let Some(last) = v.last() else { break Ok(()) };
                     offset = last.d_off;
                     out.extend(v.into_iter().filter(|e| e.name != "." && e.name != ".."));
-                    if out.len() > MAX_DIR_ENTRIES {
+                    if out.len() > max {
                         break Err(Errno::E2BIG);
                     }
                 }
@@ -721,7 +722,7 @@ impl Inner {
         sinks: Mask,
     ) -> Result<(Mask, Vec<Gfid>), Errno> {
         let part = sources | sinks;
-        let futs = members(part).map(|i| async move { (i, self.list_dir(ctx, i, dir).await) });
+        let futs = members(part).map(|i| async move { (i, self.list_dir(ctx, i, dir, MAX_DIR_ENTRIES).await) });
         let mut lists: Vec<Option<BTreeMap<String, DirEntry>>> = vec![None; self.children.len()];
         let mut failed: Mask = 0;
         for (i, r) in super::join_all(futs.collect()).await {
@@ -833,7 +834,7 @@ impl Inner {
         while next < dirs.len() {
             let d = dirs[next].2;
             next += 1;
-            for c in self.list_dir(ctx, t, d).await? {
+            for c in self.list_dir(ctx, t, d, MAX_DIR_ENTRIES).await? {
                 if c.d_type == FileType::Directory || c.iatt.is_dir() {
                     if dirs.len() >= MAX_DIR_ENTRIES {
                         return Err(Errno::E2BIG);
@@ -930,7 +931,7 @@ impl Inner {
             rep.merge(r);
             let mut listed = None;
             for i in members(self.up_mask()) {
-                if let Ok(v) = self.list_dir(ctx, i, d).await {
+                if let Ok(v) = self.list_dir(ctx, i, d, MAX_DIR_ENTRIES).await {
                     listed = Some(v);
                     break;
                 }

@@ -886,7 +886,13 @@ impl Xlator for Replicate {
             out.push((format!("eager-lock.released.{why}"), n.load(Ordering::Relaxed).to_string()));
         }
         out.push(("entry-eager-lock.held".into(), me.dirs.held().to_string()));
-        for (k, v) in [("taken", &me.dirs.taken), ("joined", &me.dirs.joined), ("returned", &me.dirs.returned)] {
+        for (k, v) in [
+            ("taken", &me.dirs.taken),
+            ("joined", &me.dirs.joined),
+            ("returned", &me.dirs.returned),
+            ("listed", &me.dirs.listed),
+            ("absent-hits", &me.dirs.absent_hits),
+        ] {
             out.push((format!("entry-eager-lock.{k}"), v.load(Ordering::Relaxed).to_string()));
         }
         out.push(("eager-lock.settles".into(), me.stats.settles.load(Ordering::Relaxed).to_string()));

@@ -112,6 +112,10 @@ impl Inner {
         if up == 0 {
             return Err(Errno::ENOTCONN);
         }
+        // The directory is delegated to this client and has no such name.
+        if loc.is_entry() && loc.gfid.is_null() && self.known_absent(loc.parent, &loc.name) {
+            return Err(Errno::ENOENT);
+        }
         let cfg = self.cfg();
         let mut x = xdata.clone();
         pending::request_keys(&self.keys, &mut x);

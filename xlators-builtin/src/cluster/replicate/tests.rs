@@ -901,6 +901,24 @@ async fn entry_fops_in_one_directory_share_one_delegation() {
             assert_eq!(c.pending(i, "", j), [0, 0, 0], "root on brick {i} blames {j}");
         }
     }
+    // The directory's names are known while it is delegated: a lookup of
+    // a name it does not have is answered without the bricks.
+    for _ in 0..2000 {
+        if n.dump("entry-eager-lock.listed") == "1" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(n.dump("entry-eager-lock.listed"), "1", "{:?}", n.afr.dump());
+    let lookups = |n: &Node| (0..N).map(|i| n.seen(i, &[FopKind::Lookup])).sum::<u64>();
+    let before = lookups(&n);
+    assert_eq!(n.lookup("f3").await.map(drop), Err(Errno::ENOENT), "unlinked");
+    assert_eq!(n.lookup("never").await.map(drop), Err(Errno::ENOENT));
+    assert_eq!(n.lookup("f10").await.map(drop), Err(Errno::ENOENT), "renamed away");
+    assert_eq!(lookups(&n), before, "absent names answered without the bricks");
+    assert_eq!(n.dump("entry-eager-lock.absent-hits"), "3");
+    n.lookup("g10").await.expect("a name it has is looked up");
+    assert_eq!(lookups(&n), before + N as u64);
     // rmdir locks the removed directory as a whole and its name per name:
     // this client's own delegations are returned first, not waited out.
     let d = match n.lookup("d").await.expect("lookup d").reply {
