@@ -696,6 +696,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// A whole frame is already buffered: [`FrameReader::next`] returns
+    /// without reading from the socket.
+    pub fn has_frame(&self) -> bool {
+        matches!(parse_prefix(&self.buf, self.max_frame), Ok(Some(p)) if self.buf.len() >= p.size)
+    }
+
     /// Changes the largest frame accepted (after the handshake).
     pub fn set_max_frame(&mut self, max_frame: usize) {
         self.max_frame = max_frame;
@@ -927,20 +933,46 @@ impl Link {
     /// closed or the socket failed. Cancel-safe: a frame is either wholly
     /// handed over or not sent at all.
     pub async fn send(&self, out: Outgoing) -> bool {
-        let out = match self.inner.offer(out) {
+        self.send_as(out, true).await
+    }
+
+    /// Sends a frame through the writer task even when the socket is free
+    /// (so frames that several tasks send at about the same time go out
+    /// together, in one system call); otherwise as [`Link::send`].
+    pub async fn send_deferred(&self, out: Outgoing) -> bool {
+        self.send_as(out, false).await
+    }
+
+    async fn send_as(&self, out: Outgoing, direct: bool) -> bool {
+        let out = match self.inner.offer(out, None, direct) {
             Ok(sent) => return sent,
             Err(out) => out,
         };
         let Ok(room) = self.inner.room.clone().acquire_owned().await else {
             return false;
         };
-        self.inner.offer_with_room(out, room)
+        self.inner.offer(out, Some(room), direct).unwrap_or(false)
     }
 
     /// Sends a frame unless that would wait for room in the queue (then it
     /// is dropped); false when dropped or closed.
     pub fn try_send(&self, out: Outgoing) -> bool {
-        self.inner.offer(out).unwrap_or(false)
+        self.inner.offer(out, None, true).unwrap_or(false)
+    }
+
+    /// Takes the socket, when it is free, without writing: until the guard
+    /// is dropped, frames sent are queued, and dropping it writes them all
+    /// together (as [`Link::send`] would write one). For a task about to
+    /// send several frames in a row (the server answering the calls of one
+    /// read). Never hold it across a wait: nothing queued is written while
+    /// it is held.
+    pub fn cork(&self) -> Option<Cork<'_>> {
+        let mut st = self.inner.state.lock();
+        if st.closed || st.busy {
+            return None;
+        }
+        st.busy = true;
+        Some(Cork { link: self })
     }
 
     /// Room left in the queue.
@@ -973,50 +1005,49 @@ impl LinkInner {
         }
     }
 
-    /// Writes `out` now if the socket is free, else queues it if there is
-    /// room, without waiting: `Err(out)` when the queue is full.
-    fn offer(&self, out: Outgoing) -> Result<bool, Outgoing> {
+    /// Writes `out` now if the socket is free (and `direct`; else hands it
+    /// to the writer task), or queues it if there is room (`room`, or a
+    /// slot taken now), without waiting: `Err(out)` when the queue is full.
+    fn offer(
+        &self,
+        out: Outgoing,
+        room: Option<OwnedSemaphorePermit>,
+        direct: bool,
+    ) -> Result<bool, Outgoing> {
         let mut st = self.state.lock();
         if st.closed {
             return Ok(false);
         }
         if !st.busy {
             st.busy = true;
-            drop(st);
-            return Ok(self.write_direct(Pending::new(out, None)));
-        }
-        match self.room.clone().try_acquire_owned() {
-            Ok(room) => {
-                st.queue.push_back(Pending::new(out, Some(room)));
-                Ok(true)
+            if direct {
+                drop(st);
+                drop(room);
+                let mut batch = VecDeque::with_capacity(1);
+                batch.push_back(Pending::new(out, None));
+                return Ok(self.write_owned(batch));
             }
-            Err(_) => Err(out),
-        }
-    }
-
-    /// [`LinkInner::offer`] with a queue slot already taken.
-    fn offer_with_room(&self, out: Outgoing, room: OwnedSemaphorePermit) -> bool {
-        let mut st = self.state.lock();
-        if st.closed {
-            return false;
-        }
-        if !st.busy {
-            st.busy = true;
+            st.handed = true;
+            st.queue.push_back(Pending::new(out, room));
             drop(st);
-            drop(room);
-            return self.write_direct(Pending::new(out, None));
+            self.wake.notify_one();
+            return Ok(true);
         }
+        let room = match room {
+            Some(r) => r,
+            None => match self.room.clone().try_acquire_owned() {
+                Ok(r) => r,
+                Err(_) => return Err(out),
+            },
+        };
         st.queue.push_back(Pending::new(out, Some(room)));
-        true
+        Ok(true)
     }
 
-    /// Writes as owner of the socket: `first`, then what others queued
+    /// Writes as owner of the socket: `batch`, then what others queued
     /// meanwhile (a few rounds), then lets go or hands over to the writer
-    /// task. Never waits. True when `first` was wholly written or handed
-    /// over.
-    fn write_direct(&self, first: Pending) -> bool {
-        let mut batch = VecDeque::with_capacity(1);
-        batch.push_back(first);
+    /// task. Never waits. False when the socket failed.
+    fn write_owned(&self, mut batch: VecDeque<Pending>) -> bool {
         let mut rounds = 0;
         loop {
             match self.try_write(&mut batch) {
@@ -1165,6 +1196,17 @@ impl LinkInner {
         self.room.close();
         drop(dropped);
         self.wake.notify_one();
+    }
+}
+
+/// The socket taken by [`Link::cork`]; dropping it writes what was queued.
+pub struct Cork<'a> {
+    link: &'a Link,
+}
+
+impl Drop for Cork<'_> {
+    fn drop(&mut self) {
+        self.link.inner.write_owned(VecDeque::new());
     }
 }
 
@@ -1716,6 +1758,40 @@ mod tests {
         let _ = writer.await;
         // What was queued is dropped, its guards with it.
         assert_eq!(guards.available_permits(), 100_000, "queued guards released");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_corked_link_sends_what_came_meanwhile_when_uncorked() {
+        let (a, b) = tcp_pair().await;
+        let (_rd, wr) = a.into_split();
+        let (link, writer) = Link::spawn(wr);
+        let mut r = FrameReader::new(b, MAX);
+        let cork = link.cork().expect("the socket is free");
+        assert!(link.cork().is_none(), "one owner at a time");
+        for id in 0..3 {
+            assert!(link.send(tagged(id, 10).into()).await, "queued");
+        }
+        {
+            let other = link.clone();
+            assert!(
+                tokio::spawn(async move { other.send_deferred(tagged(3, 10).into()).await })
+                    .await
+                    .expect("join"),
+                "queued from another task"
+            );
+        }
+        assert_eq!(link.room(), OUT_QUEUE - 4, "all four wait in the queue");
+        drop(cork);
+        assert_eq!(link.room(), OUT_QUEUE, "written when uncorked");
+        for id in 0..4 {
+            assert_eq!(check_tagged(r.next().await.expect("reads").expect("frame")), id);
+        }
+        // Deferred sends on a free socket go through the writer task.
+        assert!(link.send_deferred(tagged(4, 10).into()).await);
+        assert_eq!(check_tagged(r.next().await.expect("reads").expect("frame")), 4);
+        drop(link);
+        writer.await.expect("join").expect("written");
+        assert!(r.next().await.expect("clean end").is_none());
     }
 
     fn poll_once_test<F: Future + ?Sized>(f: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {

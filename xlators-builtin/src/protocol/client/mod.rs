@@ -178,10 +178,6 @@ struct Conn {
 }
 
 impl Conn {
-    async fn send(&self, out: Outgoing) -> bool {
-        self.link.send(out).await
-    }
-
     fn try_send(&self, out: Outgoing) {
         self.link.try_send(out);
     }
@@ -598,25 +594,37 @@ impl Inner {
             Errno::EINVAL
         })?;
         let (tx, rx) = oneshot::channel();
-        match self.conn_pending_insert(conn, id, tx) {
-            true => {}
-            false => return Err(Errno::ENOTCONN),
-        }
+        let Some(inflight) = self.conn_pending_insert(conn, id, tx) else {
+            return Err(Errno::ENOTCONN);
+        };
         let _guard = PendingGuard { conn, id };
-        if !conn.send(frame.into()).await {
+        // Alone on the connection, the call writes itself to the socket (no
+        // hand-off to the writer task); with others in flight it goes
+        // through the writer task, which sends the calls made meanwhile
+        // together, in one system call.
+        let sent = if inflight == 1 {
+            conn.link.send(frame.into()).await
+        } else {
+            conn.link.send_deferred(frame.into()).await
+        };
+        if !sent {
             return Err(Errno::ENOTCONN);
         }
         rx.await.unwrap_or(Err(Errno::ENOTCONN))
     }
 
-    fn conn_pending_insert(&self, conn: &Conn, id: u64, tx: oneshot::Sender<FopResult>) -> bool {
-        match conn.pending.lock().as_mut() {
-            Some(map) => {
-                map.insert(id, tx);
-                true
-            }
-            None => false,
-        }
+    /// Registers a reply waiter; the calls then in flight (this one
+    /// included), or None when the connection is closed.
+    fn conn_pending_insert(
+        &self,
+        conn: &Conn,
+        id: u64,
+        tx: oneshot::Sender<FopResult>,
+    ) -> Option<usize> {
+        let mut pending = conn.pending.lock();
+        let map = pending.as_mut()?;
+        map.insert(id, tx);
+        Some(map.len())
     }
 
     /// Connects and does the handshake.

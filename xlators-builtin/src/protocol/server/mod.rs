@@ -60,7 +60,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, watch};
 use tokio::task::JoinHandle;
 use xlfs_sdk::abi::{self, AbiVersion, DecodeError};
 use xlfs_sdk::options::{OptType, OptionDecl};
@@ -139,6 +139,8 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_CLIENT_ID: usize = 1024;
 /// Upcalls queued for one client before new ones are dropped.
 const UPCALL_QUEUE_ROOM: usize = OUT_QUEUE / 2;
+/// Most replies a connection's reader holds back to send together.
+const CORK_FRAMES: usize = 64;
 /// Clients listed one by one in the dump.
 const DUMP_CLIENTS: usize = 256;
 
@@ -842,14 +844,32 @@ async fn serve(
     let mut stop = sh.stop.subscribe();
     let limits = limits_for(sh.cfg.max_frame);
     let stopping = || ("the server is shutting down".to_string(), true);
+    // While more frames are already buffered, the socket is corked so the
+    // replies of calls answered at once go out together (one system call
+    // for up to CORK_FRAMES of them). The cork is never held across a
+    // wait: only reading a buffered frame happens under it.
+    let mut cork: Option<rpc::Cork<'_>> = None;
+    let mut corked = 0;
     loop {
-        let permit = tokio::select! {
-            _ = stop.wait_for(|s| *s) => return stopping(),
-            p = conn.inflight.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return ("in-flight slots closed".into(), false),
-            },
+        let permit = match conn.inflight.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(TryAcquireError::Closed) => return ("in-flight slots closed".into(), false),
+            Err(TryAcquireError::NoPermits) => {
+                // Slots come back as replies are written.
+                cork = None;
+                tokio::select! {
+                    _ = stop.wait_for(|s| *s) => return stopping(),
+                    p = conn.inflight.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => return ("in-flight slots closed".into(), false),
+                    },
+                }
+            }
         };
+        if corked >= CORK_FRAMES || !reader.has_frame() {
+            cork = None;
+            corked = 0;
+        }
         let frame = tokio::select! {
             _ = stop.wait_for(|s| *s) => return stopping(),
             f = reader.next() => f,
@@ -893,6 +913,7 @@ async fn serve(
                     ..
                 }) => {
                     tracing::debug!(client = %conn.client_id, code, "unknown fop code: ENOSYS");
+                    cork = None;
                     send_reply(sh, conn, id, Err(Errno::ENOSYS), permit).await;
                 }
                 Ok(_) => return bad(&"CALL frame did not decode as a call"),
@@ -900,6 +921,7 @@ async fn serve(
             },
             FrameKind::Ping => {
                 if let Ok(f) = Message::Pong.to_frame(id) {
+                    cork = None;
                     conn.send(f.into()).await;
                 }
             }
@@ -913,6 +935,10 @@ async fn serve(
             }
             other => return bad(&format!("unexpected {other} frame from a client")),
         }
+        if cork.is_none() && reader.has_frame() {
+            cork = conn.link.cork();
+        }
+        corked += usize::from(cork.is_some());
     }
 }
 
