@@ -11,6 +11,9 @@
 //!   `reconnect-max`, until `ParentDown` or `fini`. Events are sent only
 //!   when they change the state.
 //! - **Fops.** Many in flight on the connection, matched to replies by id.
+//!   A fop alone on the connection writes its CALL to the socket itself;
+//!   with others in flight, CALLs go through the connection's writer task,
+//!   several per system call.
 //!   While disconnected a fop fails at once with ENOTCONN; fops in flight
 //!   when the connection drops fail with ENOTCONN; no fop waits longer than
 //!   `frame-timeout` (then ENOTCONN, as GlusterFS's call bail). A read

@@ -20,7 +20,9 @@
 //!   its reply written from there when it finishes on its first poll (a
 //!   stat or a page-cache write: no task spawned, no wake-up); one that
 //!   would wait (a blocked lock, the blocking pool) goes on in a task of its
-//!   own, so it never holds the reader up (`calls-spawned-total`).
+//!   own, so it never holds the reader up (`calls-spawned-total`). While
+//!   more frames of a read are buffered, replies are held back and written
+//!   together (at most 64, one vectored write).
 //! - **Fds.** Clients choose their own fd ids; the server maps them to
 //!   brick-unique ones per connection (`fds`), at most
 //!   `max-fds-per-client`; an fd the connection did not open is EBADF.
@@ -240,8 +242,10 @@ struct Conn {
     fds: Mutex<FdTable>,
     /// Free in-flight slots.
     inflight: Arc<Semaphore>,
-    /// Call tasks alive.
-    running: watch::Sender<usize>,
+    /// Calls running (on the reader or in tasks of their own).
+    running: AtomicUsize,
+    /// Notified when `running` drops to zero.
+    idle: tokio::sync::Notify,
     cancel: watch::Sender<Cancel>,
 }
 
@@ -289,12 +293,20 @@ impl Conn {
         }
     }
 
-    /// Waits (at most `limit`) until no call task is running.
+    /// Waits (at most `limit`) until no call is running.
     async fn drained(&self, limit: Duration) -> bool {
-        let mut rx = self.running.subscribe();
-        tokio::time::timeout(limit, rx.wait_for(|n| *n == 0))
-            .await
-            .is_ok()
+        let idle = async {
+            loop {
+                let notified = self.idle.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.running.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(limit, idle).await.is_ok()
     }
 }
 
@@ -303,14 +315,16 @@ struct Running(Arc<Conn>);
 
 impl Running {
     fn new(conn: &Arc<Conn>) -> Running {
-        conn.running.send_modify(|n| *n += 1);
+        conn.running.fetch_add(1, Ordering::AcqRel);
         Running(conn.clone())
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.running.send_modify(|n| *n = n.saturating_sub(1));
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
     }
 }
 
@@ -747,7 +761,6 @@ async fn handshake(
             return Err(());
         }
     };
-    let (running, _) = watch::channel(0);
     let (cancel, _) = watch::channel(Cancel::None);
     let conn = Arc::new(Conn {
         client_id: assigned.clone(),
@@ -756,7 +769,8 @@ async fn handshake(
         link: tx.clone(),
         fds: Mutex::new(FdTable::new(sh.cfg.max_fds)),
         inflight: Arc::new(Semaphore::new(sh.cfg.max_inflight)),
-        running,
+        running: AtomicUsize::new(0),
+        idle: tokio::sync::Notify::new(),
         cancel,
     });
     let full = {
