@@ -906,7 +906,9 @@ impl Link {
     /// Wraps a connection's write half; the future returned is its writer
     /// task, to be spawned: it ends once the link is closed and everything
     /// queued is written, shutting the write side down.
-    pub fn new(sock: OwnedWriteHalf) -> (Link, impl Future<Output = io::Result<()>> + Send + 'static) {
+    pub fn new(
+        sock: OwnedWriteHalf,
+    ) -> (Link, impl Future<Output = io::Result<()>> + Send + 'static) {
         let inner = Arc::new(LinkInner {
             sock,
             state: parking_lot::Mutex::new(LinkState::default()),
@@ -1630,7 +1632,9 @@ mod tests {
 
     /// A connected loopback TCP pair.
     async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = l.local_addr().expect("addr");
         let (a, b) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
         (a.expect("connect"), b.expect("accept").0)
@@ -1695,7 +1699,11 @@ mod tests {
         }
         drop(link);
         writer.await.expect("join").expect("written");
-        assert_eq!(reader.await.expect("reader"), [FRAMES; TASKS as usize], "every frame, then the end");
+        assert_eq!(
+            reader.await.expect("reader"),
+            [FRAMES; TASKS as usize],
+            "every frame, then the end"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1722,10 +1730,16 @@ mod tests {
         assert_eq!(link.room(), 0);
         // A send that has to wait for room, cancelled while it waits.
         let mut waiting = Box::pin(link.send(tagged(u64::MAX - 1, 4096).into()));
-        assert!(poll_once_test(waiting.as_mut()).is_pending(), "waits for room");
+        assert!(
+            poll_once_test(waiting.as_mut()).is_pending(),
+            "waits for room"
+        );
         drop(waiting);
         link.close();
-        assert!(!link.send(tagged(u64::MAX - 2, 1).into()).await, "closed: refused");
+        assert!(
+            !link.send(tagged(u64::MAX - 2, 1).into()).await,
+            "closed: refused"
+        );
         let mut r = FrameReader::new(b, MAX);
         let mut n = 0;
         while let Some(f) = r.next().await.expect("reads") {
@@ -1734,7 +1748,11 @@ mod tests {
         }
         assert_eq!(n, accepted);
         writer.await.expect("join").expect("written");
-        assert_eq!(guards.available_permits(), total, "every guard dropped once written");
+        assert_eq!(
+            guards.available_permits(),
+            total,
+            "every guard dropped once written"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1752,12 +1770,19 @@ mod tests {
             tokio::spawn(async move { link.send(tagged(2, 4096).into()).await })
         };
         link.abort();
-        assert!(!waiter.await.expect("join"), "a sender waiting for room gives up");
+        assert!(
+            !waiter.await.expect("join"),
+            "a sender waiting for room gives up"
+        );
         assert!(!link.try_send(tagged(3, 1).into()));
         writer.abort();
         let _ = writer.await;
         // What was queued is dropped, its guards with it.
-        assert_eq!(guards.available_permits(), 100_000, "queued guards released");
+        assert_eq!(
+            guards.available_permits(),
+            100_000,
+            "queued guards released"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1784,11 +1809,17 @@ mod tests {
         drop(cork);
         assert_eq!(link.room(), OUT_QUEUE, "written when uncorked");
         for id in 0..4 {
-            assert_eq!(check_tagged(r.next().await.expect("reads").expect("frame")), id);
+            assert_eq!(
+                check_tagged(r.next().await.expect("reads").expect("frame")),
+                id
+            );
         }
         // Deferred sends on a free socket go through the writer task.
         assert!(link.send_deferred(tagged(4, 10).into()).await);
-        assert_eq!(check_tagged(r.next().await.expect("reads").expect("frame")), 4);
+        assert_eq!(
+            check_tagged(r.next().await.expect("reads").expect("frame")),
+            4
+        );
         drop(link);
         writer.await.expect("join").expect("written");
         assert!(r.next().await.expect("clean end").is_none());

@@ -706,13 +706,7 @@ async fn client_gone(sh: &Shared, conn: &Arc<Conn>) {
 
 /// Refuses a client: says why in a HELLO_REPLY and logs it (the caller
 /// closes the link, so the connection ends once it is written).
-async fn refuse(
-    sh: &Shared,
-    tx: &Link,
-    id: u64,
-    peer: SocketAddr,
-    reason: String,
-) {
+async fn refuse(sh: &Shared, tx: &Link, id: u64, peer: SocketAddr, reason: String) {
     sh.counters.refused.fetch_add(1, Ordering::Relaxed);
     tracing::warn!(server = %sh.name, %peer, "client refused: {reason}");
     if let Ok(f) = Message::HelloReply(HelloReply::refuse(reason)).to_frame(id) {
@@ -959,7 +953,9 @@ async fn serve(
 /// Polls a future once, with a waker that does nothing: a future left
 /// pending is polled again by the task it is then spawned as (which
 /// registers that task's waker).
-fn poll_once<F: std::future::Future + ?Sized>(f: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
+fn poll_once<F: std::future::Future + ?Sized>(
+    f: std::pin::Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
     f.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
 }
 
