@@ -14,18 +14,26 @@
 //! - [`Message`] is what a frame means: [`Message::to_frame`] encodes
 //!   ([`OutFrame`]: the prefix and header in one buffer, the payload
 //!   beside it), [`Message::from_frame`] decodes.
-//! - [`FrameReader`] and [`write_loop`] are the socket halves: the reader
-//!   reads into one `BytesMut` and splits frames off it; the writer sends
-//!   queued frames with vectored writes, several frames per system call, so
-//!   payloads go from their `Bytes` to the socket without a copy.
+//! - [`FrameReader`] and [`Link`] are the socket halves: the reader reads
+//!   into one `BytesMut` and splits frames off it; a link lets the task
+//!   that made a frame write it itself when the socket is free (no hand-off
+//!   to a writer task), and otherwise queues it for whoever holds the socket
+//!   or for the connection's writer task. Writes are vectored, several
+//!   frames per system call, so payloads go from their `Bytes` to the socket
+//!   without a copy. [`write_loop`] is the plain queue-and-task writer for
+//!   any `AsyncWrite` (tests, tools).
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, IoSlice};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinHandle;
 use xlfs_sdk::abi::{self, AbiVersion, DecodeError, HELLO_LEN, Limits};
 use xlfs_sdk::{CallCtx, Dict, Event, FopResult, Request};
 
@@ -688,6 +696,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// A whole frame is already buffered: [`FrameReader::next`] returns
+    /// without reading from the socket.
+    pub fn has_frame(&self) -> bool {
+        matches!(parse_prefix(&self.buf, self.max_frame), Ok(Some(p)) if self.buf.len() >= p.size)
+    }
+
     /// Changes the largest frame accepted (after the handshake).
     pub fn set_max_frame(&mut self, max_frame: usize) {
         self.max_frame = max_frame;
@@ -793,6 +807,419 @@ async fn write_chunks<W: AsyncWrite + Unpin>(w: &mut W, chunks: &mut [Bytes]) ->
         }
     }
     Ok(())
+}
+
+/// The write side of a TCP connection, shared by every task that sends on
+/// it, so that a frame usually goes to the socket from the task that made
+/// it instead of being handed to a writer task (a task wake-up saved at
+/// each end of every round trip).
+///
+/// One task at a time owns the socket for writing ("busy"): a sender that
+/// finds it free writes its frame at once with non-blocking vectored
+/// writes ([`OwnedWriteHalf::try_write_vectored`]), synchronously, so a
+/// frame is never left half written by a cancelled fop; a sender that finds
+/// it busy queues its frame (at most [`OUT_QUEUE`] queued, then it waits for
+/// room). Whoever owns the socket empties the queue before letting go; when
+/// the socket is full (`WouldBlock`) the rest, the cut frame first, goes to
+/// the connection's writer task ([`Link::spawn`]), which waits for the
+/// socket to be writable. Frames of different tasks may go out in any
+/// order; the frames of one task go out in the order it sent them. When
+/// the last clone of a link is dropped it is closed.
+#[derive(Clone)]
+pub struct Link {
+    inner: Arc<LinkHandle>,
+}
+
+/// Closes the link when the last [`Link`] goes.
+struct LinkHandle(Arc<LinkInner>);
+
+impl Drop for LinkHandle {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+impl std::ops::Deref for LinkHandle {
+    type Target = LinkInner;
+
+    fn deref(&self) -> &LinkInner {
+        &self.0
+    }
+}
+
+struct LinkInner {
+    sock: OwnedWriteHalf,
+    state: parking_lot::Mutex<LinkState>,
+    /// Wakes the writer task: a hand-over, or closing.
+    wake: Notify,
+    /// Room in the queue.
+    room: Arc<Semaphore>,
+}
+
+#[derive(Default)]
+struct LinkState {
+    /// A task owns the socket for writing; it empties `queue` before
+    /// letting go (so a non-empty queue always has an owner).
+    busy: bool,
+    /// The owner is the writer task.
+    handed: bool,
+    /// No frame is accepted any more.
+    closed: bool,
+    queue: VecDeque<Pending>,
+}
+
+/// A frame on its way out: what is left of it to write, the slice index
+/// reached, and what to drop once it is written.
+struct Pending {
+    chunks: [Bytes; 2],
+    _guard: Option<OwnedSemaphorePermit>,
+    _room: Option<OwnedSemaphorePermit>,
+}
+
+impl Pending {
+    fn new(out: Outgoing, room: Option<OwnedSemaphorePermit>) -> Pending {
+        Pending {
+            chunks: [out.frame.head, out.frame.payload],
+            _guard: out.guard,
+            _room: room,
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.chunks.iter().all(Bytes::is_empty)
+    }
+}
+
+/// Why a non-blocking write stopped.
+enum Blocked {
+    /// The socket is full: wait until it is writable.
+    WouldBlock,
+    /// The socket failed.
+    Failed(io::Error),
+}
+
+/// Frames written by a direct sender, beyond its own, before the rest is
+/// left to the writer task (so a fop does not carry the others' load).
+const DIRECT_DRAIN_ROUNDS: usize = 4;
+
+impl Link {
+    /// Wraps a connection's write half; the future returned is its writer
+    /// task, to be spawned: it ends once the link is closed and everything
+    /// queued is written, shutting the write side down.
+    pub fn new(
+        sock: OwnedWriteHalf,
+    ) -> (Link, impl Future<Output = io::Result<()>> + Send + 'static) {
+        let inner = Arc::new(LinkInner {
+            sock,
+            state: parking_lot::Mutex::new(LinkState::default()),
+            wake: Notify::new(),
+            room: Arc::new(Semaphore::new(OUT_QUEUE)),
+        });
+        let task = inner.clone().writer();
+        (
+            Link {
+                inner: Arc::new(LinkHandle(inner)),
+            },
+            task,
+        )
+    }
+
+    /// [`Link::new`] with its writer task spawned.
+    pub fn spawn(sock: OwnedWriteHalf) -> (Link, JoinHandle<io::Result<()>>) {
+        let (link, task) = Link::new(sock);
+        (link, tokio::spawn(task))
+    }
+
+    /// Sends a frame: written at once when the socket is free, else queued
+    /// (waiting for room when the queue is full). False when the link is
+    /// closed or the socket failed. Cancel-safe: a frame is either wholly
+    /// handed over or not sent at all.
+    pub async fn send(&self, out: Outgoing) -> bool {
+        self.send_as(out, true).await
+    }
+
+    /// Sends a frame through the writer task even when the socket is free
+    /// (so frames that several tasks send at about the same time go out
+    /// together, in one system call); otherwise as [`Link::send`].
+    pub async fn send_deferred(&self, out: Outgoing) -> bool {
+        self.send_as(out, false).await
+    }
+
+    async fn send_as(&self, out: Outgoing, direct: bool) -> bool {
+        let out = match self.inner.offer(out, None, direct) {
+            Ok(sent) => return sent,
+            Err(out) => out,
+        };
+        let Ok(room) = self.inner.room.clone().acquire_owned().await else {
+            return false;
+        };
+        self.inner.offer(out, Some(room), direct).unwrap_or(false)
+    }
+
+    /// Sends a frame unless that would wait for room in the queue (then it
+    /// is dropped); false when dropped or closed.
+    pub fn try_send(&self, out: Outgoing) -> bool {
+        self.inner.offer(out, None, true).unwrap_or(false)
+    }
+
+    /// Takes the socket, when it is free, without writing: until the guard
+    /// is dropped, frames sent are queued, and dropping it writes them all
+    /// together (as [`Link::send`] would write one). For a task about to
+    /// send several frames in a row (the server answering the calls of one
+    /// read). Never hold it across a wait: nothing queued is written while
+    /// it is held.
+    pub fn cork(&self) -> Option<Cork<'_>> {
+        let mut st = self.inner.state.lock();
+        if st.closed || st.busy {
+            return None;
+        }
+        st.busy = true;
+        Some(Cork { link: self })
+    }
+
+    /// Room left in the queue.
+    pub fn room(&self) -> usize {
+        self.inner.room.available_permits()
+    }
+
+    /// Accepts no more frames; what is queued is still written, then the
+    /// writer task shuts the write side down and ends.
+    pub fn close(&self) {
+        self.inner.close();
+    }
+
+    /// Accepts no more frames and drops the queued ones (with their
+    /// guards); senders waiting for room give up.
+    pub fn abort(&self) {
+        self.inner.abort();
+    }
+}
+
+impl LinkInner {
+    fn close(&self) {
+        let idle = {
+            let mut st = self.state.lock();
+            st.closed = true;
+            !st.busy
+        };
+        if idle {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Writes `out` now if the socket is free (and `direct`; else hands it
+    /// to the writer task), or queues it if there is room (`room`, or a
+    /// slot taken now), without waiting: `Err(out)` when the queue is full.
+    fn offer(
+        &self,
+        out: Outgoing,
+        room: Option<OwnedSemaphorePermit>,
+        direct: bool,
+    ) -> Result<bool, Outgoing> {
+        let mut st = self.state.lock();
+        if st.closed {
+            return Ok(false);
+        }
+        if !st.busy {
+            st.busy = true;
+            if direct {
+                drop(st);
+                drop(room);
+                let mut batch = VecDeque::with_capacity(1);
+                batch.push_back(Pending::new(out, None));
+                return Ok(self.write_owned(batch));
+            }
+            st.handed = true;
+            st.queue.push_back(Pending::new(out, room));
+            drop(st);
+            self.wake.notify_one();
+            return Ok(true);
+        }
+        let room = match room {
+            Some(r) => r,
+            None => match self.room.clone().try_acquire_owned() {
+                Ok(r) => r,
+                Err(_) => return Err(out),
+            },
+        };
+        st.queue.push_back(Pending::new(out, Some(room)));
+        Ok(true)
+    }
+
+    /// Writes as owner of the socket: `batch`, then what others queued
+    /// meanwhile (a few rounds), then lets go or hands over to the writer
+    /// task. Never waits. False when the socket failed.
+    fn write_owned(&self, mut batch: VecDeque<Pending>) -> bool {
+        let mut rounds = 0;
+        loop {
+            match self.try_write(&mut batch) {
+                Ok(()) => {}
+                Err(Blocked::WouldBlock) => {
+                    let mut st = self.state.lock();
+                    while let Some(p) = batch.pop_back() {
+                        st.queue.push_front(p);
+                    }
+                    st.handed = true;
+                    drop(st);
+                    self.wake.notify_one();
+                    return true;
+                }
+                Err(Blocked::Failed(e)) => {
+                    self.fail(&e);
+                    let mut st = self.state.lock();
+                    st.busy = false;
+                    st.handed = false;
+                    drop(st);
+                    self.wake.notify_one();
+                    return false;
+                }
+            }
+            rounds += 1;
+            let mut st = self.state.lock();
+            if st.queue.is_empty() {
+                st.busy = false;
+                let closed = st.closed;
+                drop(st);
+                if closed {
+                    self.wake.notify_one();
+                }
+                return true;
+            }
+            if rounds > DIRECT_DRAIN_ROUNDS {
+                st.handed = true;
+                drop(st);
+                self.wake.notify_one();
+                return true;
+            }
+            take_batch(&mut st.queue, &mut batch);
+        }
+    }
+
+    /// Writes the frames of `batch` (front first) with non-blocking
+    /// vectored writes, dropping each once it is written.
+    fn try_write(&self, batch: &mut VecDeque<Pending>) -> Result<(), Blocked> {
+        const IOV: usize = 64;
+        while !batch.is_empty() {
+            let mut slices = [IoSlice::new(&[]); IOV];
+            let mut n_slices = 0;
+            for c in batch.iter().flat_map(|p| p.chunks.iter()) {
+                if n_slices == IOV {
+                    break;
+                }
+                if !c.is_empty() {
+                    slices[n_slices] = IoSlice::new(c);
+                    n_slices += 1;
+                }
+            }
+            let mut n = match self.sock.try_write_vectored(&slices[..n_slices]) {
+                Ok(0) => {
+                    return Err(Blocked::Failed(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "socket accepted no bytes",
+                    )));
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Blocked::WouldBlock),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Blocked::Failed(e)),
+            };
+            while let Some(p) = batch.front_mut() {
+                for c in p.chunks.iter_mut() {
+                    let k = n.min(c.len());
+                    c.advance(k);
+                    n -= k;
+                }
+                if !p.done() {
+                    break;
+                }
+                batch.pop_front();
+            }
+        }
+        Ok(())
+    }
+
+    /// The writer task: writes what is handed to it, waiting for the socket
+    /// when it is full, until the link is closed and idle.
+    async fn writer(self: Arc<Self>) -> io::Result<()> {
+        let mut batch: VecDeque<Pending> = VecDeque::with_capacity(BATCH_FRAMES);
+        loop {
+            let idle = {
+                let mut st = self.state.lock();
+                if st.handed {
+                    if st.queue.is_empty() {
+                        st.handed = false;
+                        st.busy = false;
+                    } else {
+                        take_batch(&mut st.queue, &mut batch);
+                    }
+                }
+                if batch.is_empty() && st.closed && !st.busy {
+                    break;
+                }
+                batch.is_empty()
+            };
+            if idle {
+                self.wake.notified().await;
+                continue;
+            }
+            loop {
+                match self.try_write(&mut batch) {
+                    Ok(()) => break,
+                    Err(Blocked::WouldBlock) => {
+                        if let Err(e) = self.sock.writable().await {
+                            self.fail(&e);
+                            return Err(e);
+                        }
+                    }
+                    Err(Blocked::Failed(e)) => {
+                        self.fail(&e);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        socket2::SockRef::from(self.sock.as_ref()).shutdown(std::net::Shutdown::Write)
+    }
+
+    /// The socket failed: nothing more is sent; the read side is shut down
+    /// too so the connection's reader notices and the connection ends.
+    fn fail(&self, e: &io::Error) {
+        tracing::debug!(error = %e, "connection write failed");
+        self.abort();
+        let _ = socket2::SockRef::from(self.sock.as_ref()).shutdown(std::net::Shutdown::Both);
+    }
+
+    fn abort(&self) {
+        let dropped = {
+            let mut st = self.state.lock();
+            st.closed = true;
+            std::mem::take(&mut st.queue)
+        };
+        self.room.close();
+        drop(dropped);
+        self.wake.notify_one();
+    }
+}
+
+/// The socket taken by [`Link::cork`]; dropping it writes what was queued.
+pub struct Cork<'a> {
+    link: &'a Link,
+}
+
+impl Drop for Cork<'_> {
+    fn drop(&mut self) {
+        self.link.inner.write_owned(VecDeque::new());
+    }
+}
+
+/// Moves up to a batch of frames (and bytes) from the front of `queue`.
+fn take_batch(queue: &mut VecDeque<Pending>, batch: &mut VecDeque<Pending>) {
+    let mut bytes = 0;
+    while batch.len() < BATCH_FRAMES && bytes < BATCH_BYTES {
+        let Some(p) = queue.pop_front() else { break };
+        bytes += p.chunks.iter().map(Bytes::len).sum::<usize>();
+        batch.push_back(p);
+    }
 }
 
 /// TCP socket options from the `transport.socket.*` options.
@@ -1201,6 +1628,205 @@ mod tests {
         let mut huge = vec![0u8; 12];
         huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(callctx_len(&huge).is_err());
+    }
+
+    /// A connected loopback TCP pair.
+    async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let (a, b) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
+        (a.expect("connect"), b.expect("accept").0)
+    }
+
+    /// A REPLY frame whose id says who sent it and whose payload (of
+    /// `len` bytes) repeats the id, so a torn or mixed frame shows.
+    fn tagged(id: u64, len: usize) -> OutFrame {
+        Message::Reply(Ok(Response::from(Reply::Read {
+            data: Bytes::from(vec![id as u8; len]),
+            iatt: Iatt::default(),
+        })))
+        .to_frame(id)
+        .expect("encodes")
+    }
+
+    fn check_tagged(f: Frame) -> u64 {
+        let id = f.id;
+        match Message::from_frame(f, &limits_for(MAX)).expect("decodes") {
+            Message::Reply(Ok(Response {
+                reply: Reply::Read { data, .. },
+                ..
+            })) => assert!(data.iter().all(|&b| b == id as u8), "frame {id} is whole"),
+            m => panic!("unexpected {m:?}"),
+        }
+        id
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn link_carries_the_frames_of_many_tasks_whole_and_in_order_per_task() {
+        let (a, b) = tcp_pair().await;
+        let (_rd, wr) = a.into_split();
+        let (link, writer) = Link::spawn(wr);
+        const TASKS: u64 = 8;
+        const FRAMES: u64 = 150;
+        let senders: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let link = link.clone();
+                tokio::spawn(async move {
+                    for i in 0..FRAMES {
+                        // Sizes from none to more than a socket buffer, so
+                        // that some sends are cut short and handed over.
+                        let len = ((i * 7919 + t * 104_729) % 5) as usize * 70_000;
+                        assert!(link.send(tagged(i * TASKS + t, len).into()).await, "sent");
+                    }
+                })
+            })
+            .collect();
+        let reader = tokio::spawn(async move {
+            let mut r = FrameReader::new(b, MAX);
+            let mut next = [0u64; TASKS as usize];
+            while let Some(f) = r.next().await.expect("reads") {
+                let id = check_tagged(f);
+                let (t, i) = (id % TASKS, id / TASKS);
+                assert_eq!(next[t as usize], i, "task {t}'s frames in order");
+                next[t as usize] += 1;
+            }
+            next
+        });
+        for s in senders {
+            s.await.expect("sender");
+        }
+        drop(link);
+        writer.await.expect("join").expect("written");
+        assert_eq!(
+            reader.await.expect("reader"),
+            [FRAMES; TASKS as usize],
+            "every frame, then the end"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_link_queues_bounded_and_a_cancelled_send_leaves_no_trace() {
+        let (a, b) = tcp_pair().await;
+        let (_rd, wr) = a.into_split();
+        let (link, writer) = Link::spawn(wr);
+        // Nobody reads yet: the socket fills, then the queue.
+        let guards = Arc::new(Semaphore::new(2 * OUT_QUEUE + 4096));
+        let total = guards.available_permits();
+        let mut accepted = 0u64;
+        loop {
+            let guard = guards.clone().try_acquire_owned().expect("guard");
+            let out = Outgoing {
+                frame: tagged(accepted, 4096),
+                guard: Some(guard),
+            };
+            if !link.try_send(out) {
+                break;
+            }
+            accepted += 1;
+            assert!(accepted < 100_000, "the queue is bounded");
+        }
+        assert_eq!(link.room(), 0);
+        // A send that has to wait for room, cancelled while it waits.
+        let mut waiting = Box::pin(link.send(tagged(u64::MAX - 1, 4096).into()));
+        assert!(
+            poll_once_test(waiting.as_mut()).is_pending(),
+            "waits for room"
+        );
+        drop(waiting);
+        link.close();
+        assert!(
+            !link.send(tagged(u64::MAX - 2, 1).into()).await,
+            "closed: refused"
+        );
+        let mut r = FrameReader::new(b, MAX);
+        let mut n = 0;
+        while let Some(f) = r.next().await.expect("reads") {
+            assert_eq!(check_tagged(f), n, "frames in order, none lost, none extra");
+            n += 1;
+        }
+        assert_eq!(n, accepted);
+        writer.await.expect("join").expect("written");
+        assert_eq!(
+            guards.available_permits(),
+            total,
+            "every guard dropped once written"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_aborted_link_drops_its_queue_and_waiting_senders_give_up() {
+        let (a, _b) = tcp_pair().await;
+        let (_rd, wr) = a.into_split();
+        let (link, writer) = Link::spawn(wr);
+        let guards = Arc::new(Semaphore::new(100_000));
+        while link.try_send(Outgoing {
+            frame: tagged(1, 4096),
+            guard: Some(guards.clone().try_acquire_owned().expect("guard")),
+        }) {}
+        let waiter = {
+            let link = link.clone();
+            tokio::spawn(async move { link.send(tagged(2, 4096).into()).await })
+        };
+        link.abort();
+        assert!(
+            !waiter.await.expect("join"),
+            "a sender waiting for room gives up"
+        );
+        assert!(!link.try_send(tagged(3, 1).into()));
+        writer.abort();
+        let _ = writer.await;
+        // What was queued is dropped, its guards with it.
+        assert_eq!(
+            guards.available_permits(),
+            100_000,
+            "queued guards released"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_corked_link_sends_what_came_meanwhile_when_uncorked() {
+        let (a, b) = tcp_pair().await;
+        let (_rd, wr) = a.into_split();
+        let (link, writer) = Link::spawn(wr);
+        let mut r = FrameReader::new(b, MAX);
+        let cork = link.cork().expect("the socket is free");
+        assert!(link.cork().is_none(), "one owner at a time");
+        for id in 0..3 {
+            assert!(link.send(tagged(id, 10).into()).await, "queued");
+        }
+        {
+            let other = link.clone();
+            assert!(
+                tokio::spawn(async move { other.send_deferred(tagged(3, 10).into()).await })
+                    .await
+                    .expect("join"),
+                "queued from another task"
+            );
+        }
+        assert_eq!(link.room(), OUT_QUEUE - 4, "all four wait in the queue");
+        drop(cork);
+        assert_eq!(link.room(), OUT_QUEUE, "written when uncorked");
+        for id in 0..4 {
+            assert_eq!(
+                check_tagged(r.next().await.expect("reads").expect("frame")),
+                id
+            );
+        }
+        // Deferred sends on a free socket go through the writer task.
+        assert!(link.send_deferred(tagged(4, 10).into()).await);
+        assert_eq!(
+            check_tagged(r.next().await.expect("reads").expect("frame")),
+            4
+        );
+        drop(link);
+        writer.await.expect("join").expect("written");
+        assert!(r.next().await.expect("clean end").is_none());
+    }
+
+    fn poll_once_test<F: Future + ?Sized>(f: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
+        f.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
     }
 
     #[tokio::test]

@@ -11,6 +11,9 @@
 //!   `reconnect-max`, until `ParentDown` or `fini`. Events are sent only
 //!   when they change the state.
 //! - **Fops.** Many in flight on the connection, matched to replies by id.
+//!   A fop alone on the connection writes its CALL to the socket itself;
+//!   with others in flight, CALLs go through the connection's writer task,
+//!   several per system call.
 //!   While disconnected a fop fails at once with ENOTCONN; fops in flight
 //!   when the connection drops fail with ENOTCONN; no fop waits longer than
 //!   `frame-timeout` (then ENOTCONN, as GlusterFS's call bail). A read
@@ -42,7 +45,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::runtime::Handle;
-use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::task::JoinHandle;
 use xlfs_sdk::abi::{self, AbiVersion};
 use xlfs_sdk::options::{OptType, OptionDecl};
@@ -53,8 +56,8 @@ use xlfs_sdk::{
 };
 
 use super::rpc::{
-    Frame, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, Hello, Message, OUT_QUEUE, Outgoing,
-    SocketOptions, hello_keys, limits_for, with_transport_options, write_loop,
+    Frame, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, Hello, Link, Message, Outgoing,
+    SocketOptions, hello_keys, limits_for, with_transport_options,
 };
 
 /// The translator type.
@@ -170,29 +173,22 @@ struct FdRec {
 /// One connection to the server.
 struct Conn {
     generation: u64,
-    tx: Mutex<Option<mpsc::Sender<Outgoing>>>,
+    /// The socket's write side: a fop writes its CALL itself when the
+    /// socket is free.
+    link: Link,
     /// Reply waiters by request id; None once the connection is closed.
     pending: Mutex<Option<HashMap<u64, oneshot::Sender<FopResult>>>>,
 }
 
 impl Conn {
-    async fn send(&self, out: Outgoing) -> bool {
-        let tx = self.tx.lock().clone();
-        match tx {
-            Some(tx) => tx.send(out).await.is_ok(),
-            None => false,
-        }
-    }
-
     fn try_send(&self, out: Outgoing) {
-        if let Some(tx) = self.tx.lock().as_ref() {
-            let _ = tx.try_send(out);
-        }
+        self.link.try_send(out);
     }
 
-    /// Closes: no more frames, every waiter fails with ENOTCONN.
+    /// Closes: no more frames (those queued are still written), every
+    /// waiter fails with ENOTCONN.
     fn close(&self) {
-        self.tx.lock().take();
+        self.link.close();
         drop(self.pending.lock().take());
     }
 
@@ -488,7 +484,9 @@ impl Inner {
             _ => None,
         };
         let res = self.roundtrip(&conn, ctx, req).await;
-        if let Ok(resp) = &res {
+        if let Ok(resp) = &res
+            && (open.is_some() || locked.is_some())
+        {
             let mut fds = self.fds.lock();
             if let Some((id, gfid, flags, dir)) = open {
                 let gfid = match (&resp.reply, gfid.is_null()) {
@@ -599,25 +597,37 @@ impl Inner {
             Errno::EINVAL
         })?;
         let (tx, rx) = oneshot::channel();
-        match self.conn_pending_insert(conn, id, tx) {
-            true => {}
-            false => return Err(Errno::ENOTCONN),
-        }
+        let Some(inflight) = self.conn_pending_insert(conn, id, tx) else {
+            return Err(Errno::ENOTCONN);
+        };
         let _guard = PendingGuard { conn, id };
-        if !conn.send(frame.into()).await {
+        // Alone on the connection, the call writes itself to the socket (no
+        // hand-off to the writer task); with others in flight it goes
+        // through the writer task, which sends the calls made meanwhile
+        // together, in one system call.
+        let sent = if inflight == 1 {
+            conn.link.send(frame.into()).await
+        } else {
+            conn.link.send_deferred(frame.into()).await
+        };
+        if !sent {
             return Err(Errno::ENOTCONN);
         }
         rx.await.unwrap_or(Err(Errno::ENOTCONN))
     }
 
-    fn conn_pending_insert(&self, conn: &Conn, id: u64, tx: oneshot::Sender<FopResult>) -> bool {
-        match conn.pending.lock().as_mut() {
-            Some(map) => {
-                map.insert(id, tx);
-                true
-            }
-            None => false,
-        }
+    /// Registers a reply waiter; the calls then in flight (this one
+    /// included), or None when the connection is closed.
+    fn conn_pending_insert(
+        &self,
+        conn: &Conn,
+        id: u64,
+        tx: oneshot::Sender<FopResult>,
+    ) -> Option<usize> {
+        let mut pending = conn.pending.lock();
+        let map = pending.as_mut()?;
+        map.insert(id, tx);
+        Some(map.len())
     }
 
     /// Connects and does the handshake.
@@ -653,8 +663,7 @@ impl Inner {
             tracing::debug!(client = %self.name, error = %e, "socket options not applied");
         }
         let (rd, wr) = stream.into_split();
-        let (tx, rx) = mpsc::channel(OUT_QUEUE);
-        let writer = tokio::spawn(write_loop(wr, rx));
+        let (link, writer) = Link::spawn(wr);
         let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
         let mut params = Dict::new();
         params.set_str(hello_keys::VOLUME, cfg.subvolume.clone());
@@ -677,9 +686,9 @@ impl Inner {
             HANDSHAKE_TIMEOUT.min(cfg.ping_timeout)
         };
         let answer = async {
-            tx.send(hello.into())
-                .await
-                .map_err(|_| format!("connection to {addr} closed during the handshake"))?;
+            if !link.send(hello.into()).await {
+                return Err(format!("connection to {addr} closed during the handshake"));
+            }
             match tokio::time::timeout(wait, reader.next()).await {
                 Ok(Ok(Some(f))) => Ok(f),
                 Ok(Ok(None)) => Err(format!("{addr} closed the connection during the handshake")),
@@ -690,6 +699,7 @@ impl Inner {
         let frame = match answer.await {
             Ok(f) => f,
             Err(e) => {
+                link.abort();
                 writer.abort();
                 return Err(plain(e));
             }
@@ -707,6 +717,7 @@ impl Inner {
             Err(e) => Err((format!("handshake with {addr}: {e}"), true))?,
         };
         if reply.version.major != abi::ABI_MAJOR {
+            link.abort();
             writer.abort();
             return Err((
                 format!(
@@ -718,6 +729,7 @@ impl Inner {
             ));
         }
         if !reply.accepted {
+            link.abort();
             writer.abort();
             return Err((
                 format!(
@@ -735,7 +747,7 @@ impl Inner {
             .to_string();
         let conn = Arc::new(Conn {
             generation,
-            tx: Mutex::new(Some(tx)),
+            link,
             pending: Mutex::new(Some(HashMap::new())),
         });
         let mut st = self.status.lock();

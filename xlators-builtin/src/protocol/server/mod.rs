@@ -16,7 +16,13 @@
 //!   within [`HANDSHAKE_TIMEOUT`]); `max-inflight-per-client` calls of one
 //!   connection run at once, and the connection is not read from while it
 //!   has that many (backpressure; an in-flight slot is freed once its reply
-//!   is written).
+//!   is written). A call is first run on the connection's reader task and
+//!   its reply written from there when it finishes on its first poll (a
+//!   stat or a page-cache write: no task spawned, no wake-up); one that
+//!   would wait (a blocked lock, the blocking pool) goes on in a task of its
+//!   own, so it never holds the reader up (`calls-spawned-total`). While
+//!   more frames of a read are buffered, replies are held back and written
+//!   together (at most 64, one vectored write).
 //! - **Fds.** Clients choose their own fd ids; the server maps them to
 //!   brick-unique ones per connection (`fds`), at most
 //!   `max-fds-per-client`; an fd the connection did not open is EBADF.
@@ -56,7 +62,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, watch};
 use tokio::task::JoinHandle;
 use xlfs_sdk::abi::{self, AbiVersion, DecodeError};
 use xlfs_sdk::options::{OptType, OptionDecl};
@@ -68,8 +74,8 @@ use xlfs_sdk::{
 use self::auth::Auth;
 use self::fds::{FdTable, fds_mut};
 use super::rpc::{
-    self, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, HelloReply, Message, MessageError,
-    OUT_QUEUE, Outgoing, SocketOptions, hello_keys, limits_for, with_transport_options, write_loop,
+    self, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, HelloReply, Link, Message, MessageError,
+    OUT_QUEUE, Outgoing, SocketOptions, hello_keys, limits_for, with_transport_options,
 };
 
 /// The translator type.
@@ -135,6 +141,8 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_CLIENT_ID: usize = 1024;
 /// Upcalls queued for one client before new ones are dropped.
 const UPCALL_QUEUE_ROOM: usize = OUT_QUEUE / 2;
+/// Most replies a connection's reader holds back to send together.
+const CORK_FRAMES: usize = 64;
 /// Clients listed one by one in the dump.
 const DUMP_CLIENTS: usize = 256;
 
@@ -160,6 +168,8 @@ struct Counters {
     accepted: AtomicU64,
     refused: AtomicU64,
     calls: AtomicU64,
+    /// Calls that did not finish on their first poll (run in a task).
+    calls_spawned: AtomicU64,
     closed_bad_input: AtomicU64,
     upcalls_dropped: AtomicU64,
 }
@@ -226,25 +236,22 @@ struct Conn {
     client_id: Arc<str>,
     peer: SocketAddr,
     child: Child,
-    tx: Mutex<Option<mpsc::Sender<Outgoing>>>,
+    /// The socket's write side: a reply is written by the task that has
+    /// it when the socket is free.
+    link: Link,
     fds: Mutex<FdTable>,
     /// Free in-flight slots.
     inflight: Arc<Semaphore>,
-    /// Call tasks alive.
-    running: watch::Sender<usize>,
+    /// Calls running (on the reader or in tasks of their own).
+    running: AtomicUsize,
+    /// Notified when `running` drops to zero.
+    idle: tokio::sync::Notify,
     cancel: watch::Sender<Cancel>,
 }
 
 impl Conn {
-    fn sender(&self) -> Option<mpsc::Sender<Outgoing>> {
-        self.tx.lock().clone()
-    }
-
     async fn send(&self, out: Outgoing) -> bool {
-        match self.sender() {
-            Some(tx) => tx.send(out).await.is_ok(),
-            None => false,
-        }
+        self.link.send(out).await
     }
 
     /// Runs one call: fd ids translated, opens and releases kept in the
@@ -286,12 +293,20 @@ impl Conn {
         }
     }
 
-    /// Waits (at most `limit`) until no call task is running.
+    /// Waits (at most `limit`) until no call is running.
     async fn drained(&self, limit: Duration) -> bool {
-        let mut rx = self.running.subscribe();
-        tokio::time::timeout(limit, rx.wait_for(|n| *n == 0))
-            .await
-            .is_ok()
+        let idle = async {
+            loop {
+                let notified = self.idle.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.running.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(limit, idle).await.is_ok()
     }
 }
 
@@ -300,14 +315,16 @@ struct Running(Arc<Conn>);
 
 impl Running {
     fn new(conn: &Arc<Conn>) -> Running {
-        conn.running.send_modify(|n| *n += 1);
+        conn.running.fetch_add(1, Ordering::AcqRel);
         Running(conn.clone())
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.running.send_modify(|n| *n = n.saturating_sub(1));
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
     }
 }
 
@@ -443,9 +460,7 @@ impl Server {
             }
         };
         for c in targets {
-            let sent = c.sender().is_some_and(|tx| {
-                tx.capacity() > UPCALL_QUEUE_ROOM && tx.try_send(frame.clone().into()).is_ok()
-            });
+            let sent = c.link.room() > UPCALL_QUEUE_ROOM && c.link.try_send(frame.clone().into());
             if !sent {
                 self.shared
                     .counters
@@ -512,6 +527,10 @@ impl Xlator for Server {
             (
                 "calls-total".to_string(),
                 c.calls.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "calls-spawned-total".to_string(),
+                c.calls_spawned.load(Ordering::Relaxed).to_string(),
             ),
             (
                 "closed-bad-input-total".to_string(),
@@ -626,12 +645,13 @@ async fn connection(
         tracing::debug!(%peer, error = %e, "socket options not applied");
     }
     let (rd, wr) = stream.into_split();
-    let (tx, rx) = mpsc::channel(OUT_QUEUE);
-    let writer = tokio::spawn(write_loop(wr, rx));
+    let (link, writer) = Link::spawn(wr);
     let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
-    let conn = match handshake(&sh, &mut reader, tx, peer).await {
+    let conn = match handshake(&sh, &mut reader, &link, peer).await {
         Ok(conn) => conn,
         Err(()) => {
+            link.close();
+            drop(link);
             finish_writer(writer).await;
             return;
         }
@@ -648,12 +668,12 @@ async fn connection(
         if let Ok(f) = Message::Goodbye(why.clone()).to_frame(0) {
             conn.send(f.into()).await;
         }
-        conn.tx.lock().take();
+        conn.link.close();
         finish_writer(writer).await;
     } else {
         tracing::info!(client = %conn.client_id, %peer, "disconnected: {why}");
         writer.abort();
-        conn.tx.lock().take();
+        conn.link.abort();
         conn.cancel.send_replace(Cancel::Locks);
         if !conn.drained(DRAIN_TIMEOUT).await {
             tracing::warn!(client = %conn.client_id, "calls still running after {DRAIN_TIMEOUT:?}: cancelled");
@@ -690,19 +710,13 @@ async fn client_gone(sh: &Shared, conn: &Arc<Conn>) {
     tracing::debug!(client = %conn.client_id, fds = n, "client gone: fds released, ClientGone sent");
 }
 
-/// Refuses a client: says why in a HELLO_REPLY, logs it, and drops the
-/// sender so the writer closes the connection once it is written.
-async fn refuse(
-    sh: &Shared,
-    tx: mpsc::Sender<Outgoing>,
-    id: u64,
-    peer: SocketAddr,
-    reason: String,
-) {
+/// Refuses a client: says why in a HELLO_REPLY and logs it (the caller
+/// closes the link, so the connection ends once it is written).
+async fn refuse(sh: &Shared, tx: &Link, id: u64, peer: SocketAddr, reason: String) {
     sh.counters.refused.fetch_add(1, Ordering::Relaxed);
     tracing::warn!(server = %sh.name, %peer, "client refused: {reason}");
     if let Ok(f) = Message::HelloReply(HelloReply::refuse(reason)).to_frame(id) {
-        let _ = tx.send(f.into()).await;
+        tx.send(f.into()).await;
     }
 }
 
@@ -711,7 +725,7 @@ async fn refuse(
 async fn handshake(
     sh: &Arc<Shared>,
     reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
-    tx: mpsc::Sender<Outgoing>,
+    tx: &Link,
     peer: SocketAddr,
 ) -> Result<Arc<Conn>, ()> {
     let frame = match tokio::time::timeout(HANDSHAKE_TIMEOUT, reader.next()).await {
@@ -747,16 +761,16 @@ async fn handshake(
             return Err(());
         }
     };
-    let (running, _) = watch::channel(0);
     let (cancel, _) = watch::channel(Cancel::None);
     let conn = Arc::new(Conn {
         client_id: assigned.clone(),
         peer,
         child,
-        tx: Mutex::new(Some(tx.clone())),
+        link: tx.clone(),
         fds: Mutex::new(FdTable::new(sh.cfg.max_fds)),
         inflight: Arc::new(Semaphore::new(sh.cfg.max_inflight)),
-        running,
+        running: AtomicUsize::new(0),
+        idle: tokio::sync::Notify::new(),
         cancel,
     });
     let full = {
@@ -783,7 +797,7 @@ async fn handshake(
         info,
     };
     if let Ok(f) = Message::HelloReply(reply).to_frame(id) {
-        let _ = tx.send(f.into()).await;
+        tx.send(f.into()).await;
     }
     tracing::info!(server = %sh.name, %peer, client = %assigned, subvolume = %conn.child.name, "client connected");
     Ok(conn)
@@ -844,14 +858,32 @@ async fn serve(
     let mut stop = sh.stop.subscribe();
     let limits = limits_for(sh.cfg.max_frame);
     let stopping = || ("the server is shutting down".to_string(), true);
+    // While more frames are already buffered, the socket is corked so the
+    // replies of calls answered at once go out together (one system call
+    // for up to CORK_FRAMES of them). The cork is never held across a
+    // wait: only reading a buffered frame happens under it.
+    let mut cork: Option<rpc::Cork<'_>> = None;
+    let mut corked = 0;
     loop {
-        let permit = tokio::select! {
-            _ = stop.wait_for(|s| *s) => return stopping(),
-            p = conn.inflight.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return ("in-flight slots closed".into(), false),
-            },
+        let permit = match conn.inflight.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(TryAcquireError::Closed) => return ("in-flight slots closed".into(), false),
+            Err(TryAcquireError::NoPermits) => {
+                // Slots come back as replies are written.
+                cork = None;
+                tokio::select! {
+                    _ = stop.wait_for(|s| *s) => return stopping(),
+                    p = conn.inflight.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => return ("in-flight slots closed".into(), false),
+                    },
+                }
+            }
         };
+        if corked >= CORK_FRAMES || !reader.has_frame() {
+            cork = None;
+            corked = 0;
+        }
         let frame = tokio::select! {
             _ = stop.wait_for(|s| *s) => return stopping(),
             f = reader.next() => f,
@@ -872,7 +904,7 @@ async fn serve(
             FrameKind::Call => match Message::from_frame(frame, &limits) {
                 Ok(Message::Call { ctx, req }) => {
                     sh.counters.calls.fetch_add(1, Ordering::Relaxed);
-                    tokio::spawn(run_call(
+                    let mut call = Box::pin(run_call(
                         sh.clone(),
                         Running::new(conn),
                         id,
@@ -880,12 +912,22 @@ async fn serve(
                         req,
                         permit,
                     ));
+                    // Most fops (a stat, a write into the page cache) finish
+                    // on their first poll: run them here and write the reply
+                    // from this task, without a spawn and a wake-up. One that
+                    // would wait (a blocked lock, the blocking pool) goes on
+                    // in a task of its own, so the reader never waits for it.
+                    if poll_once(call.as_mut()).is_pending() {
+                        sh.counters.calls_spawned.fetch_add(1, Ordering::Relaxed);
+                        tokio::spawn(call);
+                    }
                 }
                 Err(MessageError {
                     source: DecodeError::UnknownFop(code),
                     ..
                 }) => {
                     tracing::debug!(client = %conn.client_id, code, "unknown fop code: ENOSYS");
+                    cork = None;
                     send_reply(sh, conn, id, Err(Errno::ENOSYS), permit).await;
                 }
                 Ok(_) => return bad(&"CALL frame did not decode as a call"),
@@ -893,6 +935,7 @@ async fn serve(
             },
             FrameKind::Ping => {
                 if let Ok(f) = Message::Pong.to_frame(id) {
+                    cork = None;
                     conn.send(f.into()).await;
                 }
             }
@@ -906,7 +949,20 @@ async fn serve(
             }
             other => return bad(&format!("unexpected {other} frame from a client")),
         }
+        if cork.is_none() && reader.has_frame() {
+            cork = conn.link.cork();
+        }
+        corked += usize::from(cork.is_some());
     }
+}
+
+/// Polls a future once, with a waker that does nothing: a future left
+/// pending is polled again by the task it is then spawned as (which
+/// registers that task's waker).
+fn poll_once<F: std::future::Future + ?Sized>(
+    f: std::pin::Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
+    f.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
 }
 
 fn is_lock_fop(kind: FopKind) -> bool {

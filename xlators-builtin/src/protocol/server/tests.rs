@@ -717,6 +717,11 @@ async fn many_requests_in_flight_answered_out_of_order() {
         })
         .collect();
     wait_until("64 requests at the child", || gate.arrived() == 64).await;
+    assert_eq!(
+        chain.top().dump("calls-spawned-total"),
+        "64",
+        "calls that wait run in tasks"
+    );
     // Answer newest first; each reply must reach the request it answers
     // while every older request is still waiting.
     for (i, t) in tasks.into_iter().enumerate().rev() {
@@ -736,6 +741,68 @@ async fn many_requests_in_flight_answered_out_of_order() {
     }
     c.stop();
     stop(chain.top()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_calls_run_on_the_reader_and_a_blocked_lock_does_not_hold_it_up() {
+    let brick = Brick::start(&[]);
+    let c = Arc::new(TestClient::up(brick.addr(), &[]).await);
+    let spawned = || brick.chain.top().dump("calls-spawned-total");
+    // Two lock owners of the one client.
+    let owner = |n| CallCtx {
+        lk_owner: n,
+        ..CallCtx::root("test")
+    };
+    let lock = |cmd, ty, n| Fop::Inodelk {
+        domain: "dom".into(),
+        loc: Loc::root(),
+        cmd,
+        lock: Flock::whole(ty, n),
+    };
+    c.run_as(owner(1), lock(LkCmd::SetLk, LockType::Write, 1))
+        .await
+        .expect("locked");
+    let before = spawned();
+    for _ in 0..10 {
+        c.run(Fop::Stat { loc: Loc::root() }).await.expect("stat");
+    }
+    assert_eq!(
+        spawned(),
+        before,
+        "a stat in the page cache finishes on its first poll: no task"
+    );
+    let waiting = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.run_as(owner(2), lock(LkCmd::SetLkw, LockType::Write, 2))
+                .await
+        })
+    };
+    wait_until("the second lock request queued", || {
+        brick.locks.dump("locks") == "2"
+    })
+    .await;
+    assert_ne!(
+        spawned(),
+        before,
+        "the blocked lock went on in a task of its own"
+    );
+    // The connection is still read and answered while the lock waits.
+    for _ in 0..10 {
+        c.run(Fop::Stat { loc: Loc::root() })
+            .await
+            .expect("stat while a lock waits");
+    }
+    assert!(!waiting.is_finished());
+    c.run_as(owner(1), lock(LkCmd::SetLk, LockType::Unlock, 1))
+        .await
+        .expect("unlocked");
+    within("the waiting lock", waiting)
+        .await
+        .expect("join")
+        .expect("granted once the first is unlocked");
+    c.stop();
+    brick.stop_server().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
