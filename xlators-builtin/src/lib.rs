@@ -38,6 +38,7 @@ pub mod protocol {
 pub mod performance {
     //! Translators that trade work for speed.
     pub mod io_threads;
+    pub mod md_cache;
     pub mod read_ahead;
 }
 
@@ -49,6 +50,6 @@ pub mod debug {
 
 /// Every built-in translator type.
 pub fn builtin_types() -> Vec<XlatorType> {
-    vec![storage::posix::TYPE, features::locks::TYPE, features::index::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE, performance::io_threads::TYPE, performance::read_ahead::TYPE,
+    vec![storage::posix::TYPE, features::locks::TYPE, features::index::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE, performance::io_threads::TYPE, performance::read_ahead::TYPE, performance::md_cache::TYPE,
         protocol::client::TYPE, protocol::server::TYPE, cluster::replicate::TYPE]
 }
