@@ -85,6 +85,10 @@ pub const MAX_XATTR_VALUE: usize = 4096;
 pub const MAX_XATTRS_PER_INODE: usize = 16;
 /// Most bytes of cached xattr names and values in all.
 pub const MAX_XATTR_BYTES: usize = 32 << 20;
+/// Most inodes outside the table whose generation is remembered exactly
+/// (beyond, the oldest are folded into one bound, which only makes some
+/// fills from fops in flight be dropped).
+const RECENT_ABSENT: usize = 4096;
 /// `md-cache-timeout` when `cache-invalidation` is on and the timeout is
 /// not given (GlusterFS's metadata-cache profile).
 const INVALIDATION_TIMEOUT: Duration = Duration::from_secs(600);
@@ -284,9 +288,13 @@ struct State {
     dentry_order: VecDeque<(u64, Gfid, String)>,
     tick: u64,
     epoch: u64,
-    /// The latest generation of an inode no longer in the table (evicted,
-    /// or invalidated while absent): fills of absent inodes from fops
-    /// wound before it are dropped.
+    /// Generations of inodes not in the table (evicted, forgotten, or
+    /// invalidated while absent), the most recent [`RECENT_ABSENT`] of them.
+    recent: HashMap<Gfid, u64>,
+    recent_order: VecDeque<Gfid>,
+    /// The latest generation among absent inodes no longer in `recent`
+    /// (and of a flush): a fill of an inode in neither, from a fop wound
+    /// before it, is dropped.
     lost_epoch: u64,
     xattr_bytes: usize,
     statfs: Option<(Statvfs, u64)>,
@@ -324,6 +332,8 @@ impl State {
             dentry_order: VecDeque::new(),
             tick: 0,
             epoch: 0,
+            recent: HashMap::new(),
+            recent_order: VecDeque::new(),
             lost_epoch: 0,
             xattr_bytes: 0,
             statfs: None,
@@ -362,7 +372,7 @@ impl State {
     fn may_fill(&mut self, g: Gfid, start: u64) -> bool {
         let ok = match self.inodes.get(&g) {
             Some(i) => i.epoch <= start,
-            None => self.lost_epoch <= start,
+            None => self.absent_epoch(g) <= start,
         };
         if !ok {
             self.stats.stale_fills += 1;
@@ -383,7 +393,10 @@ impl State {
             let inodes = &self.inodes;
             self.inode_order.retain(|(t, g)| inodes.get(g).is_some_and(|i| i.tick == *t));
         }
-        let epoch = self.lost_epoch;
+        let epoch = self.absent_epoch(g);
+        if self.recent.remove(&g).is_some() {
+            self.recent_order.retain(|r| *r != g);
+        }
         let i = self.inodes.entry(g).or_insert_with(|| Ino { epoch, ..Ino::default() });
         i.tick = tick;
         i
@@ -403,13 +416,35 @@ impl State {
     fn remove_inode(&mut self, g: Gfid) {
         if let Some(i) = self.inodes.remove(&g) {
             self.xattr_bytes = self.xattr_bytes.saturating_sub(i.xattr_bytes());
-            self.lost_epoch = self.lost_epoch.max(i.epoch);
+            self.forgot(g, i.epoch);
+        }
+    }
+
+    /// The generation of an inode not in the table.
+    fn absent_epoch(&self, g: Gfid) -> u64 {
+        self.recent.get(&g).map_or(self.lost_epoch, |e| (*e).max(self.lost_epoch))
+    }
+
+    /// Remembers the generation of an inode leaving (or not in) the table.
+    fn forgot(&mut self, g: Gfid, epoch: u64) {
+        if epoch <= self.lost_epoch {
+            return;
+        }
+        if self.recent.insert(g, epoch).is_none() {
+            self.recent_order.push_back(g);
+        }
+        while self.recent_order.len() > RECENT_ABSENT {
+            if let Some(old) = self.recent_order.pop_front()
+                && let Some(e) = self.recent.remove(&old)
+            {
+                self.lost_epoch = self.lost_epoch.max(e);
+            }
         }
     }
 
     /// Attributes from a read reply.
     fn fill_attr(&mut self, g: Gfid, iatt: Iatt, start: u64, now: u64) {
-        if g.is_null() || !self.enabled() || !self.may_fill(g, start) {
+        if g.is_null() || iatt.gfid != g || !self.enabled() || !self.may_fill(g, start) {
             return;
         }
         self.ino_mut(g).attr = Some((iatt, now));
@@ -425,7 +460,9 @@ impl State {
         let epoch = self.next_epoch();
         let i = self.ino_mut(g);
         i.epoch = epoch;
-        let keep = match (&i.attr, pre) {
+        // A reply without real attributes (a translator below that answered
+        // early, e.g. write-behind) says nothing.
+        let keep = post.gfid == g && match (&i.attr, pre) {
             (None, _) => true,
             (Some((c, _)), Some(p)) => same_attrs(c, &p),
             (Some(_), None) => false,
@@ -438,7 +475,7 @@ impl State {
     fn touch(&mut self, g: Gfid) -> Option<&mut Ino> {
         let epoch = self.next_epoch();
         if !self.inodes.contains_key(&g) {
-            self.lost_epoch = epoch;
+            self.forgot(g, epoch);
             return None;
         }
         let i = self.inodes.get_mut(&g)?;
@@ -590,6 +627,8 @@ impl State {
         self.dentry_order.clear();
         self.xattr_bytes = 0;
         self.statfs = None;
+        self.recent.clear();
+        self.recent_order.clear();
         self.lost_epoch = self.next_epoch();
     }
 

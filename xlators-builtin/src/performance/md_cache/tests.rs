@@ -623,6 +623,25 @@ fn a_slow_reply_does_not_overwrite_a_newer_change() {
     let mut res: FopResult = Err(Errno::ENOENT);
     t.md.state.lock().after(plan, &mut res, t.clock.now_ns());
     assert!(t.lookup(Gfid::ROOT, "late").is_ok());
+    // An inode not cached and invalidated while a stat of it is in flight:
+    // that stat's reply is dropped, a concurrent one of another inode lands.
+    let (x, y) = (t.fs.add(Gfid::ROOT, "x", false), t.fs.add(Gfid::ROOT, "y", false));
+    let mut rx = Request::new(Fop::Stat { loc: Loc::gfid(x) });
+    let mut ry = Request::new(Fop::Stat { loc: Loc::gfid(y) });
+    let (px, py) = {
+        let mut st = t.md.state.lock();
+        (st.plan(&mut rx).expect("planned"), st.plan(&mut ry).expect("planned"))
+    };
+    t.md.notify(Event::Upcall(Upcall::Invalidate { gfid: x }), EventFrom::Child(0));
+    let ax = t.fs.0.lock().attr(x);
+    let ay = t.fs.0.lock().attr(y);
+    t.md.state.lock().after(px, &mut Ok(Reply::Attr(ax).into()), t.clock.now_ns());
+    t.md.state.lock().after(py, &mut Ok(Reply::Attr(ay).into()), t.clock.now_ns());
+    let stats = t.fs.count(FopKind::Stat);
+    t.stat(y);
+    assert_eq!(t.fs.count(FopKind::Stat), stats);
+    t.stat(x);
+    assert_eq!(t.fs.count(FopKind::Stat), stats + 1);
 }
 
 #[test]
