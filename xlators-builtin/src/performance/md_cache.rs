@@ -1036,10 +1036,8 @@ impl State {
                     self.invalidate(g);
                 }
             }
-            (Fop::Statfs { .. }, Ok(Response { reply: Reply::Statfs(s), .. })) => {
-                if self.cfg.statfs && self.enabled() {
-                    self.statfs = Some((*s, now));
-                }
+            (Fop::Statfs { .. }, Ok(Response { reply: Reply::Statfs(s), .. })) if self.cfg.statfs && self.enabled() => {
+                self.statfs = Some((*s, now));
             }
             _ => {}
         }
