@@ -13,6 +13,10 @@
 //! - performance/write-behind over a null leaf: a 4 KiB write acknowledged
 //!   from the queue (sequential, so it merges into the queue's tail) and a
 //!   4 KiB O_SYNC write (not delayed: sent and answered synchronously).
+//! - performance/md-cache over a null leaf: a stat answered from the cache,
+//!   a stat that misses (a new gfid each time: wind, fill, evict at the
+//!   bound), and a getxattr(security.selinux) answered ENODATA from the
+//!   cache (what `ls -l` asks for every file).
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -230,9 +234,39 @@ fn write_behind(c: &mut Criterion) {
     group.bench_function("write-4k/o-sync", |b| b.to_async(&rt).iter(|| top.call(ctx.clone(), write(2, 0))));
     rt.block_on(top.call(ctx.clone(), Request::new(Fop::Fsync { fd: Fd { id: FdId(1), gfid }, datasync: false })))
         .expect("fsync");
+fn md_cache(c: &mut Criterion) {
+    let rt = runtime();
+    let ctx = CallCtx::root("bench");
+    let mut group = c.benchmark_group("md-cache");
+    group.throughput(Throughput::Elements(1));
+    let g = null_graph(&rt, &[("performance/md-cache", &[("md-cache-timeout", "600")])]);
+    let top = g.top();
+    let stat = || Request::new(Fop::Stat { loc: Loc::gfid(Gfid::ROOT) });
+    let selinux = || Request::new(Fop::Getxattr { loc: Loc::gfid(Gfid::ROOT), name: "security.selinux".into() });
+    // The null leaf answers removexattr: md-cache then knows the xattr is
+    // absent; the first stat fills the attributes.
+    let rm = Fop::Removexattr { loc: Loc::gfid(Gfid::ROOT), name: "security.selinux".into() };
+    rt.block_on(top.call(ctx.clone(), Request::new(rm))).expect("removexattr");
+    rt.block_on(top.call(ctx.clone(), stat())).expect("stat");
+    group.bench_function("stat-hit", |b| b.to_async(&rt).iter(|| top.call(ctx.clone(), stat())));
+    group.bench_function("getxattr-selinux-absent-hit", |b| {
+        b.to_async(&rt).iter(|| async {
+            let r = top.call(ctx.clone(), selinux()).await;
+            assert!(r.is_err(), "answered ENODATA from the cache");
+        })
+    });
+    let next = std::sync::atomic::AtomicU64::new(1);
+    group.bench_function("stat-miss", |b| {
+        b.to_async(&rt).iter(|| {
+            let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut id = [0x42u8; 16];
+            id[8..].copy_from_slice(&n.to_be_bytes());
+            top.call(ctx.clone(), Request::new(Fop::Stat { loc: Loc::gfid(Gfid(id)) }))
+        })
+    });
     group.finish();
     g.shutdown();
 }
 
-criterion_group!(benches, posix, locks, io_stats, quick_read, open_behind, write_behind);
+criterion_group!(benches, posix, locks, io_stats, md_cache, quick_read, open_behind, write_behind);
 criterion_main!(benches);

@@ -152,4 +152,48 @@ pub mod keys {
     /// the file. cluster/replicate passes it up only from a copy a read
     /// would be served from.
     pub const CONTENT: &str = "glusterfs.content";
+
+    /// Reply xdata key of a readdirp whose request xdata named xattrs
+    /// (`security.selinux`, ...; performance/md-cache asks this way):
+    /// storage/posix sets it, to the number of xattr names it looked up,
+    /// when it put each returned entry's values under [`dirent_xattr`]
+    /// keys. Only with this key present does a missing per-entry key mean
+    /// "the entry has no such xattr" (a child that does not know the
+    /// convention leaves it out).
+    pub const DIRENT_XATTRS: &str = "xlfs.dirent-xattrs";
+
+    /// The readdirp reply xdata key that carries the value of xattr `xattr`
+    /// of the entry named `entry`: `"{entry}/{xattr}"`. Unambiguous because
+    /// an entry name never contains `/`; see [`parse_dirent_xattr`].
+    pub fn dirent_xattr(entry: &str, xattr: &str) -> String {
+        let mut k = String::with_capacity(entry.len() + 1 + xattr.len());
+        k.push_str(entry);
+        k.push('/');
+        k.push_str(xattr);
+        k
+    }
+
+    /// Splits a [`dirent_xattr`] key into the entry name and the xattr name;
+    /// `None` for keys of any other form (no `/`, or an empty part).
+    pub fn parse_dirent_xattr(key: &str) -> Option<(&str, &str)> {
+        let (entry, xattr) = key.split_once('/')?;
+        (!entry.is_empty() && !xattr.is_empty()).then_some((entry, xattr))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keys::{dirent_xattr, parse_dirent_xattr};
+
+    #[test]
+    fn dirent_xattr_keys_round_trip() {
+        let k = dirent_xattr("a.txt", "security.selinux");
+        assert_eq!(k, "a.txt/security.selinux");
+        assert_eq!(parse_dirent_xattr(&k), Some(("a.txt", "security.selinux")));
+        // An xattr name may contain '/'; the entry name never does.
+        assert_eq!(parse_dirent_xattr("f/user.a/b"), Some(("f", "user.a/b")));
+        assert_eq!(parse_dirent_xattr("glusterfs.inodelk-count"), None);
+        assert_eq!(parse_dirent_xattr("/user.a"), None);
+        assert_eq!(parse_dirent_xattr("f/"), None);
+    }
 }

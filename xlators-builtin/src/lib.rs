@@ -39,6 +39,7 @@ pub mod protocol {
 pub mod performance {
     //! Translators that trade work for speed.
     pub mod io_threads;
+    pub mod md_cache;
     pub mod open_behind;
     pub mod quick_read;
     pub mod read_ahead;
@@ -56,5 +57,6 @@ pub fn builtin_types() -> Vec<XlatorType> {
     vec![storage::posix::TYPE, features::locks::TYPE, features::index::TYPE, features::upcall::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE, performance::io_threads::TYPE, performance::read_ahead::TYPE,
         performance::quick_read::TYPE, performance::open_behind::TYPE,
         performance::write_behind::TYPE,
+        performance::md_cache::TYPE,
         protocol::client::TYPE, protocol::server::TYPE, cluster::replicate::TYPE]
 }

@@ -25,6 +25,17 @@
 //! - Lookup (and xattrop) return, in the reply xdata, the value of each
 //!   request xdata key that names an xattr (`trusted.*`, `user.*`,
 //!   `security.*`, `system.*`) the inode has, and [`OPEN_FD_COUNT`] if asked.
+//! - Readdirp does the same per entry: when the request xdata names xattrs
+//!   (at most [`MAX_DIRENT_XATTR_NAMES`] are honoured), the reply xdata
+//!   carries, for each returned entry other than `.` and `..` and each of
+//!   those xattrs it has, the value under
+//!   [`keys::dirent_xattr`](xlfs_sdk::dict::keys::dirent_xattr)`(name, xattr)`
+//!   (`"{name}/{xattr}"`), plus
+//!   [`DIRENT_XATTRS`](xlfs_sdk::dict::keys::DIRENT_XATTRS) saying it did,
+//!   so a missing key means the entry lacks that xattr. A batch ends early
+//!   rather than carry more than [`MAX_DIRENT_XATTR_KEYS`] such keys (the
+//!   wire's dict limit is 4096). performance/md-cache prefetches
+//!   `security.selinux` and the POSIX ACLs of a whole listing this way.
 //! - Access checks the caller's uid/gid/groups against the mode bits; no
 //!   other fop checks permissions (the brick acts with its own rights).
 //! - Lock fops, lease and ipc answer ENOSYS: features/locks sits above.
@@ -45,7 +56,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
-use xlfs_sdk::dict::keys::{CONTENT, GFID_REQ, GFID_XATTR, VOLUME_ID_XATTR};
+use xlfs_sdk::dict::keys::{self, CONTENT, GFID_REQ, GFID_XATTR, VOLUME_ID_XATTR};
 use xlfs_sdk::slots::FdSlots;
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
@@ -105,6 +116,15 @@ pub const MAX_IO: usize = 64 << 20;
 /// Bytes of readdir `size` each entry costs besides its name (about
 /// GlusterFS's `gf_dirent_t`).
 pub const ENTRY_OVERHEAD: usize = 216;
+
+/// Most xattr names a readdirp's request xdata may ask for per entry; the
+/// rest are ignored (their keys are simply absent, and so is nothing else).
+pub const MAX_DIRENT_XATTR_NAMES: usize = 32;
+
+/// Most per-entry xattr keys in one readdirp reply's xdata; a batch stops
+/// before an entry whose keys would pass it (at least one entry is always
+/// returned).
+pub const MAX_DIRENT_XATTR_KEYS: usize = 2048;
 
 /// Largest readdir `size` honoured.
 const MAX_READDIR: usize = 4 << 20;
@@ -616,10 +636,17 @@ impl Inner {
                 ok(Reply::Empty)
             }
             Fop::Readdir { fd, size, offset } => {
-                ok(Reply::Dirents(self.readdir(&*self.fd(fd.id)?, size, offset, false)?))
+                ok(Reply::Dirents(self.readdir(&*self.fd(fd.id)?, size, offset, None)?.0))
             }
             Fop::Readdirp { fd, size, offset } => {
-                ok(Reply::Dirents(self.readdir(&*self.fd(fd.id)?, size, offset, true)?))
+                let names: Vec<(&str, CString)> = xdata
+                    .keys()
+                    .filter(|k| is_xattr_key(k))
+                    .filter_map(|k| cstr(k.as_bytes()).ok().map(|c| (k.as_str(), c)))
+                    .take(MAX_DIRENT_XATTR_NAMES)
+                    .collect();
+                let (entries, xattrs) = self.readdir(&*self.fd(fd.id)?, size, offset, Some(&names))?;
+                Ok(Response { reply: Reply::Dirents(entries), xdata: xattrs })
             }
             Fop::Fsyncdir { fd, datasync } => {
                 let f = self.fd(fd.id)?;
@@ -997,7 +1024,20 @@ impl Inner {
         ok(Reply::Rename { iatt: self.node_iatt(&src)? })
     }
 
-    fn readdir(&self, f: &OpenFd, size: u32, offset: u64, plus: bool) -> Sys<Vec<DirEntry>> {
+    /// Readdir, or with `xattrs` readdirp: then the entries carry their
+    /// attributes and the returned dict the named xattrs of each entry
+    /// (see the module docs).
+    fn readdir(
+        &self,
+        f: &OpenFd,
+        size: u32,
+        offset: u64,
+        xattrs: Option<&[(&str, CString)]>,
+    ) -> Sys<(Vec<DirEntry>, Dict)> {
+        let plus = xattrs.is_some();
+        let xattrs = xattrs.unwrap_or(&[]);
+        let mut found = Dict::new();
+        let mut keys_used = 0usize;
         if !f.dir {
             return Err(Errno::ENOTDIR);
         }
@@ -1027,6 +1067,24 @@ impl Inner {
                 if !out.is_empty() && used + cost > limit {
                     break 'fill;
                 }
+                let mut values: Vec<(String, Vec<u8>)> = Vec::new();
+                if !xattrs.is_empty() && name != "." && name != ".."
+                    && let Ok(cname) = cstr(name.as_bytes())
+                {
+                    let t = Target::At(fd, &cname);
+                    for (xname, c) in xattrs {
+                        if let Ok(v) = t.getxattr(c) {
+                            values.push((keys::dirent_xattr(name, xname), v));
+                        }
+                    }
+                }
+                if !out.is_empty() && keys_used + values.len() > MAX_DIRENT_XATTR_KEYS {
+                    break 'fill;
+                }
+                keys_used += values.len();
+                for (k, v) in values {
+                    found.set_bytes(k, v);
+                }
                 used += cost;
                 let mut d_type = file_type(e.d_type);
                 let iatt = if plus || d_type == FileType::Unknown {
@@ -1045,7 +1103,10 @@ impl Inner {
                 });
             }
         }
-        Ok(out)
+        if !xattrs.is_empty() {
+            found.set_u64(keys::DIRENT_XATTRS, xattrs.len() as u64);
+        }
+        Ok((out, found))
     }
 
     /// Attributes of `name` in the open directory `dir` (readdirp).

@@ -842,6 +842,55 @@ async fn copy_file_range_copies() {
 }
 
 #[tokio::test]
+async fn readdirp_returns_the_requested_xattrs_of_each_entry() {
+    let e = env();
+    let d = e.mkdir(Gfid::ROOT, "d").await;
+    e.create(d, "plain").await;
+    e.create(d, "tagged").await;
+    e.mkdir(d, "sub").await;
+    set_xattr(&e.brick.join("d/tagged"), "user.tag", b"t1");
+    set_xattr(&e.brick.join("d/sub"), "user.tag", b"s1");
+    set_xattr(&e.brick.join("d/sub"), "user.other", b"o");
+    let ask = Dict::new().with("user.tag", Value::U64(0)).with("user.absent", Value::U64(0));
+    let fd = e.opendir(d).await;
+    let rsp = e.runx(Fop::Readdirp { fd, size: 1 << 20, offset: 0 }, ask.clone()).await.expect("readdirp");
+    let Reply::Dirents(entries) = &rsp.reply else { panic!("{:?}", rsp.reply) };
+    assert_eq!(names(entries), [".", "..", "plain", "sub", "tagged"]);
+    let x = &rsp.xdata;
+    assert_eq!(x.get_bytes(&keys::dirent_xattr("tagged", "user.tag")).as_deref(), Some(&b"t1"[..]));
+    assert_eq!(x.get_bytes(&keys::dirent_xattr("sub", "user.tag")).as_deref(), Some(&b"s1"[..]));
+    // Only what was asked, only what exists, nothing for the dot entries.
+    assert!(!x.contains(&keys::dirent_xattr("plain", "user.tag")));
+    assert!(!x.contains(&keys::dirent_xattr("sub", "user.other")));
+    assert!(x.keys().all(|k| !k.ends_with("/user.absent") && !k.starts_with("./") && !k.starts_with("../")), "{x:?}");
+    assert_eq!(x.get_u64(keys::DIRENT_XATTRS), Some(2));
+    assert_eq!(x.len(), 3, "{x:?}");
+    // Without xattr keys: no per-entry keys and no marker; readdir ignores them.
+    let plain = e.runx(Fop::Readdirp { fd, size: 1 << 20, offset: 0 }, Dict::new()).await.expect("readdirp");
+    assert!(plain.xdata.is_empty(), "{:?}", plain.xdata);
+    let rd = e.runx(Fop::Readdir { fd, size: 1 << 20, offset: 0 }, ask).await.expect("readdir");
+    assert!(rd.xdata.is_empty(), "{:?}", rd.xdata);
+    // Small batches: each carries the keys of its own entries only.
+    let mut seen = Vec::new();
+    let mut off = 0;
+    let ask = Dict::new().with("user.tag", Value::U64(0));
+    loop {
+        let r = e.runx(Fop::Readdirp { fd, size: 1, offset: off }, ask.clone()).await.expect("readdirp");
+        let Reply::Dirents(batch) = r.reply else { panic!() };
+        let Some(last) = batch.last() else { break };
+        off = last.d_off;
+        for k in r.xdata.keys().filter(|k| k.contains('/')) {
+            let (name, _) = keys::parse_dirent_xattr(k).expect("key form");
+            assert!(batch.iter().any(|b| b.name == name), "{k} not in its batch");
+            seen.push(name.to_string());
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, ["sub", "tagged"]);
+    e.run(Fop::Releasedir { fd }).await.expect("releasedir");
+}
+
+#[tokio::test]
 async fn readdir_resumes_from_every_offset() {
     let e = env();
     let d = e.mkdir(Gfid::ROOT, "d").await;
