@@ -347,7 +347,7 @@ pub fn replica_volfile(volume: &str, bricks: &[(u16, String)], afr: &[(&str, &st
 fn perf_options(name: &str) -> &'static [(&'static str, &'static str)] {
     match name {
         "md-cache" => &[("md-cache-timeout", "600"), ("cache-invalidation", "on")],
-        "quick-read" => &[("cache-invalidation", "on")],
+        "quick-read" => &[("cache-invalidation", "on"), ("fetch-on-read", "on")],
         _ => &[],
     }
 }

@@ -66,7 +66,7 @@ use xlfs_sdk::dict::keys;
 use xlfs_sdk::options::{OptType, OptionDecl};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
-    CallCtx, Child, Dict, Errno, Event, EventFrom, Fop, FopFuture, FopResult, Gfid, Iatt, InitCtx, InitError, Loc,
+    CallCtx, Child, Dict, Errno, Event, EventFrom, Fd, FdId, Fop, FopFuture, FopResult, Gfid, Iatt, InitCtx, InitError, Loc,
     Options, Reply, Request, Response, Statvfs, Upcall, Value, Xlator, XlatorType, rename_flags,
 };
 
@@ -134,6 +134,13 @@ const OPTIONS: &[OptionDecl] = &[
     OptionDecl::new("nl-cache-timeout", OptType::Time)
         .range(0.0, 600.0)
         .desc("How long a negative entry is trusted; by default md-cache-timeout. 0 turns nl-cache off."),
+    OptionDecl::new("dir-prefetch", OptType::Bool).default("on").desc(
+        "With cache-invalidation on: the first lookup that misses in a directory not listed lately also reads \
+         the whole directory (readdirp with the cached xattrs, at most 8192 entries) in the background, so later \
+         lookups there (`stat`, `ls -l`, a build's probes) are answered from the cache, and, once it is listed \
+         whole, lookups of names it does not have are answered ENOENT. The bricks' invalidations keep it true. \
+         xlfs only.",
+    ),
     OptionDecl::new("md-cache-max-entries", OptType::Int).default("65536").range(16.0, 16_777_216.0).desc(
         "Most inodes cached, and separately most directory entries; when full, the least recently filled go.",
     ),
@@ -162,6 +169,8 @@ struct Config {
     /// Names prefetched on lookup and readdirp.
     prefetch: Arc<[String]>,
     max_entries: usize,
+    /// Read a directory whole on the first lookup miss in it.
+    dir_prefetch: bool,
 }
 
 fn ns(d: Duration) -> u64 {
@@ -201,6 +210,7 @@ fn config(o: &Options) -> Config {
         user_xattrs: o.bool("cache-xattrs").unwrap_or(true),
         prefetch: prefetch.into(),
         max_entries: usize::try_from(o.int("md-cache-max-entries").unwrap_or(65536)).unwrap_or(65536).max(1),
+        dir_prefetch: invalidation && o.bool("dir-prefetch").unwrap_or(true),
     }
 }
 
@@ -276,6 +286,7 @@ struct Stats {
     invalidations: u64,
     evictions: u64,
     stale_fills: u64,
+    dirs_prefetched: u64,
 }
 
 struct State {
@@ -299,6 +310,10 @@ struct State {
     xattr_bytes: usize,
     statfs: Option<(Statvfs, u64)>,
     stats: Stats,
+    /// Directories read whole by `dir-prefetch`: when it started, and
+    /// whether every name of the directory is in `dirs` (none evicted or
+    /// dropped by an invalidation since).
+    listed: HashMap<Gfid, (u64, bool)>,
 }
 
 fn same_attrs(a: &Iatt, b: &Iatt) -> bool {
@@ -335,6 +350,7 @@ impl State {
             recent: HashMap::new(),
             recent_order: VecDeque::new(),
             lost_epoch: 0,
+            listed: HashMap::new(),
             xattr_bytes: 0,
             statfs: None,
             stats: Stats::default(),
@@ -581,6 +597,7 @@ impl State {
         while let Some((t, p, n)) = self.dentry_order.pop_front() {
             if self.dentry(p, &n).is_some_and(|d| d.tick == t) {
                 self.drop_dentry(p, &n);
+                self.listed.remove(&p);
                 self.stats.evictions += 1;
                 return true;
             }
@@ -599,8 +616,40 @@ impl State {
         d.gfid
     }
 
+    /// True when `dir` was read whole lately and nothing of it was dropped.
+    fn listed_whole(&self, dir: Gfid, now: u64) -> bool {
+        self.cfg.dir_prefetch && self.listed.get(&dir).is_some_and(|(at, whole)| *whole && self.fresh(*at, now))
+    }
+
+    /// Whether a lookup miss in `dir` should read the directory whole: not
+    /// read (or being read) lately. Marks it as being read.
+    fn want_prefetch(&mut self, dir: Gfid, now: u64) -> bool {
+        if !self.cfg.dir_prefetch || dir.is_null() || self.listed.get(&dir).is_some_and(|(at, _)| self.fresh(*at, now)) {
+            return false;
+        }
+        if self.listed.len() >= self.cfg.max_entries {
+            self.listed.retain(|_, (at, _)| now.saturating_sub(*at) < self.cfg.timeout);
+            if self.listed.len() >= self.cfg.max_entries {
+                return false;
+            }
+        }
+        self.listed.insert(dir, (now, false));
+        true
+    }
+
+    /// A prefetch of `dir` started at `at` read every name.
+    fn listed_done(&mut self, dir: Gfid, at: u64) {
+        if let Some(e) = self.listed.get_mut(&dir)
+            && e.0 == at
+        {
+            e.1 = true;
+            self.stats.dirs_prefetched += 1;
+        }
+    }
+
     /// Drops every entry under `parent`.
     fn drop_dir(&mut self, parent: Gfid) {
+        self.listed.remove(&parent);
         if let Some(d) = self.dirs.remove(&parent) {
             self.dentries -= d.len();
         }
@@ -629,6 +678,7 @@ impl State {
         self.statfs = None;
         self.recent.clear();
         self.recent_order.clear();
+        self.listed.clear();
         self.lost_epoch = self.next_epoch();
     }
 
@@ -705,6 +755,9 @@ impl State {
                     }
                     _ => {}
                 }
+            } else if loc.gfid.is_null() && self.listed_whole(loc.parent, now) {
+                self.stats.negative_hits += 1;
+                return Some(Err(Errno::ENOENT));
             }
         } else if !loc.gfid.is_null()
             && let Some(iatt) = self.attr(loc.gfid, now)
@@ -940,6 +993,7 @@ impl State {
                 }
                 _ => {
                     self.drop_dentry(loc.parent, &loc.name);
+                    self.listed.remove(&loc.parent);
                     self.drop_attr(loc.parent);
                     if let Fop::Link { old, .. } = &p.fop {
                         self.invalidate_loc(old);
@@ -955,7 +1009,10 @@ impl State {
                         let epoch = self.epoch;
                         self.set_dentry(loc.parent, &loc.name, None, epoch, now);
                     }
-                    _ => self.drop_attr(loc.parent),
+                    _ => {
+                        self.listed.remove(&loc.parent);
+                        self.drop_attr(loc.parent);
+                    }
                 }
                 match target {
                     Some(t) => {
@@ -985,6 +1042,8 @@ impl State {
                         self.update_attr(iatt.gfid, None, *iatt, now);
                     }
                     _ => {
+                        self.listed.remove(&old.parent);
+                        self.listed.remove(&new.parent);
                         if let Some(s) = src {
                             self.invalidate(s);
                         }
@@ -1074,7 +1133,52 @@ struct Plan {
 struct MdCache {
     child: Child,
     clock: Arc<dyn Clock>,
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
+    next_fd: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Fd ids of md-cache's own directory reads (apart from the FUSE bridge's
+/// and replicate's heal ids on the bricks).
+const PREFETCH_FD_BASE: u64 = 0x6d64_6300_0000_0000;
+
+/// Most entries a directory prefetch reads.
+const PREFETCH_MAX: usize = 8192;
+
+/// Reads directory `dir` whole through `child`, filling the cache as any
+/// readdirp does; marks it listed whole if every entry fit.
+async fn prefetch_dir(child: Child, state: Arc<Mutex<State>>, clock: Arc<dyn Clock>, ctx: CallCtx, dir: Gfid, fd: FdId, at: u64) {
+    let fd = Fd { id: fd, gfid: dir };
+    if child.call(ctx.clone(), Request::new(Fop::Opendir { loc: Loc::gfid(dir), fd: fd.id })).await.is_err() {
+        return;
+    }
+    let (mut offset, mut seen, mut whole) = (0u64, 0usize, false);
+    loop {
+        let mut req = Request::new(Fop::Readdirp { fd, size: 128 << 10, offset });
+        let plan = state.lock().plan(&mut req);
+        let mut res = child.call(ctx.clone(), req).await;
+        let last = match &res {
+            Ok(Response { reply: Reply::Dirents(v), .. }) => v.last().map(|e| (e.d_off, v.len())),
+            _ => None,
+        };
+        if let Some(plan) = plan {
+            state.lock().after(plan, &mut res, clock.now_ns());
+        }
+        match (res.is_ok(), last) {
+            (true, None) => {
+                whole = true;
+                break;
+            }
+            (true, Some((off, n))) if seen + n <= PREFETCH_MAX => {
+                seen += n;
+                offset = off;
+            }
+            _ => break,
+        }
+    }
+    let _ = child.call(ctx, Request::new(Fop::Releasedir { fd })).await;
+    if whole {
+        state.lock().listed_done(dir, at);
+    }
 }
 
 fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
@@ -1085,7 +1189,12 @@ fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
 
 impl MdCache {
     fn new(child: Child, cfg: Config, clock: Arc<dyn Clock>) -> MdCache {
-        MdCache { child, clock, state: Mutex::new(State::new(cfg)) }
+        MdCache {
+            child,
+            clock,
+            state: Arc::new(Mutex::new(State::new(cfg))),
+            next_fd: Arc::new(std::sync::atomic::AtomicU64::new(1)),
+        }
     }
 }
 
@@ -1096,6 +1205,15 @@ impl Xlator for MdCache {
             let mut st = self.state.lock();
             if let Some(res) = st.answer(&req, now) {
                 return Box::pin(std::future::ready(res));
+            }
+            if let Fop::Lookup { loc } = &req.fop
+                && loc.is_entry()
+                && st.want_prefetch(loc.parent, now)
+                && let Ok(h) = tokio::runtime::Handle::try_current()
+            {
+                let id = FdId(PREFETCH_FD_BASE | self.next_fd.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+                let pctx = CallCtx::root(ctx.client_id.clone());
+                h.spawn(prefetch_dir(self.child.clone(), self.state.clone(), self.clock.clone(), pctx, loc.parent, id, now));
             }
             st.plan(&mut req)
         };
@@ -1154,6 +1272,7 @@ impl Xlator for MdCache {
             ("invalidations", s.invalidations.to_string()),
             ("evictions", s.evictions.to_string()),
             ("stale-fills-dropped", s.stale_fills.to_string()),
+            ("dirs-prefetched", s.dirs_prefetched.to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

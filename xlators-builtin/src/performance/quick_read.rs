@@ -28,6 +28,12 @@
 //! With performance/open-behind below, a small-file read costs only the
 //! lookup: the open is deferred, the read answered here, and flush and
 //! release of the never-opened fd are absorbed by open-behind.
+//!
+//! With `fetch-on-read`, a read at offset 0 of a file not cached (md-cache
+//! above answered its lookups, so none came here) fetches the content with
+//! a lookup by gfid first, then answers from it: one round trip instead of open, read,
+//! flush and release. Files found too big are remembered (at most
+//! [`MAX_BIG`]) and read directly after that.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -39,7 +45,7 @@ use xlfs_sdk::dict::keys::CONTENT;
 use xlfs_sdk::options::{OptType, OptionDecl};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
-    CallCtx, Child, Event, EventFrom, FileType, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Options, Reply, Request,
+    CallCtx, Child, Event, EventFrom, FileType, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Loc, Options, Reply, Request,
     Response, Upcall, Value, Xlator, XlatorType,
 };
 
@@ -63,6 +69,12 @@ const OPTIONS: &[OptionDecl] = &[
         "Trust cached content until an invalidation upcall, a forget or changed attributes drop it, ignoring \
          cache-timeout (turn on only with upcalls from the bricks, features.cache-invalidation).",
     ),
+    OptionDecl::new("fetch-on-read", OptType::Bool).default("off").desc(
+        "A read at offset 0 of a file not cached fetches its content with a lookup by gfid first and answers from \
+         it (one round trip instead of open, read, flush and release, with open-behind below). Useful when \
+         md-cache above answers the lookups that would have brought the content; the generated client graph \
+         turns it on. xlfs only.",
+    ),
 ];
 
 /// The translator type.
@@ -81,6 +93,7 @@ struct Cfg {
     cache_size: u64,
     timeout: Duration,
     invalidation: bool,
+    fetch_on_read: bool,
 }
 
 fn settings(o: &Options) -> Cfg {
@@ -89,6 +102,7 @@ fn settings(o: &Options) -> Cfg {
         cache_size: o.size("cache-size").unwrap_or(128 << 20),
         timeout: Duration::from_secs(u64::try_from(o.int("cache-timeout").unwrap_or(1)).unwrap_or(1)),
         invalidation: o.bool("cache-invalidation").unwrap_or(false),
+        fetch_on_read: o.bool("fetch-on-read").unwrap_or(false),
     }
 }
 
@@ -277,7 +291,12 @@ pub struct QuickRead {
     child: Child,
     cache: Mutex<Cache>,
     clock: Clock,
+    /// Inodes a content lookup found too big (or not regular files).
+    big: Mutex<std::collections::HashSet<Gfid>>,
 }
+
+/// Most inodes remembered as too big to fetch on a read miss.
+pub const MAX_BIG: usize = 65536;
 
 fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
     Ok(Arc::new(QuickRead::new(init, Arc::new(Instant::now))?))
@@ -303,11 +322,16 @@ impl QuickRead {
     fn new(init: InitCtx, clock: Clock) -> Result<QuickRead, InitError> {
         let cfg = settings(&init.options);
         let child = init.children.into_iter().next().ok_or_else(|| InitError::new("needs one child"))?;
-        Ok(QuickRead { child, cache: Mutex::new(Cache::new(cfg)), clock })
+        Ok(QuickRead { child, cache: Mutex::new(Cache::new(cfg)), clock, big: Mutex::new(Default::default()) })
     }
 
     fn now(&self) -> Instant {
         (self.clock)()
+    }
+
+    fn fetches_on_read(&self) -> bool {
+        let c = self.cache.lock();
+        c.cfg.fetch_on_read && c.cfg.max_file_size > 0
     }
 
     fn lookup(&self, ctx: CallCtx, mut req: Request) -> FopFuture<'_> {
@@ -344,6 +368,7 @@ impl QuickRead {
 
     fn changing(&self, ctx: CallCtx, req: Request, gfid: Gfid) -> FopFuture<'_> {
         self.cache.lock().invalidate(gfid);
+        self.big.lock().remove(&gfid);
         Box::pin(async move {
             let res = self.child.call(ctx, req).await;
             let mut c = self.cache.lock();
@@ -373,9 +398,27 @@ impl Xlator for QuickRead {
         match &req.fop {
             Fop::Lookup { .. } => self.lookup(ctx, req),
             Fop::Readv { fd, size, offset, .. } => {
-                let hit = self.cache.lock().read(fd.gfid, *offset, *size, self.now());
+                let (gfid, size, offset) = (fd.gfid, *size, *offset);
+                let hit = self.cache.lock().read(gfid, offset, size, self.now());
                 match hit {
                     Some(reply) => Box::pin(std::future::ready(Ok(Response::from(reply)))),
+                    None if offset == 0 && self.fetches_on_read() && !self.big.lock().contains(&gfid) => {
+                        Box::pin(async move {
+                            let lookup = Request::new(Fop::Lookup { loc: Loc::gfid(gfid) });
+                            let _ = self.lookup(ctx.clone(), lookup).await;
+                            if let Some(reply) = self.cache.lock().read(gfid, offset, size, self.now()) {
+                                return Ok(Response::from(reply));
+                            }
+                            {
+                                let mut big = self.big.lock();
+                                if big.len() >= MAX_BIG {
+                                    big.clear();
+                                }
+                                big.insert(gfid);
+                            }
+                            self.validating(ctx, req).await
+                        })
+                    }
                     None => self.validating(ctx, req),
                 }
             }

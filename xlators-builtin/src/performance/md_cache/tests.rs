@@ -762,3 +762,41 @@ async fn over_posix_readdirp_prefetches_and_getxattr_stays_in_the_cache() {
     }
     assert_eq!(counting.seen.lock().len(), before, "fops reached posix: {:?}", &counting.seen.lock()[before..]);
 }
+
+#[tokio::test]
+async fn a_lookup_miss_reads_the_directory_whole_and_later_lookups_are_hits() {
+    let t = setup(&[("cache-invalidation", "on")]);
+    let d = t.fs.add(Gfid::ROOT, "d", true);
+    for n in ["a", "b", "c", "e"] {
+        t.fs.add(d, n, false);
+    }
+    t.lookup(d, "a").expect("a: a miss, which starts reading d");
+    for _ in 0..1000 {
+        if t.dump("dirs-prefetched") >= 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(t.dump("dirs-prefetched"), 1);
+    assert_eq!(t.fs.count(FopKind::Opendir), 1);
+    assert_eq!(t.fs.count(FopKind::Releasedir), 1, "the directory fd is given back");
+    let before = t.fs.count(FopKind::Lookup);
+    for n in ["b", "c", "e"] {
+        t.lookup(d, n).expect(n);
+    }
+    assert_eq!(t.lookup(d, "zz"), Err(Errno::ENOENT), "listed whole: a name it lacks is absent");
+    assert_eq!(t.fs.count(FopKind::Lookup), before, "answered from the listing");
+    // Another client adds a name: the bricks invalidate d, and its names
+    // are asked for again.
+    t.md.notify(Event::Upcall(Upcall::Invalidate { gfid: d }), EventFrom::Child(0));
+    t.fs.add(d, "new", false);
+    t.lookup(d, "new").expect("seen after the invalidation");
+    assert_eq!(t.fs.count(FopKind::Lookup), before + 1);
+    // Without cache invalidation nothing is read ahead.
+    let t = setup(&[]);
+    let d = t.fs.add(Gfid::ROOT, "d", true);
+    t.fs.add(d, "a", false);
+    t.lookup(d, "a").expect("a");
+    tokio::task::yield_now().await;
+    assert_eq!(t.fs.count(FopKind::Opendir), 0);
+}

@@ -252,7 +252,7 @@ fn with_cache_invalidation_content_is_trusted_until_invalidated() {
 
 #[test]
 fn a_lookup_racing_an_invalidation_does_not_cache_old_content() {
-    let mut c = Cache::new(Cfg { max_file_size: 100, cache_size: 1000, timeout: Duration::from_secs(1), invalidation: false });
+    let mut c = Cache::new(Cfg { max_file_size: 100, cache_size: 1000, timeout: Duration::from_secs(1), invalidation: false, fetch_on_read: false });
     let t0 = Instant::now();
     let seq = c.seq;
     // A write to G while the lookup was in flight.
@@ -311,6 +311,31 @@ async fn over_open_behind_and_posix_a_small_file_read_costs_only_the_lookup() {
     }
     let count = Arc::new(Count { child: Child { name: Arc::from("posix"), xl: posix }, seen: Mutex::default() });
     let ob = xl_over(&crate::performance::open_behind::TYPE, &[], Child { name: Arc::from("count"), xl: count.clone() });
+    // Without a lookup through quick-read first (md-cache above answered
+    // it), fetch-on-read gets the content with one lookup by gfid.
+    let fetching = xl_over(&TYPE, &[("max-file-size", "4KB"), ("fetch-on-read", "on")], Child { name: Arc::from("ob"), xl: ob.clone() });
+    for (n, (name, gfid, data)) in files.iter().enumerate() {
+        count.seen.lock().clear();
+        let call = |fop: Fop| fetching.call(c.clone(), Request::new(fop));
+        let fd = Fd { id: FdId(50 + n as u64), gfid: *gfid };
+        call(Fop::Open { loc: Loc::gfid(*gfid), flags: libc::O_RDONLY as u32, fd: fd.id }).await.expect("open");
+        for round in 0..2 {
+            let got = match call(Fop::Readv { fd, size: 65536, offset: 0, flags: 0 }).await.expect("read").reply {
+                Reply::Read { data, .. } => data,
+                r => panic!("{r:?}"),
+            };
+            assert_eq!(&got, data, "{name} round {round}");
+        }
+        call(Fop::Flush { fd }).await.expect("flush");
+        call(Fop::Release { fd }).await.expect("release");
+        let seen = count.seen.lock().clone();
+        if *name == "small" {
+            assert_eq!(seen, [FopKind::Lookup], "posix sees only the content lookup of a small file");
+        } else {
+            let expect = [FopKind::Lookup, FopKind::Open, FopKind::Readv, FopKind::Readv, FopKind::Flush, FopKind::Release];
+            assert_eq!(seen, expect, "a large file: one lookup, then it is remembered as too big");
+        }
+    }
     let qr = xl_over(&TYPE, &[("max-file-size", "4KB")], Child { name: Arc::from("ob"), xl: ob });
     for (n, (name, gfid, data)) in files.into_iter().enumerate() {
         count.seen.lock().clear();
