@@ -420,7 +420,13 @@ fn up_and_down_keep_the_data() {
     assert!(text.contains("mounted on") && text.contains("xlfs down"), "{text}");
     let mnt = std::fs::canonicalize(dir.join("mnt")).expect("mnt");
     assert!(is_mounted(&mnt), "{text}");
-    std::fs::write(mnt.join("kept"), b"across up and down\n").expect("write through the mount");
+    {
+        // Written behind: fsync makes it reach the bricks before we look.
+        use std::io::Write;
+        let mut f = std::fs::File::create(mnt.join("kept")).expect("create through the mount");
+        f.write_all(b"across up and down\n").expect("write through the mount");
+        f.sync_all().expect("fsync");
+    }
     for i in 0..N {
         let copy = dir.join(format!("bricks/b{i}/kept"));
         assert_eq!(std::fs::read(&copy).expect("brick copy"), b"across up and down\n");
