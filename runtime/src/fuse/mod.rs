@@ -2,11 +2,13 @@
 //! top of a translator graph (GlusterFS's `fuse-bridge.c`), over fuser 0.18.
 //!
 //! **Threads.** fuser reads requests on [`MountOptions::reader_threads`]
-//! threads, each on its own cloned `/dev/fuse` fd. A reader thread only
-//! decodes the request, copies what the fop needs and spawns a task on the
-//! tokio runtime; the task sends the fop and answers through fuser's reply
-//! object (which is `Send`). No reader thread ever waits on a fop, so a slow
-//! brick or a blocked lock never stalls other requests. `forget` and
+//! threads, each on its own cloned `/dev/fuse` fd. A reader thread decodes
+//! the request, copies what the fop needs and polls the fop once: one
+//! answered at once (from a cache, or acknowledged by write-behind) is
+//! replied to from the reader thread; one that has to wait becomes a task
+//! on the tokio runtime, which answers through fuser's reply object (which
+//! is `Send`). No reader thread ever waits on a fop, so a slow brick or a
+//! blocked lock never stalls other requests. `forget` and
 //! `batch_forget` need no fop and run on the reader thread.
 //!
 //! **Inodes.** The kernel's node ids come from the [`InodeTable`]: every
@@ -387,12 +389,22 @@ impl Core {
     }
 
     /// Runs `f` on the runtime, counted as in flight.
+    /// Runs `f` for a request: polled once right here on the reader
+    /// thread, so a fop that does not wait (answered from a cache, or
+    /// acknowledged by write-behind) is answered without waking a worker
+    /// thread (a wake-up costs more than such a fop); only if it has to
+    /// wait is it spawned as a task, and the reader goes on.
     fn spawn(self: &Arc<Self>, f: impl Future<Output = ()> + Send + 'static) {
         let c = self.clone();
-        self.rt.spawn(async move {
+        let mut task = Box::pin(async move {
             let _g = c.inflight.enter();
             f.await;
         });
+        let _rt = self.rt.enter();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if task.as_mut().poll(&mut cx).is_pending() {
+            self.rt.spawn(task);
+        }
     }
 
     /// Runs a fop task and answers with `ok` or the errno.
