@@ -234,6 +234,10 @@ fn write_behind(c: &mut Criterion) {
     group.bench_function("write-4k/o-sync", |b| b.to_async(&rt).iter(|| top.call(ctx.clone(), write(2, 0))));
     rt.block_on(top.call(ctx.clone(), Request::new(Fop::Fsync { fd: Fd { id: FdId(1), gfid }, datasync: false })))
         .expect("fsync");
+    group.finish();
+    g.shutdown();
+}
+
 fn md_cache(c: &mut Criterion) {
     let rt = runtime();
     let ctx = CallCtx::root("bench");
