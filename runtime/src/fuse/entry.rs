@@ -54,11 +54,8 @@ impl Core {
 
     pub(super) async fn getattr(self: Arc<Self>, who: Caller, ino: INodeNo, fh: Option<FileHandle>) -> Result<FileAttr, Errno> {
         // The kernel drops its attributes after each write and asks again
-        // at once: the write's own answer is as fresh as a new one.
+        // at once: performance/md-cache answers from the write's reply.
         let gfid = self.gfid(ino)?;
-        if let Some(iatt) = self.written.get(gfid, self.opts.attribute_timeout) {
-            return Ok(file_attr(&iatt, ino.0));
-        }
         let ctx = self.ctx(who, 0, false);
         let reply = match fh.map(|h| self.fd(h)) {
             Some(Ok(fd)) => self.call(ctx, Fop::Fstat { fd }).await?,
@@ -208,11 +205,7 @@ impl Core {
         if internal_xattr(&name) {
             return Err(Errno::EPERM);
         }
-        let gfid = self.gfid(ino)?;
-        if name == CAPABILITY {
-            self.no_caps.forget(gfid);
-        }
-        let loc = Loc::gfid(gfid);
+        let loc = Loc::gfid(self.gfid(ino)?);
         let mut xattrs = Dict::new();
         xattrs.set_bytes(name, value);
         let flags = flags & (xlfs_sdk::types::xattr_flags::CREATE | xlfs_sdk::types::xattr_flags::REPLACE);
@@ -220,26 +213,18 @@ impl Core {
     }
 
     /// getxattr. The kernel asks for `security.capability` before every
-    /// write (to drop file capabilities); that it is absent is remembered
-    /// per inode for the attribute timeout, as GlusterFS's md-cache does.
+    /// write (to drop file capabilities) and `ls -l` for `security.selinux`
+    /// and the ACL of every file: performance/md-cache answers those,
+    /// their absence included, as GlusterFS's md-cache does.
     pub(super) async fn getxattr(self: Arc<Self>, who: Caller, ino: INodeNo, name: String) -> Result<Vec<u8>, Errno> {
         if internal_xattr(&name) {
             return Err(Errno::ENODATA);
         }
-        let gfid = self.gfid(ino)?;
-        let caps = name == CAPABILITY;
-        if caps && self.no_caps.get(gfid, self.opts.attribute_timeout).is_some() {
-            return Err(Errno::ENODATA);
+        let loc = Loc::gfid(self.gfid(ino)?);
+        match self.call(self.ctx(who, 0, true), Fop::Getxattr { loc, name: name.clone() }).await? {
+            Reply::Xattrs(d) => d.get(&name).map(value_bytes).ok_or(Errno::ENODATA),
+            _ => Err(Errno::EIO),
         }
-        let r = match self.call(self.ctx(who, 0, true), Fop::Getxattr { loc: Loc::gfid(gfid), name: name.clone() }).await {
-            Ok(Reply::Xattrs(d)) => d.get(&name).map(value_bytes).ok_or(Errno::ENODATA),
-            Ok(_) => Err(Errno::EIO),
-            Err(e) => Err(e),
-        };
-        if caps && r == Err(Errno::ENODATA) {
-            self.no_caps.put(gfid, ());
-        }
-        r
     }
 
     /// listxattr: the names, each NUL-terminated, without the bricks' own.
@@ -262,55 +247,8 @@ impl Core {
         if internal_xattr(&name) {
             return Err(Errno::EPERM);
         }
-        let gfid = self.gfid(ino)?;
-        if name == CAPABILITY {
-            self.no_caps.forget(gfid);
-        }
-        let loc = Loc::gfid(gfid);
+        let loc = Loc::gfid(self.gfid(ino)?);
         self.call(self.ctx(who, 0, true), Fop::Removexattr { loc, name }).await.map(drop)
-    }
-}
-
-/// The xattr the kernel reads before each write.
-const CAPABILITY: &str = "security.capability";
-
-/// Most inodes a [`Recent`] map remembers; it starts over beyond.
-const RECENT_MAX: usize = 65536;
-
-/// What the bridge learned about inodes and when, trusted for a TTL (the
-/// mount's attribute-timeout, as the kernel trusts attributes): inodes
-/// known to have no `security.capability` (`()`), and the attributes a
-/// write returned ([`Iatt`]). Bounded: it starts over beyond [`RECENT_MAX`].
-pub(super) struct Recent<V>(parking_lot::Mutex<std::collections::HashMap<Gfid, (V, std::time::Instant)>>);
-
-impl<V> Default for Recent<V> {
-    fn default() -> Self {
-        Recent(parking_lot::Mutex::new(std::collections::HashMap::new()))
-    }
-}
-
-impl<V: Clone> Recent<V> {
-    /// What was learned about `gfid` less than `ttl` ago.
-    pub(super) fn get(&self, gfid: Gfid, ttl: std::time::Duration) -> Option<V> {
-        self.0.lock().get(&gfid).filter(|(_, at)| at.elapsed() < ttl).map(|(v, _)| v.clone())
-    }
-
-    pub(super) fn put(&self, gfid: Gfid, v: V) {
-        let mut m = self.0.lock();
-        if m.len() >= RECENT_MAX && !m.contains_key(&gfid) {
-            m.clear();
-        }
-        m.insert(gfid, (v, std::time::Instant::now()));
-    }
-
-    /// Forgets an inode (it changed, or another client changed it).
-    pub(super) fn forget(&self, gfid: Gfid) {
-        self.0.lock().remove(&gfid);
-    }
-
-    /// Forgets everything.
-    pub(super) fn clear(&self) {
-        self.0.lock().clear();
     }
 }
 
@@ -330,6 +268,7 @@ fn value_bytes(v: &Value) -> Vec<u8> {
     }
 }
 
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,21 +282,6 @@ mod tests {
         assert!(!internal_xattr("user.x"));
         assert_eq!(value_bytes(&Value::Str("v".into())), b"v");
         assert_eq!(value_bytes(&Value::U64(12)), b"12");
-    }
-
-    #[test]
-    fn recent_facts_expire_and_are_forgotten() {
-        let c = Recent::<u32>::default();
-        let (g, s) = (Gfid::ROOT, std::time::Duration::from_secs(1));
-        assert_eq!(c.get(g, s), None);
-        c.put(g, 7);
-        assert_eq!(c.get(g, s), Some(7));
-        assert_eq!(c.get(g, std::time::Duration::ZERO), None, "expired");
-        c.forget(g);
-        assert_eq!(c.get(g, s), None);
-        c.put(g, 8);
-        c.clear();
-        assert_eq!(c.get(g, s), None);
     }
 
     #[test]

@@ -97,9 +97,7 @@ impl Core {
     pub(super) async fn write(self: Arc<Self>, who: Caller, owner: u64, fh: FileHandle, offset: u64, data: Bytes) -> Result<u32, Errno> {
         let fd = self.fd(fh)?;
         let len = data.len() as u32;
-        if let Reply::PrePost { post, .. } = self.call(self.ctx(who, owner, false), Fop::Writev { fd, data, offset, flags: 0 }).await? {
-            self.written.put(fd.gfid, post);
-        }
+        self.call(self.ctx(who, owner, false), Fop::Writev { fd, data, offset, flags: 0 }).await?;
         Ok(len)
     }
 

@@ -62,7 +62,7 @@ use fuser::{
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, broadcast, watch};
-use xlfs_sdk::{CallCtx, Child, Dict, Errno, Fd, FdId, FileType, Fop, FopKind, Gfid, Iatt, Reply, Timespec, Upcall};
+use xlfs_sdk::{CallCtx, Child, Dict, Errno, Fd, FdId, FileType, Fop, Gfid, Iatt, Reply, Timespec, Upcall};
 
 use crate::fd::FdTable;
 use crate::graph::Graph;
@@ -210,22 +210,6 @@ pub(crate) struct Core {
     groups: GroupCache,
     notifier: OnceLock<Notifier>,
     dirs: dir::DirBuffers,
-    no_caps: entry::Recent<()>,
-    /// Attributes the last write on an inode returned (see `getattr`).
-    written: entry::Recent<Iatt>,
-}
-
-/// Fops that may change an inode's attributes other than by a write
-/// (setattr, truncate, xattrs, fallocate, unlink, rename, link ...): the
-/// attributes writes returned ([`Core::written`]) are all dropped first.
-fn changes_attrs(kind: FopKind) -> bool {
-    use FopKind::*;
-    !matches!(
-        kind,
-        Lookup | Stat | Fstat | Access | Readlink | Readv | Writev | Readdir | Readdirp | Statfs | Getxattr | Fgetxattr
-            | Flush | Fsync | Fsyncdir | Open | Opendir | Create | Mkdir | Mknod | Symlink | Release | Releasedir
-            | Forget | Lk | Inodelk | Finodelk | Entrylk | Fentrylk | Seek | Lease | Ipc | Rchecksum
-    )
 }
 
 /// The errno a fop failure is answered with.
@@ -320,8 +304,6 @@ impl Core {
             groups: GroupCache(Mutex::new(HashMap::new())),
             notifier: OnceLock::new(),
             dirs: dir::DirBuffers::default(),
-            no_caps: entry::Recent::default(),
-            written: entry::Recent::default(),
             opts,
         }
     }
@@ -341,9 +323,6 @@ impl Core {
     /// Sends one fop with xdata to the active graph.
     async fn call_x(&self, ctx: CallCtx, fop: Fop, xdata: Dict) -> Result<Reply, Errno> {
         let kind = fop.kind();
-        if changes_attrs(kind) {
-            self.written.clear();
-        }
         let entered = self.enter();
         let r = self.call_on(&entered.0, ctx, fop, xdata).await;
         tracing::trace!(fop = kind.name(), ok = r.is_ok(), "fop");

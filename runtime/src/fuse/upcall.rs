@@ -52,8 +52,6 @@ fn invalidate(core: &Core, gfids: Option<Vec<Gfid>>) {
         }
     };
     for gfid in gfids {
-        core.no_caps.forget(gfid);
-        core.written.forget(gfid);
         let Some(inode) = core.inodes.get(gfid) else { continue };
         if let Err(e) = n.inval_inode(INodeNo(inode.nodeid()), 0, 0) {
             tracing::debug!(%gfid, error = %e, "inval_inode");
