@@ -958,6 +958,12 @@ impl State {
                             self.drop_xattrs(g, |n| n.starts_with("security.") || n.starts_with("system."))
                         }
                         Fop::Fsync { .. } => {}
+                        // A write may kill a capability the file has; one it
+                        // is known not to have stays absent (the kernel asks
+                        // before every write).
+                        _ if self.inodes.get(&g).is_some_and(|i| {
+                            i.xattrs.iter().any(|x| &*x.name == CAPABILITY && x.value.is_none())
+                        }) => {}
                         _ => self.drop_xattrs(g, |n| n == CAPABILITY),
                     }
                 }

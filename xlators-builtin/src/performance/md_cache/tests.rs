@@ -800,3 +800,17 @@ async fn a_lookup_miss_reads_the_directory_whole_and_later_lookups_are_hits() {
     tokio::task::yield_now().await;
     assert_eq!(t.fs.count(FopKind::Opendir), 0);
 }
+
+#[test]
+fn a_known_absent_capability_stays_absent_across_writes() {
+    let t = setup(&[("md-cache-timeout", "600")]);
+    let g = t.fs.add(Gfid::ROOT, "f", false);
+    t.lookup(Gfid::ROOT, "f").expect("lookup prefetches security.capability");
+    let fd = Fd { id: FdId(3), gfid: g };
+    for k in 0..3u64 {
+        assert_eq!(t.getx(g, "security.capability"), Err(Errno::ENODATA));
+        let w = Fop::Writev { fd, data: Bytes::from_static(b"x"), offset: k, flags: 0 };
+        let _ = t.run(w);
+    }
+    assert_eq!(t.fs.count(FopKind::Getxattr), 0, "the kernel's capability check before each write is a cache hit");
+}
