@@ -158,6 +158,12 @@ impl HeldLocks {
         }
     }
 
+    /// The fd (and pid) through which `owner`'s locks on `gfid` were
+    /// taken, if any.
+    fn taken_through(&self, gfid: Gfid, owner: u64) -> Option<(FdId, u32)> {
+        self.0.lock().get(&(gfid, owner)).and_then(|h| h.fd.map(|fd| (fd, h.pid)))
+    }
+
     /// The flush of a close: the bricks drop the owner's locks on the inode.
     fn drop_owner(&self, gfid: Gfid, owner: u64) {
         self.0.lock().remove(&(gfid, owner));
@@ -266,6 +272,17 @@ impl Core {
     pub(super) async fn flush_locks(self: &Arc<Self>, ctx: CallCtx, fd: Fd) -> Result<(), Errno> {
         let _gate = self.lk_gate.read().await;
         let owner = ctx.lk_owner;
+        // POSIX: any close drops the process's locks on the file. A flush
+        // of an fd the graph never opened below (performance/open-behind)
+        // does not reach the bricks, so locks taken through another fd are
+        // unlocked through that one.
+        if let Some((id, pid)) = self.held.taken_through(fd.gfid, owner).filter(|(id, _)| *id != fd.id) {
+            let all = Flock { ty: LockType::Unlock, start: 0, len: 0, pid, owner };
+            let lk = Fop::Lk { fd: Fd { id, gfid: fd.gfid }, cmd: LkCmd::SetLk, lock: all };
+            if let Err(e) = self.call(ctx.clone(), lk).await {
+                tracing::debug!(gfid = %fd.gfid, %e, "unlock at close");
+            }
+        }
         let r = self.call(ctx, Fop::Flush { fd }).await.map(drop);
         self.held.drop_owner(fd.gfid, owner);
         r
