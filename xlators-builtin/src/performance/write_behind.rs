@@ -379,6 +379,23 @@ struct Table {
 }
 
 impl Table {
+    fn new(conf: Conf) -> Table {
+        Table {
+            conf,
+            inodes: HashMap::new(),
+            fds: HashMap::new(),
+            total: 0,
+            seq: 0,
+            tick: 0,
+            tasks: HashMap::new(),
+            next_task: 0,
+            closed: false,
+            stats: Stats::default(),
+        }
+    }
+}
+
+impl Table {
     /// The inode's state, created (evicting idle ones if the table is full)
     /// when absent; None when the table is full of busy inodes.
     fn slot(&mut self, gfid: Gfid) -> Option<&mut InodeWb> {
@@ -466,19 +483,7 @@ pub struct WriteBehind {
 fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
     let conf = conf(&init.options).map_err(InitError::new)?;
     let child = init.children.into_iter().next().ok_or_else(|| InitError::new("needs one child"))?;
-    let t = Table {
-        conf,
-        inodes: HashMap::new(),
-        fds: HashMap::new(),
-        total: 0,
-        seq: 0,
-        tick: 0,
-        tasks: HashMap::new(),
-        next_task: 0,
-        closed: false,
-        stats: Stats::default(),
-    };
-    Ok(Arc::new(WriteBehind { inner: Arc::new(Inner { child, t: Mutex::new(t) }) }))
+    Ok(Arc::new(WriteBehind { inner: Arc::new(Inner { child, t: Mutex::new(Table::new(conf)) }) }))
 }
 
 fn now_ts() -> Timespec {

@@ -310,9 +310,9 @@ async fn writes_and_entries_land_on_every_child_with_one_gfid() {
     assert!(c.gfid_on(0, "d").is_some());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_down_child_is_blamed_and_not_read() {
-    let c = Cluster::new();
+/// A node that prefers child 2 for reads, with file "f" written "one"
+/// everywhere and then "two" while child 2 was down (it is still down).
+async fn child_2_missed_a_write(c: &Cluster) -> (Node, Fd) {
     let n = c.node("client-a", &[("read-subvolume-index", "2")]);
     let fd = n.create("f").await.expect("create");
     n.write(fd, 0, b"one").await.expect("write");
@@ -320,6 +320,13 @@ async fn a_down_child_is_blamed_and_not_read() {
     n.down(2);
     n.write(fd, 0, b"two").await.expect("write with a child down");
     n.fsync(fd).await.expect("fsync");
+    (n, fd)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_child_is_blamed_and_not_read() {
+    let c = Cluster::new();
+    let (n, fd) = child_2_missed_a_write(&c).await;
     for i in 0..2 {
         assert_eq!(c.read(i, "f"), b"two");
         assert_eq!(c.pending(i, "f", 2), [1, 0, 0], "brick {i} blames the down child");
@@ -894,8 +901,8 @@ async fn entry_fops_in_one_directory_share_one_delegation() {
     want.sort();
     for i in 0..N {
         assert_eq!(names_on(&c, i, ""), want, "brick {i}");
-        for k in 11..20 {
-            assert_eq!(c.gfid_on(i, &format!("f{k}")).as_deref(), Some(&gfids[k].0[..]), "gfid of f{k} on brick {i}");
+        for (k, g) in gfids.iter().enumerate().skip(11) {
+            assert_eq!(c.gfid_on(i, &format!("f{k}")).as_deref(), Some(&g.0[..]), "gfid of f{k} on brick {i}");
         }
         for j in 0..N {
             assert_eq!(c.pending(i, "", j), [0, 0, 0], "root on brick {i} blames {j}");
@@ -1046,14 +1053,7 @@ async fn lookup_content_comes_only_from_a_copy_a_read_would_use() {
     use xlfs_sdk::Value;
     use xlfs_sdk::dict::keys::CONTENT;
     let c = Cluster::new();
-    // Child 2 is preferred for reads, and will be stale.
-    let n = c.node("client-a", &[("read-subvolume-index", "2")]);
-    let fd = n.create("f").await.expect("create");
-    n.write(fd, 0, b"one").await.expect("write");
-    n.fsync(fd).await.expect("fsync");
-    n.down(2);
-    n.write(fd, 0, b"two").await.expect("write with a child down");
-    n.fsync(fd).await.expect("fsync");
+    let (n, fd) = child_2_missed_a_write(&c).await;
     n.up(2);
     assert_eq!(c.read(2, "f"), b"one");
     let lookup = |x: Dict| n.afr.call(n.ctx.clone(), Request::with_xdata(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") }, x));

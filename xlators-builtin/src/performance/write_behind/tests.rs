@@ -523,18 +523,7 @@ async fn without_flush_behind_flush_waits_and_an_invalidated_inode_writes_synchr
 
 #[test]
 fn the_inode_table_is_bounded_by_evicting_idle_inodes() {
-    let mut t = Table {
-        conf: conf(&Options::resolve(OPTIONS, []).expect("options")).expect("conf"),
-        inodes: HashMap::new(),
-        fds: HashMap::new(),
-        total: 0,
-        seq: 0,
-        tick: 0,
-        tasks: HashMap::new(),
-        next_task: 0,
-        closed: false,
-        stats: Stats::default(),
-    };
+    let mut t = Table::new(conf(&Options::resolve(OPTIONS, []).expect("options")).expect("conf"));
     let gfid = |n: usize| {
         let mut g = [0u8; 16];
         g[..8].copy_from_slice(&(n as u64 + 2).to_be_bytes());
