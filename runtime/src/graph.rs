@@ -610,6 +610,14 @@ impl std::fmt::Debug for Graph {
 
 /// Sends a graph event to `nodes` in `order`; what a node's `notify`
 /// returns goes on to its parents.
+/// [`Graph::drain`] through the node `top`. The answer from the bottom of
+/// the graph (usually ENOSYS) says nothing: operations that failed while
+/// delayed are reported by the translators that delayed them.
+pub async fn drain(top: &Child, timeout: Duration) -> bool {
+    let req = xlfs_sdk::Request::new(xlfs_sdk::Fop::Ipc { op: xlfs_sdk::IPC_DRAIN });
+    tokio::time::timeout(timeout, top.call(xlfs_sdk::CallCtx::root("xlfs-drain"), req)).await.is_ok()
+}
+
 fn broadcast_to(nodes: &[Node], order: &[usize], event: &Event) {
     for &i in order {
         let n = &nodes[i];
@@ -789,6 +797,14 @@ impl Graph {
     /// [`UPCALL_QUEUE`] behind is told how many it lost.
     pub fn upcalls(&self) -> broadcast::Receiver<Upcall> {
         self.upcalls.subscribe()
+    }
+
+    /// Asks the graph to finish the work its translators delayed behind
+    /// replies already given (queued writes, directory operations answered
+    /// early): [`xlfs_sdk::IPC_DRAIN`] from the top. False if that took
+    /// longer than `timeout`.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        drain(&self.top(), timeout).await
     }
 
     /// The top node, where fops enter the graph.

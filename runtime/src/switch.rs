@@ -300,6 +300,14 @@ impl Reloader {
         self.target.graph().map(|g| g.dump()).unwrap_or_default()
     }
 
+    /// Sends what the running graph delayed (see [`Graph::drain`]).
+    pub async fn drain(&self) -> bool {
+        match self.target.graph() {
+            Some(g) => g.drain(crate::fuse::switch::DRAIN * 2).await,
+            None => true,
+        }
+    }
+
     /// The mount's state.
     pub fn status(&self) -> Status {
         let st = self.state.lock();

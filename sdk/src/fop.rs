@@ -193,7 +193,8 @@ pub enum Fop {
     Rchecksum { fd: Fd, offset: u64, len: u32 },
     /// Acquire or release a lease.
     Lease { loc: Loc, cmd: LeaseCmd, lease_id: [u8; 16] },
-    /// A translator-to-translator message.
+    /// A translator-to-translator message; `op` [`IPC_DRAIN`] is the one
+    /// every translator knows.
     Ipc { op: i32 },
     /// Copy a range between two open files.
     CopyFileRange { fd_in: Fd, off_in: u64, fd_out: Fd, off_out: u64, len: u64, flags: u32 },
@@ -319,6 +320,13 @@ impl Fop {
         )
     }
 }
+
+/// [`Fop::Ipc`] op: finish the work delayed behind replies already given
+/// (queued writes, queued directory operations) before answering. Sent by
+/// the mount before it unmounts or switches graphs; a translator that
+/// delays work drains it and passes the fop on; the others pass it on.
+/// The answer from the bottom of the graph (often ENOSYS) is ignored.
+pub const IPC_DRAIN: i32 = 0x7866_0001;
 
 /// A fop's successful result. Which variant answers which fop is listed in
 /// `sdk/ABI.md` and enforced by nothing but convention and tests, as in

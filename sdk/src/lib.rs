@@ -27,7 +27,7 @@ pub mod xlator;
 pub use ctx::CallCtx;
 pub use dict::{Dict, Value};
 pub use errno::Errno;
-pub use fop::{Fop, FopKind, FopResult, Reply, Request, Response};
+pub use fop::{Fop, FopKind, FopResult, IPC_DRAIN, Reply, Request, Response};
 pub use options::{OptType, OptValue, OptionDecl, Options};
 pub use types::*;
 pub use xlator::{Child, Event, EventFrom, EventSink, FopFuture, InitCtx, InitError, Upcall, Xlator, XlatorType};

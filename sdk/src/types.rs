@@ -121,6 +121,14 @@ pub struct Timespec {
     pub nsec: u32,
 }
 
+impl Timespec {
+    /// The current time of day (the epoch if the clock is before it).
+    pub fn now() -> Timespec {
+        let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        Timespec { sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nsec: d.subsec_nanos() }
+    }
+}
+
 /// An inode's attributes, GlusterFS's `struct iatt`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Iatt {

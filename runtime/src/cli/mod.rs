@@ -145,7 +145,7 @@ impl Cli {
             Command::Volfile(cmd) => cmd.run(out),
             Command::Brick(args) => args.run(out).await,
             Command::Mount(args) => args.run(out).await,
-            Command::Umount(args) => args.run(),
+            Command::Umount(args) => args.run().await,
             Command::Up(args) => args.run(out).await,
             Command::Down(args) => args.run(out).await,
             Command::Heal(args) => args.run(out).await,

@@ -42,6 +42,9 @@ use crate::volfile::Volfile;
 /// How long fops in flight may take to finish after the unmount.
 const DRAIN: Duration = Duration::from_secs(10);
 
+/// How long an unmount waits for the graph to send what it delayed.
+const SEND_DELAYED: Duration = Duration::from_secs(120);
+
 /// The start line's prefix (scripts, the daemon parent and tests read it).
 pub const READY_PREFIX: &str = "xlfs mount: ";
 
@@ -236,6 +239,9 @@ impl MountArgs {
         reloader.quiesce(timeout + crate::fuse::switch::DRAIN).await;
         let r = mount.unmount(DRAIN).await;
         if let Some(g) = mount.graph() {
+            if !g.drain(SEND_DELAYED).await {
+                tracing::error!("delayed writes or directory operations still not sent after {SEND_DELAYED:?}");
+            }
             shutdown(g).await;
         }
         tracing::info!("stopped");
@@ -320,7 +326,18 @@ async fn shutdown(graph: Arc<Graph>) {
 }
 
 impl UmountArgs {
-    pub(super) fn run(self) -> Result<(), CliError> {
+    /// Asks the mount process to send what it delayed (queued writes,
+    /// directory operations answered early), so that a mount made right
+    /// after sees it all, then unmounts. (A plain umount(8) returns at once
+    /// and the process sends it before it exits.)
+    pub(super) async fn run(self) -> Result<(), CliError> {
+        if !self.lazy {
+            match super::reload::ask(&self.mountpoint, "drain").await {
+                Ok((true, _)) => {}
+                Ok((false, why)) => tracing::warn!(mountpoint = %self.mountpoint.display(), "drain: {}", why.trim()),
+                Err(e) => tracing::debug!("no mount process to drain: {e}"),
+            }
+        }
         let flags = if self.lazy { libc::MNT_DETACH } else { 0 };
         crate::fuse::umount(&self.mountpoint, flags)
             .map_err(|source| MountError::Umount { path: self.mountpoint, source }.into())

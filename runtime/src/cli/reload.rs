@@ -92,7 +92,7 @@ const MAX_REQUEST: u64 = 64;
 const MAX_ANSWER: u64 = 1 << 20;
 
 /// Sends `request` to the mount on `mountpoint`; returns (ok, text).
-async fn ask(mountpoint: &Path, request: &str) -> Result<(bool, String), ReloadError> {
+pub(super) async fn ask(mountpoint: &Path, request: &str) -> Result<(bool, String), ReloadError> {
     let socket = socket_path(mountpoint);
     let mut s = UnixStream::connect(&socket)
         .await
@@ -187,6 +187,10 @@ async fn answer(stream: UnixStream, reloader: &Reloader) -> std::io::Result<()> 
             Err(e) => format!("error\n{e}\n"),
         },
         "status" => format!("ok\n{}", reloader.status()),
+        "drain" => match reloader.drain().await {
+            true => "ok\ndrained\n".to_string(),
+            false => "error\ndelayed work still not sent\n".to_string(),
+        },
         "dump" => {
             let mut text = format!("ok\n{}", reloader.status());
             for (k, v) in reloader.dump() {
@@ -194,7 +198,7 @@ async fn answer(stream: UnixStream, reloader: &Reloader) -> std::io::Result<()> 
             }
             text
         }
-        other => format!("error\nunknown request {other:?}: expected reload, status or dump\n"),
+        other => format!("error\nunknown request {other:?}: expected reload, status, dump or drain\n"),
     };
     wr.write_all(reply.as_bytes()).await?;
     wr.shutdown().await

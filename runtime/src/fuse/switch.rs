@@ -307,6 +307,11 @@ impl Core {
         let new = Arc::new(Active::new(old.generation + 1, top, graph));
         let mut report = SwitchReport { generation: new.generation, ..SwitchReport::default() };
 
+        // Work the old graph delayed (queued writes, directory operations
+        // answered early) reaches the bricks before the fds move.
+        if !crate::graph::drain(&old.top, DRAIN).await {
+            tracing::warn!(generation = old.generation, "the old graph's delayed work is not done after {DRAIN:?}");
+        }
         let (ok, failed) = self.reopen_all(&new).await;
         old.retired.send_replace(true);
         let gate = self.lk_gate.write().await;
@@ -318,6 +323,8 @@ impl Core {
         let (moved, lost) = self.move_locks(&old, &new).await;
         drop(gate);
         report.lock_pause = paused.elapsed();
+        // And what it delayed since, before the fds opened meanwhile move.
+        crate::graph::drain(&old.top, DRAIN).await;
         let (ok2, failed2) = self.reopen_all(&new).await;
         (report.fds_reopened, report.fds_failed) = (ok + ok2, failed + failed2);
         (report.locks_moved, report.locks_lost) = (moved, lost);

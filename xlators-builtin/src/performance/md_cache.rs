@@ -486,6 +486,22 @@ impl State {
         i.attr = keep.then_some((post, now));
     }
 
+    /// Attributes after a change made through this client, given without
+    /// the attributes before (a directory after a create): kept unless the
+    /// cached ones are newer (changed later, by a reply that overtook this).
+    fn advance_attr(&mut self, g: Gfid, post: Iatt, now: u64) {
+        let pre = match self.inodes.get(&g).and_then(|i| i.attr) {
+            Some((c, _)) if c.ctime <= post.ctime => Some(c),
+            Some(_) => None,
+            None => None,
+        };
+        match pre {
+            Some(c) => self.update_attr(g, Some(c), post, now),
+            None if self.inodes.get(&g).is_some_and(|i| i.attr.is_some()) => self.drop_attr(g),
+            None => self.update_attr(g, None, post, now),
+        }
+    }
+
     /// Marks `g` changed (so fills from fops wound before are dropped) and
     /// returns the inode if cached.
     fn touch(&mut self, g: Gfid) -> Option<&mut Ino> {
@@ -519,6 +535,26 @@ impl State {
             let freed = i.xattr_bytes();
             i.xattrs.clear();
             self.xattr_bytes = self.xattr_bytes.saturating_sub(freed);
+        }
+    }
+
+    /// What a new inode `g` made in `parent` is known to lack: a
+    /// capability and user xattrs always; a security label, and ACLs, when
+    /// the parent is known to have no label, or no default ACL (the kernel
+    /// asks for the capability before the first write of every new file).
+    fn new_inode_xattrs(&mut self, parent: Gfid, g: Gfid, now: u64) {
+        let names = self.cfg.prefetch.clone();
+        let epoch = self.epoch;
+        for n in names.iter() {
+            let absent = match n.as_str() {
+                CAPABILITY => true,
+                SELINUX => self.xattr(parent, SELINUX, now) == Some(None),
+                ACL_ACCESS | ACL_DEFAULT => self.xattr(parent, ACL_DEFAULT, now) == Some(None),
+                other => other.starts_with("user."),
+            };
+            if absent {
+                self.set_xattr(g, n, None, epoch, now);
+            }
         }
     }
 
@@ -989,13 +1025,24 @@ impl State {
             ) => match r {
                 Ok(Response { reply: Reply::Entry { iatt, postparent }, .. }) => {
                     if postparent.gfid == loc.parent {
-                        self.update_attr(loc.parent, None, *postparent, now);
+                        self.advance_attr(loc.parent, *postparent, now);
                     } else {
                         self.drop_attr(loc.parent);
                     }
                     let epoch = self.epoch;
                     self.set_dentry(loc.parent, &loc.name, Some(iatt.gfid), epoch, now);
                     self.update_attr(iatt.gfid, None, *iatt, now);
+                    if !matches!(p.fop, Fop::Link { .. }) {
+                        self.new_inode_xattrs(loc.parent, iatt.gfid, now);
+                    }
+                    // A directory just made is empty: its names are all
+                    // known (absent) until an invalidation says otherwise.
+                    if matches!(p.fop, Fop::Mkdir { .. })
+                        && self.cfg.dir_prefetch
+                        && self.listed.len() < self.cfg.max_entries
+                    {
+                        self.listed.insert(iatt.gfid, (now, true));
+                    }
                 }
                 _ => {
                     self.drop_dentry(loc.parent, &loc.name);

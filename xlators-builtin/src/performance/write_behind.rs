@@ -959,6 +959,17 @@ impl Inner {
         res
     }
 
+    /// `IPC_DRAIN`: every queued write and background flush is sent and
+    /// answered, then the fop goes on down.
+    async fn drain_all(self: &Arc<Self>, ctx: CallCtx, req: Request) -> FopResult {
+        let gfids: Vec<Gfid> = self.t.lock().inodes.keys().copied().collect();
+        for g in gfids {
+            self.drain(g, false).await;
+            self.wait_bg(g).await;
+        }
+        self.child.call(ctx, req).await
+    }
+
     async fn lookup_or_stat(self: &Arc<Self>, gfid: Gfid, ctx: CallCtx, req: Request) -> FopResult {
         let dirty = self.t.lock().inodes.get(&gfid).is_some_and(|i| !i.entries.is_empty());
         if dirty {
@@ -996,6 +1007,7 @@ impl Xlator for WriteBehind {
             Fop::Fsync { .. } => Box::pin(async move { inner.fsync(ctx, req).await }),
             Fop::Flush { .. } => Box::pin(async move { inner.flush(ctx, req).await }),
             Fop::Release { .. } => Box::pin(async move { inner.release(ctx, req).await }),
+            Fop::Ipc { op } if *op == xlfs_sdk::IPC_DRAIN => Box::pin(async move { inner.drain_all(ctx, req).await }),
             Fop::Fstat { fd } => {
                 let g = fd.gfid;
                 Box::pin(async move { inner.lookup_or_stat(g, ctx, req).await })

@@ -72,6 +72,9 @@ pub struct State {
     pub local_open_fds: u32,
     /// The highest open fd count a brick reported.
     pub brick_open_fds: u32,
+    /// A POSIX lock (lk) was sent for the inode through this AFR: flush
+    /// must reach the bricks (features/locks drops the owner's locks there).
+    pub posix_locked: bool,
     /// The eager lock.
     pub phase: Phase,
     /// The (client, lock owner) of the eager lock from the moment it is
@@ -105,6 +108,7 @@ impl State {
             seen_gen: 0,
             local_open_fds: 0,
             brick_open_fds: 0,
+            posix_locked: false,
             phase: Phase::Unlocked,
             owner: None,
             held: None,

@@ -34,13 +34,14 @@
 //! entry fops that run while the listing is read are replayed onto it.
 
 use std::collections::{HashMap, HashSet};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
-use xlfs_sdk::{CallCtx, Fop, Gfid, Request};
+use xlfs_sdk::{CallCtx, Fop, Gfid, Iatt, Reply, Request, Response};
 
 use super::Inner;
 use super::lock::{Held, Target};
@@ -57,8 +58,22 @@ pub const MAX_KNOWN: usize = 16384;
 /// What an entry fop did to a name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NameChange {
-    Added,
+    /// Added, with its inode when known.
+    Added(Option<Name>),
     Removed,
+}
+
+/// What is known of a name in a delegated directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Name {
+    pub gfid: Gfid,
+    pub dir: bool,
+}
+
+impl Name {
+    fn of(iatt: &Iatt) -> Option<Name> {
+        (!iatt.gfid.is_null()).then(|| Name { gfid: iatt.gfid, dir: iatt.mode & libc::S_IFMT == libc::S_IFDIR })
+    }
 }
 
 /// The directory's names while the delegation is held.
@@ -67,7 +82,28 @@ enum Known {
     No,
     /// Being listed: the changes made meanwhile, to replay.
     Listing(Vec<(String, NameChange)>),
-    Yes(HashSet<String>),
+    /// The names, with their inodes where known, and the directory's own
+    /// attributes (kept current by this client's entry fops).
+    Yes(HashMap<String, Option<Name>>, Iatt),
+}
+
+fn apply(set: &mut HashMap<String, Option<Name>>, changes: impl IntoIterator<Item = (String, NameChange)>) {
+    for (name, ch) in changes {
+        match ch {
+            NameChange::Added(n) => set.insert(name, n),
+            NameChange::Removed => set.remove(&name),
+        };
+    }
+}
+
+/// An entry fop that may be answered before the bricks see it
+/// (`async_dirops`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Early {
+    /// Create or mkdir of a name known absent, as this inode.
+    Add(Name),
+    /// Unlink of a name known to be this non-directory.
+    Remove,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,15 +154,15 @@ pub struct Dirs {
 /// The names an entry fop that succeeded everywhere added or removed in
 /// its directory (`names` as the transaction locked them: the entry, or
 /// old then new for rename); `None` for a fop this does not know.
-fn name_changes(fop: &Fop, names: &[String]) -> Option<Vec<(String, NameChange)>> {
+fn name_changes(fop: &Fop, names: &[String], made: Option<&Iatt>) -> Option<Vec<(String, NameChange)>> {
     use NameChange::*;
     let first = names.first()?.clone();
     Some(match fop {
         Fop::Create { .. } | Fop::Mknod { .. } | Fop::Mkdir { .. } | Fop::Symlink { .. } | Fop::Link { .. } => {
-            vec![(first, Added)]
+            vec![(first, Added(made.and_then(Name::of)))]
         }
         Fop::Unlink { .. } | Fop::Rmdir { .. } => vec![(first, Removed)],
-        Fop::Rename { .. } => vec![(first, Removed), (names.get(1)?.clone(), Added)],
+        Fop::Rename { .. } => vec![(first, Removed), (names.get(1)?.clone(), Added(None))],
         _ => return None,
     })
 }
@@ -139,8 +175,10 @@ impl Dirs {
 }
 
 /// A transaction's place in a delegation.
-struct Ticket {
+pub struct Ticket {
     dir: Arc<Dir>,
+    /// The directory's gfid.
+    at: Gfid,
     names: Vec<String>,
     locked: Mask,
     lk_ctx: CallCtx,
@@ -173,10 +211,165 @@ impl Inner {
         } else if out.failed != 0 || out.result.is_err() {
             None
         } else {
-            name_changes(&req.fop, &t.names)
+            let made = match &out.result {
+                Ok(Response { reply: Reply::Entry { iatt, .. }, .. }) => Some(iatt),
+                _ => None,
+            };
+            name_changes(&req.fop, &t.names, made)
         };
         self.leave_delegation(t, changes);
         Some((out, blamed))
+    }
+
+    /// Joins the held delegation of `dir` at once (no wait, no lock) for
+    /// an entry fop on `name` that this client can answer itself: a create
+    /// or mkdir of a name known absent, an unlink of a name known to be a
+    /// non-directory. The known names change now, as if the fop had run.
+    /// Returns the ticket (keeping the delegation until the fop has run on
+    /// the children), the directory's attributes before and after the
+    /// change, and the inode an unlink removes. `None` when any of that is not so.
+    pub fn join_early(&self, dir: Gfid, name: &str, what: Early) -> Option<(Ticket, Iatt, Iatt, Option<Gfid>)> {
+        if !self.cfg().entry_eager_lock || dir.is_null() {
+            return None;
+        }
+        let d = self.dirs.map.lock().get(&dir).cloned()?;
+        let mut s = d.s.lock();
+        if s.phase != Phase::Held
+            || s.release
+            || s.generation != self.generation.load(Ordering::Acquire)
+            || self.up_mask() != all(self.children.len())
+            || s.busy.contains(name)
+        {
+            return None;
+        }
+        let (held_locked, held_ctx) = {
+            let h = s.held.as_ref()?;
+            (h.locked, h.ctx.clone())
+        };
+        let Known::Yes(set, attr) = &mut s.known else { return None };
+        let before = *attr;
+        let removed = match (what, set.get(name)) {
+            (Early::Add(n), None) => {
+                set.insert(name.to_string(), Some(n));
+                if n.dir {
+                    attr.nlink = attr.nlink.saturating_add(1);
+                }
+                None
+            }
+            (Early::Remove, Some(Some(n))) if !n.dir => {
+                let g = n.gfid;
+                set.remove(name);
+                Some(g)
+            }
+            _ => return None,
+        };
+        let now = xlfs_sdk::Timespec::now();
+        (attr.mtime, attr.ctime) = (now, now);
+        let after = *attr;
+        if set.len() > MAX_KNOWN {
+            s.known = Known::No;
+        }
+        s.busy.insert(name.to_string());
+        s.in_flight += 1;
+        s.idle_since = Instant::now();
+        self.dirs.joined.fetch_add(1, Ordering::Relaxed);
+        let t = Ticket { dir: d.clone(), at: dir, names: vec![name.to_string()], locked: held_locked, lk_ctx: held_ctx };
+        Some((t, before, after, removed))
+    }
+
+    /// A directory this client has just made (`gfid`, attributes `iatt`)
+    /// is empty and nobody else knows it yet: its delegation is set up as
+    /// held, with its names known (none), before the lock exists, so entry
+    /// fops in it can be answered early at once. The lock itself is taken
+    /// by [`Inner::take_promised`], which the caller queues right behind the
+    /// mkdir (`async_dirops`); until then the returned ticket keeps the
+    /// delegation. `None` when no delegation can be had.
+    pub fn promise_delegation(self: &Arc<Self>, ctx: &CallCtx, gfid: Gfid, iatt: Iatt) -> Option<Ticket> {
+        let n = self.children.len();
+        if !self.cfg().entry_eager_lock || gfid.is_null() || self.up_mask() != all(n) {
+            return None;
+        }
+        let lk_ctx = ctx.with_lk_owner(self.new_owner());
+        let held = Held {
+            ctx: lk_ctx.clone(),
+            targets: vec![Target::Entry { dir: gfid, name: String::new() }],
+            locked: all(n),
+            inodelk_count: 0,
+        };
+        let d = Arc::new(Dir {
+            s: Mutex::new(State {
+                phase: Phase::Held,
+                held: Some(held),
+                generation: self.generation.load(Ordering::Acquire),
+                busy: HashSet::new(),
+                in_flight: 1,
+                idle_since: Instant::now(),
+                release: false,
+                timer: false,
+                known: Known::Yes(HashMap::new(), iatt),
+                epoch: 1,
+            }),
+            changed: Notify::new(),
+        });
+        {
+            let mut map = self.dirs.map.lock();
+            if map.len() >= MAX_DIRS {
+                map.retain(|_, d| d.s.lock().phase != Phase::Unlocked);
+            }
+            if map.len() >= MAX_DIRS || map.contains_key(&gfid) {
+                return None;
+            }
+            map.insert(gfid, d.clone());
+        }
+        self.dirs.taken.fetch_add(1, Ordering::Relaxed);
+        Some(Ticket { dir: d, at: gfid, names: Vec::new(), locked: all(n), lk_ctx })
+    }
+
+    /// Takes the lock of a delegation promised by
+    /// [`Inner::promise_delegation`] (after its mkdir reached the
+    /// children). If it cannot be had everywhere, the delegation is
+    /// returned once the fops using it finish (they were answered already;
+    /// one that then fails is reported as any queued fop).
+    pub async fn take_promised(self: &Arc<Self>, t: Ticket) {
+        let n = self.children.len();
+        let target = Target::Entry { dir: t.at, name: String::new() };
+        let got = self.lock(t.lk_ctx.clone(), vec![target], all(n), false).await;
+        {
+            let mut s = t.dir.s.lock();
+            match got {
+                Ok(h) => {
+                    if h.locked != all(n) {
+                        s.release = true;
+                    }
+                    s.held = Some(h);
+                }
+                Err(e) => {
+                    tracing::warn!(volume = %self.name, dir = %t.at, "directory delegation not granted: {e}");
+                    s.release = true;
+                    if let Some(h) = s.held.as_mut() {
+                        h.locked = 0;
+                    }
+                }
+            }
+        }
+        self.leave_delegation(t, Some(Vec::new()));
+    }
+
+    /// Runs an entry fop joined early ([`Inner::join_early`]) on the
+    /// children under its ticket and leaves the delegation.
+    pub async fn run_early(self: &Arc<Self>, ctx: &CallCtx, t: Ticket, req: &Request) -> (Outcome, Mask) {
+        let n = self.children.len();
+        let mut out = evaluate(self.fan(ctx, t.locked, req).await);
+        self.check_fop_quorum(&mut out);
+        if out.ok != 0 && out.failed != 0 {
+            self.blame(&t.lk_ctx, t.at, Kind::Entry, t.locked, out.failed).await;
+        }
+        let blamed = if out.ok == 0 { 0 } else { out.failed & all(n) };
+        // The names already say what the fop did; a failure anywhere makes
+        // them unknown.
+        let clean = out.failed == 0 && out.result.is_ok();
+        self.leave_delegation(t, clean.then(Vec::new));
+        (out, blamed)
     }
 
     async fn join_delegation(self: &Arc<Self>, ctx: &CallCtx, dir: Gfid, names: Vec<String>) -> Option<Ticket> {
@@ -240,7 +433,7 @@ impl Inner {
                             }
                         } else if names.iter().all(|nm| !s.busy.contains(nm)) {
                             let held = s.held.as_ref()?;
-                            let t = Ticket { dir: d.clone(), names: names.clone(), locked: held.locked, lk_ctx: held.ctx.clone() };
+                            let t = Ticket { dir: d.clone(), at: dir, names: names.clone(), locked: held.locked, lk_ctx: held.ctx.clone() };
                             s.busy.extend(names.iter().cloned());
                             s.in_flight += 1;
                             self.dirs.joined.fetch_add(1, Ordering::Relaxed);
@@ -284,6 +477,7 @@ impl Inner {
                                 // came meanwhile: every hand-over makes progress.
                                 let t = Ticket {
                                     dir: d.clone(),
+                                    at: dir,
                                     names: names.clone(),
                                     locked: h.locked,
                                     lk_ctx: h.ctx.clone(),
@@ -325,12 +519,11 @@ impl Inner {
             match (changes, &mut s.known) {
                 (None, k) => *k = Known::No,
                 (Some(c), Known::Listing(log)) => log.extend(c),
-                (Some(c), Known::Yes(set)) => {
-                    for (name, ch) in c {
-                        match ch {
-                            NameChange::Added => set.insert(name),
-                            NameChange::Removed => set.remove(&name),
-                        };
+                (Some(c), Known::Yes(set, attr)) => {
+                    let (added, now) = (!c.is_empty(), xlfs_sdk::Timespec::now());
+                    apply(set, c);
+                    if added {
+                        (attr.mtime, attr.ctime) = (now, now);
                     }
                     if set.len() > MAX_KNOWN {
                         s.known = Known::No;
@@ -362,6 +555,10 @@ impl Inner {
         let (me, d2, epoch) = (self.clone(), d.clone(), s.epoch);
         let lctx = CallCtx::root(ctx.client_id.clone());
         h.spawn(async move {
+            let attr = match me.on(i, &lctx, Fop::Stat { loc: xlfs_sdk::Loc::gfid(dir) }).await {
+                Ok(Response { reply: Reply::Attr(a), .. }) => Some(a),
+                _ => None,
+            };
             let listed = me.list_dir(&lctx, i, dir, MAX_KNOWN).await;
             let mut s = d2.s.lock();
             if s.epoch != epoch || s.phase != Phase::Held {
@@ -371,16 +568,16 @@ impl Inner {
                 Known::Listing(log) => log,
                 _ => return,
             };
-            if let Ok(entries) = listed {
-                let mut set: HashSet<String> = entries.into_iter().map(|e| e.name).collect();
-                for (name, ch) in log {
-                    match ch {
-                        NameChange::Added => set.insert(name),
-                        NameChange::Removed => set.remove(&name),
-                    };
+            if let (Ok(entries), Some(mut attr)) = (listed, attr) {
+                let mut set: HashMap<String, Option<Name>> =
+                    entries.into_iter().map(|e| (e.name, Name::of(&e.iatt))).collect();
+                if !log.is_empty() {
+                    let now = xlfs_sdk::Timespec::now();
+                    (attr.mtime, attr.ctime) = (now, now);
                 }
+                apply(&mut set, log);
                 me.dirs.listed.fetch_add(1, Ordering::Relaxed);
-                s.known = Known::Yes(set);
+                s.known = Known::Yes(set, attr);
             }
         });
     }
@@ -393,7 +590,7 @@ impl Inner {
         let absent = s.phase == Phase::Held
             && !s.release
             && s.generation == self.generation.load(Ordering::Acquire)
-            && matches!(&s.known, Known::Yes(set) if !set.contains(name));
+            && matches!(&s.known, Known::Yes(set, _) if !set.contains_key(name));
         if absent {
             self.dirs.absent_hits.fetch_add(1, Ordering::Relaxed);
         }

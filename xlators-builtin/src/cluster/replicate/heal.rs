@@ -301,7 +301,7 @@ impl Inner {
         FdId(HEAL_FD_BASE | self.heal.next_fd.fetch_add(1, Ordering::Relaxed))
     }
 
-    async fn on(&self, i: usize, ctx: &CallCtx, fop: Fop) -> FopResult {
+    pub(super) async fn on(&self, i: usize, ctx: &CallCtx, fop: Fop) -> FopResult {
         self.wind(i, ctx.clone(), Request::new(fop)).await
     }
 

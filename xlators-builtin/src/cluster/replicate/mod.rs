@@ -44,6 +44,7 @@
 //! `dump()` counts the lock and xattrop fops AFR itself sent, the eager-lock
 //! windows opened and why they ended, settles, upcalls and read failovers.
 
+mod async_dirops;
 mod eager_lock;
 mod entry_lock;
 mod fds;
@@ -125,6 +126,16 @@ const OPTIONS: &[OptionDecl] = &[
          post-op-delay-secs, so later ones in that directory cost one round trip instead of three. Another \
          client's (or rmdir's, or heal's) entry lock in the directory makes it return the lock at once \
          (contention upcall). Needs optimistic-change-log; xlfs only.",
+    ),
+    OptionDecl::new("async-dirops", OptType::Bool).default("on").desc(
+        "Asynchronous directory operations: while this client holds a directory's delegation and knows its \
+         names, a create or mkdir of an absent name and an unlink of a known file are answered at once and \
+         sent to the bricks behind, in order, one at a time. A later failure is logged and returned by the next \
+         operation on that inode (write, fsync, close...) and the next fsync of the directory. Needs \
+         entry-eager-lock; xlfs only (CephFS's async dirops).",
+    ),
+    OptionDecl::new("async-dirops-queue", OptType::Int).default("4096").range(1.0, 1_000_000.0).desc(
+        "Most directory operations answered early and not yet done on the bricks; beyond, the next waits.",
     ),
     OptionDecl::new("optimistic-change-log", OptType::Bool).default("on").desc(
         "Metadata and entry transactions that lock every child skip the pre-op and write counters only when the \
@@ -241,6 +252,8 @@ struct Config {
     post_op_delay: Duration,
     eager_lock: bool,
     entry_eager_lock: bool,
+    async_dirops: bool,
+    async_queue: usize,
     optimistic: bool,
     ensure_durability: bool,
     quorum: Quorum,
@@ -294,6 +307,10 @@ impl Config {
             optimistic: o.bool("optimistic-change-log").unwrap_or(true),
             entry_eager_lock: o.bool("entry-eager-lock").unwrap_or(true)
                 && o.bool("optimistic-change-log").unwrap_or(true),
+            async_dirops: o.bool("async-dirops").unwrap_or(true)
+                && o.bool("entry-eager-lock").unwrap_or(true)
+                && o.bool("optimistic-change-log").unwrap_or(true),
+            async_queue: usize::try_from(o.int("async-dirops-queue").unwrap_or(4096)).unwrap_or(4096).max(1),
             ensure_durability: o.bool("ensure-durability").unwrap_or(true),
             quorum,
             quorum_reads: o.bool("quorum-reads").unwrap_or(false),
@@ -369,6 +386,10 @@ pub(crate) struct Inner {
     inodes: Inodes,
     /// Directory delegations (`entry_lock`).
     dirs: entry_lock::Dirs,
+    /// Entry fops answered early (`async_dirops`).
+    early: async_dirops::AsyncDirops,
+    /// To send upcalls to the parents.
+    events: xlfs_sdk::EventSink,
     /// Shared syncfs per child for `ensure-durability` (`group_commit`).
     group_commit: group_commit::GroupCommit,
     fds: Fds,
@@ -427,7 +448,11 @@ impl Inner {
         if heal::is_control(&req.fop) {
             return self.control(&ctx, &req).await;
         }
+        if !is_entry_fop(&req.fop) {
+            self.after_early(&req).await?;
+        }
         match &req.fop {
+            Fop::Ipc { op } if *op == xlfs_sdk::IPC_DRAIN => Ok(Reply::Empty.into()),
             Fop::Lookup { loc } => {
                 let loc = loc.clone();
                 self.lookup(&ctx, loc, req.xdata).await
@@ -504,6 +529,12 @@ impl Inner {
             Fop::Flush { fd } => {
                 let fd = *fd;
                 self.settle(fd.gfid, 0, None).await;
+                // On the bricks flush only drops the caller's POSIX locks
+                // (features/locks): without any, it has nothing to do there.
+                let locked = self.inodes.get(&fd.gfid).is_none_or(|st| st.s.lock().posix_locked);
+                if !locked && self.fds.get(fd.id).is_some() {
+                    return Ok(Reply::Empty.into());
+                }
                 self.on_fd(&ctx, fd, req).await
             }
             Fop::Fsyncdir { fd, .. } => {
@@ -606,6 +637,11 @@ impl Inner {
     /// one after the other in child order (so callers cannot deadlock on
     /// a partial set), given back if one child refuses; unlocks go to all.
     async fn caller_lock(self: &Arc<Self>, ctx: &CallCtx, req: Request) -> FopResult {
+        if let Fop::Lk { fd, .. } = &req.fop
+            && let Some(st) = self.inodes.get_or_insert(fd.gfid)
+        {
+            st.s.lock().posix_locked = true;
+        }
         let up = self.up_mask();
         let targets = match req.fop.fd() {
             Some(fd) => self.fd_targets(ctx, fd, up).await,
@@ -712,6 +748,21 @@ fn unlock_of(fop: &Fop) -> Option<Fop> {
     Some(f)
 }
 
+/// Fops that add, remove or rename names (run as entry transactions).
+fn is_entry_fop(fop: &Fop) -> bool {
+    matches!(
+        fop,
+        Fop::Create { .. }
+            | Fop::Mknod { .. }
+            | Fop::Mkdir { .. }
+            | Fop::Symlink { .. }
+            | Fop::Link { .. }
+            | Fop::Unlink { .. }
+            | Fop::Rmdir { .. }
+            | Fop::Rename { .. }
+    )
+}
+
 fn entry_of(loc: &xlfs_sdk::Loc) -> Result<(xlfs_sdk::Gfid, String), Errno> {
     if loc.is_entry() { Ok((loc.parent, loc.name.clone())) } else { Err(Errno::EINVAL) }
 }
@@ -757,7 +808,7 @@ fn pending_names(o: &Options, children: &[Child]) -> Result<Vec<String>, String>
 impl Replicate {
     /// Builds the translator from its init context.
     pub fn new(init: InitCtx) -> Result<Replicate, InitError> {
-        let InitCtx { name, options, children, .. } = init;
+        let InitCtx { name, options, children, events } = init;
         let err = |m: String| InitError::new(format!("{name}: {m}"));
         if children.is_empty() || children.len() > MAX_CHILDREN {
             return Err(err(format!("cluster/replicate takes 1 to {MAX_CHILDREN} subvolumes, got {}", children.len())));
@@ -778,6 +829,8 @@ impl Replicate {
             generation: AtomicU64::new(1),
             inodes: Inodes::new(),
             dirs: entry_lock::Dirs::default(),
+            early: async_dirops::AsyncDirops::default(),
+            events,
             group_commit: group_commit::GroupCommit::new(n),
             fds: Fds::new(),
             owner_base: u64::from_le_bytes(base),
@@ -809,6 +862,7 @@ impl Xlator for Replicate {
             EventFrom::Child(_) => return None,
             EventFrom::Graph => {
                 if event == Event::ParentDown {
+                    me.drain_early_blocking();
                     me.release_all();
                     me.release_delegations();
                 }
@@ -895,6 +949,10 @@ impl Xlator for Replicate {
         ] {
             out.push((format!("entry-eager-lock.{k}"), v.load(Ordering::Relaxed).to_string()));
         }
+        for (k, v) in [("answered", &me.early.answered), ("failed", &me.early.failed), ("waits", &me.early.waits)] {
+            out.push((format!("async-dirops.{k}"), v.load(Ordering::Relaxed).to_string()));
+        }
+        out.push(("async-dirops.queued".into(), me.early.len().to_string()));
         out.push(("eager-lock.settles".into(), me.stats.settles.load(Ordering::Relaxed).to_string()));
         out.push(("contention-upcalls".into(), me.stats.upcalls.load(Ordering::Relaxed).to_string()));
         out.push(("read-failovers".into(), me.stats.failovers.load(Ordering::Relaxed).to_string()));

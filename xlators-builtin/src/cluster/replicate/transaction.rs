@@ -289,7 +289,15 @@ impl Inner {
         {
             req.xdata.set(GFID_REQ, Value::Gfid(Gfid::random()));
         }
+        if let Some(r) = self.try_early(ctx, &req).await {
+            return r;
+        }
+        self.after_early(&req).await?;
         let created = matches!(req.xdata.get(GFID_REQ), Some(Value::Gfid(g)) if !g.is_null());
+        let mkdir_in = match &req.fop {
+            Fop::Mkdir { loc, .. } => Some(loc.parent),
+            _ => None,
+        };
         let create_fd = match &req.fop {
             Fop::Create { fd, flags, .. } => Some((*fd, *flags)),
             _ => None,
@@ -316,6 +324,9 @@ impl Inner {
             self.mark_stale(*p, Kind::Entry, blamed);
         }
         if let Ok(Response { reply: Reply::Entry { iatt, .. }, .. }) = &out.result {
+            if let (Some(parent), 0) = (mkdir_in, blamed) {
+                self.promise_after(ctx, parent, *iatt);
+            }
             if created && blamed != 0 {
                 for k in Kind::ALL {
                     self.mark_stale(iatt.gfid, k, blamed);

@@ -1,0 +1,494 @@
+//! Asynchronous directory operations (CephFS's async dirops; no GlusterFS
+//! release has them).
+//!
+//! While this client holds a directory's delegation (`entry_lock`) and
+//! knows its names, nobody else can add or remove a name there. So a
+//! create or mkdir of a name known absent, and an unlink of a name known to
+//! be a non-directory, cannot fail for a reason another client causes: with
+//! `async-dirops` on they are answered at once, with the gfid this client
+//! chose and the attributes storage/posix will give the inode (mode less
+//! umask, the caller's uid, the caller's gid or the directory's if it is
+//! set-group-ID), and sent to the children behind, one after the other in
+//! the order they were answered.
+//!
+//! **Order.** Queued operations run one at a time: the next is sent once
+//! the previous one has finished on every child, so after a crash the
+//! bricks hold a prefix of them, never a later one without an earlier one.
+//! Every other entry operation of this client (any directory) waits until
+//! the queue is empty, so it too lands after the earlier ones. Any other
+//! fop on an inode a queued operation makes or removes (write, setattr,
+//! open, lookup by gfid, readdir of a directory with queued operations, a
+//! lookup of a queued name, release of a create's fd) waits for that
+//! operation first. A create's fd is usable at once: its writes wait for
+//! the create.
+//!
+//! **Failures are never silent.** A queued operation that fails (a brick
+//! error, ENOSPC, EEXIST if the name was made behind the volume's back) is
+//! logged, its directory's delegation forgets its names, and the error is
+//! returned by every later fop on the inode it made (write, fsync, flush,
+//! setattr, lookup by gfid...) until the inode is forgotten, and once by the
+//! next fsyncdir of its directory.
+//!
+//! **Bounds.** At most `async-dirops-queue` operations wait; beyond, the
+//! next one waits for room. The queue is drained before the mount unmounts
+//! or switches graphs (`IPC_DRAIN`) and when the graph goes away.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use xlfs_sdk::dict::Value;
+use xlfs_sdk::dict::keys::GFID_REQ;
+use xlfs_sdk::{CallCtx, Errno, Fop, Gfid, Iatt, Reply, Request, Timespec, Upcall};
+
+use super::Inner;
+use super::entry_lock::{Early, Name, Ticket};
+use super::fds::FdCtx;
+use super::pending::{Kind, all};
+
+/// Most inodes whose failed operation is remembered (oldest dropped).
+const MAX_FAILED: usize = 4096;
+
+/// How long the graph going away waits for the queue.
+const DRAIN_AT_SHUTDOWN: Duration = Duration::from_secs(60);
+
+/// One queued operation.
+struct Op {
+    ctx: CallCtx,
+    /// The fop, or None for the lock of a promised delegation
+    /// (`Inner::take_promised`) of directory `gfid`.
+    req: Option<Request>,
+    ticket: Ticket,
+    dir: Gfid,
+    name: String,
+    /// The inode made or removed.
+    gfid: Gfid,
+}
+
+#[derive(Default)]
+struct Queue {
+    ops: VecDeque<Op>,
+    /// Queued or running.
+    len: usize,
+    worker: bool,
+    /// Operations not finished, per inode made or removed, per directory,
+    /// per (directory, name).
+    gfids: HashMap<Gfid, usize>,
+    dirs: HashMap<Gfid, usize>,
+    names: HashMap<(Gfid, String), usize>,
+    /// Inodes whose operation failed, and the error.
+    failed: HashMap<Gfid, Errno>,
+    failed_order: VecDeque<Gfid>,
+    /// Directories with a failed operation not yet reported by fsyncdir.
+    dir_errors: HashMap<Gfid, Errno>,
+    /// Who waits for the operations on an inode or in a directory (woken
+    /// when one of those finishes; the queue's own `changed` wakes those
+    /// waiting for all of it or for room).
+    waiters: HashMap<Gfid, Arc<Notify>>,
+}
+
+fn bump<K: std::hash::Hash + Eq>(m: &mut HashMap<K, usize>, k: K) {
+    *m.entry(k).or_insert(0) += 1;
+}
+
+fn drop_one<K: std::hash::Hash + Eq>(m: &mut HashMap<K, usize>, k: &K) {
+    if let Some(n) = m.get_mut(k) {
+        *n -= 1;
+        if *n == 0 {
+            m.remove(k);
+        }
+    }
+}
+
+/// The queue of one replicate translator.
+#[derive(Default)]
+pub struct AsyncDirops {
+    q: Mutex<Queue>,
+    changed: Notify,
+    /// Queued or running (read without the lock on every fop).
+    len: AtomicUsize,
+    pub answered: AtomicU64,
+    pub failed: AtomicU64,
+    pub waits: AtomicU64,
+}
+
+impl AsyncDirops {
+    /// Operations queued or running.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// Blocks the calling (non-async) thread until the queue is empty or
+    /// `timeout` passed; true when empty.
+    pub fn wait_empty_blocking(&self, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        while self.len() != 0 {
+            if Instant::now() >= end {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
+    }
+}
+
+/// What a fop must wait for.
+enum Wait<'a> {
+    Nothing,
+    /// The whole queue.
+    All,
+    /// Operations on these inodes, this directory's, or this name.
+    On { gfids: Vec<Gfid>, dir: Option<Gfid>, name: Option<(Gfid, &'a str)> },
+}
+
+/// The attributes storage/posix gives a new inode made by `ctx` in a
+/// directory with attributes `parent`.
+fn new_iatt(ctx: &CallCtx, parent: &Iatt, gfid: Gfid, ty: u32, perm: u32) -> Iatt {
+    let sgid = parent.mode & libc::S_ISGID != 0;
+    let dir = ty == libc::S_IFDIR;
+    let now = Timespec::now();
+    Iatt {
+        gfid,
+        ino: gfid.ino(),
+        dev: parent.dev,
+        mode: ty | (perm & 0o7777) | if dir && sgid { libc::S_ISGID } else { 0 },
+        nlink: if dir { 2 } else { 1 },
+        uid: ctx.uid,
+        gid: if sgid { parent.gid } else { ctx.gid },
+        rdev: 0,
+        size: if dir { parent.size.max(4096) } else { 0 },
+        blksize: parent.blksize,
+        blocks: if dir { parent.blocks } else { 0 },
+        atime: now,
+        mtime: now,
+        ctime: now,
+    }
+}
+
+impl Inner {
+    /// Answers an entry fop at once and queues it, when `async-dirops`
+    /// allows (see the module doc). `None`: run it as usual.
+    pub async fn try_early(self: &Arc<Self>, ctx: &CallCtx, req: &Request) -> Option<super::FopResult> {
+        let cfg = self.cfg();
+        if !cfg.async_dirops {
+            return None;
+        }
+        let (loc, what, ty, perm) = match &req.fop {
+            Fop::Create { loc, mode, umask, .. } => (loc, true, libc::S_IFREG, mode & !umask),
+            Fop::Mkdir { loc, mode, umask } => (loc, true, libc::S_IFDIR, mode & !umask),
+            Fop::Unlink { loc, .. } => (loc, false, 0, 0),
+            _ => return None,
+        };
+        if !loc.is_entry() {
+            return None;
+        }
+        let gfid = match req.xdata.get(GFID_REQ) {
+            Some(Value::Gfid(g)) if !g.is_null() => *g,
+            _ if what => return None,
+            _ => Gfid::default(),
+        };
+        // Room in the queue: wait for it rather than overtake the queue.
+        loop {
+            let notified = self.early.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.early.len() < cfg.async_queue {
+                break;
+            }
+            self.early.waits.fetch_add(1, Ordering::Relaxed);
+            notified.await;
+        }
+        let early = if what { Early::Add(Name { gfid, dir: ty == libc::S_IFDIR }) } else { Early::Remove };
+        let (ticket, parent, post, removed) = self.join_early(loc.parent, &loc.name, early)?;
+        let target = if what { gfid } else { removed.unwrap_or_default() };
+        let reply = if what {
+            Reply::Entry { iatt: new_iatt(ctx, &parent, gfid, ty, perm), postparent: post }
+        } else {
+            Reply::Parent { pre: parent, post }
+        };
+        if let Fop::Create { fd, flags, .. } = &req.fop {
+            let f = FdCtx { gfid, flags: *flags, dir: false, opened: all(self.children.len()), readdir_child: None };
+            if self.fds.insert(*fd, f).is_err() {
+                tracing::warn!(volume = %self.name, "fd table full");
+            } else {
+                self.fd_opened_on(gfid);
+            }
+        }
+        // The name was answered as absent: the bricks must make it, not
+        // open one made behind this client's back (that is EEXIST, reported).
+        let mut sent = req.clone();
+        if let Fop::Create { flags, .. } = &mut sent.fop {
+            *flags |= libc::O_EXCL as u32;
+        }
+        let op = Op { ctx: ctx.clone(), req: Some(sent), ticket, dir: loc.parent, name: loc.name.clone(), gfid: target };
+        self.enqueue(op);
+        if let Reply::Entry { iatt, .. } = &reply
+            && ty == libc::S_IFDIR
+        {
+            self.promise_after(ctx, loc.parent, *iatt);
+        }
+        self.early.answered.fetch_add(1, Ordering::Relaxed);
+        Some(Ok(reply.into()))
+    }
+
+    /// Sets up the delegation of a directory this client just made
+    /// (`iatt`, in `parent`) and queues the taking of its lock.
+    pub fn promise_after(self: &Arc<Self>, ctx: &CallCtx, parent: Gfid, iatt: Iatt) {
+        if !self.cfg().async_dirops {
+            return;
+        }
+        if let Some(ticket) = self.promise_delegation(ctx, iatt.gfid, iatt) {
+            let op = Op { ctx: ctx.clone(), req: None, ticket, dir: parent, name: String::new(), gfid: iatt.gfid };
+            self.enqueue(op);
+        }
+    }
+
+    fn enqueue(self: &Arc<Self>, op: Op) {
+        let start = {
+            let mut q = self.early.q.lock();
+            if !op.gfid.is_null() {
+                bump(&mut q.gfids, op.gfid);
+            }
+            bump(&mut q.dirs, op.dir);
+            bump(&mut q.names, (op.dir, op.name.clone()));
+            q.ops.push_back(op);
+            q.len += 1;
+            self.early.len.store(q.len, Ordering::Release);
+            !std::mem::replace(&mut q.worker, true)
+        };
+        if start {
+            match self.handle() {
+                Some(h) => {
+                    let me = self.clone();
+                    h.spawn(async move { me.run_queue().await });
+                }
+                None => {
+                    self.early.q.lock().worker = false;
+                    tracing::error!(volume = %self.name, "no runtime for queued directory operations");
+                }
+            }
+        }
+    }
+
+    /// Runs the queued operations in order, one at a time.
+    async fn run_queue(self: Arc<Self>) {
+        loop {
+            let op = {
+                let mut q = self.early.q.lock();
+                match q.ops.pop_front() {
+                    Some(op) => op,
+                    None => {
+                        q.worker = false;
+                        return;
+                    }
+                }
+            };
+            let Op { ctx, req, ticket, dir, name, gfid } = op;
+            let Some(req) = req else {
+                self.take_promised(ticket).await;
+                self.done(dir, name, gfid, None);
+                continue;
+            };
+            let (out, blamed) = self.run_early(&ctx, ticket, &req).await;
+            self.mark_stale(dir, Kind::Entry, blamed);
+            let made = matches!(req.fop, Fop::Create { .. } | Fop::Mkdir { .. });
+            if made && blamed != 0 {
+                for k in Kind::ALL {
+                    self.mark_stale(gfid, k, blamed);
+                }
+            }
+            if let Fop::Create { fd, .. } = &req.fop {
+                // Release sends to these only; nothing if it failed everywhere.
+                self.fds.update(*fd, |f| f.opened = out.ok);
+            }
+            let err = out.result.as_ref().err().copied();
+            if let Some(e) = err {
+                self.early.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    volume = %self.name, %dir, %name, %gfid, fop = req.fop.kind().name(),
+                    "a directory operation answered early failed on the bricks: {e}; the error is returned by \
+                     the next operations on it and the next fsync of its directory"
+                );
+                self.upcall_invalidate(gfid);
+                self.upcall_invalidate(dir);
+            }
+            self.done(dir, name, gfid, err.map(|e| (e, made)));
+        }
+    }
+
+    /// A queued operation finished (with its error, and whether it made
+    /// the inode).
+    fn done(&self, dir: Gfid, name: String, gfid: Gfid, err: Option<(Errno, bool)>) {
+        {
+            {
+                let mut q = self.early.q.lock();
+                if let Some((e, made)) = err {
+                    if made && !gfid.is_null() {
+                        q.failed.insert(gfid, e);
+                        q.failed_order.push_back(gfid);
+                        while q.failed_order.len() > MAX_FAILED {
+                            if let Some(old) = q.failed_order.pop_front() {
+                                q.failed.remove(&old);
+                            }
+                        }
+                    }
+                    q.dir_errors.insert(dir, e);
+                }
+                if !gfid.is_null() {
+                    drop_one(&mut q.gfids, &gfid);
+                }
+                drop_one(&mut q.dirs, &dir);
+                drop_one(&mut q.names, &(dir, name));
+                q.len -= 1;
+                self.early.len.store(q.len, Ordering::Release);
+                for g in [gfid, dir] {
+                    let idle = !q.gfids.contains_key(&g) && !q.dirs.contains_key(&g);
+                    let w = if idle { q.waiters.remove(&g) } else { q.waiters.get(&g).cloned() };
+                    if let Some(w) = w {
+                        w.notify_waiters();
+                    }
+                }
+            }
+            self.early.changed.notify_waiters();
+        }
+    }
+
+    fn upcall_invalidate(&self, gfid: Gfid) {
+        if !gfid.is_null() {
+            self.events.send(xlfs_sdk::Event::Upcall(Upcall::Invalidate { gfid }));
+        }
+    }
+
+    /// Before a fop runs: waits for the queued operations it depends on and
+    /// returns the error of a failed one it acts on.
+    pub async fn after_early(&self, req: &Request) -> Result<(), Errno> {
+        if self.early.len() == 0 && self.early.q.lock().failed.is_empty() {
+            if let Fop::Fsyncdir { fd, .. } = &req.fop {
+                return self.early.q.lock().dir_errors.remove(&fd.gfid).map_or(Ok(()), Err);
+            }
+            return Ok(());
+        }
+        let wait = match &req.fop {
+            Fop::Forget { gfid } => {
+                let mut q = self.early.q.lock();
+                if q.failed.remove(gfid).is_some() {
+                    q.failed_order.retain(|g| g != gfid);
+                }
+                return Ok(());
+            }
+            Fop::Create { .. }
+            | Fop::Mknod { .. }
+            | Fop::Mkdir { .. }
+            | Fop::Symlink { .. }
+            | Fop::Link { .. }
+            | Fop::Unlink { .. }
+            | Fop::Rmdir { .. }
+            | Fop::Rename { .. } => Wait::All,
+            Fop::Ipc { op } if *op == xlfs_sdk::IPC_DRAIN => Wait::All,
+            Fop::Lookup { loc } if loc.is_entry() && loc.gfid.is_null() => {
+                Wait::On { gfids: vec![loc.parent], dir: None, name: Some((loc.parent, &loc.name)) }
+            }
+            Fop::Opendir { loc, .. } => Wait::On { gfids: vec![loc.gfid], dir: Some(loc.gfid), name: None },
+            Fop::Readdir { fd, .. } | Fop::Readdirp { fd, .. } | Fop::Fsyncdir { fd, .. } => {
+                Wait::On { gfids: vec![fd.gfid], dir: Some(fd.gfid), name: None }
+            }
+            fop => {
+                let mut gfids: Vec<Gfid> = fop.loc().map(|l| l.gfid).into_iter().collect();
+                gfids.extend(fop.fd().map(|f| f.gfid));
+                if let Fop::CopyFileRange { fd_out, .. } = fop {
+                    gfids.push(fd_out.gfid);
+                }
+                if gfids.is_empty() { Wait::Nothing } else { Wait::On { gfids, dir: None, name: None } }
+            }
+        };
+        loop {
+            let global = self.early.changed.notified();
+            tokio::pin!(global);
+            global.as_mut().enable();
+            let mut keyed: Option<(Gfid, Arc<Notify>)> = None;
+            let (busy, failed) = {
+                let mut q = self.early.q.lock();
+                if let Wait::On { gfids, dir, .. } = &wait {
+                    // Wait on the first inode or directory with operations
+                    // not done (a queued name is in a queued directory).
+                    let key = gfids
+                        .iter()
+                        .chain(dir.iter())
+                        .chain(match &wait {
+                            Wait::On { name: Some((d, _)), .. } => Some(d),
+                            _ => None,
+                        })
+                        .find(|g| q.gfids.contains_key(g) || q.dirs.contains_key(g))
+                        .copied();
+                    if let Some(k) = key {
+                        keyed = Some((k, q.waiters.entry(k).or_insert_with(|| Arc::new(Notify::new())).clone()));
+                    }
+                }
+                match &wait {
+                    Wait::Nothing => (false, None),
+                    Wait::All => {
+                        let mut check: Vec<Gfid> = req.fop.loc().map(|l| vec![l.parent, l.gfid]).unwrap_or_default();
+                        if let Fop::Rename { new, .. } | Fop::Link { new, .. } = &req.fop {
+                            check.push(new.parent);
+                        }
+                        (q.len != 0, check.iter().find_map(|g| q.failed.get(g).copied()))
+                    }
+                    Wait::On { gfids, dir, name } => {
+                        let busy = gfids.iter().any(|g| q.gfids.contains_key(g))
+                            || dir.is_some_and(|d| q.dirs.contains_key(&d))
+                            || name.is_some_and(|(d, n)| q.names.contains_key(&(d, n.to_string())));
+                        (busy, gfids.iter().find_map(|g| q.failed.get(g).copied()))
+                    }
+                }
+            };
+            if !busy {
+                let releasing = matches!(req.fop, Fop::Release { .. } | Fop::Releasedir { .. });
+                if let Some(e) = failed.filter(|_| !releasing) {
+                    return Err(e);
+                }
+                if let Fop::Fsyncdir { fd, .. } = &req.fop {
+                    return self.early.q.lock().dir_errors.remove(&fd.gfid).map_or(Ok(()), Err);
+                }
+                return Ok(());
+            }
+            match keyed {
+                Some((k, w)) => {
+                    let n = w.notified();
+                    tokio::pin!(n);
+                    n.as_mut().enable();
+                    // Checked again once enabled: a finish in between is not missed.
+                    let still = {
+                        let q = self.early.q.lock();
+                        q.gfids.contains_key(&k) || q.dirs.contains_key(&k)
+                    };
+                    if still {
+                        n.await;
+                    }
+                }
+                None => global.await,
+            }
+        }
+    }
+
+    /// The graph is going away: waits (blocking, bounded) for the queue.
+    pub fn drain_early_blocking(&self) {
+        if self.early.len() == 0 {
+            return;
+        }
+        let wait = || {
+            if !self.early.wait_empty_blocking(DRAIN_AT_SHUTDOWN) {
+                tracing::error!(volume = %self.name, left = self.early.len(), "queued directory operations not sent");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread => {
+                tracing::warn!(volume = %self.name, "cannot wait for queued directory operations here")
+            }
+            Ok(_) => tokio::task::block_in_place(wait),
+            Err(_) => wait(),
+        }
+    }
+}
