@@ -386,10 +386,10 @@ mod tests {
         assert!(e.to_string().contains("unknown type 'no/such'"), "{e}");
     }
 
-    #[test]
-    fn umount_of_a_non_mount_fails_with_the_reason() {
+    #[tokio::test]
+    async fn umount_of_a_non_mount_fails_with_the_reason() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let e = UmountArgs { mountpoint: tmp.path().to_path_buf(), lazy: false }.run().expect_err("not mounted");
+        let e = UmountArgs { mountpoint: tmp.path().to_path_buf(), lazy: false }.run().await.expect_err("not mounted");
         assert!(e.to_string().starts_with(&format!("unmounting {}: ", tmp.path().display())), "{e}");
     }
 }
