@@ -777,6 +777,13 @@ impl ReaddirAhead {
 impl Xlator for ReaddirAhead {
     fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
         let inner = &self.inner;
+        if let Fop::Releasedir { fd } = &req.fop {
+            // Also in pass-through: an fd tracked before it was turned on.
+            if let Some(d) = inner.fds.remove(&fd.id) {
+                inner.forget_fd(&d);
+            }
+            return inner.child.call(ctx, req);
+        }
         if inner.cfg.lock().pass_through {
             return inner.child.call(ctx, req);
         }
@@ -789,12 +796,6 @@ impl Xlator for ReaddirAhead {
                 let (fd, size, offset) = (*fd, *size, *offset);
                 let inner = inner.clone();
                 Box::pin(async move { inner.readdirp(ctx, req, fd, size, offset).await })
-            }
-            Fop::Releasedir { fd } => {
-                if let Some(d) = inner.fds.remove(&fd.id) {
-                    inner.forget_fd(&d);
-                }
-                inner.child.call(ctx, req)
             }
             fop => match changes_of(fop) {
                 Some((inodes, dirs)) => inner.changing(ctx, req, inodes, dirs),

@@ -465,6 +465,15 @@ async fn releasedir_frees_and_pass_through_reads_nothing_ahead() {
     assert_eq!((dump(&*rda, "bytes-cached"), dump(&*rda, "fds")), (0, 0));
     assert_eq!(child.calls.lock().last(), Some(&FopKind::Releasedir));
 
+    // Turned on live: an fd tracked before is still freed by its releasedir.
+    opendir(&*rda, 2, false).await;
+    settle().await;
+    let o = Options::resolve(OPTIONS, [("pass-through", "on")]).expect("options");
+    rda.reconfigure(&o).expect("reconfigure");
+    assert_eq!(dump(&*rda, "bytes-cached"), 0);
+    rda.call(c(), Request::new(Fop::Releasedir { fd: fd(2) })).await.expect("releasedir");
+    assert_eq!(dump(&*rda, "fds"), 0);
+
     let child = DirChild::with(100);
     let rda = rda_over(child.clone(), &[("readdir-ahead-pass-through", "on")]);
     opendir(&*rda, 1, true).await;
