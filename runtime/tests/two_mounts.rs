@@ -151,6 +151,15 @@ fn every_change_on_one_mount_is_seen_on_the_other() {
     }
     want.sort();
     assert_eq!(names(&a.join("big")), want, "listed where created");
+    // ... and served by readdir-ahead: readdirps answered from its buffers.
+    let out = kit::run_xlfs(&[std::ffi::OsStr::new("status"), "--dump".as_ref(), a.as_os_str()]);
+    let dump = String::from_utf8_lossy(&out.stdout);
+    let hits: u64 = dump
+        .lines()
+        .find_map(|l| l.strip_prefix("rep3-readdir-ahead.hits = "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no readdir-ahead counters in:\n{dump}"));
+    assert!(hits > 0, "{dump}");
     eventually("a large listing", || (names(&b.join("big")) == want).then_some(()).ok_or("differs".into()));
     for n in want.drain(100..110) {
         std::fs::remove_file(b.join("big").join(n)).expect("unlink on b");

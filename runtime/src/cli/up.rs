@@ -351,6 +351,10 @@ fn perf_options(name: &str) -> &'static [(&'static str, &'static str)] {
     match name {
         "md-cache" => &[("md-cache-timeout", "600"), ("cache-invalidation", "on")],
         "quick-read" => &[("cache-invalidation", "on"), ("fetch-on-read", "on")],
+        // Keep a whole request's worth ahead of the reader: the fill
+        // resumes while a full 128 KiB remains (two FUSE batches), instead
+        // of when the buffer is nearly empty and the next readdirp waits.
+        "readdir-ahead" => &[("rda-low-wmark", "128KB"), ("rda-high-wmark", "256KB")],
         _ => &[],
     }
 }
