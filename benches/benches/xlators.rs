@@ -17,12 +17,16 @@
 //!   a stat that misses (a new gfid each time: wind, fill, evict at the
 //!   bound), and a getxattr(security.selinux) answered ENODATA from the
 //!   cache (what `ls -l` asks for every file).
+//! - performance/readdir-ahead over a null leaf (endless directories): a
+//!   4 KiB readdirp at the fd's sequential offset, served from the entries
+//!   read ahead (hit; refills run in the background), and one at a seekdir'd
+//!   offset, passed through to the leaf (miss), against the null leaf alone.
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use xlfs_benches::{Layer, null_graph, runtime, scratch_dir, stack};
 use xlfs_runtime::client::Client;
-use xlfs_sdk::{CallCtx, Dict, Fd, FdId, Flock, Fop, Gfid, LkCmd, Loc, LockType, Request};
+use xlfs_sdk::{CallCtx, Dict, Fd, FdId, Flock, Fop, Gfid, LkCmd, Loc, LockType, Reply, Request, Response};
 
 fn posix(c: &mut Criterion) {
     let rt = runtime();
@@ -272,5 +276,47 @@ fn md_cache(c: &mut Criterion) {
     g.shutdown();
 }
 
-criterion_group!(benches, posix, locks, io_stats, md_cache, quick_read, open_behind, write_behind);
+fn readdir_ahead(c: &mut Criterion) {
+    let rt = runtime();
+    let ctx = CallCtx::root("bench");
+    let dir = Gfid([0x44; 16]);
+    let mut group = c.benchmark_group("readdir-ahead");
+    group.throughput(Throughput::Elements(1));
+    let configs: [(&str, &[Layer<'_>]); 2] = [("null-alone", &[]), ("readdir-ahead", &[("performance/readdir-ahead", &[])])];
+    for (name, layers) in configs {
+        let g = null_graph(&rt, layers);
+        let top = g.top();
+        let (seq, seek) = (Fd { id: FdId(1), gfid: dir }, Fd { id: FdId(2), gfid: dir });
+        for fd in [seq, seek] {
+            rt.block_on(top.call(ctx.clone(), Request::new(Fop::Opendir { loc: Loc::gfid(dir), fd: fd.id }))).expect("opendir");
+        }
+        let readdirp = |fd: Fd, offset: u64| Request::new(Fop::Readdirp { fd, size: 4096, offset });
+        // Hit: each readdirp continues where the last one ended.
+        let cur = std::sync::atomic::AtomicU64::new(0);
+        group.bench_function(format!("readdirp-4k-sequential/{name}"), |b| {
+            b.to_async(&rt).iter(|| {
+                let (top, ctx, cur) = (&top, &ctx, &cur);
+                async move {
+                    let off = cur.load(std::sync::atomic::Ordering::Relaxed);
+                    match top.call(ctx.clone(), readdirp(seq, off)).await {
+                        Ok(Response { reply: Reply::Dirents(v), .. }) => {
+                            let last = v.last().map(|e| e.d_off).expect("entries");
+                            cur.store(last, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        r => panic!("readdirp: {r:?}"),
+                    }
+                }
+            })
+        });
+        // Miss: after a seekdir the fd passes every readdirp to the leaf.
+        rt.block_on(top.call(ctx.clone(), readdirp(seek, 0))).expect("readdirp");
+        group.bench_function(format!("readdirp-4k-after-seekdir/{name}"), |b| {
+            b.to_async(&rt).iter(|| top.call(ctx.clone(), readdirp(seek, 1_000_000)))
+        });
+        g.shutdown();
+    }
+    group.finish();
+}
+
+criterion_group!(benches, posix, locks, io_stats, md_cache, quick_read, open_behind, write_behind, readdir_ahead);
 criterion_main!(benches);

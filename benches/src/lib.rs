@@ -10,8 +10,8 @@ use xlfs_runtime::registry::Registry;
 use bytes::Bytes;
 use xlfs_sdk::dict::keys;
 use xlfs_sdk::{
-    CallCtx, Dict, Event, EventFrom, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Reply, Request, Response, Xlator,
-    XlatorType,
+    CallCtx, Dict, DirEntry, Event, EventFrom, FileType, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Reply, Request,
+    Response, Xlator, XlatorType,
 };
 
 /// A scratch directory for a brick: on tmpfs (`/dev/shm`) when it exists, so
@@ -66,8 +66,25 @@ static NULL_CONTENT: [u8; NULL_FILE_SIZE] = [0; NULL_FILE_SIZE];
 /// A leaf that answers every fop at once, so that what is measured above it
 /// is the translators' own cost. A lookup finds a regular file of
 /// [`NULL_FILE_SIZE`] bytes (gfid as asked, or a fixed one for a name) and
-/// returns its content when asked with `glusterfs.content`.
+/// returns its content when asked with `glusterfs.content`. Every directory
+/// is endless: a readdirp returns as many entries as fit in its size
+/// (counted as storage/posix counts them), the n-th after `offset` with
+/// `d_off` `offset + n`.
 struct Null;
+
+/// Entries of the null leaf's endless directories, from `offset`.
+fn null_dirents(size: u32, offset: u64) -> Vec<DirEntry> {
+    let per = 216 + 12 + 1;
+    let n = (size as usize / per).clamp(1, 4096) as u64;
+    (1..=n)
+        .map(|i| {
+            let d_off = offset.wrapping_add(i);
+            let gfid = Gfid([(d_off % 251) as u8 + 1; 16]);
+            let iatt = Iatt { gfid, mode: 0o100644, size: NULL_FILE_SIZE as u64, ..Iatt::default() };
+            DirEntry { name: format!("e{d_off:011}"), d_off, d_type: FileType::Regular, iatt }
+        })
+        .collect()
+}
 
 impl Xlator for Null {
     fn call(&self, _ctx: CallCtx, req: Request) -> FopFuture<'_> {
@@ -83,6 +100,7 @@ impl Xlator for Null {
                 }
                 Reply::Entry { iatt, postparent: Iatt::default() }
             }
+            Fop::Readdirp { size, offset, .. } => Reply::Dirents(null_dirents(*size, *offset)),
             _ => Reply::Empty,
         };
         Box::pin(async move { Ok(Response { reply, xdata }) })

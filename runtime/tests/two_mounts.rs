@@ -1,6 +1,6 @@
 //! Two mounts of one replica-3 volume (two `xlfs mount` processes over
 //! three `xlfs brick` processes), with the default client graph: md-cache,
-//! quick-read, open-behind and write-behind, caching for 600 s with
+//! quick-read, open-behind, readdir-ahead and write-behind, caching for 600 s with
 //! cache invalidation on. For each operation done on one mount, the other
 //! (which has just looked at the old state, so its caches hold it) sees the
 //! result within a few seconds: only the bricks' invalidations (features/
@@ -68,6 +68,7 @@ fn every_change_on_one_mount_is_seen_on_the_other() {
     let c = Cluster::start(3);
     let vol = c.replica_volfile(&[]);
     assert!(vol.contains("performance/md-cache") && vol.contains("md-cache-timeout 600"), "{vol}");
+    assert!(vol.contains("performance/readdir-ahead"), "{vol}");
     let (ma, mb) = (FuseMount::start(&vol, ""), FuseMount::start(&vol, ""));
     let (a, b) = (ma.path(), mb.path());
 
@@ -139,4 +140,32 @@ fn every_change_on_one_mount_is_seen_on_the_other() {
     std::fs::remove_file(a.join("d/x")).expect("unlink in d");
     std::fs::remove_dir(a.join("d")).expect("rmdir");
     eventually("rmdir", || (!b.join("d").exists() && names(b).is_empty()).then_some(()).ok_or("still there".into()));
+
+    // A directory larger than a FUSE batch and a readdir-ahead fill: each
+    // listing is whole and current, on the mount that changed it at once,
+    // on the other once told.
+    std::fs::create_dir(a.join("big")).expect("mkdir big");
+    let mut want: Vec<String> = (0..1200).map(|i| format!("entry-with-a-long-name-{i:05}")).collect();
+    for n in &want {
+        std::fs::write(a.join("big").join(n), b"").expect("create in big");
+    }
+    want.sort();
+    assert_eq!(names(&a.join("big")), want, "listed where created");
+    // ... and served by readdir-ahead: readdirps answered from its buffers.
+    let out = kit::run_xlfs(&[std::ffi::OsStr::new("status"), "--dump".as_ref(), a.as_os_str()]);
+    let dump = String::from_utf8_lossy(&out.stdout);
+    let hits: u64 = dump
+        .lines()
+        .find_map(|l| l.strip_prefix("rep3-readdir-ahead.hits = "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no readdir-ahead counters in:\n{dump}"));
+    assert!(hits > 0, "{dump}");
+    eventually("a large listing", || (names(&b.join("big")) == want).then_some(()).ok_or("differs".into()));
+    for n in want.drain(100..110) {
+        std::fs::remove_file(b.join("big").join(n)).expect("unlink on b");
+    }
+    std::fs::write(b.join("big/zz-new"), b"").expect("create on b");
+    want.push("zz-new".into());
+    assert_eq!(names(&b.join("big")), want, "the changing mount lists its own changes at once");
+    eventually("unlinks and a create", || (names(&a.join("big")) == want).then_some(()).ok_or("differs".into()));
 }

@@ -162,6 +162,13 @@ pub mod keys {
     /// convention leaves it out).
     pub const DIRENT_XATTRS: &str = "xlfs.dirent-xattrs";
 
+    /// On an opendir, from performance/md-cache (GlusterFS's
+    /// `GF_MDC_LOADED_KEY_NAMES`): the xattr names md-cache adds to every
+    /// readdirp it sends, separated by spaces. performance/readdir-ahead
+    /// takes the key out and asks for the same xattrs in the readdirps it
+    /// sends ahead, so the entries it serves carry them.
+    pub const MDC_LOADED_KEY_NAMES: &str = "glusterfs.mdc.loaded.key.names";
+
     /// The readdirp reply xdata key that carries the value of xattr `xattr`
     /// of the entry named `entry`: `"{entry}/{xattr}"`. Unambiguous because
     /// an entry name never contains `/`; see [`parse_dirent_xattr`].

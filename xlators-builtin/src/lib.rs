@@ -43,6 +43,7 @@ pub mod performance {
     pub mod open_behind;
     pub mod quick_read;
     pub mod read_ahead;
+    pub mod readdir_ahead;
     pub mod write_behind;
 }
 
@@ -56,6 +57,7 @@ pub mod debug {
 pub fn builtin_types() -> Vec<XlatorType> {
     vec![storage::posix::TYPE, features::locks::TYPE, features::index::TYPE, features::upcall::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE, performance::io_threads::TYPE, performance::read_ahead::TYPE,
         performance::quick_read::TYPE, performance::open_behind::TYPE,
+        performance::readdir_ahead::TYPE,
         performance::write_behind::TYPE,
         performance::md_cache::TYPE,
         protocol::client::TYPE, protocol::server::TYPE, cluster::replicate::TYPE]

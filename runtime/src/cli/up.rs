@@ -64,7 +64,7 @@ pub struct UpArgs {
     pub no_shd: bool,
     /// The performance translators of the client graph, top first,
     /// comma-separated (`none` for none); default: md-cache, quick-read,
-    /// open-behind, write-behind.
+    /// open-behind, readdir-ahead, write-behind.
     #[arg(long, value_name = "LIST")]
     pub perf: Option<String>,
 }
@@ -322,12 +322,15 @@ fn start_all(
 
 /// The performance translators of the default client graph, top first.
 /// GlusterFS's volgen puts md-cache, open-behind, quick-read, ...,
-/// write-behind between io-stats and the cluster translators; here
-/// quick-read sits above open-behind, so a read it answers from the lookup's
-/// content never makes open-behind open the file, and the flush and release
-/// that follow are answered by open-behind: reading a small file costs only
-/// its lookup.
-pub const DEFAULT_PERF: &[&str] = &["md-cache", "quick-read", "open-behind", "write-behind"];
+/// readdir-ahead, ..., write-behind between io-stats and the cluster
+/// translators; here quick-read sits above open-behind, so a read it
+/// answers from the lookup's content never makes open-behind open the file,
+/// and the flush and release that follow are answered by open-behind:
+/// reading a small file costs only its lookup. readdir-ahead sits below
+/// md-cache (which fills its caches from the entries it serves) and above
+/// write-behind (which corrects the attributes of entries with queued
+/// writes in the readdirps it sends).
+pub const DEFAULT_PERF: &[&str] = &["md-cache", "quick-read", "open-behind", "readdir-ahead", "write-behind"];
 
 /// The client volfile of a replicated volume named `volume` over bricks
 /// served on 127.0.0.1 (`(port, remote-subvolume)` each), as GlusterFS
@@ -348,6 +351,10 @@ fn perf_options(name: &str) -> &'static [(&'static str, &'static str)] {
     match name {
         "md-cache" => &[("md-cache-timeout", "600"), ("cache-invalidation", "on")],
         "quick-read" => &[("cache-invalidation", "on"), ("fetch-on-read", "on")],
+        // Keep a whole request's worth ahead of the reader: the fill
+        // resumes while a full 128 KiB remains (two FUSE batches), instead
+        // of when the buffer is nearly empty and the next readdirp waits.
+        "readdir-ahead" => &[("rda-low-wmark", "128KB"), ("rda-high-wmark", "256KB")],
         _ => &[],
     }
 }

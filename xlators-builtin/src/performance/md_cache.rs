@@ -23,7 +23,9 @@
 //!   [`keys::dirent_xattr`](xlfs_sdk::dict::keys::dirent_xattr); a key
 //!   missing from the reply means absent (for readdirp only when the reply
 //!   carries [`keys::DIRENT_XATTRS`], i.e. the brick knows the
-//!   convention). The keys md-cache added are removed from the reply.
+//!   convention). The keys md-cache added are removed from the reply. An
+//!   opendir carries the same names under [`keys::MDC_LOADED_KEY_NAMES`], so performance/readdir-ahead below asks for them in the readdirps it
+//!   sends ahead.
 //! - **directory entries**: (parent, name) -> gfid from lookup, readdirp and
 //!   create-type replies, so a revalidating lookup is answered when the
 //!   entry, the inode's and the parent's attributes are all fresh; and
@@ -840,8 +842,15 @@ impl State {
                 return None;
             }
             Open { flags, .. } if *flags & libc::O_TRUNC as u32 == 0 => return None,
+            Opendir { .. } => {
+                // performance/readdir-ahead below reads ahead with these.
+                if self.enabled() && !self.cfg.prefetch.is_empty() && !req.xdata.contains(keys::MDC_LOADED_KEY_NAMES) {
+                    req.xdata.set_str(keys::MDC_LOADED_KEY_NAMES, self.cfg.prefetch.join(" "));
+                }
+                return None;
+            }
             Statfs { .. } if !self.cfg.statfs => return None,
-            Access { .. } | Flush { .. } | Opendir { .. } | Readdir { .. } | Release { .. } | Releasedir { .. }
+            Access { .. } | Flush { .. } | Readdir { .. } | Release { .. } | Releasedir { .. }
             | Lk { .. } | Inodelk { .. } | Finodelk { .. } | Entrylk { .. } | Fentrylk { .. } | Seek { .. }
             | Rchecksum { .. } | Lease { .. } | Ipc { .. } | Fsyncdir { .. } => return None,
             _ => {}
@@ -1201,7 +1210,9 @@ const PREFETCH_MAX: usize = 8192;
 /// readdirp does; marks it listed whole if every entry fit.
 async fn prefetch_dir(child: Child, state: Arc<Mutex<State>>, clock: Arc<dyn Clock>, ctx: CallCtx, dir: Gfid, fd: FdId, at: u64) {
     let fd = Fd { id: fd, gfid: dir };
-    if child.call(ctx.clone(), Request::new(Fop::Opendir { loc: Loc::gfid(dir), fd: fd.id })).await.is_err() {
+    let mut open = Request::new(Fop::Opendir { loc: Loc::gfid(dir), fd: fd.id });
+    let _ = state.lock().plan(&mut open);
+    if child.call(ctx.clone(), open).await.is_err() {
         return;
     }
     let (mut offset, mut seen, mut whole) = (0u64, 0usize, false);
