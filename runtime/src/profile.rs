@@ -34,16 +34,17 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use xlfs_sdk::options::Options;
-use xlfs_sdk::profile::{FopTimes, Frame, GraphProfile, NodeProfile, PROFILE_KEY, PROFILE_RESET_KEY};
+use xlfs_sdk::profile::{FopTimes, Frame, GraphProfile, NodeProfile, PROFILE_KEY, PROFILE_RESET_KEY, ticks, ticks_to_ns};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{CallCtx, Child, Event, EventFrom, Fop, FopFuture, FopKind, FopResult, Loc, Reply, Request, Xlator};
 
-/// One fop kind's counters of one node.
+/// One fop kind's counters of one node (times in clock ticks,
+/// [`xlfs_sdk::profile::ticks`]).
 #[derive(Default)]
 struct KindStats {
     count: AtomicU64,
-    total_ns: AtomicU64,
-    self_ns: AtomicU64,
+    total: AtomicU64,
+    own: AtomicU64,
 }
 
 /// One node's counters, per fop kind.
@@ -59,11 +60,11 @@ impl Default for NodeStats {
 
 impl NodeStats {
     #[inline]
-    fn record(&self, kind: FopKind, total_ns: u64, self_ns: u64) {
+    fn record(&self, kind: FopKind, total: u64, own: u64) {
         let k = &self.kinds[kind.index()];
         k.count.fetch_add(1, Ordering::Relaxed);
-        k.total_ns.fetch_add(total_ns, Ordering::Relaxed);
-        k.self_ns.fetch_add(self_ns, Ordering::Relaxed);
+        k.total.fetch_add(total, Ordering::Relaxed);
+        k.own.fetch_add(own, Ordering::Relaxed);
     }
 
     /// The kinds called so far, in code order.
@@ -76,8 +77,8 @@ impl NodeStats {
                 (count > 0).then(|| FopTimes {
                     kind,
                     count,
-                    total_ns: k.total_ns.load(Ordering::Relaxed),
-                    self_ns: k.self_ns.load(Ordering::Relaxed),
+                    total_ns: ticks_to_ns(k.total.load(Ordering::Relaxed)),
+                    self_ns: ticks_to_ns(k.own.load(Ordering::Relaxed)),
                 })
             })
             .collect()
@@ -86,8 +87,8 @@ impl NodeStats {
     fn reset(&self) {
         for k in &self.kinds {
             k.count.store(0, Ordering::Relaxed);
-            k.total_ns.store(0, Ordering::Relaxed);
-            k.self_ns.store(0, Ordering::Relaxed);
+            k.total.store(0, Ordering::Relaxed);
+            k.own.store(0, Ordering::Relaxed);
         }
     }
 }
@@ -111,7 +112,7 @@ impl Xlator for Timed {
     #[inline]
     fn call(&self, mut ctx: CallCtx, req: Request) -> FopFuture<'_> {
         let kind = req.fop.kind();
-        let start = Instant::now();
+        let start = ticks();
         let parent = std::mem::take(&mut ctx.frame);
         let counted = parent.child_started(start);
         let own = if self.leaf { Frame::none() } else { Frame::open(start) };
@@ -140,7 +141,7 @@ impl Xlator for Timed {
 /// One timed call in progress.
 struct TimedCall<'a> {
     fut: FopFuture<'a>,
-    start: Instant,
+    start: u64,
     kind: FopKind,
     stats: &'a NodeStats,
     /// The caller's frame, told when this call ends if `counted`.
@@ -158,8 +159,8 @@ impl Future for TimedCall<'_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<FopResult> {
         let this = &mut *self;
         let out = std::task::ready!(this.fut.as_mut().poll(cx));
-        let end = Instant::now();
-        let total = end.saturating_duration_since(this.start).as_nanos() as u64;
+        let end = ticks();
+        let total = end.saturating_sub(this.start);
         let busy = this.own.close(end);
         this.stats.record(this.kind, total, total.saturating_sub(busy));
         if this.counted {
@@ -174,7 +175,7 @@ impl Drop for TimedCall<'_> {
     fn drop(&mut self) {
         if !self.done && self.counted {
             // Cancelled: not counted, but the parent no longer waits for it.
-            self.parent.child_ended(Instant::now());
+            self.parent.child_ended(ticks());
         }
     }
 }
@@ -383,14 +384,12 @@ mod tests {
     impl Xlator for Node {
         fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
             Box::pin(async move {
-                if self.background {
-                    if let Some(c) = self.children.first().cloned() {
-                        let (ctx, req) = (ctx.clone(), req.clone());
-                        tokio::spawn(async move {
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                            let _ = c.call(ctx, req).await;
-                        });
-                    }
+                if let Some(c) = self.children.first().cloned().filter(|_| self.background) {
+                    let (ctx, req) = (ctx.clone(), req.clone());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        let _ = c.call(ctx, req).await;
+                    });
                 }
                 if self.concurrent {
                     let calls: Vec<_> = self.children.iter().map(|c| c.call(ctx.clone(), req.clone())).collect();
@@ -416,15 +415,18 @@ mod tests {
         join_all(fs).await
     }
 
-    /// A graph by hand: (name, children indexes, calls, concurrent, sleep
-    /// ms, background), leaves last.
+    /// One test node: (name, children indexes, calls per child,
+    /// concurrent, sleep ms, background).
+    type Spec<'a> = (&'a str, &'a [usize], usize, bool, u64, bool);
+
+    /// A graph by hand from [`Spec`]s, the top first, leaves last.
     struct Built {
         tops: Vec<Arc<Timed>>,
         stats: Vec<Arc<NodeStats>>,
         profiler: Profiler,
     }
 
-    fn build(spec: &[(&str, &[usize], usize, bool, u64, bool)]) -> Built {
+    fn build(spec: &[Spec<'_>]) -> Built {
         let stats: Vec<Arc<NodeStats>> = spec.iter().map(|_| Arc::new(NodeStats::default())).collect();
         let mut timed: Vec<Option<Arc<Timed>>> = spec.iter().map(|_| None).collect();
         for i in (0..spec.len()).rev() {
@@ -470,10 +472,13 @@ mod tests {
             assert!(x.self_ns <= x.total_ns, "{x:?}");
         }
         assert_eq!(t[2].self_ns, t[2].total_ns, "a leaf's time is all its own");
+        // Exact in clock ticks; each counter's conversion to nanoseconds
+        // truncates, so sums of k converted counters may differ by k ns.
+        let near = |a: u64, b: u64, k: u64| a.abs_diff(b) <= k;
         let sum: u64 = t.iter().map(|t| t.self_ns).sum();
-        assert_eq!(sum, t[0].total_ns, "self times add up to the top's total");
-        assert_eq!(t[0].total_ns - t[0].self_ns, t[1].total_ns + t[3].total_ns, "top waited exactly for its children");
-        assert_eq!(t[1].total_ns - t[1].self_ns, t[2].total_ns, "mid waited exactly for its two bottom calls");
+        assert!(near(sum, t[0].total_ns, 4), "self times add up to the top's total: {t:?}");
+        assert!(near(t[0].total_ns - t[0].self_ns, t[1].total_ns + t[3].total_ns, 3), "top waited exactly for its children: {t:?}");
+        assert!(near(t[1].total_ns - t[1].self_ns, t[2].total_ns, 2), "mid waited exactly for its two bottom calls: {t:?}");
         // Each node sleeps: self is at least its sleeps (1 ms per call).
         assert!(t[1].self_ns >= 3 * 2_000_000, "{:?}", t[1]);
 
@@ -513,15 +518,15 @@ mod tests {
     #[tokio::test]
     async fn a_cancelled_call_is_not_counted_and_ends_its_interval() {
         let g = build(&[("slow", &[], 0, false, 10_000, false)]);
-        let opened = Instant::now();
+        let opened = ticks();
         let parent = Frame::open(opened);
         let ctx = CallCtx { frame: parent.clone(), ..CallCtx::root("t") };
         let call = g.tops[0].call(ctx, stat());
         assert!(tokio::time::timeout(Duration::from_millis(5), call).await.is_err(), "still sleeping");
-        let dropped = Instant::now();
+        let dropped = ticks();
         assert!(g.stats[0].snapshot().is_empty(), "not counted");
         tokio::time::sleep(Duration::from_millis(2)).await;
-        let busy = parent.close(Instant::now());
-        assert!(busy > 0 && busy <= (dropped - opened).as_nanos() as u64, "the interval ended at the drop: {busy}");
+        let busy = parent.close(ticks());
+        assert!(busy > 0 && busy <= dropped - opened, "the interval ended at the drop: {busy}");
     }
 }
