@@ -111,7 +111,9 @@ impl Xlator for Null {
     }
 }
 
-const NULL: XlatorType = XlatorType {
+/// The null leaf's type (`bench/null`), for benches that build their own
+/// registry or call it without a graph.
+pub const NULL: XlatorType = XlatorType {
     name: "bench/null",
     description: "answers every fop at once",
     options: &[],

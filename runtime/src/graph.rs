@@ -27,9 +27,11 @@ use parking_lot::RwLock;
 use sha2::{Digest, Sha256};
 use tokio::sync::{broadcast, watch};
 use xlfs_sdk::options::{OptValue, OptionError};
+use xlfs_sdk::profile::GraphProfile;
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{Child, Event, EventFrom, EventSink, InitCtx, InitError, Options, Upcall, Xlator, XlatorType};
 
+use crate::profile::{NodeStats, Profiler, Timed};
 use crate::registry::Registry;
 use crate::volfile::{Volfile, VolfileError};
 
@@ -573,6 +575,8 @@ pub enum ReconfigureFailure {
 /// A built node.
 struct Node {
     xl: Arc<dyn Xlator>,
+    /// `xl` as its parents and callers see it: timed ([`crate::profile`]).
+    timed: Arc<dyn Xlator>,
     sink: EventSink,
 }
 
@@ -586,6 +590,7 @@ pub struct Graph {
     state: watch::Receiver<TopState>,
     upcalls: broadcast::Sender<Upcall>,
     shut: AtomicBool,
+    profiler: Arc<Profiler>,
 }
 
 /// How many upcalls a slow [`Graph::upcalls`] receiver may fall behind
@@ -650,6 +655,7 @@ impl Graph {
     /// the error names the volume and type.
     pub fn from_spec(spec: GraphSpec) -> Result<Graph, GraphError> {
         let mut built: Vec<Option<Node>> = (0..spec.nodes.len()).map(|_| None).collect();
+        let stats: Vec<Arc<NodeStats>> = spec.nodes.iter().map(|_| Arc::new(NodeStats::default())).collect();
         for (done, &i) in spec.order.iter().enumerate() {
             let s = &spec.nodes[i];
             let children = s
@@ -657,13 +663,16 @@ impl Graph {
                 .iter()
                 .map(|&c| Child {
                     name: spec.nodes[c].name.clone(),
-                    xl: built[c].as_ref().map(|n| n.xl.clone()).expect("children are built before their parents"),
+                    xl: built[c].as_ref().map(|n| n.timed.clone()).expect("children are built before their parents"),
                 })
                 .collect();
             let sink = EventSink::new();
             let ctx = InitCtx { name: s.name.to_string(), options: s.options.clone(), children, events: sink.clone() };
             match (s.ty.build)(ctx) {
-                Ok(xl) => built[i] = Some(Node { xl, sink }),
+                Ok(xl) => {
+                    let timed = Arc::new(Timed::new(xl.clone(), stats[i].clone(), s.children.is_empty()));
+                    built[i] = Some(Node { xl, timed, sink });
+                }
                 Err(source) => {
                     for &j in spec.order[..done].iter().rev() {
                         if let Some(n) = &built[j] {
@@ -680,6 +689,15 @@ impl Graph {
         }
         let nodes: Arc<[Node]> = built.into_iter().map(|n| n.expect("every node reachable from the top is built")).collect();
         let top_down: Arc<[usize]> = spec.order.iter().rev().copied().collect();
+        let profiler = Arc::new(Profiler::new(
+            spec.top_name().to_string(),
+            spec.nodes
+                .iter()
+                .map(|s| (s.name.to_string(), s.ty.name.to_string(), s.children.iter().map(|&c| spec.nodes[c].name.to_string()).collect()))
+                .collect(),
+            stats,
+            top_down.to_vec(),
+        ));
         for n in nodes.iter() {
             let (weak, order) = (Arc::downgrade(&nodes), top_down.clone());
             n.sink.set_broadcast(move |ev| {
@@ -687,6 +705,8 @@ impl Graph {
                     broadcast_to(&nodes, &order, ev);
                 }
             });
+            let p = profiler.clone();
+            n.sink.set_profile(move |reset| p.snapshot(reset));
         }
 
         for (p, s) in spec.nodes.iter().enumerate() {
@@ -718,6 +738,7 @@ impl Graph {
             state,
             upcalls,
             shut: AtomicBool::new(false),
+            profiler,
         })
     }
 
@@ -807,10 +828,31 @@ impl Graph {
         drain(&self.top(), timeout).await
     }
 
-    /// The top node, where fops enter the graph.
+    /// The top node, where fops enter the graph (timed, as every node
+    /// is: [`Graph::profile`]).
     pub fn top(&self) -> Child {
         let spec = self.spec();
-        Child { name: spec.nodes[spec.top].name.clone(), xl: self.nodes[spec.top].xl.clone() }
+        Child { name: spec.nodes[spec.top].name.clone(), xl: self.nodes[spec.top].timed.clone() }
+    }
+
+    /// The fop timings of every node since the graph was built or last
+    /// reset (`reset` restarts them after this snapshot); see
+    /// [`crate::profile`].
+    pub fn profile(&self, reset: bool) -> GraphProfile {
+        self.profiler.snapshot(reset)
+    }
+
+    /// The nodes of type `type_name`, top first, untimed (what the graph
+    /// asks of them itself, such as a brick's profile through each
+    /// protocol/client, stays out of the timings), with their options.
+    pub fn nodes_of_type(&self, type_name: &str) -> Vec<(Child, Options)> {
+        let spec = self.spec();
+        spec.order
+            .iter()
+            .rev()
+            .filter(|&&i| spec.nodes[i].ty.name == type_name)
+            .map(|&i| (Child { name: spec.nodes[i].name.clone(), xl: self.nodes[i].xl.clone() }, spec.nodes[i].options.clone()))
+            .collect()
     }
 
     /// Sends a graph event ([`EventFrom::Graph`]) to every node, top first.
@@ -1227,6 +1269,33 @@ end-volume
         assert_eq!(dump[..2], [pair("top.type", "test/fan"), pair("top.children", "a,b")]);
         assert_eq!(dump.len(), 8);
         assert!(dump.contains(&pair("shared.type", "test/leaf")));
+    }
+
+    #[tokio::test]
+    async fn every_node_is_timed_and_self_times_add_up_to_the_top() {
+        let g = build(CHAIN);
+        for _ in 0..4 {
+            let r = g.top().call(CallCtx::root("t"), Fop::Stat { loc: Loc::root() }.into()).await;
+            assert_eq!(r.err(), Some(Errno::ENOSYS), "the test leaf answers ENOSYS");
+        }
+        let p = g.profile(false);
+        assert_eq!(p.top, "top");
+        assert_eq!(p.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["top", "mid", "leaf"], "top first");
+        let stat: Vec<_> = p.nodes.iter().map(|n| *n.fop(xlfs_sdk::FopKind::Stat).expect("counted")).collect();
+        assert!(stat.iter().all(|f| f.count == 4), "{stat:?}");
+        assert!(stat.iter().all(|f| f.self_ns <= f.total_ns), "{stat:?}");
+        // Exact in clock ticks; converting each counter to nanoseconds
+        // truncates, so a sum of k of them may be k ns off.
+        assert!(stat.iter().map(|f| f.self_ns).sum::<u64>().abs_diff(stat[0].total_ns) <= 3, "{stat:?}");
+        assert!((stat[0].total_ns - stat[0].self_ns).abs_diff(stat[1].total_ns) <= 2, "top waited exactly for mid: {stat:?}");
+        // What protocol/server asks through its sink: the same counters.
+        let via_sink = g.nodes[0].sink.graph_profile(true).expect("linked");
+        assert_eq!(via_sink.nodes, p.nodes);
+        assert!(g.profile(false).nodes.iter().all(|n| n.fops.is_empty()), "reset");
+        // The graph's own calls of a node (nodes_of_type) are not timed.
+        let (leaf, _) = g.nodes_of_type("test/leaf").remove(0);
+        let _ = leaf.call(CallCtx::root("t"), Fop::Stat { loc: Loc::root() }.into()).await;
+        assert!(g.profile(false).nodes.iter().all(|n| n.fops.is_empty()), "untimed");
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod fuse;
 pub mod graph;
 pub mod inode;
 pub mod plugin;
+pub mod profile;
 pub mod registry;
 pub mod switch;
 pub mod volfile;

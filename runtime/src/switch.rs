@@ -295,6 +295,11 @@ impl Reloader {
         }
     }
 
+    /// The running graph, if the mount owns one.
+    pub fn graph(&self) -> Option<Arc<Graph>> {
+        self.target.graph()
+    }
+
     /// Every translator's dump of the running graph (`volume.key`, value).
     pub fn dump(&self) -> Vec<(String, String)> {
         self.target.graph().map(|g| g.dump()).unwrap_or_default()

@@ -19,6 +19,18 @@ macro_rules! fop_kinds {
             /// Every kind, in code order.
             pub const ALL: &'static [FopKind] = &[$(FopKind::$kind,)*];
 
+            /// How many kinds there are: the length of a table indexed by
+            /// [`FopKind::index`].
+            pub const COUNT: usize = FopKind::ALL.len();
+
+            /// A dense index, `0..FopKind::COUNT` (the code minus one: the
+            /// codes are contiguous from 1, checked at compile time), for
+            /// fixed per-kind tables such as the graph's fop timings.
+            #[inline]
+            pub const fn index(self) -> usize {
+                self as usize - 1
+            }
+
             /// GlusterFS's upper-case name (`"LOOKUP"`, `"FINODELK"`).
             pub fn name(self) -> &'static str {
                 match self { $(FopKind::$kind => $name,)* }
@@ -91,6 +103,15 @@ fop_kinds! {
     Releasedir = 50, "RELEASEDIR";
     Forget = 51, "FORGET";
 }
+
+// `FopKind::index` relies on the codes running 1, 2, ... without gaps.
+const _: () = {
+    let mut i = 0;
+    while i < FopKind::COUNT {
+        assert!(FopKind::ALL[i] as usize == i + 1, "fop codes must be contiguous from 1");
+        i += 1;
+    }
+};
 
 /// One file operation with its arguments. Path-based fops take a [`Loc`],
 /// fd-based ones an [`Fd`]. Bulk data (`Writev::data`) is a [`Bytes`] so it

@@ -18,6 +18,7 @@ pub mod fop;
 pub mod guest;
 pub mod options;
 pub mod policy;
+pub mod profile;
 #[cfg(not(all(target_family = "wasm", target_os = "unknown")))]
 mod rand;
 pub mod slots;

@@ -10,6 +10,7 @@ use parking_lot::RwLock;
 use crate::ctx::CallCtx;
 use crate::fop::{FopResult, Request};
 use crate::options::Options;
+use crate::profile::GraphProfile;
 use crate::types::Gfid;
 
 /// The future a fop call returns.
@@ -166,6 +167,7 @@ pub enum Upcall {
 }
 
 type TopHook = Arc<dyn Fn(&Event) + Send + Sync>;
+type ProfileHook = Arc<dyn Fn(bool) -> GraphProfile + Send + Sync>;
 
 struct ParentLink {
     xl: Weak<dyn Xlator>,
@@ -178,6 +180,7 @@ struct SinkInner {
     parents: RwLock<Vec<ParentLink>>,
     hook: RwLock<Option<TopHook>>,
     graph: RwLock<Option<TopHook>>,
+    profile: RwLock<Option<ProfileHook>>,
 }
 
 /// How a translator sends events to its parents. The runtime gives each
@@ -232,6 +235,21 @@ impl EventSink {
     /// Runtime use: what [`EventSink::broadcast`] calls.
     pub fn set_broadcast(&self, f: impl Fn(&Event) + Send + Sync + 'static) {
         *self.0.graph.write() = Some(Arc::new(f));
+    }
+
+    /// A snapshot of the fop timings of the graph this node is in (see
+    /// [`crate::profile`]); with `reset` the counters restart from zero
+    /// after it is taken. protocol/server answers a brick's profile
+    /// request with it. `None` before the runtime has linked the sink to
+    /// its graph.
+    pub fn graph_profile(&self, reset: bool) -> Option<GraphProfile> {
+        let hook = self.0.profile.read().clone();
+        hook.map(|h| h(reset))
+    }
+
+    /// Runtime use: what [`EventSink::graph_profile`] calls.
+    pub fn set_profile(&self, f: impl Fn(bool) -> GraphProfile + Send + Sync + 'static) {
+        *self.0.profile.write() = Some(Arc::new(f));
     }
 
     /// Runtime use: observes every event this sink sends (the graph watches

@@ -15,6 +15,7 @@ use crate::volfile::VolfileError;
 pub mod brick;
 pub mod heal;
 pub mod mount;
+pub mod profile;
 pub mod reload;
 pub mod up;
 pub mod volfile;
@@ -22,6 +23,7 @@ pub mod volfile;
 pub use brick::{BrickArgs, BrickError};
 pub use heal::{HealArgs, HealError};
 pub use mount::{MountArgs, MountError, UmountArgs};
+pub use profile::ProfileArgs;
 pub use reload::{ReloadArgs, ReloadError, StatusArgs};
 pub use up::{DEFAULT_PERF, DownArgs, UpArgs, UpError, client_volfile, replica_volfile};
 pub use volfile::VolfileCommand;
@@ -61,6 +63,9 @@ pub enum Command {
     /// Show a mounted client's running graph, its generation and when it
     /// was switched.
     Status(StatusArgs),
+    /// Show where the time goes, per fop and translator, in a mounted
+    /// client's graph and its bricks' (or one brick's, with --brick).
+    Profile(ProfileArgs),
 }
 
 /// Why a command failed; the message is what the user sees.
@@ -151,6 +156,7 @@ impl Cli {
             Command::Heal(args) => args.run(out).await,
             Command::Reload(args) => args.run(out).await,
             Command::Status(args) => args.run(out).await,
+            Command::Profile(args) => args.run(out).await,
         }
     }
 }

@@ -9,13 +9,17 @@
 //! finds the process. The socket is made when the mount is up and removed
 //! when it ends; a stale one (the process died) is refused at connect.
 //!
-//! The exchange is one request line (`reload`, `status` or `dump`) and the answer:
+//! The exchange is one request line (`reload`, `status`, `dump`, `profile`
+//! or `profile reset`) and the answer:
 //! a line `ok` or `error`, then the text to show. `xlfs reload` prints the
 //! outcome and exits 1 when the new volfile was rejected (the running graph
 //! goes on); `xlfs status` prints the running graph, its generation, the
 //! volfile, when it was switched and the last reload's outcome, and with
 //! `--dump` every translator's counters (how a workload's lock and xattrop
-//! fops per lock-contention policy are seen on a mount).
+//! fops per lock-contention policy are seen on a mount). `profile` answers
+//! with the running graph's fop timings and its bricks'
+//! ([`crate::profile::ProfileBundle::to_text`]), which `xlfs profile`
+//! prints.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -198,7 +202,11 @@ async fn answer(stream: UnixStream, reloader: &Reloader) -> std::io::Result<()> 
             }
             text
         }
-        other => format!("error\nunknown request {other:?}: expected reload, status, dump or drain\n"),
+        "profile" | "profile reset" => match reloader.graph() {
+            Some(g) => format!("ok\n{}", crate::profile::collect(&g, line.trim() == "profile reset").await.to_text()),
+            None => "error\nthis mount's graph is not managed by the mount\n".to_string(),
+        },
+        other => format!("error\nunknown request {other:?}: expected reload, status, dump, drain, profile or profile reset\n"),
     };
     wr.write_all(reply.as_bytes()).await?;
     wr.shutdown().await

@@ -312,7 +312,7 @@ impl Core {
     /// groups (for fops whose result depends on them).
     fn ctx(&self, c: Caller, lk_owner: u64, groups: bool) -> CallCtx {
         let groups = if groups && c.pid != 0 { self.groups.get(c.pid) } else { Arc::from(Vec::new()) };
-        CallCtx { uid: c.uid, gid: c.gid, groups, pid: c.pid, lk_owner, client_id: self.client_id.clone() }
+        CallCtx { uid: c.uid, gid: c.gid, groups, pid: c.pid, lk_owner, client_id: self.client_id.clone(), frame: Default::default() }
     }
 
     /// Sends one fop to the top of the graph.

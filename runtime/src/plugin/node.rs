@@ -668,7 +668,13 @@ impl Core {
         let mut frames = self.frames.lock();
         let Some(entry) = frames.get(&frame) else { return neg(Errno::ENOENT) };
         self.calls.fetch_add(1, Ordering::Relaxed);
-        let w = wound(ctx.unwrap_or_else(|| entry.ctx.clone()), CallCount(self.calls.clone()));
+        // A context the guest encoded lacks the fop's timing frame
+        // (never encoded): the call is still the fop's own.
+        let ctx = match ctx {
+            Some(c) => CallCtx { frame: entry.ctx.frame.clone(), ..c },
+            None => entry.ctx.clone(),
+        };
+        let w = wound(ctx, CallCount(self.calls.clone()));
         entry.cell.push(w);
         if tail {
             // The frame ends here: its result is this call's.

@@ -450,6 +450,7 @@ impl Codec for CallCtx {
             pid: Codec::get(r)?,
             lk_owner: Codec::get(r)?,
             client_id: Arc::from(String::get(r)?),
+            frame: crate::profile::Frame::none(),
         })
     }
 }

@@ -315,6 +315,7 @@ fn call_ctx() -> impl Strategy<Value = CallCtx> {
             pid,
             lk_owner,
             client_id: Arc::from(client),
+            frame: Default::default(),
         },
     )
 }

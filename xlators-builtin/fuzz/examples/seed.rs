@@ -28,6 +28,7 @@ fn main() {
         pid: 4,
         lk_owner: 5,
         client_id: Arc::from("c"),
+        frame: Default::default(),
     };
     let params = Dict::new()
         .with(hello_keys::VOLUME, Value::Str("/b1".into()))

@@ -1362,6 +1362,7 @@ mod tests {
             pid: 77,
             lk_owner: 0xabc,
             client_id: Arc::from("me"),
+            frame: Default::default(),
         }
     }
 

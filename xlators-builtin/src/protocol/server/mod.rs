@@ -42,6 +42,11 @@
 //!   name one with its `auth.login.<user>.password`.
 //! - **Upcalls.** Lock contention upcalls from below go to the connection
 //!   of the holder they name; invalidations go to every client.
+//! - **Profile.** A getxattr of `xlfs.profile` (or `xlfs.profile.reset`,
+//!   which also zeroes the counters) on any inode is answered by the server
+//!   itself with the brick graph's fop timings as text
+//!   ([`xlfs_sdk::profile::GraphProfile`]): how `xlfs profile` reaches a
+//!   brick through a mount's protocol/client or on its own.
 //! - **Stopping.** `ParentDown` stops accepting and reading new requests;
 //!   `fini` waits (at most [`DRAIN_TIMEOUT`]) for the calls in flight to be
 //!   answered, says GOODBYE and closes every connection. `fini` blocks; call
@@ -66,6 +71,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, watch};
 use tokio::task::JoinHandle;
 use xlfs_sdk::abi::{self, AbiVersion, DecodeError};
 use xlfs_sdk::options::{OptType, OptionDecl};
+use xlfs_sdk::profile::{PROFILE_KEY, PROFILE_RESET_KEY};
 use xlfs_sdk::{
     CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopKind, FopResult,
     Gfid, InitCtx, InitError, Reply, Request, Response, Upcall, Value, Xlator, XlatorType,
@@ -987,6 +993,11 @@ async fn run_call(
     } else {
         Cancel::All
     };
+    if let Some(reset) = profile_request(&req.fop) {
+        let res = profile_reply(&sh, reset);
+        send_reply(&sh, &conn, id, res, permit).await;
+        return;
+    }
     let mut cancel = conn.cancel.subscribe();
     let res = tokio::select! {
         r = conn.dispatch(&sh.next_fd, ctx, req) => r,
@@ -994,6 +1005,27 @@ async fn run_call(
     };
     send_reply(&sh, &conn, id, res, permit).await;
     drop(running);
+}
+
+/// `Some(reset)` for a brick profile request: a getxattr of
+/// [`PROFILE_KEY`] or [`PROFILE_RESET_KEY`] (on any inode), which the
+/// server answers itself, so it is not counted in the timings it reports.
+fn profile_request(fop: &Fop) -> Option<bool> {
+    match fop {
+        Fop::Getxattr { name, .. } if name == PROFILE_KEY => Some(false),
+        Fop::Getxattr { name, .. } if name == PROFILE_RESET_KEY => Some(true),
+        _ => None,
+    }
+}
+
+/// The brick graph's fop timings as the value of the requested key.
+fn profile_reply(sh: &Shared, reset: bool) -> FopResult {
+    let profile = sh.events.graph_profile(reset).ok_or(Errno::ENODATA)?;
+    tracing::debug!(server = %sh.name, reset, "profile requested");
+    let key = if reset { PROFILE_RESET_KEY } else { PROFILE_KEY };
+    let mut d = Dict::new();
+    d.set_bytes(key, profile.to_text().into_bytes());
+    Ok(Response { reply: Reply::Xattrs(d), xdata: Dict::new() })
 }
 
 async fn send_reply(

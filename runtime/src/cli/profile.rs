@@ -1,0 +1,419 @@
+//! `xlfs profile MOUNTPOINT` and `xlfs profile --brick HOST:PORT
+//! --subvolume PATH`: where the time goes, per fop and translator, in a
+//! running graph (every node is timed, always: [`crate::profile`]).
+//!
+//! For a mount, the mount process (through its control socket, as `xlfs
+//! status`) answers with its graph's counters and, asked over each
+//! protocol/client node's own connection, those of the brick behind it
+//! ([`crate::profile::collect`]). For each fop kind the translators are
+//! listed by self time. A protocol/client node's self time is the wait on
+//! the wire; it is shown split in two: the brick's translators (the brick
+//! graph below protocol/server, each with its self time) and a
+//! `network+queue` line, the rest (the network both ways, the server's
+//! decoding, queueing and encoding, and the client's). Both are estimated
+//! from per-call means: a brick counts the calls of every client it serves,
+//! so its times are scaled to this client's number of calls. Estimated
+//! rows are marked `~`.
+//!
+//! `--brick` asks one brick directly (a protocol/client connection made for
+//! the purpose, so `auth.login` bricks are not reachable this way); `--reset`
+//! restarts the counters after printing them (a brick's for all its
+//! clients); `--json` prints the same rows as JSON.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgGroup, Args};
+use xlfs_sdk::FopKind;
+use xlfs_sdk::profile::{GraphProfile, NodeProfile};
+
+use super::CliError;
+use super::reload::{ReloadError, ask};
+use crate::graph::Graph;
+use crate::profile::{CLIENT_TYPE, ProfileBundle, ask_brick};
+use crate::registry::Registry;
+
+/// How long a brick asked with `--brick` may take to accept the connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `xlfs profile`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("target").required(true).args(["mountpoint", "brick"])))]
+pub struct ProfileArgs {
+    /// The mount point of the client.
+    pub mountpoint: Option<PathBuf>,
+    /// Ask a brick directly instead: its server's HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT", requires = "subvolume", conflicts_with = "mountpoint")]
+    pub brick: Option<String>,
+    /// With --brick: the brick's subvolume (its path, as clients name it
+    /// in `remote-subvolume`).
+    #[arg(long, value_name = "PATH")]
+    pub subvolume: Option<String>,
+    /// Restart the counters after printing them.
+    #[arg(long)]
+    pub reset: bool,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One line of a fop's table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    /// The volume (for the network line, the protocol/client volume
+    /// followed by ` network+queue`).
+    pub translator: String,
+    /// Its translator type.
+    pub type_name: String,
+    /// `mount`, `brick HOST:PORT`, or for `--brick` `brick`.
+    pub place: String,
+    /// Calls counted by this node (at a brick: from all its clients).
+    pub calls: u64,
+    /// Self time in nanoseconds (estimated: this client's share).
+    pub self_ns: f64,
+    /// Self nanoseconds per call of this node.
+    pub self_per_call_ns: f64,
+    /// Estimated from per-call means rather than measured.
+    pub estimated: bool,
+    /// Why the row stands for more than itself (a brick not reached).
+    pub note: Option<String>,
+}
+
+/// One fop kind: its calls at the graph's entry and the rows by self time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FopReport {
+    /// The fop.
+    pub kind: FopKind,
+    /// Calls at the graph's entry (0: only issued inside the graph).
+    pub entry_calls: u64,
+    /// Their total time, nanoseconds.
+    pub entry_total_ns: u64,
+    /// Every node that saw the fop, most self time first.
+    pub rows: Vec<Row>,
+}
+
+fn node_row(n: &NodeProfile, kind: FopKind, place: &str) -> Option<Row> {
+    let f = n.fop(kind).filter(|f| f.count > 0)?;
+    Some(Row {
+        translator: n.name.clone(),
+        type_name: n.type_name.clone(),
+        place: place.to_string(),
+        calls: f.count,
+        self_ns: f.self_ns as f64,
+        self_per_call_ns: f.self_ns as f64 / f.count as f64,
+        estimated: false,
+        note: None,
+    })
+}
+
+/// The per-fop tables of `b`: the graph's nodes, each protocol/client's
+/// wait split into its brick's nodes and network+queue when the brick
+/// answered and counted the same fop.
+pub fn join(b: &ProfileBundle) -> Vec<FopReport> {
+    let g = &b.graph;
+    let entry = g.entry();
+    let mut kinds: Vec<FopKind> = g.nodes.iter().flat_map(|n| n.fops.iter().filter(|f| f.count > 0).map(|f| f.kind)).collect();
+    kinds.sort();
+    kinds.dedup();
+    let own_place = if b.bricks.is_empty() && g.node(&g.top).is_some_and(|t| t.type_name == "protocol/server") { "brick" } else { "mount" };
+    let mut out = Vec::new();
+    for kind in kinds {
+        let mut rows = Vec::new();
+        for n in &g.nodes {
+            let Some(mut row) = node_row(n, kind, own_place) else { continue };
+            if n.type_name != CLIENT_TYPE {
+                rows.push(row);
+                continue;
+            }
+            let Some(brick) = b.bricks.iter().find(|x| x.client == n.name) else {
+                rows.push(row);
+                continue;
+            };
+            let p: &GraphProfile = match &brick.profile {
+                Ok(p) => p,
+                Err(why) => {
+                    row.note = Some(format!("wire; brick {} not reached: {why}", brick.remote));
+                    rows.push(row);
+                    continue;
+                }
+            };
+            let Some(at_brick) = p.entry().and_then(|e| e.fop(kind)).filter(|f| f.count > 0) else {
+                row.note = Some(format!("wire; brick {} counted no {}", brick.remote, kind.name()));
+                rows.push(row);
+                continue;
+            };
+            // This client's share of the brick's calls of this kind.
+            let scale = row.calls as f64 / at_brick.count as f64;
+            let brick_total = at_brick.total_ns as f64 * scale;
+            let network = (row.self_ns - brick_total).max(0.0);
+            rows.push(Row {
+                translator: format!("{} network+queue", n.name),
+                self_ns: network,
+                self_per_call_ns: network / row.calls as f64,
+                estimated: true,
+                ..row
+            });
+            let place = format!("brick {}", brick.remote);
+            for bn in &p.nodes {
+                if let Some(r) = node_row(bn, kind, &place) {
+                    rows.push(Row { self_ns: r.self_ns * scale, estimated: true, ..r });
+                }
+            }
+        }
+        rows.sort_by(|a, b| b.self_ns.total_cmp(&a.self_ns).then_with(|| a.translator.cmp(&b.translator)));
+        let at_entry = entry.and_then(|e| e.fop(kind));
+        out.push(FopReport {
+            kind,
+            entry_calls: at_entry.map_or(0, |f| f.count),
+            entry_total_ns: at_entry.map_or(0, |f| f.total_ns),
+            rows,
+        });
+    }
+    // The fops that cost the most first.
+    out.sort_by(|a, b| {
+        let sum = |r: &FopReport| r.rows.iter().map(|x| x.self_ns).sum::<f64>();
+        sum(b).total_cmp(&sum(a)).then_with(|| a.kind.cmp(&b.kind))
+    });
+    out
+}
+
+/// The tables as text.
+pub fn render_text(b: &ProfileBundle, reports: &[FopReport]) -> String {
+    let mut out = format!(
+        "graph '{}': fop timings over {:.1} s\n",
+        b.graph.top,
+        b.graph.window_ms as f64 / 1000.0
+    );
+    for br in &b.bricks {
+        let state = match &br.profile {
+            Ok(p) => format!("brick graph '{}' over {:.1} s", p.top, p.window_ms as f64 / 1000.0),
+            Err(why) => format!("not reached: {why}"),
+        };
+        out += &format!("  {} -> {} {}: {state}\n", br.client, br.remote, br.subvolume);
+    }
+    if !b.bricks.is_empty() {
+        out += "~ estimated from per-call means: a brick's rows are its self times scaled to this client's calls;\n  \
+                network+queue = protocol/client self time - the brick's total below protocol/server\n";
+    }
+    out += "self time = time a translator spent on a fop not waiting for a child call it made for it; rows of\n  \
+            one fop add up to more than its total where children are called in parallel (replicate), and to less\n  \
+            where a translator answers it with other fops (open-behind's OPEN before a READ: see that fop)\n";
+    if reports.is_empty() {
+        out += "\nno fops counted yet\n";
+    }
+    for r in reports {
+        out += &format!("\n{}: ", r.kind.name());
+        if r.entry_calls > 0 {
+            out += &format!(
+                "{} calls at the top, {:.3} ms total, {:.1} us/call\n",
+                r.entry_calls,
+                r.entry_total_ns as f64 / 1e6,
+                r.entry_total_ns as f64 / r.entry_calls as f64 / 1e3
+            );
+        } else {
+            out += "not called at the top (sent by translators inside the graph)\n";
+        }
+        let sum: f64 = r.rows.iter().map(|x| x.self_ns).sum();
+        out += &format!("  {:>11} {:>6} {:>9} {:>12}  translator (type) where\n", "self ms", "%", "calls", "self us/call");
+        for x in &r.rows {
+            let pct = if sum > 0.0 { 100.0 * x.self_ns / sum } else { 0.0 };
+            let ms = format!("{}{:.3}", if x.estimated { "~" } else { "" }, x.self_ns / 1e6);
+            out += &format!(
+                "  {ms:>11} {:>6.1} {:>9} {:>12.1}  {} ({}) {}",
+                pct,
+                x.calls,
+                x.self_per_call_ns / 1e3,
+                x.translator,
+                x.type_name,
+                x.place
+            );
+            if let Some(n) = &x.note {
+                out += &format!(" ({n})");
+            }
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The tables as JSON: `{"graph", "window_ms", "bricks": [...], "fops":
+/// [{"fop", "entry_calls", "entry_total_ns", "rows": [...]}]}`.
+pub fn render_json(b: &ProfileBundle, reports: &[FopReport]) -> String {
+    let bricks: Vec<String> = b
+        .bricks
+        .iter()
+        .map(|br| {
+            let (ok, detail) = match &br.profile {
+                Ok(p) => ("true", format!("\"window_ms\":{}", p.window_ms)),
+                Err(why) => ("false", format!("\"error\":{}", json_str(why))),
+            };
+            format!(
+                "{{\"client\":{},\"remote\":{},\"subvolume\":{},\"reached\":{ok},{detail}}}",
+                json_str(&br.client),
+                json_str(&br.remote),
+                json_str(&br.subvolume)
+            )
+        })
+        .collect();
+    let fops: Vec<String> = reports
+        .iter()
+        .map(|r| {
+            let rows: Vec<String> = r
+                .rows
+                .iter()
+                .map(|x| {
+                    format!(
+                        "{{\"translator\":{},\"type\":{},\"where\":{},\"calls\":{},\"self_ns\":{},\"self_per_call_ns\":{},\"estimated\":{},\"note\":{}}}",
+                        json_str(&x.translator),
+                        json_str(&x.type_name),
+                        json_str(&x.place),
+                        x.calls,
+                        x.self_ns.round() as u64,
+                        x.self_per_call_ns.round() as u64,
+                        x.estimated,
+                        x.note.as_deref().map_or("null".to_string(), json_str)
+                    )
+                })
+                .collect();
+            format!(
+                "{{\"fop\":{},\"entry_calls\":{},\"entry_total_ns\":{},\"rows\":[{}]}}",
+                json_str(r.kind.name()),
+                r.entry_calls,
+                r.entry_total_ns,
+                rows.join(",")
+            )
+        })
+        .collect();
+    format!(
+        "{{\"graph\":{},\"window_ms\":{},\"bricks\":[{}],\"fops\":[{}]}}\n",
+        json_str(&b.graph.top),
+        b.graph.window_ms,
+        bricks.join(","),
+        fops.join(",")
+    )
+}
+
+impl ProfileArgs {
+    /// The timings to show.
+    async fn fetch(&self) -> Result<ProfileBundle, CliError> {
+        if let Some(mountpoint) = &self.mountpoint {
+            let (ok, text) = ask(mountpoint, if self.reset { "profile reset" } else { "profile" }).await?;
+            if !ok {
+                return Err(ReloadError::Failed(text.trim_end().to_string()).into());
+            }
+            return Ok(ProfileBundle::parse(&text).map_err(|e| ReloadError::Failed(format!("the mount's answer: {e}")))?);
+        }
+        let (Some(brick), Some(subvolume)) = (&self.brick, &self.subvolume) else {
+            unreachable!("clap requires a mount point or --brick with --subvolume")
+        };
+        let bad = |what: &str| ReloadError::Failed(format!("--brick {brick:?}: {what}"));
+        let (host, port) = brick.rsplit_once(':').ok_or_else(|| bad("expected HOST:PORT"))?;
+        let port: u16 = port.parse().map_err(|_| bad("bad port"))?;
+        if host.is_empty() || host.contains(char::is_whitespace) || subvolume.contains(char::is_whitespace) {
+            return Err(bad("the host and subvolume must be single words").into());
+        }
+        let text = format!(
+            "volume profile-client\n    type {CLIENT_TYPE}\n    option remote-host {host}\n    option remote-port {port}\n    \
+             option remote-subvolume {subvolume}\nend-volume\n"
+        );
+        let graph = Graph::from_str(&text, "xlfs profile --brick", &Registry::builtin())?;
+        graph.activate();
+        let res = match graph.wait_up(CONNECT_TIMEOUT).await {
+            Ok(()) => {
+                let client = graph.nodes_of_type(CLIENT_TYPE).remove(0).0;
+                ask_brick(&client, self.reset).await
+            }
+            Err(e) => Err(format!("{e}: the brick did not accept the connection (see --subvolume)")),
+        };
+        let _ = tokio::task::spawn_blocking(move || drop(graph)).await;
+        let profile = res.map_err(|e| ReloadError::Failed(format!("brick {brick}: {e}")))?;
+        Ok(ProfileBundle { graph: profile, bricks: Vec::new() })
+    }
+
+    pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
+        let bundle = self.fetch().await?;
+        let reports = join(&bundle);
+        let text = if self.json { render_json(&bundle, &reports) } else { render_text(&bundle, &reports) };
+        out.write_all(text.as_bytes())?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use xlfs_sdk::profile::FopTimes;
+
+    use super::*;
+    use crate::profile::BrickProfile;
+
+    fn node(name: &str, ty: &str, kids: &[&str], fops: &[(FopKind, u64, u64, u64)]) -> NodeProfile {
+        NodeProfile {
+            name: name.into(),
+            type_name: ty.into(),
+            children: kids.iter().map(|k| k.to_string()).collect(),
+            fops: fops.iter().map(|&(kind, count, total_ns, self_ns)| FopTimes { kind, count, total_ns, self_ns }).collect(),
+        }
+    }
+
+    #[test]
+    fn the_wire_is_split_into_the_brick_and_network_queue() {
+        use FopKind::Writev as W;
+        let mount = GraphProfile {
+            top: "afr".into(),
+            window_ms: 1000,
+            nodes: vec![
+                node("afr", "cluster/replicate", &["c0", "c1"], &[(W, 10, 10_000, 1_000)]),
+                node("c0", CLIENT_TYPE, &[], &[(W, 10, 8_000, 8_000)]),
+                node("c1", CLIENT_TYPE, &[], &[(W, 10, 9_000, 9_000)]),
+            ],
+        };
+        // The brick served 20 writes (two clients): 400 ns each at its entry.
+        let brick = GraphProfile {
+            top: "srv".into(),
+            window_ms: 1000,
+            nodes: vec![
+                node("srv", "protocol/server", &["stats"], &[]),
+                node("stats", "debug/io-stats", &["posix"], &[(W, 20, 8_000, 2_000)]),
+                node("posix", "storage/posix", &[], &[(W, 20, 6_000, 6_000)]),
+            ],
+        };
+        let b = ProfileBundle {
+            graph: mount,
+            bricks: vec![
+                BrickProfile { client: "c0".into(), remote: "h:1".into(), subvolume: "/b0".into(), profile: Ok(brick) },
+                BrickProfile { client: "c1".into(), remote: "h:2".into(), subvolume: "/b1".into(), profile: Err("refused".into()) },
+            ],
+        };
+        let r = join(&b);
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].entry_calls, r[0].entry_total_ns), (10, 10_000));
+        let rows: Vec<(&str, f64)> = r[0].rows.iter().map(|x| (x.translator.as_str(), x.self_ns)).collect();
+        // c0 waited 8000 ns; the brick's share is 10 calls x 400 ns = 4000.
+        assert_eq!(rows, [("c1", 9000.0), ("c0 network+queue", 4000.0), ("posix", 3000.0), ("afr", 1000.0), ("stats", 1000.0)]);
+        assert!(r[0].rows[0].note.as_deref().is_some_and(|n| n.contains("not reached: refused")));
+        let text = render_text(&b, &r);
+        assert!(text.contains("WRITE: 10 calls at the top"), "{text}");
+        assert!(text.contains("c0 network+queue (protocol/client) mount"), "{text}");
+        assert!(text.contains("posix (storage/posix) brick h:1"), "{text}");
+        let json = render_json(&b, &r);
+        assert!(json.starts_with("{\"graph\":\"afr\"") && json.contains("\"translator\":\"c0 network+queue\""), "{json}");
+        let back = ProfileBundle::parse(&b.to_text()).expect("parses");
+        assert_eq!(back, b);
+    }
+}

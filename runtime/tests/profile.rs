@@ -1,0 +1,85 @@
+//! `xlfs profile`, end to end: three `xlfs brick` processes, an `xlfs
+//! mount` of the default replica-3 client graph, some file operations, then
+//! the profile of the mount (its graph joined with each brick's over the
+//! wire), of one brick asked directly, as JSON, and after a reset.
+
+mod kit;
+
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+
+use kit::Cluster;
+use kit::fuse_mount::FuseMount;
+
+/// Runs `xlfs profile ARGS`; panics unless it succeeds; returns stdout.
+fn profile(args: &[&str]) -> String {
+    let mut all = vec!["profile"];
+    all.extend_from_slice(args);
+    let out = kit::run_xlfs(&all);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "xlfs {all:?} failed: {stderr}\n{stdout}");
+    stdout
+}
+
+/// The calls column of the rows of `fop`'s table whose translator part
+/// contains `needle` (`(storage/posix) brick`).
+fn calls(text: &str, fop: &str, needle: &str) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut inside = false;
+    for line in text.lines() {
+        if !line.starts_with(' ') && !line.is_empty() {
+            inside = line.starts_with(&format!("{fop}: "));
+            continue;
+        }
+        if inside && line.contains(needle) && !line.contains("self us/call") {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            out.push(words[2].parse().unwrap_or_else(|_| panic!("calls column in {line:?}")));
+        }
+    }
+    out
+}
+
+#[test]
+fn profile_shows_each_translator_of_the_mount_and_its_bricks() {
+    let c = Cluster::start(3);
+    let m = FuseMount::start(&c.replica_volfile(&[]), "");
+    let dir = m.path().join("d");
+    std::fs::create_dir(&dir).expect("mkdir");
+    for i in 0..8 {
+        let mut f = std::fs::File::create(dir.join(format!("f{i}"))).expect("create");
+        f.write_all(&vec![i as u8; 64 << 10]).expect("write");
+        f.sync_all().expect("fsync");
+    }
+    for i in 0..8 {
+        let p = dir.join(format!("f{i}"));
+        assert_eq!(std::fs::metadata(&p).expect("stat").size(), 64 << 10);
+        assert_eq!(std::fs::read(&p).expect("read").len(), 64 << 10);
+    }
+
+    let text = profile(&[m.path().to_str().expect("utf-8")]);
+    for (what, want, fop, needle) in [
+        ("the wire of each protocol/client", 3, "WRITE", "network+queue (protocol/client) mount"),
+        ("replicate", 1, "WRITE", "(cluster/replicate) mount"),
+        ("each brick's posix", 3, "WRITE", "(storage/posix) brick 127.0.0.1:"),
+        ("each brick's io-threads", 3, "FSYNC", "(performance/io-threads) brick 127.0.0.1:"),
+    ] {
+        let n = calls(&text, fop, needle);
+        assert_eq!(n.len(), want, "{what}: {want} {fop} rows with {needle:?} in\n{text}");
+        assert!(n.iter().all(|&k| k > 0), "{what}: calls counted in\n{text}");
+    }
+    assert!(!text.contains("not reached"), "every brick answered:\n{text}");
+
+    let json = profile(&["--json", m.path().to_str().expect("utf-8")]);
+    assert!(json.starts_with("{\"graph\":\"rep3\"") && json.contains("\"type\":\"storage/posix\""), "{json}");
+    assert_eq!(json.matches("\"reached\":true").count(), 3, "{json}");
+
+    let b = &c[0];
+    let alone = profile(&["--brick", &format!("127.0.0.1:{}", b.port()), "--subvolume", &b.subvolume()]);
+    let n = calls(&alone, "WRITE", "(storage/posix) brick");
+    assert!(n.len() == 1 && n[0] > 0, "one brick asked directly:\n{alone}");
+    assert!(!alone.contains("network+queue"), "{alone}");
+
+    profile(&["--reset", m.path().to_str().expect("utf-8")]);
+    let after = profile(&[m.path().to_str().expect("utf-8")]);
+    assert!(calls(&after, "WRITE", "").is_empty(), "no writes since the reset:\n{after}");
+}
