@@ -65,8 +65,28 @@ fn remove_xattr(p: &Path, name: &str) {
 
 #[test]
 fn every_change_on_one_mount_is_seen_on_the_other() {
+    every_change_is_seen(&[], true);
+}
+
+/// The same with every entry fop waiting for the bricks.
+#[test]
+fn every_change_is_seen_without_async_dirops() {
+    every_change_is_seen(&[("async-dirops", "off")], false);
+}
+
+/// A counter from `xlfs status --dump` of the mount on `mnt`.
+fn counter(mnt: &Path, key: &str) -> u64 {
+    let out = kit::run_xlfs(&[std::ffi::OsStr::new("status"), "--dump".as_ref(), mnt.as_os_str()]);
+    let dump = String::from_utf8_lossy(&out.stdout);
+    dump.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key} = ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in:\n{dump}"))
+}
+
+fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
     let c = Cluster::start(3);
-    let vol = c.replica_volfile(&[]);
+    let vol = c.replica_volfile(afr);
     assert!(vol.contains("performance/md-cache") && vol.contains("md-cache-timeout 600"), "{vol}");
     assert!(vol.contains("performance/readdir-ahead"), "{vol}");
     let (ma, mb) = (FuseMount::start(&vol, ""), FuseMount::start(&vol, ""));
@@ -152,14 +172,10 @@ fn every_change_on_one_mount_is_seen_on_the_other() {
     want.sort();
     assert_eq!(names(&a.join("big")), want, "listed where created");
     // ... and served by readdir-ahead: readdirps answered from its buffers.
-    let out = kit::run_xlfs(&[std::ffi::OsStr::new("status"), "--dump".as_ref(), a.as_os_str()]);
-    let dump = String::from_utf8_lossy(&out.stdout);
-    let hits: u64 = dump
-        .lines()
-        .find_map(|l| l.strip_prefix("rep3-readdir-ahead.hits = "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no readdir-ahead counters in:\n{dump}"));
-    assert!(hits > 0, "{dump}");
+    assert!(counter(a, "rep3-readdir-ahead.hits") > 0);
+    // The creates were answered before the bricks had them, or not at all.
+    let answered = counter(a, "rep3-replicate-0.async-dirops.answered");
+    assert_eq!(answered >= 1000, early, "{answered} entry fops answered early");
     eventually("a large listing", || (names(&b.join("big")) == want).then_some(()).ok_or("differs".into()));
     for n in want.drain(100..110) {
         std::fs::remove_file(b.join("big").join(n)).expect("unlink on b");
