@@ -28,7 +28,7 @@
 //!   again and dropped when its inode is gone or its counters are all zero
 //!   (the heal daemon sends it for inodes it found clean or gone).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -90,6 +90,11 @@ struct Index {
     watch: Vec<String>,
     dir: Option<PathBuf>,
     set: Mutex<BTreeSet<Gfid>>,
+    /// For gfids recorded by this process: the watched keys raised, as
+    /// the xattrop replies said. A reply that lowers the last of them drops
+    /// the gfid without reading every xattr again (gfids found on disk at
+    /// start are not here: their other keys are unknown, so they are read).
+    keys: Mutex<HashMap<Gfid, BTreeSet<String>>>,
     max: usize,
     list_max: usize,
     stripes: Vec<tokio::sync::Mutex<()>>,
@@ -119,6 +124,7 @@ fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
         watch,
         dir,
         set: Mutex::new(set),
+        keys: Mutex::new(HashMap::new()),
         max,
         list_max,
         stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
@@ -192,6 +198,7 @@ impl Index {
 
     /// Drops `g` (memory, then disk).
     async fn remove(&self, g: Gfid) {
+        self.keys.lock().remove(&g);
         if !self.set.lock().remove(&g) {
             return;
         }
@@ -232,10 +239,57 @@ impl Index {
         let _serial = self.stripe(&g).lock().await;
         let rsp = self.child.call(ctx.clone(), req).await?;
         if let Reply::Xattrs(d) = &rsp.reply {
-            if self.raised(d) {
-                self.add(g).await;
-            } else {
-                self.recheck(&ctx, g).await;
+            let (mut up, mut down) = (BTreeSet::new(), Vec::new());
+            for (k, v) in d.iter().filter(|(k, _)| self.watched_key(k)) {
+                match v {
+                    Value::Bytes(b) if b.iter().any(|&x| x != 0) => up.insert(k.to_string()),
+                    _ => {
+                        down.push(k.to_string());
+                        false
+                    }
+                };
+            }
+            enum Then {
+                Add,
+                Remove,
+                Recheck,
+                Nothing,
+            }
+            let then = {
+                let mut keys = self.keys.lock();
+                match keys.get_mut(&g) {
+                    Some(k) => {
+                        k.extend(up);
+                        k.retain(|x| !down.contains(x));
+                        if k.is_empty() {
+                            keys.remove(&g);
+                            Then::Remove
+                        } else {
+                            Then::Nothing
+                        }
+                    }
+                    // Recorded before this process started: other keys unknown.
+                    None if self.set.lock().contains(&g) => {
+                        if up.is_empty() {
+                            Then::Recheck
+                        } else {
+                            Then::Nothing
+                        }
+                    }
+                    None if up.is_empty() => Then::Nothing,
+                    None => {
+                        if keys.len() < self.max {
+                            keys.insert(g, up);
+                        }
+                        Then::Add
+                    }
+                }
+            };
+            match then {
+                Then::Add => self.add(g).await,
+                Then::Remove => self.remove(g).await,
+                Then::Recheck => self.recheck(&ctx, g).await,
+                Then::Nothing => {}
             }
         }
         Ok(rsp)
@@ -295,6 +349,12 @@ impl Xlator for Index {
             Fop::Setxattr { loc, xattrs, .. } if is_root(loc) && xattrs.contains(PURGE_KEY) => {
                 let v = xattrs.get_bytes(PURGE_KEY).unwrap_or_default();
                 Box::pin(async move { self.purge(&ctx, &v).await })
+            }
+            Fop::Setxattr { xattrs, .. } | Fop::Fsetxattr { xattrs, .. } if self.watched(xattrs) => {
+                // Counters written directly: what this index knows of the
+                // inode's raised keys no longer holds.
+                self.keys.lock().remove(&req.fop.gfid());
+                self.child.call(ctx, req)
             }
             _ => self.child.call(ctx, req),
         }
