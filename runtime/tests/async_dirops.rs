@@ -1,0 +1,578 @@
+//! Asynchronous directory operations (cluster/replicate `async-dirops`)
+//! end to end: three `xlfs brick` processes, replica-3 FUSE mounts by real
+//! `xlfs mount` processes, `xlfs status --dump`, `xlfs heal` and
+//! `xlfs umount` run as the user would.
+//!
+//! - a mount SIGKILLed while a burst of creates is still queued leaves, on
+//!   every brick, a prefix of the creates in the order they were answered
+//!   (the bricks differing by at most the one in flight); heal then makes
+//!   the three copies identical (names, gfids, contents);
+//! - a create answered early that then fails on the bricks (the name was
+//!   made behind the volume's back) is reported: fsync of the new file
+//!   fails, the next fsyncdir of its directory fails once, the mount logs
+//!   it, and the brick copies are untouched;
+//! - creates, writes, renames and unlinks of the same names in quick
+//!   succession, then `xlfs umount` (which drains the queue), end in the
+//!   state a synchronous run gives, identical on every brick and seen so
+//!   by a new mount.
+//!
+//! Each test checks through `async-dirops.answered` that operations were in
+//! fact answered early, so none of them passes with the feature inert.
+
+mod kit;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use kit::fuse_mount::{FuseMount, MOUNT_TIMEOUT, is_mounted};
+use kit::workload::{brick_tree, read_xattr};
+use kit::{Cluster, run_xlfs};
+
+const REP: &str = "rep3-replicate-0";
+
+/// `xlfs status --dump` of the mount on `mnt`, as key -> value.
+fn dump(mnt: &Path) -> HashMap<String, String> {
+    let out = run_xlfs(&[std::ffi::OsStr::new("status"), "--dump".as_ref(), mnt.as_os_str()]);
+    assert!(out.status.success(), "xlfs status --dump: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(" = "))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// One numeric replicate counter of a dump.
+fn num(d: &HashMap<String, String>, key: &str) -> u64 {
+    let k = format!("{REP}.{key}");
+    d.get(&k).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {k} in the dump: {d:?}"))
+}
+
+fn counter(mnt: &Path, key: &str) -> u64 {
+    num(&dump(mnt), key)
+}
+
+/// Writes the volfile into `dir` and returns its path.
+fn volfile_file(dir: &Path, text: &str) -> PathBuf {
+    let p = dir.join("client.vol");
+    std::fs::write(&p, text).expect("write volfile");
+    p
+}
+
+/// Runs `xlfs heal --volfile V ARGS`; (success, stdout+stderr).
+fn heal(volfile: &Path, args: &[&str]) -> (bool, String) {
+    let mut all = vec!["heal".to_string(), "--volfile".into(), volfile.display().to_string()];
+    all.extend(args.iter().map(|s| s.to_string()));
+    let out = run_xlfs(&all);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// Heals (index) until `xlfs heal` says all is clean (bounded).
+fn heal_until_clean(volfile: &Path) -> String {
+    let mut log = String::new();
+    for _ in 0..30 {
+        let (ok, text) = heal(volfile, &[]);
+        log += &text;
+        if ok {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    panic!("heal did not finish:\n{log}");
+}
+
+/// The AFR counters (data, metadata, entry) blaming child `j` on `path`.
+fn pending(path: &Path, j: usize) -> [i32; 3] {
+    kit::workload::afr_counters(path, &format!("trusted.afr.rep3-client-{j}"))
+}
+
+/// Asserts the bricks hold the same tree (names, types, gfids, file
+/// contents, modes); with `clean`, also that no counter blames anyone.
+/// Returns the tree (relative paths).
+fn assert_identical(c: &Cluster, clean: bool) -> Vec<PathBuf> {
+    let roots: Vec<PathBuf> = c.bricks.iter().map(|b| b.dir().to_path_buf()).collect();
+    let want = brick_tree(&roots[0]);
+    for r in &roots[1..] {
+        assert_eq!(brick_tree(r), want, "names on {} vs {}", r.display(), roots[0].display());
+    }
+    for rel in &want {
+        let p0 = roots[0].join(rel);
+        let m0 = p0.symlink_metadata().expect("lstat");
+        let g0 = read_xattr(&p0, "trusted.gfid");
+        assert!(g0.as_ref().is_some_and(|g| g.len() == 16), "{} has no gfid on brick 0", rel.display());
+        for r in &roots[1..] {
+            let p = r.join(rel);
+            let m = p.symlink_metadata().expect("lstat");
+            assert_eq!(m0.file_type(), m.file_type(), "type of {}", rel.display());
+            assert_eq!(g0, read_xattr(&p, "trusted.gfid"), "gfid of {} on {}", rel.display(), r.display());
+            assert_eq!(m0.permissions().mode(), m.permissions().mode(), "mode of {}", rel.display());
+            if m0.is_file() {
+                assert!(std::fs::read(&p0).expect("read") == std::fs::read(&p).expect("read"), "data of {}", rel.display());
+            }
+        }
+        if clean {
+            for r in &roots {
+                for j in 0..c.bricks.len() {
+                    assert_eq!(pending(&r.join(rel), j), [0, 0, 0], "{} on {} blames child {j}", rel.display(), r.display());
+                }
+            }
+        }
+    }
+    want
+}
+
+/// Waits for a mount process to exit by itself (after `xlfs umount`).
+fn wait_mount_exit(m: &mut FuseMount) -> std::process::ExitStatus {
+    let mut child = m.child.take().expect("mount process running");
+    let deadline = Instant::now() + MOUNT_TIMEOUT;
+    loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            return st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("mount process did not exit after xlfs umount\nlog:\n{}", m.log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 1. A mount killed mid-burst.
+
+/// Files in the burst.
+const BURST: usize = 2000;
+
+/// The queue length, right before the kill, at or above which the mount
+/// is killed (while the burst still runs), once at least [`KILL_AFTER`]
+/// creates were answered to the application.
+const KILL_AT_QUEUED: u64 = 32;
+const KILL_AFTER: usize = BURST / 2;
+
+fn burst_name(i: usize) -> String {
+    format!("f{i:05}")
+}
+
+fn burst_content(i: usize) -> Vec<u8> {
+    format!("content of f{i:05}\n").into_bytes()
+}
+
+/// The indices of the burst's names in `dir`, sorted; panics on a name
+/// the burst did not make.
+fn burst_indices(dir: &Path) -> Vec<usize> {
+    let mut v: Vec<usize> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| {
+            let n = e.expect("entry").file_name().to_string_lossy().into_owned();
+            let i = n.strip_prefix('f').and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("unexpected name {n}"));
+            assert_eq!(burst_name(i), n, "unexpected name");
+            i
+        })
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// A mount is SIGKILLed while a burst of creates (each with a small
+/// write) is still queued behind the early answers. The queue sends one
+/// operation at a time, so each brick holds a prefix f00000..f(k-1) of
+/// the creation order, never a later name without an earlier one; the
+/// three prefixes differ by at most the one create that was in flight.
+/// After heal the bricks hold identical names, gfids and contents.
+///
+/// Contents: a file's write waits for its create on the bricks but is not
+/// part of the ordered queue (and write-behind sends it behind the
+/// application's back), so a create that landed may have no data yet on
+/// some or all bricks when the client died. What is asserted after heal:
+/// every copy of a file is identical, and is either empty or exactly the
+/// content written — never anything else (no torn or misplaced data).
+#[test]
+fn a_mount_killed_mid_burst_leaves_a_prefix_and_heal_makes_the_copies_identical() {
+    let c = Cluster::start(3);
+    let text = c.replica_volfile(&[]);
+    let tmp = tempfile::tempdir().expect("tmp");
+    let vol = volfile_file(tmp.path(), &text);
+    let mut m = FuseMount::start(&text, "");
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).expect("mkdir d");
+
+    let (acked, done) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+    let burst = {
+        let (d, acked, done) = (d.clone(), acked.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut err = None;
+            for i in 0..BURST {
+                match std::fs::write(d.join(burst_name(i)), burst_content(i)) {
+                    Ok(()) => acked.store(i + 1, Ordering::Release),
+                    Err(e) => {
+                        err = Some(e);
+                        break;
+                    }
+                }
+            }
+            done.store(true, Ordering::Release);
+            err
+        })
+    };
+    // Kill while the burst runs and its operations are queued.
+    let (queued, answered) = loop {
+        let dm = dump(m.path());
+        let (q, a) = (num(&dm, "async-dirops.queued"), num(&dm, "async-dirops.answered"));
+        if q >= KILL_AT_QUEUED && acked.load(Ordering::Acquire) >= KILL_AFTER && !done.load(Ordering::Acquire) {
+            m.stop_with(libc::SIGKILL);
+            break (q, a);
+        }
+        assert!(
+            !done.load(Ordering::Acquire),
+            "the burst of {BURST} creates ended before {KILL_AT_QUEUED} were queued past the first {KILL_AFTER} \
+             (queued {q}, answered {a})"
+        );
+    };
+    let acked_at_kill = acked.load(Ordering::Acquire);
+    let _ = xlfs_runtime::fuse::lazy_unmount(m.path());
+    let err = burst.join().expect("burst thread");
+    assert!(!is_mounted(m.path()), "the dead mount is detached");
+    assert!(queued > 0 && answered >= queued, "queued {queued}, answered {answered}");
+
+    // Each brick: a prefix of the creation order.
+    let mut prefix = Vec::new();
+    for b in &c.bricks {
+        let got = burst_indices(&b.dir().join("d"));
+        let k = got.len();
+        let gap = got.iter().enumerate().find(|(j, i)| j != *i).map(|(j, _)| burst_name(j));
+        assert!(gap.is_none(), "brick {} holds {k} names but not {gap:?}: not a prefix of the creation order", b.dir().display());
+        prefix.push(k);
+    }
+    let (lo, hi) = (*prefix.iter().min().expect("bricks"), *prefix.iter().max().expect("bricks"));
+    assert!(hi - lo <= 1, "the bricks differ by more than the create in flight: {prefix:?}");
+    let acked_total = acked.load(Ordering::Acquire);
+    // The bricks hold at most what the application was answered, plus the
+    // one create in flight if the burst had fallen back to waiting.
+    assert!(hi <= acked_total + 1, "bricks {prefix:?} hold more than the {acked_total} creates answered");
+    // What had left the queue when the counters were read (answered minus
+    // queued-or-running) had finished on every brick: none of it may be
+    // missing (the mkdir of d may count among the answered).
+    let finished = answered.saturating_sub(queued) as usize;
+    assert!(lo + 1 >= finished, "bricks {prefix:?} lack creates the mount had finished ({finished})");
+    eprintln!(
+        "killed with {queued} queued, {answered} answered early, {acked_at_kill} creates answered to the application \
+         ({acked_total} when the burst stopped: {err:?}); prefix per brick {prefix:?}"
+    );
+
+    // Heal, then the copies are identical.
+    let log = heal_until_clean(&vol);
+    eprintln!("heal said:\n{log}");
+    let tree = assert_identical(&c, true);
+    let healed = burst_indices(&c[0].dir().join("d"));
+    assert!(healed.iter().copied().eq(0..healed.len()), "after heal not a prefix");
+    assert!(healed.len() == lo || healed.len() == hi, "heal made {} names out of prefixes {prefix:?}", healed.len());
+    assert_eq!(tree.len(), healed.len() + 1, "d and its files only: {tree:?}");
+    let mut with_data = 0;
+    for i in healed.iter().copied() {
+        let got = std::fs::read(c[0].dir().join("d").join(burst_name(i))).expect("read brick copy");
+        assert!(got.is_empty() || got == burst_content(i), "{}: {:?}", burst_name(i), String::from_utf8_lossy(&got));
+        with_data += usize::from(!got.is_empty());
+    }
+    eprintln!("after heal: {} files, {with_data} with their content", healed.len());
+
+    // A new mount sees the same.
+    let m2 = FuseMount::start(&text, "");
+    assert_eq!(burst_indices(&m2.path().join("d")), healed, "listing through a new mount");
+}
+
+// ---------------------------------------------------------------------------
+// 2. A failed early operation is reported.
+
+fn list_xattrs(p: &Path) -> BTreeMap<String, Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: a valid C string and a buffer of the given length.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n >= 0, "llistxattr {}: {}", p.display(), std::io::Error::last_os_error());
+    buf.truncate(n as usize);
+    buf.split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let k = String::from_utf8_lossy(s).into_owned();
+            let v = read_xattr(p, &k).unwrap_or_default();
+            (k, v)
+        })
+        .collect()
+}
+
+const FAILED_LINE: &str = "a directory operation answered early failed on the bricks";
+
+/// While the mount holds `d`'s delegation and knows its names, the name
+/// `taken` is made directly in each brick's copy of `d` (behind the
+/// volume's back). A create of `d/taken` through the mount is then
+/// answered early (the mount believes the name absent), and fails on the
+/// bricks with EEXIST (the queued create is sent with O_EXCL). The
+/// application must hear of it: fsync of the new file fails, the next
+/// fsyncdir of `d` fails once, the mount logs the error, and the brick
+/// copies of `taken` are left as they were.
+///
+/// The errno: EEXIST, the bricks' own error, is what fsync returns (and
+/// already the write, which waits for the create); EIO would also tell
+/// the application, but this asserts EEXIST as that is what the module
+/// promises ("the error is returned").
+///
+/// The names of `d` are known at once: its mkdir sets up its delegation
+/// with no names (nobody else can know the new directory), so there is no
+/// background listing to wait for. `post-op-delay-secs` is raised so the
+/// delegation (returned after that long idle) is still held when the
+/// create comes, however slow the machine; with the default 1 s the test
+/// would depend on timing.
+#[test]
+fn a_failed_early_create_is_reported_by_fsync_fsyncdir_and_the_log() {
+    let c = Cluster::start(3);
+    let text = c.replica_volfile(&[("post-op-delay-secs", "120")]);
+    let m = FuseMount::start(&text, "");
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).expect("mkdir d");
+    std::fs::write(d.join("first"), b"first").expect("write d/first");
+    // d/first reached every brick (the queue drained).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !c.bricks.iter().all(|b| std::fs::read(b.dir().join("d/first")).is_ok_and(|v| v == b"first")) {
+        assert!(Instant::now() < deadline, "d/first never reached every brick");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = dump(m.path());
+    assert!(num(&before, "entry-eager-lock.held") >= 1, "the delegation of d is held: {before:?}");
+    assert_eq!(num(&before, "async-dirops.failed"), 0);
+
+    // Behind the volume's back.
+    let mut copies = Vec::new();
+    for (i, b) in c.bricks.iter().enumerate() {
+        let p = b.dir().join("d/taken");
+        let data = format!("made on brick {i} directly\n").into_bytes();
+        std::fs::write(&p, &data).expect("write brick copy");
+        copies.push((p.clone(), data, list_xattrs(&p)));
+    }
+
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .open(d.join("taken"))
+        .expect("the create is answered (early)");
+    let after_create = dump(m.path());
+    assert_eq!(
+        num(&after_create, "async-dirops.answered"),
+        num(&before, "async-dirops.answered") + 1,
+        "the create of d/taken was answered early"
+    );
+    // The write may be accepted (write-behind) or already refused.
+    let wrote = f.write_all(b"through the mount\n");
+    let synced = f.sync_all();
+    let errno = synced.as_ref().err().and_then(std::io::Error::raw_os_error);
+    eprintln!("write: {wrote:?}; fsync: {synced:?}");
+    assert!(
+        errno == Some(libc::EEXIST) || errno == Some(libc::EIO),
+        "fsync of the file whose create failed on the bricks must fail with EEXIST or EIO: {synced:?} (write {wrote:?})"
+    );
+    assert_eq!(errno, Some(libc::EEXIST), "the bricks' error itself reaches the application");
+    // Still failing: every later fop on the inode.
+    let again = f.sync_all();
+    assert!(again.is_err(), "a second fsync also fails: {again:?}");
+    drop(f);
+
+    // The directory's next fsyncdir reports it once.
+    let dirf = std::fs::File::open(&d).expect("open d");
+    let first = dirf.sync_all();
+    assert_eq!(first.as_ref().err().and_then(std::io::Error::raw_os_error), Some(libc::EEXIST), "first fsyncdir of d: {first:?}");
+    dirf.sync_all().expect("the second fsyncdir of d succeeds (reported once)");
+    drop(dirf);
+
+    // Logged.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !m.log().lines().any(|l| l.contains(FAILED_LINE) && l.contains("ERROR")) {
+        assert!(Instant::now() < deadline, "the mount did not log the failure:\n{}", m.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let line = m.log().lines().find(|l| l.contains(FAILED_LINE)).map(String::from).unwrap_or_default();
+    assert!(line.contains("taken") && line.contains("EEXIST"), "the line names the file and the error: {line}");
+    assert_eq!(counter(m.path(), "async-dirops.failed"), 1);
+
+    // The brick copies are untouched.
+    for (p, data, xattrs) in &copies {
+        assert_eq!(&std::fs::read(p).expect("read brick copy"), data, "content of {}", p.display());
+        assert_eq!(&list_xattrs(p), xattrs, "xattrs of {}", p.display());
+    }
+    eprintln!("fsync errno {errno:?}; logged: {line}");
+}
+
+// ---------------------------------------------------------------------------
+// 3. Ordering of the same names in quick succession.
+
+/// One step of the sequence, run on a local directory (the synchronous
+/// reference) and on the mount.
+#[derive(Clone, Debug)]
+enum Step {
+    /// Create or truncate, and write.
+    Write(String, String),
+    Append(String, String),
+    Rename(String, String),
+    Unlink(String),
+    Mkdir(String),
+    Rmdir(String),
+}
+
+fn steps(rounds: usize) -> Vec<Step> {
+    use Step::*;
+    let s = |x: &str| x.to_string();
+    let mut v = vec![Mkdir(s("d"))];
+    for r in 0..rounds {
+        v.push(Write(s("d/a"), format!("a{r}")));
+        v.push(Write(s("d/b"), format!("b{r}")));
+        // Unlink of a name created early (and still queued), then the same
+        // name made again as a new inode.
+        v.push(Unlink(s("d/a")));
+        v.push(Write(s("d/a"), format!("A{r}")));
+        // A rename over a name from the round before, then the old name
+        // made again at once.
+        v.push(Rename(s("d/b"), s("d/c")));
+        v.push(Write(s("d/b"), format!("B{r}")));
+        v.push(Append(s("d/c"), format!("+{r}")));
+        if r % 2 == 0 {
+            v.push(Unlink(s("d/c")));
+        }
+        v.push(Rename(s("d/a"), s("d/b")));
+        // Short-lived names and directories.
+        let e = format!("d/e{r}");
+        v.push(Write(e.clone(), format!("e{r}")));
+        if r % 3 != 0 {
+            v.push(Unlink(e));
+        }
+        let sub = format!("d/sub{r}");
+        v.push(Mkdir(sub.clone()));
+        v.push(Write(format!("{sub}/x"), format!("x{r}")));
+        v.push(Write(format!("{sub}/y"), format!("y{r}")));
+        v.push(Unlink(format!("{sub}/x")));
+        if r % 2 == 1 {
+            v.push(Unlink(format!("{sub}/y")));
+            v.push(Rmdir(sub));
+        }
+    }
+    // Then many new names, some with data.
+    v.push(Mkdir(s("d/z")));
+    for i in 0..FINAL_BURST {
+        let data = if i % 4 == 0 { format!("z{i}") } else { String::new() };
+        v.push(Write(format!("d/z/{i:04}"), data));
+    }
+    v
+}
+
+/// After [`steps`] have reached the bricks: unlinks of most of the names
+/// the final burst made, so that operations are still queued when
+/// `xlfs umount` asks the mount to drain. (Unlinks, as nothing else waits
+/// for them: a create's queued write or flush waits for the create, so
+/// draining write-behind alone would also send the creates before it.)
+fn last_steps() -> Vec<Step> {
+    (0..FINAL_BURST).filter(|i| i % 10 != 0).map(|i| Step::Unlink(format!("d/z/{i:04}"))).collect()
+}
+
+/// Files made at the end of [`steps`], most unlinked by [`last_steps`].
+const FINAL_BURST: usize = 1000;
+
+fn run_steps(root: &Path, steps: &[Step]) {
+    for st in steps {
+        let r = match st {
+            Step::Write(p, s) => std::fs::write(root.join(p), s),
+            Step::Append(p, s) => {
+                std::fs::OpenOptions::new().append(true).open(root.join(p)).and_then(|mut f| f.write_all(s.as_bytes()))
+            }
+            Step::Rename(a, b) => std::fs::rename(root.join(a), root.join(b)),
+            Step::Unlink(p) => std::fs::remove_file(root.join(p)),
+            Step::Mkdir(p) => std::fs::create_dir(root.join(p)),
+            Step::Rmdir(p) => std::fs::remove_dir(root.join(p)),
+        };
+        r.unwrap_or_else(|e| panic!("{st:?} on {}: {e}", root.display()));
+    }
+}
+
+/// Every path under `root` (but `.glusterfs`) with its file content (None
+/// for a directory).
+fn state(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+    brick_tree(root)
+        .into_iter()
+        .map(|rel| {
+            let p = root.join(&rel);
+            let v = if p.symlink_metadata().expect("lstat").is_dir() { None } else { Some(std::fs::read(&p).expect("read")) };
+            (rel, v)
+        })
+        .collect()
+}
+
+/// Creates, writes, renames and unlinks of the same names in quick
+/// succession through the mount, then `xlfs umount` (which drains the
+/// queue before unmounting): every brick holds exactly what the same steps
+/// give on a local file system, with identical gfids and clean counters,
+/// and a new mount sees it.
+#[test]
+fn quick_reuse_of_names_ends_as_a_synchronous_run_after_umount() {
+    const ROUNDS: usize = 12;
+    let steps = steps(ROUNDS);
+    let reference = tempfile::tempdir().expect("tmp");
+    let last = last_steps();
+    run_steps(reference.path(), &steps);
+    run_steps(reference.path(), &last);
+    let want = state(reference.path());
+
+    let c = Cluster::start(3);
+    let text = c.replica_volfile(&[]);
+    let mut m = FuseMount::start(&text, "");
+    let t0 = Instant::now();
+    run_steps(m.path(), &steps);
+    let answered_steps = counter(m.path(), "async-dirops.answered");
+    // Of the creates and unlinks in each round at least the first few are
+    // answered early (the delegation of d is promised by its mkdir), and
+    // so is the burst of creates.
+    assert!(answered_steps >= (ROUNDS * 3 + FINAL_BURST) as u64, "only {answered_steps} operations answered early");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while counter(m.path(), "async-dirops.queued") != 0 {
+        assert!(Instant::now() < deadline, "the queue never drained");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run_steps(m.path(), &last);
+    let t_steps = t0.elapsed();
+    let at_end = dump(m.path());
+    let (answered, queued) = (num(&at_end, "async-dirops.answered"), num(&at_end, "async-dirops.queued"));
+    assert!(
+        answered - answered_steps >= last.len() as u64 / 2,
+        "only {} of the {} last unlinks answered early",
+        answered - answered_steps,
+        last.len()
+    );
+
+    let t1 = Instant::now();
+    let out = run_xlfs(&[std::ffi::OsStr::new("umount"), m.path().as_os_str()]);
+    assert!(out.status.success(), "xlfs umount: {}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("steps took {t_steps:?}, xlfs umount {:?}", t1.elapsed());
+    // As soon as `xlfs umount` returns (the mount process may still be
+    // shutting down) the bricks hold everything: it drained the queue.
+    for b in &c.bricks {
+        assert_eq!(state(b.dir()), want, "brick {} right after xlfs umount vs the synchronous run", b.dir().display());
+    }
+    let st = wait_mount_exit(&mut m);
+    assert!(st.success(), "mount process exited with {st}\n{}", m.log());
+    assert!(!m.log().contains(FAILED_LINE), "an early operation failed:\n{}", m.log());
+    assert_identical(&c, true);
+    // And through a new mount.
+    let m2 = FuseMount::start(&text, "");
+    assert_eq!(state(m2.path()), want, "a new mount vs the synchronous run");
+    eprintln!(
+        "{} + {} steps, {answered} answered early ({} of the last unlinks), {queued} queued before xlfs umount; {} paths \
+         at the end",
+        steps.len(),
+        last.len(),
+        answered - answered_steps,
+        want.len()
+    );
+}
