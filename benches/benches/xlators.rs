@@ -318,5 +318,36 @@ fn readdir_ahead(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, posix, locks, io_stats, md_cache, quick_read, open_behind, write_behind, readdir_ahead);
+/// features/upcall (brick side): a fop by the only client of an inode
+/// (recorded, nobody to tell), and a write by a second client of an inode
+/// the first one has cached (an invalidation sent to the first).
+fn upcall(c: &mut Criterion) {
+    let rt = runtime();
+    let (a, b) = (CallCtx::root("client-a"), CallCtx::root("client-b"));
+    let mut group = c.benchmark_group("upcall");
+    group.throughput(Throughput::Elements(1));
+    let g = null_graph(&rt, &[("features/upcall", &[("cache-invalidation", "on")])]);
+    let top = g.top();
+    let stat = || Request::new(Fop::Stat { loc: Loc::gfid(Gfid::ROOT) });
+    let write = || {
+        Request::new(Fop::Writev {
+            fd: Fd { id: FdId(1), gfid: Gfid::ROOT },
+            data: Bytes::from_static(&[0; 4096]),
+            offset: 0,
+            flags: 0,
+        })
+    };
+    group.bench_function("stat-one-client", |bch| bch.to_async(&rt).iter(|| top.call(a.clone(), stat())));
+    group.bench_function("write-one-client", |bch| bch.to_async(&rt).iter(|| top.call(a.clone(), write())));
+    group.bench_function("write-invalidating-another-client", |bch| {
+        bch.to_async(&rt).iter(|| async {
+            top.call(a.clone(), stat()).await.expect("stat by a");
+            top.call(b.clone(), write()).await.expect("write by b")
+        })
+    });
+    group.finish();
+    g.shutdown();
+}
+
+criterion_group!(benches, posix, locks, io_stats, md_cache, quick_read, open_behind, write_behind, readdir_ahead, upcall);
 criterion_main!(benches);

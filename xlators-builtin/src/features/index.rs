@@ -100,6 +100,8 @@ struct Index {
     stripes: Vec<tokio::sync::Mutex<()>>,
     dropped: AtomicU64,
     io_errors: AtomicU64,
+    /// Times every xattr of an inode was read again to decide.
+    rechecks: AtomicU64,
 }
 
 fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
@@ -130,6 +132,7 @@ fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
         stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
         dropped: AtomicU64::new(0),
         io_errors: AtomicU64::new(0),
+        rechecks: AtomicU64::new(0),
     }))
 }
 
@@ -222,6 +225,7 @@ impl Index {
         if !self.set.lock().contains(&g) {
             return;
         }
+        self.rechecks.fetch_add(1, Ordering::Relaxed);
         let r =
             self.child.call(ctx.clone(), Request::new(Fop::Getxattr { loc: Loc::gfid(g), name: String::new() })).await;
         match r {
@@ -366,6 +370,7 @@ impl Xlator for Index {
             ("entries".into(), self.set.lock().len().to_string()),
             ("dropped".into(), self.dropped.load(Ordering::Relaxed).to_string()),
             ("io-errors".into(), self.io_errors.load(Ordering::Relaxed).to_string()),
+            ("rechecks".into(), self.rechecks.load(Ordering::Relaxed).to_string()),
         ]
     }
 }
@@ -469,6 +474,33 @@ mod tests {
         // Non-AFR xattrops are not watched.
         xop(&ix, g, "trusted.other", [1, 0, 0]).await;
         assert!(listed(&ix, XATTROP_KEY).await.0.is_empty());
+    }
+
+    fn rechecks(ix: &Arc<dyn Xlator>) -> String {
+        ix.dump().into_iter().find(|(k, _)| k == "rechecks").map(|(_, v)| v).unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn lowered_counters_drop_the_gfid_without_reading_xattrs_unless_recorded_before_a_restart() {
+        let t = T::new();
+        let ix = t.index(&[]);
+        let (g, h) = (t.file("g").await, t.file("h").await);
+        for f in [g, h] {
+            xop(&ix, f, "trusted.afr.c-0", [1, 0, 0]).await;
+            xop(&ix, f, "trusted.afr.c-1", [1, 0, 0]).await;
+        }
+        xop(&ix, g, "trusted.afr.c-0", [-1, 0, 0]).await;
+        assert_eq!(listed(&ix, XATTROP_KEY).await.0.len(), 2, "c-1 of g still raised");
+        xop(&ix, g, "trusted.afr.c-1", [-1, 0, 0]).await;
+        assert_eq!(listed(&ix, XATTROP_KEY).await.0, vec![h]);
+        assert_eq!(rechecks(&ix), "0", "the replies said it all");
+        // A new process knows h only from disk: lowering one key reads the
+        // rest, and c-1 keeps it listed.
+        let ix2 = t.index(&[]);
+        xop(&ix2, h, "trusted.afr.c-0", [-1, 0, 0]).await;
+        assert_eq!((listed(&ix2, XATTROP_KEY).await.0, rechecks(&ix2)), (vec![h], "1".to_string()));
+        xop(&ix2, h, "trusted.afr.c-1", [-1, 0, 0]).await;
+        assert!(listed(&ix2, XATTROP_KEY).await.0.is_empty());
     }
 
     #[tokio::test]
