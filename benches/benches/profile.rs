@@ -20,7 +20,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use xlfs_benches::{NULL, runtime};
 use xlfs_runtime::graph::Graph;
 use xlfs_runtime::registry::Registry;
-use xlfs_sdk::{CallCtx, Child, FopFuture, Fop, Gfid, InitCtx, InitError, Loc, Request, Xlator, XlatorType};
+use xlfs_sdk::{CallCtx, Child, Fop, FopFuture, Gfid, InitCtx, InitError, Loc, Request, Xlator, XlatorType};
 
 /// Forwards every fop to its child, handing back the child's own future.
 struct Pass {
@@ -85,8 +85,12 @@ fn timing(c: &mut Criterion) {
         let g = timed(&rt, depth);
         let top = g.top();
         let bare = raw(depth);
-        group.bench_function(format!("stat-{depth}-pass-raw"), |b| b.to_async(&rt).iter(|| bare.call(ctx.clone(), stat())));
-        group.bench_function(format!("stat-{depth}-pass-timed"), |b| b.to_async(&rt).iter(|| top.call(ctx.clone(), stat())));
+        group.bench_function(format!("stat-{depth}-pass-raw"), |b| {
+            b.to_async(&rt).iter(|| bare.call(ctx.clone(), stat()))
+        });
+        group.bench_function(format!("stat-{depth}-pass-timed"), |b| {
+            b.to_async(&rt).iter(|| top.call(ctx.clone(), stat()))
+        });
         g.shutdown();
     }
     group.finish();

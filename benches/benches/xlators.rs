@@ -72,7 +72,12 @@ fn posix(c: &mut Criterion) {
 }
 
 fn inodelk(domain: &str, ty: LockType, owner: u64) -> Fop {
-    Fop::Inodelk { domain: domain.into(), loc: Loc::gfid(Gfid::ROOT), cmd: LkCmd::SetLkw, lock: Flock::whole(ty, owner) }
+    Fop::Inodelk {
+        domain: domain.into(),
+        loc: Loc::gfid(Gfid::ROOT),
+        cmd: LkCmd::SetLkw,
+        lock: Flock::whole(ty, owner),
+    }
 }
 
 fn locks(c: &mut Criterion) {
@@ -119,7 +124,12 @@ fn io_stats(c: &mut Criterion) {
     let stat = || Request::new(Fop::Stat { loc: Loc::gfid(Gfid::ROOT) });
     let write = || {
         Request::with_xdata(
-            Fop::Writev { fd: Fd { id: FdId(1), gfid: Gfid::ROOT }, data: Bytes::from_static(&[0; 4096]), offset: 0, flags: 0 },
+            Fop::Writev {
+                fd: Fd { id: FdId(1), gfid: Gfid::ROOT },
+                data: Bytes::from_static(&[0; 4096]),
+                offset: 0,
+                flags: 0,
+            },
             Dict::new(),
         )
     };
@@ -154,12 +164,15 @@ fn quick_read(c: &mut Criterion) {
         let g = null_graph(&rt, layers);
         let top = g.top();
         rt.block_on(top.call(ctx.clone(), Request::new(Fop::Lookup { loc: Loc::gfid(cached) }))).expect("lookup");
-        group.bench_function(format!("read-4k-hit/{name}"), |b| b.to_async(&rt).iter(|| top.call(ctx.clone(), read(cached))));
+        group.bench_function(format!("read-4k-hit/{name}"), |b| {
+            b.to_async(&rt).iter(|| top.call(ctx.clone(), read(cached)))
+        });
         group.bench_function(format!("read-4k-miss/{name}"), |b| {
             b.to_async(&rt).iter(|| top.call(ctx.clone(), read(uncached)))
         });
         group.bench_function(format!("lookup-fetching-content/{name}"), |b| {
-            b.to_async(&rt).iter(|| top.call(ctx.clone(), Request::new(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") })))
+            b.to_async(&rt)
+                .iter(|| top.call(ctx.clone(), Request::new(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") })))
         });
         g.shutdown();
     }
@@ -172,7 +185,8 @@ fn open_behind(c: &mut Criterion) {
     let gfid = Gfid([0x33; 16]);
     let mut group = c.benchmark_group("open-behind");
     group.throughput(Throughput::Elements(1));
-    let configs: [(&str, &[Layer<'_>]); 2] = [("null-alone", &[]), ("open-behind", &[("performance/open-behind", &[])])];
+    let configs: [(&str, &[Layer<'_>]); 2] =
+        [("null-alone", &[]), ("open-behind", &[("performance/open-behind", &[])])];
     for (name, layers) in configs {
         let g = null_graph(&rt, layers);
         let top = g.top();
@@ -282,13 +296,15 @@ fn readdir_ahead(c: &mut Criterion) {
     let dir = Gfid([0x44; 16]);
     let mut group = c.benchmark_group("readdir-ahead");
     group.throughput(Throughput::Elements(1));
-    let configs: [(&str, &[Layer<'_>]); 2] = [("null-alone", &[]), ("readdir-ahead", &[("performance/readdir-ahead", &[])])];
+    let configs: [(&str, &[Layer<'_>]); 2] =
+        [("null-alone", &[]), ("readdir-ahead", &[("performance/readdir-ahead", &[])])];
     for (name, layers) in configs {
         let g = null_graph(&rt, layers);
         let top = g.top();
         let (seq, seek) = (Fd { id: FdId(1), gfid: dir }, Fd { id: FdId(2), gfid: dir });
         for fd in [seq, seek] {
-            rt.block_on(top.call(ctx.clone(), Request::new(Fop::Opendir { loc: Loc::gfid(dir), fd: fd.id }))).expect("opendir");
+            rt.block_on(top.call(ctx.clone(), Request::new(Fop::Opendir { loc: Loc::gfid(dir), fd: fd.id })))
+                .expect("opendir");
         }
         let readdirp = |fd: Fd, offset: u64| Request::new(Fop::Readdirp { fd, size: 4096, offset });
         // Hit: each readdirp continues where the last one ended.
@@ -349,5 +365,16 @@ fn upcall(c: &mut Criterion) {
     g.shutdown();
 }
 
-criterion_group!(benches, posix, locks, io_stats, md_cache, quick_read, open_behind, write_behind, readdir_ahead, upcall);
+criterion_group!(
+    benches,
+    posix,
+    locks,
+    io_stats,
+    md_cache,
+    quick_read,
+    open_behind,
+    write_behind,
+    readdir_ahead,
+    upcall
+);
 criterion_main!(benches);

@@ -5,13 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use xlfs_runtime::graph::Graph;
 use xlfs_runtime::registry::Registry;
-use bytes::Bytes;
 use xlfs_sdk::dict::keys;
 use xlfs_sdk::{
-    CallCtx, Dict, DirEntry, Event, EventFrom, FileType, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Reply, Request,
-    Response, Xlator, XlatorType,
+    CallCtx, Dict, DirEntry, Event, EventFrom, FileType, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Reply,
+    Request, Response, Xlator, XlatorType,
 };
 
 /// A scratch directory for a brick: on tmpfs (`/dev/shm`) when it exists, so

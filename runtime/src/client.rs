@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use xlfs_sdk::types::rename_flags;
 use xlfs_sdk::{
-    CallCtx, Child, DirEntry, Dict, EntrylkCmd, EntrylkType, Errno, Fd, FdId, Flock, Fop, Gfid, Iatt, LkCmd, Loc,
+    CallCtx, Child, Dict, DirEntry, EntrylkCmd, EntrylkType, Errno, Fd, FdId, Flock, Fop, Gfid, Iatt, LkCmd, Loc,
     Reply, Request, Response, SetAttr, Statvfs, Value,
 };
 
@@ -97,7 +97,8 @@ impl Client {
 
     /// Resolves a path; `/` and `` are the root.
     async fn resolve(&self, path: &str) -> Result<Resolved, Errno> {
-        let mut stack: Vec<Resolved> = vec![Resolved { parent: Gfid::NULL, name: String::new(), iatt: self.root_iatt().await? }];
+        let mut stack: Vec<Resolved> =
+            vec![Resolved { parent: Gfid::NULL, name: String::new(), iatt: self.root_iatt().await? }];
         for comp in path.split('/') {
             match comp {
                 "" | "." => continue,
@@ -324,7 +325,14 @@ impl Client {
     }
 
     /// Takes or releases an entry lock on `name` in directory `dir`.
-    pub async fn entrylk(&self, dir: &str, domain: &str, name: &str, cmd: EntrylkCmd, ty: EntrylkType) -> Result<(), Errno> {
+    pub async fn entrylk(
+        &self,
+        dir: &str,
+        domain: &str,
+        name: &str,
+        cmd: EntrylkCmd,
+        ty: EntrylkType,
+    ) -> Result<(), Errno> {
         let loc = self.loc(dir).await?;
         self.reply(Fop::Entrylk { domain: domain.to_string(), loc, name: name.to_string(), cmd, ty }).await.map(drop)
     }

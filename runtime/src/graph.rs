@@ -19,8 +19,8 @@
 //! a switch can show that the old ones are freed.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
@@ -247,7 +247,10 @@ pub struct GraphSpec {
 /// Depth-first post-order over `children` from each root; `Err` holds a
 /// cycle as (path of node indexes ending at the repeated node, the node and
 /// child position of the edge that closes it).
-fn post_order(children: &[Vec<usize>], roots: impl IntoIterator<Item = usize>) -> Result<Vec<usize>, (Vec<usize>, usize, usize)> {
+fn post_order(
+    children: &[Vec<usize>],
+    roots: impl IntoIterator<Item = usize>,
+) -> Result<Vec<usize>, (Vec<usize>, usize, usize)> {
     #[derive(Clone, Copy, PartialEq)]
     enum Mark {
         New,
@@ -296,7 +299,8 @@ impl GraphSpec {
     /// the first problem is returned: types, subvolume names, cycles, a
     /// single top, child counts, options.
     pub fn validate(volfile: &Volfile, registry: &Registry) -> Result<GraphSpec, GraphError> {
-        let err = |line: usize, kind: GraphErrorKind| GraphError { file: volfile.origin.clone(), line, kind: Box::new(kind) };
+        let err =
+            |line: usize, kind: GraphErrorKind| GraphError { file: volfile.origin.clone(), line, kind: Box::new(kind) };
         let vols = &volfile.volumes;
         if vols.is_empty() {
             return Err(err(1, GraphErrorKind::Empty));
@@ -319,10 +323,14 @@ impl GraphSpec {
             let ty = match registry.specializer(ty.name) {
                 None => ty.clone(),
                 Some(specialize) => {
-                    let given: Vec<(&str, &str)> = v.options.iter().map(|o| (o.key.as_str(), o.value.as_str())).collect();
+                    let given: Vec<(&str, &str)> =
+                        v.options.iter().map(|o| (o.key.as_str(), o.value.as_str())).collect();
                     specialize(&given).map_err(|message| {
                         let line = v.options.iter().find(|o| o.key == "module").map_or(v.type_line, |o| o.line);
-                        err(line, GraphErrorKind::Dynamic { volume: v.name.clone(), type_name: ty.name.to_string(), message })
+                        err(
+                            line,
+                            GraphErrorKind::Dynamic { volume: v.name.clone(), type_name: ty.name.to_string(), message },
+                        )
                     })?
                 }
             };
@@ -358,7 +366,10 @@ impl GraphSpec {
         let &[top] = tops.as_slice() else {
             // No top at all needs a cycle, refused above.
             let line = tops.get(1).map_or(1, |&i| vols[i].line);
-            return Err(err(line, GraphErrorKind::ManyTops { tops: tops.iter().map(|&i| vols[i].name.clone()).collect() }));
+            return Err(err(
+                line,
+                GraphErrorKind::ManyTops { tops: tops.iter().map(|&i| vols[i].name.clone()).collect() },
+            ));
         };
 
         for ((v, ty), kids) in vols.iter().zip(&types).zip(&children) {
@@ -682,18 +693,29 @@ impl Graph {
                     return Err(GraphError {
                         file: spec.origin.clone(),
                         line: s.line,
-                        kind: Box::new(GraphErrorKind::Init { volume: s.name.to_string(), type_name: s.ty.name.to_string(), source }),
+                        kind: Box::new(GraphErrorKind::Init {
+                            volume: s.name.to_string(),
+                            type_name: s.ty.name.to_string(),
+                            source,
+                        }),
                     });
                 }
             }
         }
-        let nodes: Arc<[Node]> = built.into_iter().map(|n| n.expect("every node reachable from the top is built")).collect();
+        let nodes: Arc<[Node]> =
+            built.into_iter().map(|n| n.expect("every node reachable from the top is built")).collect();
         let top_down: Arc<[usize]> = spec.order.iter().rev().copied().collect();
         let profiler = Arc::new(Profiler::new(
             spec.top_name().to_string(),
             spec.nodes
                 .iter()
-                .map(|s| (s.name.to_string(), s.ty.name.to_string(), s.children.iter().map(|&c| spec.nodes[c].name.to_string()).collect()))
+                .map(|s| {
+                    (
+                        s.name.to_string(),
+                        s.ty.name.to_string(),
+                        s.children.iter().map(|&c| spec.nodes[c].name.to_string()).collect(),
+                    )
+                })
                 .collect(),
             stats,
             top_down.to_vec(),
@@ -815,7 +837,7 @@ impl Graph {
 
     /// Receives the upcalls (invalidations, lock contention) that reach the
     /// top, as the FUSE bridge needs them; a receiver more than
-    /// [`UPCALL_QUEUE`] behind is told how many it lost.
+    /// `UPCALL_QUEUE` behind is told how many it lost.
     pub fn upcalls(&self) -> broadcast::Receiver<Upcall> {
         self.upcalls.subscribe()
     }
@@ -851,7 +873,12 @@ impl Graph {
             .iter()
             .rev()
             .filter(|&&i| spec.nodes[i].ty.name == type_name)
-            .map(|&i| (Child { name: spec.nodes[i].name.clone(), xl: self.nodes[i].xl.clone() }, spec.nodes[i].options.clone()))
+            .map(|&i| {
+                (
+                    Child { name: spec.nodes[i].name.clone(), xl: self.nodes[i].xl.clone() },
+                    spec.nodes[i].options.clone(),
+                )
+            })
             .collect()
     }
 
@@ -1126,9 +1153,8 @@ end-volume
         let (line, msg) = check_err(&CHAIN.replace("subvolumes mid", "subvolumes midd"));
         assert_eq!(line, 14);
         assert!(msg.contains("volume 'top': subvolume 'midd' is not defined"), "{msg}");
-        let (line, msg) = check_err(
-            "volume l\n type test/leaf\nend-volume\nvolume f\n type test/fan\n subvolumes l l\nend-volume\n",
-        );
+        let (line, msg) =
+            check_err("volume l\n type test/leaf\nend-volume\nvolume f\n type test/fan\n subvolumes l l\nend-volume\n");
         assert_eq!(line, 6);
         assert!(msg.contains("subvolume 'l' is listed twice"), "{msg}");
     }
@@ -1138,14 +1164,12 @@ end-volume
         let (line, msg) = check_err("volume p\n type test/pass\nend-volume\n");
         assert_eq!(line, 1);
         assert_eq!(msg, "g.vol:1: volume 'p' (test/pass): expected exactly 1 subvolume, found 0");
-        let (line, msg) = check_err(
-            "volume l\n type test/leaf\nend-volume\nvolume f\n type test/fan\n subvolumes l\nend-volume\n",
-        );
+        let (line, msg) =
+            check_err("volume l\n type test/leaf\nend-volume\nvolume f\n type test/fan\n subvolumes l\nend-volume\n");
         assert_eq!(line, 6);
         assert!(msg.ends_with("expected at least 2 subvolumes, found 1"), "{msg}");
-        let (_, msg) = check_err(
-            "volume l\n type test/leaf\nend-volume\nvolume m\n type test/leaf\n subvolumes l\nend-volume\n",
-        );
+        let (_, msg) =
+            check_err("volume l\n type test/leaf\nend-volume\nvolume m\n type test/leaf\n subvolumes l\nend-volume\n");
         assert!(msg.ends_with("(test/leaf): expected no subvolumes, found 1"), "{msg}");
     }
 
@@ -1287,7 +1311,10 @@ end-volume
         // Exact in clock ticks; converting each counter to nanoseconds
         // truncates, so a sum of k of them may be k ns off.
         assert!(stat.iter().map(|f| f.self_ns).sum::<u64>().abs_diff(stat[0].total_ns) <= 3, "{stat:?}");
-        assert!((stat[0].total_ns - stat[0].self_ns).abs_diff(stat[1].total_ns) <= 2, "top waited exactly for mid: {stat:?}");
+        assert!(
+            (stat[0].total_ns - stat[0].self_ns).abs_diff(stat[1].total_ns) <= 2,
+            "top waited exactly for mid: {stat:?}"
+        );
         // What protocol/server asks through its sink: the same counters.
         let via_sink = g.nodes[0].sink.graph_profile(true).expect("linked");
         assert_eq!(via_sink.nodes, p.nodes);
@@ -1352,18 +1379,24 @@ end-volume
     fn gluster_brick_volfile_stops_at_first_unknown_type() {
         // The built-in registry knows storage/posix etc.; an unknown type in a
         // real GlusterFS brick volfile is reported with the built-in list.
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/gluster-volfiles/replica3-brick.vol");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/fixtures/gluster-volfiles/replica3-brick.vol");
         let v = Volfile::load(&path).expect("fixture parses");
         let e = GraphSpec::validate(&v, &Registry::builtin()).expect_err("features/trash is not built in");
         assert_eq!(e.line, 10);
-        assert!(e.to_string().contains("unknown type 'features/trash'") && e.to_string().contains("storage/posix"), "{e}");
+        assert!(
+            e.to_string().contains("unknown type 'features/trash'") && e.to_string().contains("storage/posix"),
+            "{e}"
+        );
     }
 
     #[test]
     fn diff_tells_options_from_structure() {
         let old = check(CHAIN).expect("valid");
         assert_eq!(old.diff(&check(CHAIN).expect("valid")), GraphDiff::Same);
-        let GraphDiff::Options(c) = old.diff(&check(&CHAIN.replace("thread-count 4", "thread-count 8")).expect("valid")) else {
+        let GraphDiff::Options(c) =
+            old.diff(&check(&CHAIN.replace("thread-count 4", "thread-count 8")).expect("valid"))
+        else {
             panic!("options only")
         };
         assert_eq!(c.len(), 1);
@@ -1372,7 +1405,8 @@ end-volume
             + "volume extra\n type test/pass\n subvolumes mid\nend-volume\n";
         let GraphDiff::Structure(why) = old.diff(&check(&more).expect("valid")) else { panic!("structure") };
         assert_eq!(why, "volumes added 'extra'");
-        let fewer = "volume leaf\n type test/leaf\nend-volume\nvolume top\n type test/pass\n subvolumes leaf\nend-volume\n";
+        let fewer =
+            "volume leaf\n type test/leaf\nend-volume\nvolume top\n type test/pass\n subvolumes leaf\nend-volume\n";
         let GraphDiff::Structure(why) = old.diff(&check(fewer).expect("valid")) else { panic!("structure") };
         assert_eq!(why, "volumes removed 'mid'");
     }
@@ -1392,7 +1426,9 @@ end-volume
         // Naming another file is an option change.
         let other = tmp.path().join("other.bin");
         std::fs::write(&other, b"three").expect("write");
-        let GraphDiff::Options(c) = old.diff(&check(&CHAIN.replace("/srv/b1", &other.display().to_string())).expect("valid")) else {
+        let GraphDiff::Options(c) =
+            old.diff(&check(&CHAIN.replace("/srv/b1", &other.display().to_string())).expect("valid"))
+        else {
             panic!("options")
         };
         assert_eq!(c[0].values[0].key, "directory");
@@ -1404,7 +1440,9 @@ end-volume
         take_log();
         let before = g.describe();
         // mid takes 8, then top refuses 13: mid gets 4 back.
-        let bad = CHAIN.replace("thread-count 4", "thread-count 8").replace("subvolumes mid", "option thread-count 13\n subvolumes mid");
+        let bad = CHAIN
+            .replace("thread-count 4", "thread-count 8")
+            .replace("subvolumes mid", "option thread-count 13\n subvolumes mid");
         let e = g.reconfigure(check(&bad).expect("valid")).expect_err("refused");
         assert_eq!(e.to_string(), "volume 'top' (test/pass): thread-count 16 -> 13: refused: 13 is unlucky");
         assert_eq!(take_log(), ["mid:reconfigure:8", "mid:reconfigure:4"]);
@@ -1414,23 +1452,28 @@ end-volume
         assert!(matches!(e, ReconfigureFailure::Unsupported { .. }), "{e}");
         // Structure is refused; a good change applies and shows.
         assert!(matches!(g.reconfigure(check(DIAMOND).expect("valid")), Err(ReconfigureFailure::Structure(_))));
-        let changes = g.reconfigure(check(&CHAIN.replace("thread-count 4", "thread-count 9")).expect("valid")).expect("applies");
+        let changes =
+            g.reconfigure(check(&CHAIN.replace("thread-count 4", "thread-count 9")).expect("valid")).expect("applies");
         assert_eq!(changes.len(), 1);
         assert_eq!(take_log(), ["mid:reconfigure:9"]);
         assert!(g.describe().contains("thread-count 9"), "{}", g.describe());
-        assert!(g.reconfigure(check(&CHAIN.replace("thread-count 4", "thread-count 9")).expect("valid")).expect("same").is_empty());
+        assert!(
+            g.reconfigure(check(&CHAIN.replace("thread-count 4", "thread-count 9")).expect("valid"))
+                .expect("same")
+                .is_empty()
+        );
     }
 
-    const DYN_OPTS: &[OptionDecl] = &[
-        OptionDecl::new("module", OptType::Path),
-        OptionDecl::new("depth", OptType::Int).range(1.0, 3.0),
-    ];
+    const DYN_OPTS: &[OptionDecl] =
+        &[OptionDecl::new("module", OptType::Path), OptionDecl::new("depth", OptType::Int).range(1.0, 3.0)];
 
     /// A dynamic type: its volume's `module` option picks the child count.
     fn specialize_dyn(given: &[(&str, &str)]) -> Result<XlatorType, String> {
         match given.iter().find(|(k, _)| *k == "module").map(|(_, v)| *v) {
             None => Err("option 'module' is required".into()),
-            Some("/leaf") => Ok(XlatorType { name: "test/dyn", options: DYN_OPTS, min_children: 0, max_children: 0, ..LEAF }),
+            Some("/leaf") => {
+                Ok(XlatorType { name: "test/dyn", options: DYN_OPTS, min_children: 0, max_children: 0, ..LEAF })
+            }
             Some(other) => Err(format!("{other}: no such module")),
         }
     }
@@ -1441,10 +1484,12 @@ end-volume
         let generic = XlatorType { name: "test/dyn", options: &DYN_OPTS[..1], ..LEAF };
         r.register_dynamic(generic, specialize_dyn).expect("new type");
         let check = |text: &str| GraphSpec::validate(&Volfile::parse(text, "d.vol").expect("parses"), &r);
-        let spec = check("volume d\n type test/dyn\n option module /leaf\n option depth 2\nend-volume\n").expect("valid");
+        let spec =
+            check("volume d\n type test/dyn\n option module /leaf\n option depth 2\nend-volume\n").expect("valid");
         assert!(spec.describe().contains("depth 2"), "{}", spec.describe());
         // The specialized declarations are the ones checked.
-        let e = check("volume d\n type test/dyn\n option module /leaf\n option depth 9\nend-volume\n").expect_err("range");
+        let e =
+            check("volume d\n type test/dyn\n option module /leaf\n option depth 9\nend-volume\n").expect_err("range");
         assert_eq!(e.line, 4);
         assert!(e.to_string().contains("out of range"), "{e}");
         // The specializer's refusal points at `option module`, or the type.

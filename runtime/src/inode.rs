@@ -85,12 +85,7 @@ impl InodeTable {
     /// kernel has forgotten.
     pub fn new(lru_limit: usize) -> InodeTable {
         let root_inode = Arc::new(Inode { gfid: Gfid::ROOT, nodeid: ROOT_NODEID });
-        let root = Entry {
-            inode: root_inode.clone(),
-            nlookup: 0,
-            names: Vec::new(),
-            lru_tick: None,
-        };
+        let root = Entry { inode: root_inode.clone(), nlookup: 0, names: Vec::new(), lru_tick: None };
         let inner = Inner {
             inodes: HashMap::from([(Gfid::ROOT, root)]),
             by_nodeid: HashMap::from([(ROOT_NODEID, Gfid::ROOT)]),
@@ -338,9 +333,8 @@ mod tests {
     #[test]
     fn lru_bound_evicts_oldest_with_its_entries() {
         let t = InodeTable::new(2);
-        let ids: Vec<u64> = (1..=4)
-            .map(|n| t.lookup_reply(Gfid::ROOT, &format!("f{n}"), gfid(n)).expect("lookup").nodeid())
-            .collect();
+        let ids: Vec<u64> =
+            (1..=4).map(|n| t.lookup_reply(Gfid::ROOT, &format!("f{n}"), gfid(n)).expect("lookup").nodeid()).collect();
         assert_eq!(t.len(), 5);
         for id in &ids {
             t.forget(*id, 1);

@@ -1,7 +1,7 @@
 //! Always-on fop timing of every graph node (`xlfs profile`).
 //!
 //! [`crate::graph::Graph::from_spec`] wraps every node it builds in a
-//! [`Timed`] node: the parents' [`Child`](xlfs_sdk::Child)ren and the
+//! [`Timed`] node: the parents' [`xlfs_sdk::Child`]ren and the
 //! graph's top are the wrappers, so every call of a node, by a parent or by
 //! the FUSE bridge, the client API or protocol/server, goes through one.
 //! Built-in translators and plugins are timed alike and know nothing of it.
@@ -34,7 +34,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use xlfs_sdk::options::Options;
-use xlfs_sdk::profile::{FopTimes, Frame, GraphProfile, NodeProfile, PROFILE_KEY, PROFILE_RESET_KEY, ticks, ticks_to_ns};
+use xlfs_sdk::profile::{
+    FopTimes, Frame, GraphProfile, NodeProfile, PROFILE_KEY, PROFILE_RESET_KEY, ticks, ticks_to_ns,
+};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{CallCtx, Child, Event, EventFrom, Fop, FopFuture, FopKind, FopResult, Loc, Reply, Request, Xlator};
 
@@ -194,7 +196,12 @@ pub struct Profiler {
 impl Profiler {
     /// A profiler for nodes `(name, type, children)`, top first in
     /// `top_down`, each counting into the matching `stats`.
-    pub fn new(top: String, nodes: Vec<(String, String, Vec<String>)>, stats: Vec<Arc<NodeStats>>, top_down: Vec<usize>) -> Profiler {
+    pub fn new(
+        top: String,
+        nodes: Vec<(String, String, Vec<String>)>,
+        stats: Vec<Arc<NodeStats>>,
+        top_down: Vec<usize>,
+    ) -> Profiler {
         Profiler { top, nodes, stats, top_down, since: Mutex::new(Instant::now()) }
     }
 
@@ -207,7 +214,12 @@ impl Profiler {
             .iter()
             .map(|&i| {
                 let (name, ty, kids) = &self.nodes[i];
-                NodeProfile { name: name.clone(), type_name: ty.clone(), children: kids.clone(), fops: self.stats[i].snapshot() }
+                NodeProfile {
+                    name: name.clone(),
+                    type_name: ty.clone(),
+                    children: kids.clone(),
+                    fops: self.stats[i].snapshot(),
+                }
             })
             .collect();
         if reset {
@@ -274,7 +286,11 @@ pub async fn collect(graph: &crate::graph::Graph, reset: bool) -> ProfileBundle 
         .zip(answers)
         .map(|((c, opts), profile)| BrickProfile {
             client: c.name.to_string(),
-            remote: format!("{}:{}", opts.str("remote-host").unwrap_or("?"), opts.int("remote-port").map_or("?".into(), |p| p.to_string())),
+            remote: format!(
+                "{}:{}",
+                opts.str("remote-host").unwrap_or("?"),
+                opts.int("remote-port").map_or("?".into(), |p| p.to_string())
+            ),
             subvolume: opts.str("remote-subvolume").unwrap_or("?").to_string(),
             profile,
         })
@@ -345,7 +361,9 @@ impl ProfileBundle {
             }
         }
         let mut it = sections.into_iter();
-        let Some((head, body)) = it.next().filter(|(h, _)| h[0] == "profile") else { return Err("no profile section".into()) };
+        let Some((head, body)) = it.next().filter(|(h, _)| h[0] == "profile") else {
+            return Err("no profile section".into());
+        };
         let _ = head;
         let graph = GraphProfile::parse(&body).map_err(|e| e.to_string())?;
         let mut bricks = Vec::new();
@@ -358,7 +376,12 @@ impl ProfileBundle {
                 "unreachable" => Err(rest.join(" ")),
                 _ => return Err(format!("unexpected section {kind}")),
             };
-            bricks.push(BrickProfile { client: client.to_string(), remote: remote.to_string(), subvolume: subvolume.to_string(), profile });
+            bricks.push(BrickProfile {
+                client: client.to_string(),
+                remote: remote.to_string(),
+                subvolume: subvolume.to_string(),
+                profile,
+            });
         }
         Ok(ProfileBundle { graph, bricks })
     }
@@ -433,12 +456,18 @@ mod tests {
             let (_, kids, calls, concurrent, sleep, background) = spec[i];
             let children = kids
                 .iter()
-                .map(|&k| Child { name: Arc::from(spec[k].0), xl: timed[k].clone().expect("children first") as Arc<dyn Xlator> })
+                .map(|&k| Child {
+                    name: Arc::from(spec[k].0),
+                    xl: timed[k].clone().expect("children first") as Arc<dyn Xlator>,
+                })
                 .collect();
             let node = Node { children, calls, concurrent, sleep: Duration::from_millis(sleep), background };
             timed[i] = Some(Arc::new(Timed::new(Arc::new(node), stats[i].clone(), kids.is_empty())));
         }
-        let nodes = spec.iter().map(|s| (s.0.to_string(), "test/node".to_string(), s.1.iter().map(|&k| spec[k].0.to_string()).collect())).collect();
+        let nodes = spec
+            .iter()
+            .map(|s| (s.0.to_string(), "test/node".to_string(), s.1.iter().map(|&k| spec[k].0.to_string()).collect()))
+            .collect();
         let profiler = Profiler::new(spec[0].0.to_string(), nodes, stats.clone(), (0..spec.len()).collect());
         Built { tops: timed.into_iter().map(|t| t.expect("built")).collect(), stats, profiler }
     }
@@ -477,8 +506,14 @@ mod tests {
         let near = |a: u64, b: u64, k: u64| a.abs_diff(b) <= k;
         let sum: u64 = t.iter().map(|t| t.self_ns).sum();
         assert!(near(sum, t[0].total_ns, 4), "self times add up to the top's total: {t:?}");
-        assert!(near(t[0].total_ns - t[0].self_ns, t[1].total_ns + t[3].total_ns, 3), "top waited exactly for its children: {t:?}");
-        assert!(near(t[1].total_ns - t[1].self_ns, t[2].total_ns, 2), "mid waited exactly for its two bottom calls: {t:?}");
+        assert!(
+            near(t[0].total_ns - t[0].self_ns, t[1].total_ns + t[3].total_ns, 3),
+            "top waited exactly for its children: {t:?}"
+        );
+        assert!(
+            near(t[1].total_ns - t[1].self_ns, t[2].total_ns, 2),
+            "mid waited exactly for its two bottom calls: {t:?}"
+        );
         // Each node sleeps: self is at least its sleeps (1 ms per call).
         assert!(t[1].self_ns >= 3 * 2_000_000, "{:?}", t[1]);
 
@@ -490,7 +525,12 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_children_are_waited_for_once() {
-        let g = build(&[("fan", &[1, 2, 3], 1, true, 0, false), ("a", &[], 0, false, 3, false), ("b", &[], 0, false, 3, false), ("c", &[], 0, false, 3, false)]);
+        let g = build(&[
+            ("fan", &[1, 2, 3], 1, true, 0, false),
+            ("a", &[], 0, false, 3, false),
+            ("b", &[], 0, false, 3, false),
+            ("c", &[], 0, false, 3, false),
+        ]);
         g.tops[0].call(CallCtx::root("t"), stat()).await.expect("ok");
         let t: Vec<FopTimes> = g.stats.iter().map(|s| times(s)).collect();
         let waited = t[0].total_ns - t[0].self_ns;

@@ -285,8 +285,10 @@ impl Reloader {
                 Ok(GraphSpec::validate(&Volfile::load(&path)?, &registry)?)
             })
             .await??;
-            let after: Vec<(PathBuf, Option<(u64, SystemTime)>)> = spec.files().into_iter().map(|p| (p.clone(), meta(&p))).collect();
-            let stable = after.iter().all(|(_, m)| m.is_some_and(|(_, mtime)| mtime.elapsed().unwrap_or_default() > SETTLE));
+            let after: Vec<(PathBuf, Option<(u64, SystemTime)>)> =
+                spec.files().into_iter().map(|p| (p.clone(), meta(&p))).collect();
+            let stable =
+                after.iter().all(|(_, m)| m.is_some_and(|(_, mtime)| mtime.elapsed().unwrap_or_default() > SETTLE));
             tries += 1;
             if stable || tries >= 3 {
                 return Ok(spec);
@@ -434,8 +436,10 @@ mod tests {
 
     fn registry() -> Registry {
         let mut r = Registry::new();
-        let leaf = XlatorType { name: "t/leaf", description: "", options: OPTS, min_children: 0, max_children: 0, build };
-        let pass = XlatorType { name: "t/pass", description: "", options: OPTS, min_children: 1, max_children: 1, build };
+        let leaf =
+            XlatorType { name: "t/leaf", description: "", options: OPTS, min_children: 0, max_children: 0, build };
+        let pass =
+            XlatorType { name: "t/pass", description: "", options: OPTS, min_children: 1, max_children: 1, build };
         r.register(leaf).expect("new");
         r.register(pass).expect("new");
         r
@@ -484,8 +488,11 @@ mod tests {
         assert!(s.to_string().contains("last reload: ") && s.to_string().contains("(test): ok: switched"), "{s}");
 
         // An option the translator cannot change in place: a new graph.
-        std::fs::write(&path, volfile(5, MID).replace("type t/pass\n option level", "type t/pass\n option fixed on\n option level"))
-            .expect("write");
+        std::fs::write(
+            &path,
+            volfile(5, MID).replace("type t/pass\n option level", "type t/pass\n option fixed on\n option level"),
+        )
+        .expect("write");
         let Applied::Switched { why, .. } = r.reload("test").await.expect("rebuilt") else { panic!("switched") };
         assert!(why.contains("needs a new instance"), "{why}");
         assert_eq!(target.generation(), 3);

@@ -458,7 +458,9 @@ end-volume
     fn duplicate_type() {
         let (line, kind, _) = syntax_err("volume a\n type t\n type u\nend-volume\n");
         assert_eq!(line, 3);
-        assert!(matches!(kind, SyntaxError::DuplicateType { ref first, first_line: 2, ref found, .. } if first == "t" && found == "u"));
+        assert!(
+            matches!(kind, SyntaxError::DuplicateType { ref first, first_line: 2, ref found, .. } if first == "t" && found == "u")
+        );
     }
 
     #[test]

@@ -112,13 +112,23 @@ fn assert_identical(c: &Cluster, clean: bool) -> Vec<PathBuf> {
             assert_eq!(g0, read_xattr(&p, "trusted.gfid"), "gfid of {} on {}", rel.display(), r.display());
             assert_eq!(m0.permissions().mode(), m.permissions().mode(), "mode of {}", rel.display());
             if m0.is_file() {
-                assert!(std::fs::read(&p0).expect("read") == std::fs::read(&p).expect("read"), "data of {}", rel.display());
+                assert!(
+                    std::fs::read(&p0).expect("read") == std::fs::read(&p).expect("read"),
+                    "data of {}",
+                    rel.display()
+                );
             }
         }
         if clean {
             for r in &roots {
                 for j in 0..c.bricks.len() {
-                    assert_eq!(pending(&r.join(rel), j), [0, 0, 0], "{} on {} blames child {j}", rel.display(), r.display());
+                    assert_eq!(
+                        pending(&r.join(rel), j),
+                        [0, 0, 0],
+                        "{} on {} blames child {j}",
+                        rel.display(),
+                        r.display()
+                    );
                 }
             }
         }
@@ -246,7 +256,11 @@ fn a_mount_killed_mid_burst_leaves_a_prefix_and_heal_makes_the_copies_identical(
         let got = burst_indices(&b.dir().join("d"));
         let k = got.len();
         let gap = got.iter().enumerate().find(|(j, i)| j != *i).map(|(j, _)| burst_name(j));
-        assert!(gap.is_none(), "brick {} holds {k} names but not {gap:?}: not a prefix of the creation order", b.dir().display());
+        assert!(
+            gap.is_none(),
+            "brick {} holds {k} names but not {gap:?}: not a prefix of the creation order",
+            b.dir().display()
+        );
         prefix.push(k);
     }
     let (lo, hi) = (*prefix.iter().min().expect("bricks"), *prefix.iter().max().expect("bricks"));
@@ -386,7 +400,11 @@ fn a_failed_early_create_is_reported_by_fsync_fsyncdir_and_the_log() {
     // The directory's next fsyncdir reports it once.
     let dirf = std::fs::File::open(&d).expect("open d");
     let first = dirf.sync_all();
-    assert_eq!(first.as_ref().err().and_then(std::io::Error::raw_os_error), Some(libc::EEXIST), "first fsyncdir of d: {first:?}");
+    assert_eq!(
+        first.as_ref().err().and_then(std::io::Error::raw_os_error),
+        Some(libc::EEXIST),
+        "first fsyncdir of d: {first:?}"
+    );
     dirf.sync_all().expect("the second fsyncdir of d succeeds (reported once)");
     drop(dirf);
 
@@ -504,7 +522,11 @@ fn state(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
         .into_iter()
         .map(|rel| {
             let p = root.join(&rel);
-            let v = if p.symlink_metadata().expect("lstat").is_dir() { None } else { Some(std::fs::read(&p).expect("read")) };
+            let v = if p.symlink_metadata().expect("lstat").is_dir() {
+                None
+            } else {
+                Some(std::fs::read(&p).expect("read"))
+            };
             (rel, v)
         })
         .collect()

@@ -24,8 +24,12 @@ async fn posix_locks_iostats_through_client_api() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let brick = tmp.path().join("brick");
     std::fs::create_dir(&brick).expect("brick dir");
-    let graph = xlfs_runtime::graph::Graph::from_str(&volfile(&brick), "test.vol", &xlfs_runtime::registry::Registry::builtin())
-        .expect("graph builds");
+    let graph = xlfs_runtime::graph::Graph::from_str(
+        &volfile(&brick),
+        "test.vol",
+        &xlfs_runtime::registry::Registry::builtin(),
+    )
+    .expect("graph builds");
     graph.activate();
     graph.wait_up(Duration::from_secs(10)).await.expect("graph comes up");
     let c = Client::new(graph.top());

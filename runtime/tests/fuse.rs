@@ -142,7 +142,9 @@ rm -rf copy untar
 "#,
     );
     // Everything happened on the brick.
-    assert!(std::fs::read_dir(v.brick.dir()).expect("brick").filter_map(Result::ok).all(|e| e.file_name() == ".glusterfs"));
+    assert!(
+        std::fs::read_dir(v.brick.dir()).expect("brick").filter_map(Result::ok).all(|e| e.file_name() == ".glusterfs")
+    );
 }
 
 /// A small deterministic generator (xorshift64*).
@@ -168,7 +170,9 @@ fn random_read_write_truncate_matches_a_model() {
     const MAX_SIZE: u64 = 2 << 20;
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let paths: Vec<PathBuf> = (0..FILES).map(|i| v.mount.path().join(format!("f{i}"))).collect();
-    let open = |p: &Path| std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p).expect("open");
+    let open = |p: &Path| {
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(p).expect("open")
+    };
     let mut files: Vec<std::fs::File> = paths.iter().map(|p| open(p)).collect();
     let mut model: Vec<Vec<u8>> = vec![Vec::new(); FILES];
     let mut counts = [0usize; 7];
@@ -220,7 +224,11 @@ fn random_read_write_truncate_matches_a_model() {
             // Size check by fstat and by path.
             85..=91 => {
                 assert_eq!(f.metadata().expect("fstat").len(), m.len() as u64, "op {op}: fstat size of f{i}");
-                assert_eq!(std::fs::metadata(&paths[i]).expect("stat").len(), m.len() as u64, "op {op}: stat size of f{i}");
+                assert_eq!(
+                    std::fs::metadata(&paths[i]).expect("stat").len(),
+                    m.len() as u64,
+                    "op {op}: stat size of f{i}"
+                );
                 counts[3] += 1;
             }
             // fsync / fdatasync.
@@ -498,9 +506,21 @@ fn daemon_through_the_mount_helper() {
     }
     drop(guard);
     // A bad option fails the helper with the reason, mounting nothing.
-    let out = Command::new("sh").arg(&helper).arg(&vol).arg(&mnt).arg("-o").arg("bogus=1").env("XLFS", XLFS).output().expect("run");
+    let out = Command::new("sh")
+        .arg(&helper)
+        .arg(&vol)
+        .arg(&mnt)
+        .arg("-o")
+        .arg("bogus=1")
+        .env("XLFS", XLFS)
+        .output()
+        .expect("run");
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown mount option 'bogus'"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown mount option 'bogus'"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!is_mounted(&mnt));
 }
 
@@ -573,7 +593,10 @@ async fn local_mount(opts: &str) -> Local {
     let (top, up) = (graph.top(), graph.upcalls());
     let o = MountOptions::parse(opts).expect("options");
     let rt = tokio::runtime::Handle::current();
-    let mount = tokio::task::spawn_blocking(move || Mount::new(top, Some(up), &mnt, o, rt)).await.expect("join").expect("mount");
+    let mount = tokio::task::spawn_blocking(move || Mount::new(top, Some(up), &mnt, o, rt))
+        .await
+        .expect("join")
+        .expect("mount");
     Local { mount, graph, brick, _dir: dir }
 }
 
@@ -720,8 +743,11 @@ fn walk(dir: &Path) -> usize {
 fn mount_errors_are_reported() {
     let dir = tempfile::tempdir().expect("dir");
     let vol = dir.path().join("v.vol");
-    std::fs::write(&vol, format!("volume p\n type storage/posix\n option directory {}\nend-volume\n", dir.path().display()))
-        .expect("volfile");
+    std::fs::write(
+        &vol,
+        format!("volume p\n type storage/posix\n option directory {}\nend-volume\n", dir.path().display()),
+    )
+    .expect("volfile");
     let missing = dir.path().join("no-such-dir");
     let out = Command::new(XLFS).args(["mount", "-f", "--volfile"]).arg(&vol).arg(&missing).output().expect("run");
     assert!(!out.status.success());
@@ -737,5 +763,9 @@ fn mount_errors_are_reported() {
         .output()
         .expect("run");
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("did not report ChildUp"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("did not report ChildUp"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

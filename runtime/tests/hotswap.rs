@@ -288,7 +288,13 @@ fn twenty_changes_under_a_verified_workload() {
         let (l, d) = (load.clone(), mnt.clone());
         std::thread::spawn(move || churn_worker(l, d))
     };
-    let locked = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(mnt.join("locked")).expect("open");
+    let locked = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(mnt.join("locked"))
+        .expect("open");
     ofd_lock(&locked, libc::F_OFD_SETLK, libc::F_WRLCK as libc::c_short).expect("OFD lock");
     std::thread::sleep(Duration::from_millis(500));
 
@@ -370,13 +376,24 @@ fn twenty_changes_under_a_verified_workload() {
     let below = if v.access_log { "hs-alog" } else { "hs-plug" };
     let bad_plugin = |module: &Path, opts: &str| {
         let mut w = v.clone();
-        let text = format!("volume hs-bad\n    type plugin/wasm\n    option module {}\n{opts}    subvolumes {below}\nend-volume\n\n", module.display());
+        let text = format!(
+            "volume hs-bad\n    type plugin/wasm\n    option module {}\n{opts}    subvolumes {below}\nend-volume\n\n",
+            module.display()
+        );
         w.extra = Some((text, "hs-bad"));
         volfile(&c, &m, &w)
     };
     let rejected = [
-        (good.replace("end-volume\n\nvolume hs-top", "\nvolume hs-top"), "client.vol:", "a volfile that does not parse"),
-        (good.replace(&format!("page-count {}", v.page_count), "page-count 99"), "'page-count'", "an out-of-range value"),
+        (
+            good.replace("end-volume\n\nvolume hs-top", "\nvolume hs-top"),
+            "client.vol:",
+            "a volfile that does not parse",
+        ),
+        (
+            good.replace(&format!("page-count {}", v.page_count), "page-count 99"),
+            "'page-count'",
+            "an out-of-range value",
+        ),
         (bad_plugin(&fault_inject, "    option fops NO-SUCH-FOP\n"), "init failed", "a plugin whose init fails"),
         (bad_plugin(&abi2, ""), "ABI major version mismatch", "a plugin built for ABI 2"),
         (bad_plugin(&hostile, "    option mode init-trap\n"), "wasm trap", "a plugin that traps at init"),

@@ -13,8 +13,8 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::task::JoinHandle;
 use kit::{Brick, BrickConfig, Cluster, Mount, TestProcess, mount, mount_to, mount_with, wait_state};
+use tokio::task::JoinHandle;
 use xlfs_runtime::client::Client;
 use xlfs_runtime::graph::TopState;
 use xlfs_sdk::abi::{self, AbiVersion};
@@ -23,7 +23,6 @@ use xlfs_xlators::protocol::rpc::{self, FrameKind, Message};
 
 /// A generous bound for things that should happen quickly: a hang guard.
 const GUARD: Duration = Duration::from_secs(20);
-
 
 /// The ping timeout the death and hang tests configure.
 const PING: (&str, &str) = ("ping-timeout", "2s");
@@ -55,7 +54,10 @@ async fn two_clients_see_each_others_writes() {
 
     cb.mkdir("/from-b", 0o755).await.expect("b mkdir");
     let names: Vec<String> = ca.readdir("/").await.expect("a lists").into_iter().map(|e| e.name).collect();
-    assert!(names.contains(&"from-b".to_string()) && names.contains(&"shared".to_string()), "a sees b's entries: {names:?}");
+    assert!(
+        names.contains(&"from-b".to_string()) && names.contains(&"shared".to_string()),
+        "a sees b's entries: {names:?}"
+    );
     ca.setxattr("/from-b", "user.k", b"v", 0).await.expect("a setxattr");
     assert_eq!(&cb.getxattr("/from-b", "user.k").await.expect("b getxattr")[..], b"v");
     ca.unlink("/shared").await.expect("a unlinks");
@@ -75,7 +77,11 @@ async fn a_cluster_of_bricks_are_independent_volumes() {
     assert!(!cluster[1].dir().join("only-on-0").exists());
     // A client naming the other brick's subvolume is refused.
     let wrong = kit::graph_from(&kit::client_volfile_to(cluster[0].port(), &cluster[1].subvolume(), &[]));
-    assert!(cluster[0].wait_log(&cluster[1].subvolume(), GUARD), "brick 0 logs the unknown subvolume:\n{}", cluster[0].log());
+    assert!(
+        cluster[0].wait_log(&cluster[1].subvolume(), GUARD),
+        "brick 0 logs the unknown subvolume:\n{}",
+        cluster[0].log()
+    );
     assert_eq!(Client::new(wrong.top()).stat("/").await.expect_err("refused"), Errno::ENOTCONN);
     assert_eq!(wrong.state(), TopState::Down);
 }
@@ -115,7 +121,9 @@ impl LockKind {
 fn lock_holder_process() {
     let Some(role) = kit::role() else { return };
     let mut words = role.split(' ');
-    let (Some(kind), Some(port), Some(sub)) = (words.next(), words.next(), words.next()) else { panic!("bad role {role:?}") };
+    let (Some(kind), Some(port), Some(sub)) = (words.next(), words.next(), words.next()) else {
+        panic!("bad role {role:?}")
+    };
     let kind = if kind == "posix" { LockKind::Posix } else { LockKind::Inode };
     let port: u16 = port.parse().expect("port");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
@@ -139,7 +147,8 @@ async fn lock_dies_with_its_holder(kind: LockKind) {
     let c = m.client.with_lk_owner(0xc1);
     c.create(LOCKED_FILE, libc::O_RDWR, 0o644).await.expect("create").close().await.expect("close");
 
-    let mut holder = TestProcess::spawn("lock_holder_process", &format!("{} {} {}", kind.name(), brick.port(), brick.subvolume()));
+    let mut holder =
+        TestProcess::spawn("lock_holder_process", &format!("{} {} {}", kind.name(), brick.port(), brick.subvolume()));
     holder.expect_line("LOCKED");
 
     let f = c.open(LOCKED_FILE, libc::O_RDWR).await.expect("open");
@@ -161,7 +170,8 @@ async fn lock_dies_with_its_holder(kind: LockKind) {
     assert!(rx.try_recv().is_err(), "the waiter must wait while the holder lives");
 
     holder.kill();
-    let (got, f) = tokio::time::timeout(GUARD, waiter).await.expect("the waiter is granted once the holder dies").expect("join");
+    let (got, f) =
+        tokio::time::timeout(GUARD, waiter).await.expect("the waiter is granted once the holder dies").expect("join");
     got.expect("the waiter's lock");
     // Released again: a third owner can take it after the waiter unlocks.
     let unlock = Flock::whole(LockType::Unlock, c.ctx().lk_owner);
@@ -273,8 +283,14 @@ async fn a_client_with_a_wrong_password_is_refused() {
         ("auth.login.{dir}.allow", "alice"),
         ("auth.login.alice.password", "s3cret"),
     ]));
-    refused(&brick, &[("username", "alice"), ("password", "wrong")], "client refused: wrong password for user 'alice'").await;
-    refused(&brick, &[("username", "mallory"), ("password", "s3cret")], "client refused: user 'mallory' is not allowed").await;
+    refused(&brick, &[("username", "alice"), ("password", "wrong")], "client refused: wrong password for user 'alice'")
+        .await;
+    refused(
+        &brick,
+        &[("username", "mallory"), ("password", "s3cret")],
+        "client refused: user 'mallory' is not allowed",
+    )
+    .await;
     let ok = mount_with(&brick, &[("username", "alice"), ("password", "s3cret")]).await;
     works(&ok.client, "/alice").await;
 }
@@ -344,7 +360,9 @@ fn read_frame(s: &mut TcpStream, buf: &mut BytesMut) -> Option<rpc::Frame> {
         match s.read(&mut chunk) {
             Ok(0) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) => return None,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) => {
+                return None;
+            }
             Err(e) => panic!("reading from the brick: {e}"),
         }
     }
@@ -382,7 +400,12 @@ fn send_bad_inputs(brick: &Brick, hello: bool) {
         }
         expect_closed(&mut s, &mut buf, &what);
         let prefix = if hello { "closing connection: " } else { "closing connection before the handshake: " };
-        assert!(brick.wait_log_line(&[prefix, bad.log], GUARD), "{what}: the brick logs {prefix:?} {:?}:\n{}", bad.log, brick.log());
+        assert!(
+            brick.wait_log_line(&[prefix, bad.log], GUARD),
+            "{what}: the brick logs {prefix:?} {:?}:\n{}",
+            bad.log,
+            brick.log()
+        );
     }
 }
 
@@ -400,13 +423,15 @@ fn send_unknown_fop(brick: &Brick) {
     while !(replied && ponged) {
         let frame = read_frame(&mut s, &mut buf).expect("the connection stays open");
         match (frame.kind, frame.id) {
-            (FrameKind::Reply, 7) => match Message::from_frame(frame, &rpc::limits_for(rpc::HANDSHAKE_MAX_FRAME)).expect("decodes") {
-                Message::Reply(r) => {
-                    assert_eq!(r.expect_err("an unknown fop fails"), Errno::ENOSYS);
-                    replied = true;
+            (FrameKind::Reply, 7) => {
+                match Message::from_frame(frame, &rpc::limits_for(rpc::HANDSHAKE_MAX_FRAME)).expect("decodes") {
+                    Message::Reply(r) => {
+                        assert_eq!(r.expect_err("an unknown fop fails"), Errno::ENOSYS);
+                        replied = true;
+                    }
+                    other => panic!("expected REPLY, got {other:?}"),
                 }
-                other => panic!("expected REPLY, got {other:?}"),
-            },
+            }
             (FrameKind::Pong, 8) => ponged = true,
             (kind, id) => panic!("unexpected {kind} frame {id}"),
         }
@@ -508,7 +533,11 @@ async fn a_second_signal_stops_a_draining_brick_at_once() {
     brick.signal(libc::SIGINT);
     let status = brick.wait_exit(kit::PROCESS_TIMEOUT);
     assert_eq!(status.code(), Some(1), "a forced stop is a failure exit\n{}", brick.log());
-    assert!(brick.log().contains("SIGINT while stopping: stopped without waiting for in-flight fops"), "{}", brick.log());
+    assert!(
+        brick.log().contains("SIGINT while stopping: stopped without waiting for in-flight fops"),
+        "{}",
+        brick.log()
+    );
     let res = tokio::time::timeout(GUARD, blocked).await.expect("the waiter ends").expect("join");
     assert_eq!(res.expect_err("the brick is gone"), Errno::ENOTCONN);
 }
@@ -518,7 +547,8 @@ fn a_brick_on_a_port_in_use_fails_with_a_clear_message() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = taken.local_addr().expect("addr").port().to_string();
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = kit::run_xlfs(&["brick", "--dir", dir.path().to_str().expect("utf-8"), "--host", "127.0.0.1", "--port", &port]);
+    let out =
+        kit::run_xlfs(&["brick", "--dir", dir.path().to_str().expect("utf-8"), "--host", "127.0.0.1", "--port", &port]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "must fail; stderr:\n{stderr}");
     assert!(out.stdout.is_empty(), "no start line: {:?}", String::from_utf8_lossy(&out.stdout));

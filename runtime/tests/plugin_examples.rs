@@ -33,21 +33,30 @@ fn opts(module: &Path, more: &[(&'static str, &str)]) -> Vec<(&'static str, Stri
 }
 
 async fn up(volfile: &str) -> Graph {
-    let graph = Graph::from_str(volfile, "examples.vol", &Registry::builtin()).unwrap_or_else(|e| panic!("graph builds: {e}\n{volfile}"));
+    let graph = Graph::from_str(volfile, "examples.vol", &Registry::builtin())
+        .unwrap_or_else(|e| panic!("graph builds: {e}\n{volfile}"));
     graph.activate();
     graph.wait_up(Duration::from_secs(20)).await.expect("graph comes up");
     graph
 }
 
 fn dump_value(graph: &Graph, key: &str) -> String {
-    graph.dump().into_iter().find(|(k, _)| k == key).map(|(_, v)| v).unwrap_or_else(|| panic!("no {key} in {:?}", graph.dump()))
+    graph
+        .dump()
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("no {key} in {:?}", graph.dump()))
 }
 
 /// posix on a fresh directory, then `plugin` on top (named `top`).
 fn on_posix(dir: &Path, tag: &str, ty: &str, options: &[(&'static str, String)]) -> String {
     let posix = format!("{tag}-posix");
-    [volume(&posix, "storage/posix", &[("directory", dir.display().to_string())], &[]), volume(tag, ty, options, &[&posix])]
-        .concat()
+    [
+        volume(&posix, "storage/posix", &[("directory", dir.display().to_string())], &[]),
+        volume(tag, ty, options, &[&posix]),
+    ]
+    .concat()
 }
 
 /// Builds plugins/c-passthrough with the system C compiler (once per process).
@@ -142,7 +151,8 @@ async fn first_translator_walkthrough() {
     for (quiet, errno) in [("off", Errno::EROFS), ("on", Errno::EPERM)] {
         let tmp = tempfile::tempdir().expect("tempdir");
         std::fs::write(tmp.path().join("hello.txt"), b"hi").expect("seed a file");
-        let graph = up(&on_posix(tmp.path(), &format!("ro-{quiet}"), "plugin/wasm", &opts(&module, &[("quiet", quiet)]))).await;
+        let graph =
+            up(&on_posix(tmp.path(), &format!("ro-{quiet}"), "plugin/wasm", &opts(&module, &[("quiet", quiet)]))).await;
         let c = Client::new(graph.top());
         assert_eq!(c.mkdir("/d", 0o755).await.expect_err("read-only"), errno);
         assert_eq!(c.create("/new", libc::O_RDWR, 0o644).await.err(), Some(errno));

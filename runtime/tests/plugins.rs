@@ -16,9 +16,9 @@
 //!   the background (the host drives frames in the fop's own task).
 
 mod kit;
-mod plugin_kit;
 #[path = "kit/logs.rs"]
 mod logs;
+mod plugin_kit;
 
 use logs::{capture_logs, log_lines};
 use plugin_kit::volume;
@@ -32,8 +32,8 @@ use xlfs_runtime::client::Client;
 use xlfs_runtime::graph::Graph;
 use xlfs_runtime::registry::Registry;
 use xlfs_sdk::{
-    CallCtx, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Reply, Request,
-    Xlator, XlatorType,
+    CallCtx, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Reply,
+    Request, Xlator, XlatorType,
 };
 
 /// Waits (a hang guard, not a timing assertion) for a log line.
@@ -65,14 +65,20 @@ fn opts(module: &Path, more: &[(&str, &str)]) -> Vec<(&'static str, String)> {
 }
 
 async fn up(volfile: &str, registry: &Registry) -> Graph {
-    let graph = Graph::from_str(volfile, "plugins.vol", registry).unwrap_or_else(|e| panic!("graph builds: {e}\n{volfile}"));
+    let graph =
+        Graph::from_str(volfile, "plugins.vol", registry).unwrap_or_else(|e| panic!("graph builds: {e}\n{volfile}"));
     graph.activate();
     graph.wait_up(Duration::from_secs(20)).await.expect("graph comes up");
     graph
 }
 
 fn dump_value(graph: &Graph, key: &str) -> String {
-    graph.dump().into_iter().find(|(k, _)| k == key).map(|(_, v)| v).unwrap_or_else(|| panic!("no {key} in {:?}", graph.dump()))
+    graph
+        .dump()
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("no {key} in {:?}", graph.dump()))
 }
 
 // ---- the foundation workload ---------------------------------------------
@@ -87,7 +93,12 @@ async fn foundation_workload_through_wasm_passthrough_and_dylib_access_log() {
         volume("wl-posix", "storage/posix", &[("directory", brick.display().to_string())], &[]),
         volume("wl-locks", "features/locks", &[], &["wl-posix"]),
         volume("wl-pass", "plugin/wasm", &opts(&module("wasm", "passthrough"), &[]), &["wl-locks"]),
-        volume("wl-alog", "plugin/dylib", &opts(&module("dylib", "access-log"), &[("log-level", "info")]), &["wl-pass"]),
+        volume(
+            "wl-alog",
+            "plugin/dylib",
+            &opts(&module("dylib", "access-log"), &[("log-level", "info")]),
+            &["wl-pass"],
+        ),
         volume("wl", "debug/io-stats", &[], &["wl-alog"]),
     ]
     .concat();
@@ -137,10 +148,17 @@ impl Xlator for Recorder {
         Box::pin(async move {
             match req.fop {
                 Fop::Writev { data, .. } => {
-                    recorded().lock().expect("recorded").entry(self.name.clone()).or_default().push(data.as_ptr() as usize);
+                    recorded()
+                        .lock()
+                        .expect("recorded")
+                        .entry(self.name.clone())
+                        .or_default()
+                        .push(data.as_ptr() as usize);
                     Ok(Reply::PrePost { pre: Iatt::default(), post: Iatt::default() }.into())
                 }
-                Fop::Readv { .. } => Ok(Reply::Read { data: Bytes::from_static(READ_DATA), iatt: Iatt::default() }.into()),
+                Fop::Readv { .. } => {
+                    Ok(Reply::Read { data: Bytes::from_static(READ_DATA), iatt: Iatt::default() }.into())
+                }
                 _ => Err(Errno::ENOSYS),
             }
         })
@@ -159,7 +177,9 @@ const RECORDER: XlatorType = XlatorType {
     options: &[],
     min_children: 0,
     max_children: 0,
-    build: |init: InitCtx| -> Result<Arc<dyn Xlator>, InitError> { Ok(Arc::new(Recorder { name: init.name, sink: init.events })) },
+    build: |init: InitCtx| -> Result<Arc<dyn Xlator>, InitError> {
+        Ok(Arc::new(Recorder { name: init.name, sink: init.events }))
+    },
 };
 
 async fn assert_zero_copy(kind: &str, extra: &[(&str, &str)], tag: &str) {
@@ -234,14 +254,21 @@ fn options_are_validated_against_the_modules_declarations() {
         assert!(e.contains("expected exactly 1 subvolume, found 0"), "{e}");
         let e = build_err(&on_posix(tmp.path(), volume("v", &ty, &[], &["v-posix"])));
         assert!(e.contains("option 'module' is required"), "{e}");
-        let e = build_err(&on_posix(tmp.path(), volume("v", &ty, &[("module", "/no/such/plugin".into())], &["v-posix"])));
+        let e =
+            build_err(&on_posix(tmp.path(), volume("v", &ty, &[("module", "/no/such/plugin".into())], &["v-posix"])));
         // Reported on the line of `option module`.
         assert!(e.starts_with("bad.vol:8: ") && e.contains("/no/such/plugin: No such file"), "{e}");
     }
     // A wasm module is not a shared library, and the reverse.
-    let e = build_err(&on_posix(tmp.path(), volume("v", "plugin/dylib", &opts(&module("wasm", "passthrough"), &[]), &["v-posix"])));
+    let e = build_err(&on_posix(
+        tmp.path(),
+        volume("v", "plugin/dylib", &opts(&module("wasm", "passthrough"), &[]), &["v-posix"]),
+    ));
     assert!(e.contains("not an xlfs plugin"), "{e}");
-    let e = build_err(&on_posix(tmp.path(), volume("v", "plugin/wasm", &opts(&module("dylib", "passthrough"), &[]), &["v-posix"])));
+    let e = build_err(&on_posix(
+        tmp.path(),
+        volume("v", "plugin/wasm", &opts(&module("dylib", "passthrough"), &[]), &["v-posix"]),
+    ));
     assert!(e.contains("not an xlfs plugin"), "{e}");
 }
 
@@ -249,7 +276,10 @@ fn options_are_validated_against_the_modules_declarations() {
 fn a_plugin_built_for_abi_2_is_refused_naming_both_versions() {
     let tmp = tempfile::tempdir().expect("tempdir");
     for kind in ["wasm", "dylib"] {
-        let e = build_err(&on_posix(tmp.path(), volume("v2", &format!("plugin/{kind}"), &opts(&module(kind, "abi2"), &[]), &["v-posix"])));
+        let e = build_err(&on_posix(
+            tmp.path(),
+            volume("v2", &format!("plugin/{kind}"), &opts(&module(kind, "abi2"), &[]), &["v-posix"]),
+        ));
         assert!(e.contains("ABI major version mismatch: host speaks v1.1, peer was built for v2.0"), "{kind}: {e}");
     }
 }
@@ -308,7 +338,8 @@ async fn wasm_plugin_that_loops_forever_misses_its_deadline() {
     let h = hostile("wasm", "loop", &[("plugin-call-timeout", "200ms")]).await;
     h.works("before").await;
     h.trigger().await;
-    wait_log(&[&h.node, "plugin crashed", "longer than plugin-call-timeout (200ms)", "restarted on the next call"]).await;
+    wait_log(&[&h.node, "plugin crashed", "longer than plugin-call-timeout (200ms)", "restarted on the next call"])
+        .await;
     h.works("after").await;
     assert_eq!(h.crashes(), "1");
 }
@@ -397,7 +428,11 @@ async fn a_crash_loop_disables_the_plugin_and_says_so() {
     // The client itself is fine: a graph without the plugin serves the
     // same brick.
     let dir = h._tmp.path();
-    let plain = up(&volume("plain-posix", "storage/posix", &[("directory", dir.display().to_string())], &[]), &Registry::builtin()).await;
+    let plain = up(
+        &volume("plain-posix", "storage/posix", &[("directory", dir.display().to_string())], &[]),
+        &Registry::builtin(),
+    )
+    .await;
     let c = Client::new(plain.top());
     assert!(c.stat("/ok-between/f").await.expect("stat").size == 10);
 }
@@ -413,7 +448,10 @@ async fn a_fop_whose_caller_goes_away_is_finished_in_the_background() {
     for kind in ["wasm", "dylib"] {
         let tmp = tempfile::tempdir().expect("tempdir");
         let pass = module(kind, "passthrough");
-        let volfile = on_posix(tmp.path(), volume("slow", &format!("plugin/{kind}"), &opts(&pass, &[("delay-ms", "100")]), &["v-posix"]));
+        let volfile = on_posix(
+            tmp.path(),
+            volume("slow", &format!("plugin/{kind}"), &opts(&pass, &[("delay-ms", "100")]), &["v-posix"]),
+        );
         let graph = up(&volfile, &Registry::builtin()).await;
         let c = Client::new(graph.top());
         let dropped = tokio::time::timeout(Duration::from_millis(10), c.stat("/")).await;
@@ -421,7 +459,9 @@ async fn a_fop_whose_caller_goes_away_is_finished_in_the_background() {
         assert_eq!(dump_value(&graph, "slow.plugin.frames-in-flight"), "1", "{kind}");
         let mut done = false;
         for _ in 0..500 {
-            if dump_value(&graph, "slow.plugin.frames-in-flight") == "0" && dump_value(&graph, "slow.plugin.calls-in-flight") == "0" {
+            if dump_value(&graph, "slow.plugin.frames-in-flight") == "0"
+                && dump_value(&graph, "slow.plugin.calls-in-flight") == "0"
+            {
                 done = true;
                 break;
             }

@@ -12,9 +12,9 @@
 //!   never fails a fop: the built-in default decides, the failure is
 //!   logged, and a crash loop disables the module.
 
-mod plugin_kit;
 #[path = "kit/logs.rs"]
 mod logs;
+mod plugin_kit;
 #[allow(dead_code)]
 #[path = "kit/workload.rs"]
 mod workload;
@@ -43,8 +43,8 @@ fn policy_value(kind: &str, name: &str) -> String {
 }
 
 async fn up(volfile: &str) -> Graph {
-    let graph =
-        Graph::from_str(volfile, "policy.vol", &Registry::builtin()).unwrap_or_else(|e| panic!("graph builds: {e}\n{volfile}"));
+    let graph = Graph::from_str(volfile, "policy.vol", &Registry::builtin())
+        .unwrap_or_else(|e| panic!("graph builds: {e}\n{volfile}"));
     graph.activate();
     graph.wait_up(Duration::from_secs(20)).await.expect("graph comes up");
     graph
@@ -53,7 +53,9 @@ async fn up(volfile: &str) -> Graph {
 use workload::dump_value;
 
 fn counter(graph: &Graph, key: &str) -> u64 {
-    dump_value(graph, key).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no counter {key} in {:?}", graph.dump()))
+    dump_value(graph, key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no counter {key} in {:?}", graph.dump()))
 }
 
 // ---- read-ahead ----------------------------------------------------------
@@ -129,7 +131,12 @@ const BRICKS: usize = 3;
 fn replica3(bricks: &[PathBuf], policy: &str) -> String {
     let mut v = String::new();
     for (i, b) in bricks.iter().enumerate() {
-        v += &plugin_kit::volume(&format!("rep3-posix-{i}"), "storage/posix", &[("directory", b.display().to_string())], &[]);
+        v += &plugin_kit::volume(
+            &format!("rep3-posix-{i}"),
+            "storage/posix",
+            &[("directory", b.display().to_string())],
+            &[],
+        );
         v += &plugin_kit::volume(&format!("rep3-locks-{i}"), "features/locks", &[], &[&format!("rep3-posix-{i}")]);
         v += &plugin_kit::volume(&format!("rep3-client-{i}"), "debug/io-stats", &[], &[&format!("rep3-locks-{i}")]);
     }
@@ -162,7 +169,9 @@ async fn pgbench_like(policy: &str) -> (u64, u64, String) {
     let calls = |kind: &str| -> u64 {
         (0..BRICKS)
             .filter_map(|i| dump_value(&graph, &format!("rep3-client-{i}.fop.{kind}")))
-            .filter_map(|v| v.split_whitespace().find_map(|w| w.strip_prefix("calls=")).and_then(|n| n.parse::<u64>().ok()))
+            .filter_map(|v| {
+                v.split_whitespace().find_map(|w| w.strip_prefix("calls=")).and_then(|n| n.parse::<u64>().ok())
+            })
             .sum()
     };
     let on_disk: Vec<Vec<u8>> = bricks.iter().map(|b| std::fs::read(b.join("table")).expect("table")).collect();
@@ -178,13 +187,21 @@ async fn lock_contention_policy_from_a_module_behaves_like_fd_count_on_both_host
     let (notify_locks, notify_xops, _) = pgbench_like("notify").await;
     // fd-count loses the eager lock after every write with 4 fds open;
     // notify keeps it. The module must do what fd-count does.
-    assert!((fd_locks + fd_xops) > 3 * (notify_locks + notify_xops), "fd-count {fd_locks}+{fd_xops} notify {notify_locks}+{notify_xops}");
+    assert!(
+        (fd_locks + fd_xops) > 3 * (notify_locks + notify_xops),
+        "fd-count {fd_locks}+{fd_xops} notify {notify_locks}+{notify_xops}"
+    );
     for kind in ["wasm", "dylib"] {
         let value = policy_value(kind, "lock-fd-count");
         let (locks, xops, name) = pgbench_like(&value).await;
-        println!("pgbench-like: fd-count {fd_locks}+{fd_xops}, notify {notify_locks}+{notify_xops}, {value} {locks}+{xops}");
+        println!(
+            "pgbench-like: fd-count {fd_locks}+{fd_xops}, notify {notify_locks}+{notify_xops}, {value} {locks}+{xops}"
+        );
         assert_eq!(name, value, "replicate dumps the module as its policy");
-        assert!((locks + xops) > 3 * (notify_locks + notify_xops), "{kind}: module {locks}+{xops} notify {notify_locks}+{notify_xops}");
+        assert!(
+            (locks + xops) > 3 * (notify_locks + notify_xops),
+            "{kind}: module {locks}+{xops} notify {notify_locks}+{notify_xops}"
+        );
         let (lo, hi) = ((fd_locks + fd_xops) * 3 / 4, (fd_locks + fd_xops) * 5 / 4);
         assert!((lo..=hi).contains(&(locks + xops)), "{kind}: module {locks}+{xops} vs fd-count {fd_locks}+{fd_xops}");
     }
@@ -208,7 +225,10 @@ async fn a_failing_policy_module_falls_back_to_the_default_and_is_disabled() {
         let failed = log_lines(&["policy module failed", &value]);
         assert!(failed.len() >= 5, "{kind}: {failed:?}");
         assert!(failed.iter().any(|l| l.contains("DISABLED")), "{kind}: {failed:?}");
-        assert!(failed.iter().any(|l| l.contains("bad-policy: refusing the read")), "{kind}: the plugin's panic is quoted: {failed:?}");
+        assert!(
+            failed.iter().any(|l| l.contains("bad-policy: refusing the read")),
+            "{kind}: the plugin's panic is quoted: {failed:?}"
+        );
     }
     // Lock contention: the module spins in every decision; the deadline
     // stops it, notify decides, the workload completes with identical bricks.
@@ -218,7 +238,10 @@ async fn a_failing_policy_module_falls_back_to_the_default_and_is_disabled() {
     assert!(locks > 0 && xops > 0);
     let failed = log_lines(&["policy module failed", &value, "plugin-call-timeout"]);
     assert!(!failed.is_empty(), "{:?}", log_lines(&["xlfs::plugin"]));
-    assert!(log_lines(&["policy module failed", &value, "DISABLED"]).len() >= 2, "read-ahead and lock instances each disabled");
+    assert!(
+        log_lines(&["policy module failed", &value, "DISABLED"]).len() >= 2,
+        "read-ahead and lock instances each disabled"
+    );
 }
 
 #[test]

@@ -101,7 +101,8 @@ impl Drop for Server {
 
 fn chown_postgres(p: &Path) {
     let out = Command::new("id").args(["-u", "postgres"]).output().expect("id");
-    let uid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("postgres uid (is postgresql installed?)");
+    let uid: u32 =
+        String::from_utf8_lossy(&out.stdout).trim().parse().expect("postgres uid (is postgresql installed?)");
     let out = Command::new("id").args(["-g", "postgres"]).output().expect("id");
     let gid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("postgres gid");
     std::os::unix::fs::chown(p, Some(uid), Some(gid)).expect("chown");

@@ -16,7 +16,8 @@ fn profile(args: &[&str]) -> String {
     let mut all = vec!["profile"];
     all.extend_from_slice(args);
     let out = kit::run_xlfs(&all);
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
     assert!(out.status.success(), "xlfs {all:?} failed: {stderr}\n{stdout}");
     stdout
 }

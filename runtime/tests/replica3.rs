@@ -96,7 +96,11 @@ fn assert_identical(c: &Cluster) {
                 rel.display()
             );
             if m0.is_file() {
-                assert!(std::fs::read(&p0).expect("read") == std::fs::read(&p).expect("read"), "data of {}", rel.display());
+                assert!(
+                    std::fs::read(&p0).expect("read") == std::fs::read(&p).expect("read"),
+                    "data of {}",
+                    rel.display()
+                );
                 assert_eq!(m0.len(), m.len(), "size of {}", rel.display());
             }
             if m0.file_type().is_symlink() {
@@ -110,7 +114,13 @@ fn assert_identical(c: &Cluster) {
     for r in &roots {
         for rel in want.iter().filter(|rel| !r.join(rel).symlink_metadata().expect("lstat").file_type().is_symlink()) {
             for j in 0..N {
-                assert_eq!(pending(&r.join(rel), j), [0, 0, 0], "{} on {} blames child {j}", rel.display(), r.display());
+                assert_eq!(
+                    pending(&r.join(rel), j),
+                    [0, 0, 0],
+                    "{} on {} blames child {j}",
+                    rel.display(),
+                    r.display()
+                );
             }
         }
     }
@@ -199,7 +209,11 @@ fn writer_survives_a_brick_restart_and_heal_makes_the_copies_identical() {
     progress(&ops, 100);
     c[1].kill();
     progress(&ops, 300);
-    sh(m.path(), &[], "mkdir -p w/made-while-down/sub && echo x > w/made-while-down/sub/f && ln -s f w/made-while-down/sub/l && chmod 700 w/made-while-down");
+    sh(
+        m.path(),
+        &[],
+        "mkdir -p w/made-while-down/sub && echo x > w/made-while-down/sub/f && ln -s f w/made-while-down/sub/l && chmod 700 w/made-while-down",
+    );
     c[1].restart();
     progress(&ops, 300);
     stop.store(true, Ordering::Relaxed);
@@ -375,7 +389,9 @@ async fn two_writers(c: &Cluster, policy: &str) {
         }
     };
     let both = async { tokio::join!(run(c1, 0), run(c2, 1)) };
-    tokio::time::timeout(Duration::from_secs(120), both).await.unwrap_or_else(|_| panic!("{policy}: two writers stuck"));
+    tokio::time::timeout(Duration::from_secs(120), both)
+        .await
+        .unwrap_or_else(|_| panic!("{policy}: two writers stuck"));
     let cl = Client::new(g1.top());
     let f = cl.open(&path, libc::O_RDONLY).await.expect("open");
     for id in 0..2u64 {
@@ -393,7 +409,9 @@ async fn lock_policies_over_the_network() {
     let mut totals = Vec::new();
     for policy in ["fd-count", "inodelk-count", "notify"] {
         let (locks, xops) = pgbench_like(&c, policy).await;
-        eprintln!("3 bricks over TCP, 4 fds x 10 rounds of 3 x 8 KiB writes + fsync: {policy:>13}: INODELK+FINODELK {locks:>4}  XATTROP+FXATTROP {xops:>4}");
+        eprintln!(
+            "3 bricks over TCP, 4 fds x 10 rounds of 3 x 8 KiB writes + fsync: {policy:>13}: INODELK+FINODELK {locks:>4}  XATTROP+FXATTROP {xops:>4}"
+        );
         totals.push(locks + xops);
         two_writers(&c, policy).await;
     }

@@ -66,8 +66,8 @@ async fn setup(afr_options: &[(&str, &str)]) -> Setup {
     Setup { _tmp: tmp, bricks, graph }
 }
 
-use workload::{dump_value, quiesce};
 use workload::brick_tree as tree;
+use workload::{dump_value, quiesce};
 
 fn pending(path: &Path, j: usize) -> [i32; 3] {
     workload::afr_counters(path, &format!("trusted.afr.rep3-client-{j}"))

@@ -129,7 +129,9 @@ fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
     // setxattr / removexattr (b asks first, so absence may be cached)
     assert_eq!(xattr(&b.join("f"), "user.k"), None);
     set_xattr(&a.join("f"), "user.k", b"v");
-    eventually("setxattr", || (xattr(&b.join("f"), "user.k").as_deref() == Some(b"v")).then_some(()).ok_or("absent".into()));
+    eventually("setxattr", || {
+        (xattr(&b.join("f"), "user.k").as_deref() == Some(b"v")).then_some(()).ok_or("absent".into())
+    });
     remove_xattr(&a.join("f"), "user.k");
     eventually("removexattr", || xattr(&b.join("f"), "user.k").is_none().then_some(()).ok_or("present".into()));
 
@@ -147,8 +149,9 @@ fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
     // mkdir / rmdir, and a listing of the directory above
     assert!(!b.join("d").exists());
     let names = |p: &Path| -> Vec<String> {
-        let mut v: Vec<String> =
-            std::fs::read_dir(p).map(|r| r.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
+        let mut v: Vec<String> = std::fs::read_dir(p)
+            .map(|r| r.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
         v.sort();
         v
     };

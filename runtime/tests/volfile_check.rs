@@ -21,7 +21,11 @@ fn check(path: &Path) -> (bool, String, String) {
         .env_remove("RUST_LOG")
         .output()
         .expect("xlfs runs");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Expects a failure whose stderr names `path:line` and contains every needle.
@@ -59,7 +63,11 @@ fn unknown_option() {
 
 #[test]
 fn missing_end_volume() {
-    fails_at("missing-end.vol", 7, &["expected 'end-volume' for volume 't-locks' (started at line 5), found end of file"]);
+    fails_at(
+        "missing-end.vol",
+        7,
+        &["expected 'end-volume' for volume 't-locks' (started at line 5), found end of file"],
+    );
 }
 
 #[test]

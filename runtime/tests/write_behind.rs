@@ -79,7 +79,8 @@ fn a_write_that_fails_behind_is_reported_by_fsync_and_o_direct_is_not_delayed() 
     std::fs::create_dir(&brick).expect("brick");
     let m = FuseMount::start(&volfile(&brick, true), "");
     let path = m.path().join("f");
-    let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("create");
+    let mut f =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("create");
     // Acknowledged once queued: the failure comes later.
     f.write_all_at(&[1u8; 4096], 0).expect("the write is acknowledged behind");
     let err = f.sync_all().expect_err("fsync reports the write that failed behind");

@@ -33,7 +33,15 @@ impl CallCtx {
     /// A root caller for a given client (used by the in-process API, tests,
     /// and internal fops such as self-heal).
     pub fn root(client_id: impl Into<Arc<str>>) -> CallCtx {
-        CallCtx { uid: 0, gid: 0, groups: Arc::from(Vec::new()), pid: 0, lk_owner: 0, client_id: client_id.into(), frame: Frame::none() }
+        CallCtx {
+            uid: 0,
+            gid: 0,
+            groups: Arc::from(Vec::new()),
+            pid: 0,
+            lk_owner: 0,
+            client_id: client_id.into(),
+            frame: Frame::none(),
+        }
     }
     /// The same caller with another lock owner.
     pub fn with_lk_owner(&self, owner: u64) -> CallCtx {

@@ -290,13 +290,30 @@ impl Fop {
     pub fn fd(&self) -> Option<&Fd> {
         use Fop::*;
         match self {
-            Fstat { fd } | Fsetattr { fd, .. } | Ftruncate { fd, .. } | Readv { fd, .. }
-            | Writev { fd, .. } | Flush { fd } | Fsync { fd, .. } | Readdir { fd, .. }
-            | Readdirp { fd, .. } | Fsyncdir { fd, .. } | Fsetxattr { fd, .. }
-            | Fgetxattr { fd, .. } | Fremovexattr { fd, .. } | Lk { fd, .. }
-            | Finodelk { fd, .. } | Fentrylk { fd, .. } | Fxattrop { fd, .. }
-            | Fallocate { fd, .. } | Discard { fd, .. } | Zerofill { fd, .. }
-            | Seek { fd, .. } | Rchecksum { fd, .. } | Release { fd } | Releasedir { fd } => Some(fd),
+            Fstat { fd }
+            | Fsetattr { fd, .. }
+            | Ftruncate { fd, .. }
+            | Readv { fd, .. }
+            | Writev { fd, .. }
+            | Flush { fd }
+            | Fsync { fd, .. }
+            | Readdir { fd, .. }
+            | Readdirp { fd, .. }
+            | Fsyncdir { fd, .. }
+            | Fsetxattr { fd, .. }
+            | Fgetxattr { fd, .. }
+            | Fremovexattr { fd, .. }
+            | Lk { fd, .. }
+            | Finodelk { fd, .. }
+            | Fentrylk { fd, .. }
+            | Fxattrop { fd, .. }
+            | Fallocate { fd, .. }
+            | Discard { fd, .. }
+            | Zerofill { fd, .. }
+            | Seek { fd, .. }
+            | Rchecksum { fd, .. }
+            | Release { fd }
+            | Releasedir { fd } => Some(fd),
             CopyFileRange { fd_in, .. } => Some(fd_in),
             _ => None,
         }
@@ -306,12 +323,28 @@ impl Fop {
     pub fn loc(&self) -> Option<&Loc> {
         use Fop::*;
         match self {
-            Lookup { loc } | Stat { loc } | Setattr { loc, .. } | Truncate { loc, .. }
-            | Access { loc, .. } | Readlink { loc, .. } | Mknod { loc, .. } | Mkdir { loc, .. }
-            | Unlink { loc, .. } | Rmdir { loc, .. } | Symlink { loc, .. } | Create { loc, .. }
-            | Open { loc, .. } | Opendir { loc, .. } | Statfs { loc } | Setxattr { loc, .. }
-            | Getxattr { loc, .. } | Removexattr { loc, .. } | Inodelk { loc, .. }
-            | Entrylk { loc, .. } | Xattrop { loc, .. } | Lease { loc, .. } => Some(loc),
+            Lookup { loc }
+            | Stat { loc }
+            | Setattr { loc, .. }
+            | Truncate { loc, .. }
+            | Access { loc, .. }
+            | Readlink { loc, .. }
+            | Mknod { loc, .. }
+            | Mkdir { loc, .. }
+            | Unlink { loc, .. }
+            | Rmdir { loc, .. }
+            | Symlink { loc, .. }
+            | Create { loc, .. }
+            | Open { loc, .. }
+            | Opendir { loc, .. }
+            | Statfs { loc }
+            | Setxattr { loc, .. }
+            | Getxattr { loc, .. }
+            | Removexattr { loc, .. }
+            | Inodelk { loc, .. }
+            | Entrylk { loc, .. }
+            | Xattrop { loc, .. }
+            | Lease { loc, .. } => Some(loc),
             Rename { old, .. } | Link { old, .. } => Some(old),
             _ => None,
         }
@@ -334,10 +367,29 @@ impl Fop {
         use FopKind::*;
         matches!(
             self.kind(),
-            Setattr | Fsetattr | Truncate | Ftruncate | Mknod | Mkdir | Unlink | Rmdir
-                | Symlink | Rename | Link | Create | Writev | Setxattr | Removexattr
-                | Fsetxattr | Fremovexattr | Xattrop | Fxattrop | Fallocate | Discard
-                | Zerofill | CopyFileRange
+            Setattr
+                | Fsetattr
+                | Truncate
+                | Ftruncate
+                | Mknod
+                | Mkdir
+                | Unlink
+                | Rmdir
+                | Symlink
+                | Rename
+                | Link
+                | Create
+                | Writev
+                | Setxattr
+                | Removexattr
+                | Fsetxattr
+                | Fremovexattr
+                | Xattrop
+                | Fxattrop
+                | Fallocate
+                | Discard
+                | Zerofill
+                | CopyFileRange
         )
     }
 }

@@ -92,7 +92,8 @@ impl OptionDecl {
 
     /// Parses and range-checks a value of this option.
     pub fn parse(&self, raw: &str) -> Result<OptValue, OptionError> {
-        let bad = || OptionError::BadValue { name: self.name.to_string(), value: raw.to_string(), expected: self.ty.form() };
+        let bad =
+            || OptionError::BadValue { name: self.name.to_string(), value: raw.to_string(), expected: self.ty.form() };
         let v = match self.ty {
             OptType::Bool => OptValue::Bool(parse_bool(raw).ok_or_else(bad)?),
             OptType::Int => OptValue::Int(raw.trim().parse().map_err(|_| bad())?),
@@ -104,9 +105,9 @@ impl OptionDecl {
                 let hit = allowed.iter().find(|a| a.eq_ignore_ascii_case(raw.trim())).ok_or_else(bad)?;
                 OptValue::Str(hit.to_string())
             }
-            OptType::List => OptValue::List(
-                raw.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
-            ),
+            OptType::List => {
+                OptValue::List(raw.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect())
+            }
             OptType::Path => {
                 if !raw.starts_with('/') {
                     return Err(bad());
@@ -117,7 +118,12 @@ impl OptionDecl {
         if let (Some((lo, hi)), Some(n)) = (self.range, v.as_f64())
             && (n < lo || n > hi)
         {
-            return Err(OptionError::OutOfRange { name: self.name.to_string(), value: raw.to_string(), min: lo, max: hi });
+            return Err(OptionError::OutOfRange {
+                name: self.name.to_string(),
+                value: raw.to_string(),
+                min: lo,
+                max: hi,
+            });
         }
         Ok(v)
     }
@@ -191,7 +197,8 @@ impl fmt::Display for OptValue {
 }
 
 fn format_size(s: u64) -> String {
-    const UNITS: [(&str, u64); 5] = [("PB", 1 << 50), ("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)];
+    const UNITS: [(&str, u64); 5] =
+        [("PB", 1 << 50), ("TB", 1 << 40), ("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)];
     for (u, m) in UNITS {
         if s >= m && s.is_multiple_of(m) {
             return format!("{}{u}", s / m);
@@ -449,7 +456,10 @@ mod tests {
         assert_eq!(o.list("auth.addr./b1.allow").map(|l| l.len()), Some(2));
 
         let e = Options::resolve(DECLS, [("thread-cont", "4")]).expect_err("typo");
-        assert!(e.to_string().contains("unknown option 'thread-cont'") && e.to_string().contains("thread-count"), "{e}");
+        assert!(
+            e.to_string().contains("unknown option 'thread-cont'") && e.to_string().contains("thread-count"),
+            "{e}"
+        );
         let e = Options::resolve(DECLS, [("thread-count", "many")]).expect_err("bad");
         assert!(e.to_string().contains("'many'") && e.to_string().contains("integer"), "{e}");
         let e = Options::resolve(DECLS, [("thread-count", "100")]).expect_err("range");

@@ -332,7 +332,12 @@ impl GraphProfile {
                 ["node", name, ty, kids] => {
                     let g = graph.as_mut().ok_or_else(|| err("node before graph"))?;
                     let children = if *kids == "-" { Vec::new() } else { kids.split(',').map(String::from).collect() };
-                    g.nodes.push(NodeProfile { name: name.to_string(), type_name: ty.to_string(), children, fops: Vec::new() });
+                    g.nodes.push(NodeProfile {
+                        name: name.to_string(),
+                        type_name: ty.to_string(),
+                        children,
+                        fops: Vec::new(),
+                    });
                 }
                 ["fop", kind, count, total, own] => {
                     let node = graph.as_mut().and_then(|g| g.nodes.last_mut()).ok_or_else(|| err("fop before node"))?;
@@ -416,7 +421,12 @@ mod tests {
             top: "/srv/b1-server".into(),
             window_ms: 1234,
             nodes: vec![
-                NodeProfile { name: "/srv/b1-server".into(), type_name: "protocol/server".into(), children: vec!["/srv/b1".into()], fops: vec![] },
+                NodeProfile {
+                    name: "/srv/b1-server".into(),
+                    type_name: "protocol/server".into(),
+                    children: vec!["/srv/b1".into()],
+                    fops: vec![],
+                },
                 NodeProfile {
                     name: "/srv/b1".into(),
                     type_name: "debug/io-stats".into(),
@@ -427,7 +437,11 @@ mod tests {
         };
         let back = GraphProfile::parse(&g.to_text()).expect("parses");
         assert_eq!(back, g);
-        assert_eq!(back.entry().map(|n| n.name.as_str()), Some("/srv/b1"), "a server top is not called; its child is the entry");
+        assert_eq!(
+            back.entry().map(|n| n.name.as_str()),
+            Some("/srv/b1"),
+            "a server top is not called; its child is the entry"
+        );
         assert!(GraphProfile::parse("node a b -\n").is_err());
         assert!(GraphProfile::parse("graph t 1\nnode a b -\nfop WRITE 1 x 2\n").is_err());
     }

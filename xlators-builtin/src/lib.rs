@@ -55,10 +55,22 @@ pub mod debug {
 
 /// Every built-in translator type.
 pub fn builtin_types() -> Vec<XlatorType> {
-    vec![storage::posix::TYPE, features::locks::TYPE, features::index::TYPE, features::upcall::TYPE, debug::io_stats::TYPE, debug::error_gen::TYPE, performance::io_threads::TYPE, performance::read_ahead::TYPE,
-        performance::quick_read::TYPE, performance::open_behind::TYPE,
+    vec![
+        storage::posix::TYPE,
+        features::locks::TYPE,
+        features::index::TYPE,
+        features::upcall::TYPE,
+        debug::io_stats::TYPE,
+        debug::error_gen::TYPE,
+        performance::io_threads::TYPE,
+        performance::read_ahead::TYPE,
+        performance::quick_read::TYPE,
+        performance::open_behind::TYPE,
         performance::readdir_ahead::TYPE,
         performance::write_behind::TYPE,
         performance::md_cache::TYPE,
-        protocol::client::TYPE, protocol::server::TYPE, cluster::replicate::TYPE]
+        protocol::client::TYPE,
+        protocol::server::TYPE,
+        cluster::replicate::TYPE,
+    ]
 }

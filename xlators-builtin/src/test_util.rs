@@ -11,8 +11,8 @@ use std::task::{Context, Poll, Waker};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use xlfs_sdk::{
-    CallCtx, Child, Errno, Event, EventSink, Fop, FopFuture, FopKind, FopResult, Gfid, Iatt, InitCtx, OptionDecl, Options, Reply,
-    Request, Response, Xlator,
+    CallCtx, Child, Errno, Event, EventSink, Fop, FopFuture, FopKind, FopResult, Gfid, Iatt, InitCtx, OptionDecl,
+    Options, Reply, Request, Response, Xlator,
 };
 
 /// A child that records each call and answers it at once: `Lookup` with an

@@ -22,7 +22,8 @@ pub struct AccessLog {
 }
 
 const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("fops", OptType::List).desc("Fops to log (names as FOP statistics show them, e.g. WRITE,READ); empty logs all."),
+    OptionDecl::new("fops", OptType::List)
+        .desc("Fops to log (names as FOP statistics show them, e.g. WRITE,READ); empty logs all."),
     OptionDecl::new("log-level", OptType::Enum(&["info", "debug"])).default("info").desc("Level of the access lines."),
 ];
 

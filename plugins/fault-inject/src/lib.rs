@@ -19,10 +19,16 @@ pub struct FaultInject {
 }
 
 const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("fops", OptType::List).desc("Fops that may fail (names as FOP statistics show them, e.g. WRITE,MKDIR); empty: all."),
+    OptionDecl::new("fops", OptType::List)
+        .desc("Fops that may fail (names as FOP statistics show them, e.g. WRITE,MKDIR); empty: all."),
     OptionDecl::new("failure", OptType::Percent).default("10%").range(0.0, 100.0).desc("How often a chosen fop fails."),
-    OptionDecl::new("error-no", OptType::Str).default("EIO").desc("The errno a failed fop gets, by name (EIO, ENOSPC, EROFS...)."),
-    OptionDecl::new("seed", OptType::Int).default("0").range(0.0, 9.0e15).desc("Seed of the draws; 0 seeds from the clock."),
+    OptionDecl::new("error-no", OptType::Str)
+        .default("EIO")
+        .desc("The errno a failed fop gets, by name (EIO, ENOSPC, EROFS...)."),
+    OptionDecl::new("seed", OptType::Int)
+        .default("0")
+        .range(0.0, 9.0e15)
+        .desc("Seed of the draws; 0 seeds from the clock."),
 ];
 
 impl FaultInject {

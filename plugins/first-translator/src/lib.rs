@@ -16,8 +16,27 @@ impl Plugin for ReadOnly {
     const DESCRIPTION: &'static str = "refuses every fop that changes the volume";
     // Only these fops enter the plugin; the host passes the rest on for free.
     const FOPS: FopSet = FopSet::of(&[
-        Mknod, Mkdir, Unlink, Rmdir, Symlink, Rename, Link, Truncate, Ftruncate, Writev, Setxattr, Fsetxattr,
-        Removexattr, Fremovexattr, Create, Setattr, Fsetattr, Fallocate, Discard, Zerofill, CopyFileRange,
+        Mknod,
+        Mkdir,
+        Unlink,
+        Rmdir,
+        Symlink,
+        Rename,
+        Link,
+        Truncate,
+        Ftruncate,
+        Writev,
+        Setxattr,
+        Fsetxattr,
+        Removexattr,
+        Fremovexattr,
+        Create,
+        Setattr,
+        Fsetattr,
+        Fallocate,
+        Discard,
+        Zerofill,
+        CopyFileRange,
     ]);
     const OPTIONS: &'static [OptionDecl] =
         &[OptionDecl::new("quiet", OptType::Bool).default("off").desc("Fail with EPERM instead of EROFS.")];

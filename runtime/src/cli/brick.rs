@@ -158,10 +158,8 @@ impl BrickArgs {
     /// The volfile to serve.
     fn plan(&self) -> Result<Plan, CliError> {
         if let Some(file) = &self.volfile {
-            let text = std::fs::read_to_string(file).map_err(|source| crate::volfile::VolfileError::Io {
-                file: file.display().to_string(),
-                source,
-            })?;
+            let text = std::fs::read_to_string(file)
+                .map_err(|source| crate::volfile::VolfileError::Io { file: file.display().to_string(), source })?;
             return Ok(Plan { text, origin: file.display().to_string() });
         }
         let Some(dir) = &self.dir else { unreachable!("clap requires --volfile or --dir") };
@@ -171,11 +169,21 @@ impl BrickArgs {
         }
         let name = match &self.volume {
             Some(v) => v.clone(),
-            None => abs.file_name().map(|n| n.to_string_lossy().into_owned()).ok_or_else(|| BrickError::NoName(dir.clone()))?,
+            None => abs
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .ok_or_else(|| BrickError::NoName(dir.clone()))?,
         };
-        let abs_str = abs.to_str().ok_or_else(|| BrickError::BadWord { what: "--dir", value: abs.display().to_string() })?;
+        let abs_str =
+            abs.to_str().ok_or_else(|| BrickError::BadWord { what: "--dir", value: abs.display().to_string() })?;
         let allow = self.allow.iter().map(|p| word("--allow", p)).collect::<Result<Vec<_>, _>>()?;
-        let text = brick_volfile(word("--dir", abs_str)?, word("--volume", &name)?, word("--host", &self.host)?, self.port, &allow);
+        let text = brick_volfile(
+            word("--dir", abs_str)?,
+            word("--volume", &name)?,
+            word("--host", &self.host)?,
+            self.port,
+            &allow,
+        );
         Ok(Plan { text, origin: format!("brick {}", abs.display()) })
     }
 
@@ -192,7 +200,9 @@ impl BrickArgs {
         let top = graph.spec().top_name().to_string();
         let Some(top_decl) = volfile.volume(&top) else { unreachable!("the graph's top is a volume of its volfile") };
         if top_decl.type_name != SERVER_TYPE {
-            return Err(BrickError::NotServer { origin: plan.origin, top, type_name: top_decl.type_name.clone() }.into());
+            return Err(
+                BrickError::NotServer { origin: plan.origin, top, type_name: top_decl.type_name.clone() }.into()
+            );
         }
         let served: Vec<&str> = top_decl.subvolumes.iter().map(|s| s.name.as_str()).collect();
         let name = top.strip_suffix("-server").unwrap_or(&top);
@@ -226,7 +236,10 @@ impl BrickArgs {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
         };
-        tracing::info!(signal = sig, "stopping: no new connections, letting in-flight fops finish (signal again to stop at once)");
+        tracing::info!(
+            signal = sig,
+            "stopping: no new connections, letting in-flight fops finish (signal again to stop at once)"
+        );
         tokio::select! {
             r = shutdown(graph) => r?,
             _ = term.recv() => return Err(BrickError::Forced("SIGTERM").into()),
@@ -285,8 +298,20 @@ mod tests {
     fn parses_both_forms_and_refuses_mixes() {
         let b = brick_args(&["--dir", "/d"]).expect("dir form");
         assert_eq!((b.port, b.host.as_str(), b.allow.len(), b.print_volfile), (49152, "0.0.0.0", 0, false));
-        let b = brick_args(&["--dir", "/d", "--port", "0", "--host", "127.0.0.1", "--allow", "10.1.*", "127.*", "--allow", "a,b"])
-            .expect("options");
+        let b = brick_args(&[
+            "--dir",
+            "/d",
+            "--port",
+            "0",
+            "--host",
+            "127.0.0.1",
+            "--allow",
+            "10.1.*",
+            "127.*",
+            "--allow",
+            "a,b",
+        ])
+        .expect("options");
         assert_eq!(b.port, 0);
         assert_eq!(b.allow, ["10.1.*", "127.*", "a", "b"]);
         let b = brick_args(&["--volfile", "b.vol", "--log-file", "/tmp/l"]).expect("volfile form");
@@ -302,7 +327,8 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("b1");
         std::fs::create_dir(&dir).expect("mkdir");
-        let b = brick_args(&["--dir", dir.to_str().expect("utf-8"), "--port", "0", "--allow", "127.0.0.1,10.*"]).expect("args");
+        let b = brick_args(&["--dir", dir.to_str().expect("utf-8"), "--port", "0", "--allow", "127.0.0.1,10.*"])
+            .expect("args");
         let plan = b.plan().expect("plan");
         let v = Volfile::parse(&plan.text, "gen").expect("parses");
         let abs = std::fs::canonicalize(&dir).expect("canonical").display().to_string();
@@ -350,9 +376,15 @@ mod tests {
         std::fs::write(&file, b"x").expect("write");
         let e = brick_args(&["--dir", file.to_str().expect("utf-8")]).expect("args").plan().expect_err("a file");
         assert!(e.to_string().ends_with("not a directory"), "{e}");
-        let e = brick_args(&["--dir", tmp.path().to_str().expect("utf-8"), "--volume", "a b"]).expect("args").plan().expect_err("space");
+        let e = brick_args(&["--dir", tmp.path().to_str().expect("utf-8"), "--volume", "a b"])
+            .expect("args")
+            .plan()
+            .expect_err("space");
         assert!(e.to_string().starts_with("--volume \"a b\""), "{e}");
-        let e = brick_args(&["--dir", tmp.path().to_str().expect("utf-8"), "--host", "#x"]).expect("args").plan().expect_err("hash");
+        let e = brick_args(&["--dir", tmp.path().to_str().expect("utf-8"), "--host", "#x"])
+            .expect("args")
+            .plan()
+            .expect_err("hash");
         assert!(e.to_string().starts_with("--host"), "{e}");
     }
 
@@ -370,10 +402,16 @@ mod tests {
     async fn a_volfile_whose_top_is_not_a_server_is_refused() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let vol = tmp.path().join("b.vol");
-        std::fs::write(&vol, format!("volume p\n type storage/posix\n option directory {}\nend-volume\n", tmp.path().display()))
-            .expect("write");
+        std::fs::write(
+            &vol,
+            format!("volume p\n type storage/posix\n option directory {}\nend-volume\n", tmp.path().display()),
+        )
+        .expect("write");
         let b = brick_args(&["--volfile", vol.to_str().expect("utf-8")]).expect("args");
         let e = b.run(&mut Vec::new()).await.expect_err("not a server");
-        assert_eq!(e.to_string(), format!("{}: top volume 'p' is storage/posix; a brick's top must be protocol/server", vol.display()));
+        assert_eq!(
+            e.to_string(),
+            format!("{}: top volume 'p' is storage/posix; a brick's top must be protocol/server", vol.display())
+        );
     }
 }

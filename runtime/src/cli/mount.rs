@@ -66,8 +66,8 @@ pub struct MountArgs {
     /// Stay in the foreground instead of becoming a daemon once mounted.
     #[arg(short = 'f', long)]
     pub foreground: bool,
-    /// Append the log to FILE [default: stderr in the foreground, else
-    /// /var/log/xlfs/<mountpoint>.log].
+    /// Append the log to FILE (default: stderr in the foreground, else
+    /// /var/log/xlfs/MOUNTPOINT.log, the mount point's path with `/` as `-`).
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
     /// Seconds to wait for the graph to come up (its bricks to connect).
@@ -360,8 +360,12 @@ mod tests {
 
     #[test]
     fn parses_options_and_modes() {
-        let m = mount_args(&["--volfile", "v.vol", "/mnt/x", "-o", "ro,entry-timeout=2", "-o", "noatime", "-f"]).expect("args");
-        assert_eq!((m.volfile.as_path(), m.mountpoint.as_path(), m.foreground), (Path::new("v.vol"), Path::new("/mnt/x"), true));
+        let m = mount_args(&["--volfile", "v.vol", "/mnt/x", "-o", "ro,entry-timeout=2", "-o", "noatime", "-f"])
+            .expect("args");
+        assert_eq!(
+            (m.volfile.as_path(), m.mountpoint.as_path(), m.foreground),
+            (Path::new("v.vol"), Path::new("/mnt/x"), true)
+        );
         let o = m.mount_options().expect("options");
         assert!(o.read_only && o.noatime);
         assert_eq!(o.entry_timeout, Duration::from_secs(2));
@@ -381,7 +385,8 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let vol = tmp.path().join("v.vol");
         std::fs::write(&vol, "volume x\n type no/such\nend-volume\n").expect("write");
-        let m = mount_args(&["--volfile", vol.to_str().expect("utf-8"), tmp.path().to_str().expect("utf-8")]).expect("args");
+        let m = mount_args(&["--volfile", vol.to_str().expect("utf-8"), tmp.path().to_str().expect("utf-8")])
+            .expect("args");
         let e = m.run(&mut Vec::new()).await.expect_err("unknown type");
         assert!(e.to_string().contains("unknown type 'no/such'"), "{e}");
     }

@@ -113,10 +113,15 @@ fn node_row(n: &NodeProfile, kind: FopKind, place: &str) -> Option<Row> {
 pub fn join(b: &ProfileBundle) -> Vec<FopReport> {
     let g = &b.graph;
     let entry = g.entry();
-    let mut kinds: Vec<FopKind> = g.nodes.iter().flat_map(|n| n.fops.iter().filter(|f| f.count > 0).map(|f| f.kind)).collect();
+    let mut kinds: Vec<FopKind> =
+        g.nodes.iter().flat_map(|n| n.fops.iter().filter(|f| f.count > 0).map(|f| f.kind)).collect();
     kinds.sort();
     kinds.dedup();
-    let own_place = if b.bricks.is_empty() && g.node(&g.top).is_some_and(|t| t.type_name == "protocol/server") { "brick" } else { "mount" };
+    let own_place = if b.bricks.is_empty() && g.node(&g.top).is_some_and(|t| t.type_name == "protocol/server") {
+        "brick"
+    } else {
+        "mount"
+    };
     let mut out = Vec::new();
     for kind in kinds {
         let mut rows = Vec::new();
@@ -180,11 +185,7 @@ pub fn join(b: &ProfileBundle) -> Vec<FopReport> {
 
 /// The tables as text.
 pub fn render_text(b: &ProfileBundle, reports: &[FopReport]) -> String {
-    let mut out = format!(
-        "graph '{}': fop timings over {:.1} s\n",
-        b.graph.top,
-        b.graph.window_ms as f64 / 1000.0
-    );
+    let mut out = format!("graph '{}': fop timings over {:.1} s\n", b.graph.top, b.graph.window_ms as f64 / 1000.0);
     for br in &b.bricks {
         let state = match &br.profile {
             Ok(p) => format!("brick graph '{}' over {:.1} s", p.top, p.window_ms as f64 / 1000.0),
@@ -215,7 +216,8 @@ pub fn render_text(b: &ProfileBundle, reports: &[FopReport]) -> String {
             out += "not called at the top (sent by translators inside the graph)\n";
         }
         let sum: f64 = r.rows.iter().map(|x| x.self_ns).sum();
-        out += &format!("  {:>11} {:>6} {:>9} {:>12}  translator (type) where\n", "self ms", "%", "calls", "self us/call");
+        out +=
+            &format!("  {:>11} {:>6} {:>9} {:>12}  translator (type) where\n", "self ms", "%", "calls", "self us/call");
         for x in &r.rows {
             let pct = if sum > 0.0 { 100.0 * x.self_ns / sum } else { 0.0 };
             let ms = format!("{}{:.3}", if x.estimated { "~" } else { "" }, x.self_ns / 1e6);
@@ -317,7 +319,9 @@ impl ProfileArgs {
             if !ok {
                 return Err(ReloadError::Failed(text.trim_end().to_string()).into());
             }
-            return Ok(ProfileBundle::parse(&text).map_err(|e| ReloadError::Failed(format!("the mount's answer: {e}")))?);
+            return Ok(
+                ProfileBundle::parse(&text).map_err(|e| ReloadError::Failed(format!("the mount's answer: {e}")))?
+            );
         }
         let (Some(brick), Some(subvolume)) = (&self.brick, &self.subvolume) else {
             unreachable!("clap requires a mount point or --brick with --subvolume")
@@ -367,7 +371,10 @@ mod tests {
             name: name.into(),
             type_name: ty.into(),
             children: kids.iter().map(|k| k.to_string()).collect(),
-            fops: fops.iter().map(|&(kind, count, total_ns, self_ns)| FopTimes { kind, count, total_ns, self_ns }).collect(),
+            fops: fops
+                .iter()
+                .map(|&(kind, count, total_ns, self_ns)| FopTimes { kind, count, total_ns, self_ns })
+                .collect(),
         }
     }
 
@@ -397,7 +404,12 @@ mod tests {
             graph: mount,
             bricks: vec![
                 BrickProfile { client: "c0".into(), remote: "h:1".into(), subvolume: "/b0".into(), profile: Ok(brick) },
-                BrickProfile { client: "c1".into(), remote: "h:2".into(), subvolume: "/b1".into(), profile: Err("refused".into()) },
+                BrickProfile {
+                    client: "c1".into(),
+                    remote: "h:2".into(),
+                    subvolume: "/b1".into(),
+                    profile: Err("refused".into()),
+                },
             ],
         };
         let r = join(&b);
@@ -405,14 +417,20 @@ mod tests {
         assert_eq!((r[0].entry_calls, r[0].entry_total_ns), (10, 10_000));
         let rows: Vec<(&str, f64)> = r[0].rows.iter().map(|x| (x.translator.as_str(), x.self_ns)).collect();
         // c0 waited 8000 ns; the brick's share is 10 calls x 400 ns = 4000.
-        assert_eq!(rows, [("c1", 9000.0), ("c0 network+queue", 4000.0), ("posix", 3000.0), ("afr", 1000.0), ("stats", 1000.0)]);
+        assert_eq!(
+            rows,
+            [("c1", 9000.0), ("c0 network+queue", 4000.0), ("posix", 3000.0), ("afr", 1000.0), ("stats", 1000.0)]
+        );
         assert!(r[0].rows[0].note.as_deref().is_some_and(|n| n.contains("not reached: refused")));
         let text = render_text(&b, &r);
         assert!(text.contains("WRITE: 10 calls at the top"), "{text}");
         assert!(text.contains("c0 network+queue (protocol/client) mount"), "{text}");
         assert!(text.contains("posix (storage/posix) brick h:1"), "{text}");
         let json = render_json(&b, &r);
-        assert!(json.starts_with("{\"graph\":\"afr\"") && json.contains("\"translator\":\"c0 network+queue\""), "{json}");
+        assert!(
+            json.starts_with("{\"graph\":\"afr\"") && json.contains("\"translator\":\"c0 network+queue\""),
+            "{json}"
+        );
         let back = ProfileBundle::parse(&b.to_text()).expect("parses");
         assert_eq!(back, b);
     }

@@ -98,9 +98,11 @@ const MAX_ANSWER: u64 = 1 << 20;
 /// Sends `request` to the mount on `mountpoint`; returns (ok, text).
 pub(super) async fn ask(mountpoint: &Path, request: &str) -> Result<(bool, String), ReloadError> {
     let socket = socket_path(mountpoint);
-    let mut s = UnixStream::connect(&socket)
-        .await
-        .map_err(|source| ReloadError::NotRunning { mountpoint: mountpoint.to_path_buf(), socket: socket.clone(), source })?;
+    let mut s = UnixStream::connect(&socket).await.map_err(|source| ReloadError::NotRunning {
+        mountpoint: mountpoint.to_path_buf(),
+        socket: socket.clone(),
+        source,
+    })?;
     s.write_all(format!("{request}\n").as_bytes()).await?;
     s.shutdown().await?;
     let mut answer = String::new();
@@ -206,7 +208,9 @@ async fn answer(stream: UnixStream, reloader: &Reloader) -> std::io::Result<()> 
             Some(g) => format!("ok\n{}", crate::profile::collect(&g, line.trim() == "profile reset").await.to_text()),
             None => "error\nthis mount's graph is not managed by the mount\n".to_string(),
         },
-        other => format!("error\nunknown request {other:?}: expected reload, status, dump, drain, profile or profile reset\n"),
+        other => format!(
+            "error\nunknown request {other:?}: expected reload, status, dump, drain, profile or profile reset\n"
+        ),
     };
     wr.write_all(reply.as_bytes()).await?;
     wr.shutdown().await
@@ -237,6 +241,9 @@ mod tests {
         let cli = Cli::try_parse_from(["xlfs", "reload", tmp.path().to_str().expect("utf-8")]).expect("args");
         let Command::Reload(args) = cli.command else { panic!("reload") };
         let e = args.run(&mut Vec::new()).await.expect_err("nobody answers");
-        assert!(e.to_string().starts_with(&format!("no xlfs mount process answers for {}", tmp.path().display())), "{e}");
+        assert!(
+            e.to_string().starts_with(&format!("no xlfs mount process answers for {}", tmp.path().display())),
+            "{e}"
+        );
     }
 }

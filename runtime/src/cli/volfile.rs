@@ -47,7 +47,9 @@ mod tests {
     #[test]
     fn parses_volfile_check() {
         let cli = Cli::try_parse_from(["xlfs", "volfile", "check", "a.vol"]).expect("parses");
-        assert!(matches!(cli.command, Command::Volfile(VolfileCommand::Check { ref file }) if file == &PathBuf::from("a.vol")));
+        assert!(
+            matches!(cli.command, Command::Volfile(VolfileCommand::Check { ref file }) if file == &PathBuf::from("a.vol"))
+        );
         assert!(Cli::try_parse_from(["xlfs", "volfile", "check"]).is_err());
         assert!(Cli::try_parse_from(["xlfs", "nope"]).is_err());
     }
@@ -57,11 +59,15 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("bad.vol");
         std::fs::write(&path, "volume a\n  type storage/posix\n  subvolume b\nend-volume\n").expect("write");
-        let cli = Cli::try_parse_from(["xlfs".as_ref(), "volfile".as_ref(), "check".as_ref(), path.as_os_str()]).expect("parses");
+        let cli = Cli::try_parse_from(["xlfs".as_ref(), "volfile".as_ref(), "check".as_ref(), path.as_os_str()])
+            .expect("parses");
         let Command::Volfile(cmd) = cli.command else { panic!("a volfile command") };
         let mut out = Vec::new();
         let e = cmd.run(&mut out).expect_err("typo");
-        assert_eq!(e.to_string(), format!("{}:3: expected 'subvolumes', 'option', 'type' or 'end-volume', found 'subvolume'", path.display()));
+        assert_eq!(
+            e.to_string(),
+            format!("{}:3: expected 'subvolumes', 'option', 'type' or 'end-volume', found 'subvolume'", path.display())
+        );
         assert!(out.is_empty());
     }
 }

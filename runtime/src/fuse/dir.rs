@@ -92,7 +92,14 @@ impl Core {
         }
     }
 
-    pub(super) async fn readdir(self: Arc<Self>, who: Caller, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    pub(super) async fn readdir(
+        self: Arc<Self>,
+        who: Caller,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let fd = match self.fd(fh) {
             Ok(fd) => fd,
             Err(e) => return reply.error(fuse_errno(e)),

@@ -39,7 +39,12 @@ fn internal_xattr(name: &str) -> bool {
 impl Core {
     /// lookup: the entry's attributes (one more lookup for the kernel), or
     /// `None` for a miss the kernel may remember (negative timeout).
-    pub(super) async fn lookup(self: Arc<Self>, who: Caller, parent: INodeNo, name: String) -> Result<Option<FileAttr>, Errno> {
+    pub(super) async fn lookup(
+        self: Arc<Self>,
+        who: Caller,
+        parent: INodeNo,
+        name: String,
+    ) -> Result<Option<FileAttr>, Errno> {
         let pg = self.gfid(parent)?;
         match self.call(self.ctx(who, 0, false), Fop::Lookup { loc: Loc::entry(pg, name.clone()) }).await {
             Ok(Reply::Entry { iatt, .. }) => self.entry_attr(pg, &name, &iatt).map(Some),
@@ -52,7 +57,12 @@ impl Core {
         }
     }
 
-    pub(super) async fn getattr(self: Arc<Self>, who: Caller, ino: INodeNo, fh: Option<FileHandle>) -> Result<FileAttr, Errno> {
+    pub(super) async fn getattr(
+        self: Arc<Self>,
+        who: Caller,
+        ino: INodeNo,
+        fh: Option<FileHandle>,
+    ) -> Result<FileAttr, Errno> {
         // The kernel drops its attributes after each write and asks again
         // at once: performance/md-cache answers from the write's reply.
         let gfid = self.gfid(ino)?;
@@ -138,7 +148,13 @@ impl Core {
         }
     }
 
-    pub(super) async fn link(self: Arc<Self>, who: Caller, ino: INodeNo, newparent: INodeNo, name: String) -> Result<FileAttr, Errno> {
+    pub(super) async fn link(
+        self: Arc<Self>,
+        who: Caller,
+        ino: INodeNo,
+        newparent: INodeNo,
+        name: String,
+    ) -> Result<FileAttr, Errno> {
         let (g, np) = (self.gfid(ino)?, self.gfid(newparent)?);
         let fop = Fop::Link { old: Loc::gfid(g), new: Loc::entry(np, name.clone()) };
         match self.call(self.ctx(who, 0, true), fop).await? {
@@ -148,7 +164,13 @@ impl Core {
     }
 
     /// unlink or rmdir.
-    pub(super) async fn remove(self: Arc<Self>, who: Caller, parent: INodeNo, name: String, dir: bool) -> Result<(), Errno> {
+    pub(super) async fn remove(
+        self: Arc<Self>,
+        who: Caller,
+        parent: INodeNo,
+        name: String,
+        dir: bool,
+    ) -> Result<(), Errno> {
         let pg = self.gfid(parent)?;
         let loc = Loc::entry(pg, name.clone());
         let fop = if dir { Fop::Rmdir { loc, flags: 0 } } else { Fop::Unlink { loc, flags: 0 } };
@@ -201,7 +223,14 @@ impl Core {
         self.call(self.ctx(who, 0, true), Fop::Access { loc, mask }).await.map(drop)
     }
 
-    pub(super) async fn setxattr(self: Arc<Self>, who: Caller, ino: INodeNo, name: String, value: Bytes, flags: u32) -> Result<(), Errno> {
+    pub(super) async fn setxattr(
+        self: Arc<Self>,
+        who: Caller,
+        ino: INodeNo,
+        name: String,
+        value: Bytes,
+        flags: u32,
+    ) -> Result<(), Errno> {
         if internal_xattr(&name) {
             return Err(Errno::EPERM);
         }
@@ -267,7 +296,6 @@ fn value_bytes(v: &Value) -> Vec<u8> {
         Value::U64(u) => u.to_string().into_bytes(),
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -47,7 +47,12 @@ impl Core {
         self.fds.open(FdEntry { gfid, flags, is_dir })
     }
 
-    pub(super) async fn open(self: Arc<Self>, who: Caller, ino: INodeNo, flags: i32) -> Result<(FileHandle, FopenFlags), Errno> {
+    pub(super) async fn open(
+        self: Arc<Self>,
+        who: Caller,
+        ino: INodeNo,
+        flags: i32,
+    ) -> Result<(FileHandle, FopenFlags), Errno> {
         let gfid = self.gfid(ino)?;
         let flags = self.open_flags(flags as u32);
         let id = self.new_fd(gfid, flags, false)?;
@@ -86,7 +91,14 @@ impl Core {
         Ok((attr, FileHandle(id.0), self.fopen_flags()))
     }
 
-    pub(super) async fn read(self: Arc<Self>, who: Caller, owner: u64, fh: FileHandle, offset: u64, size: u32) -> Result<Bytes, Errno> {
+    pub(super) async fn read(
+        self: Arc<Self>,
+        who: Caller,
+        owner: u64,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+    ) -> Result<Bytes, Errno> {
         let fd = self.fd(fh)?;
         match self.call(self.ctx(who, owner, false), Fop::Readv { fd, size, offset, flags: 0 }).await? {
             Reply::Read { data, .. } => Ok(data),
@@ -94,7 +106,14 @@ impl Core {
         }
     }
 
-    pub(super) async fn write(self: Arc<Self>, who: Caller, owner: u64, fh: FileHandle, offset: u64, data: Bytes) -> Result<u32, Errno> {
+    pub(super) async fn write(
+        self: Arc<Self>,
+        who: Caller,
+        owner: u64,
+        fh: FileHandle,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<u32, Errno> {
         let fd = self.fd(fh)?;
         let len = data.len() as u32;
         self.call(self.ctx(who, owner, false), Fop::Writev { fd, data, offset, flags: 0 }).await?;
@@ -110,7 +129,13 @@ impl Core {
 
     /// release (the last close): a flush first when the kernel asks for it,
     /// then Release, which also drops the flock held through the fd.
-    pub(super) async fn release(self: Arc<Self>, who: Caller, fh: FileHandle, owner: Option<u64>, flush: bool) -> Result<(), Errno> {
+    pub(super) async fn release(
+        self: Arc<Self>,
+        who: Caller,
+        fh: FileHandle,
+        owner: Option<u64>,
+        flush: bool,
+    ) -> Result<(), Errno> {
         let fd = self.fd(fh)?;
         let ctx = self.ctx(who, owner.unwrap_or(0), false);
         if flush && let Err(e) = self.flush_locks(ctx.clone(), fd).await {
@@ -120,20 +145,39 @@ impl Core {
     }
 
     /// fsync or fsyncdir.
-    pub(super) async fn fsync(self: Arc<Self>, who: Caller, fh: FileHandle, datasync: bool, dir: bool) -> Result<(), Errno> {
+    pub(super) async fn fsync(
+        self: Arc<Self>,
+        who: Caller,
+        fh: FileHandle,
+        datasync: bool,
+        dir: bool,
+    ) -> Result<(), Errno> {
         let fd = self.fd(fh)?;
         let fop = if dir { Fop::Fsyncdir { fd, datasync } } else { Fop::Fsync { fd, datasync } };
         self.call(self.ctx(who, 0, false), fop).await.map(drop)
     }
 
-    pub(super) async fn fallocate(self: Arc<Self>, who: Caller, fh: FileHandle, offset: u64, len: u64, mode: u32) -> Result<(), Errno> {
+    pub(super) async fn fallocate(
+        self: Arc<Self>,
+        who: Caller,
+        fh: FileHandle,
+        offset: u64,
+        len: u64,
+        mode: u32,
+    ) -> Result<(), Errno> {
         let fd = self.fd(fh)?;
         self.call(self.ctx(who, 0, false), Fop::Fallocate { fd, mode, offset, len }).await.map(drop)
     }
 
     /// lseek: the kernel handles SEEK_SET, SEEK_CUR and SEEK_END itself and
     /// sends only SEEK_DATA and SEEK_HOLE.
-    pub(super) async fn lseek(self: Arc<Self>, who: Caller, fh: FileHandle, offset: i64, whence: i32) -> Result<i64, Errno> {
+    pub(super) async fn lseek(
+        self: Arc<Self>,
+        who: Caller,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+    ) -> Result<i64, Errno> {
         let fd = self.fd(fh)?;
         let what = match whence {
             libc::SEEK_DATA => SeekWhat::Data,

@@ -190,11 +190,7 @@ impl HeldLocks {
 
 /// Parses one hexadecimal signal mask line of `/proc/PID/status`.
 fn mask(status: &str, key: &str) -> u64 {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0)
+    status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(0)
 }
 
 /// True if the status text shows a signal that would interrupt a wait: one
@@ -222,7 +218,13 @@ async fn interrupted(pid: u32) {
 }
 
 impl Core {
-    pub(super) async fn getlk(self: Arc<Self>, who: Caller, fh: FileHandle, owner: u64, lk: FuseLock) -> Result<FuseLock, Errno> {
+    pub(super) async fn getlk(
+        self: Arc<Self>,
+        who: Caller,
+        fh: FileHandle,
+        owner: u64,
+        lk: FuseLock,
+    ) -> Result<FuseLock, Errno> {
         let fd = self.fd(fh)?;
         let lock = to_flock(&lk, owner)?;
         let _gate = self.lk_gate.read().await;
@@ -233,7 +235,14 @@ impl Core {
         }
     }
 
-    pub(super) async fn setlk(self: Arc<Self>, who: Caller, fh: FileHandle, owner: u64, lk: FuseLock, sleep: bool) -> Result<(), Errno> {
+    pub(super) async fn setlk(
+        self: Arc<Self>,
+        who: Caller,
+        fh: FileHandle,
+        owner: u64,
+        lk: FuseLock,
+        sleep: bool,
+    ) -> Result<(), Errno> {
         let fd = self.fd(fh)?;
         let lock = to_flock(&lk, owner)?;
         let wait = sleep && lock.ty != LockType::Unlock;
@@ -310,7 +319,9 @@ impl Core {
             let fd = Fd { id, gfid };
             let ctx = CallCtx { lk_owner: owner, pid: held.pid, ..CallCtx::root(self.client_id.clone()) };
             let all = Flock { ty: LockType::Unlock, start: 0, len: 0, pid: held.pid, owner };
-            if let Err(e) = self.call_on(old, ctx.clone(), Fop::Lk { fd, cmd: LkCmd::SetLk, lock: all }, Dict::new()).await {
+            if let Err(e) =
+                self.call_on(old, ctx.clone(), Fop::Lk { fd, cmd: LkCmd::SetLk, lock: all }, Dict::new()).await
+            {
                 tracing::debug!(%gfid, owner, error = %e, "unlock on the old graph");
             }
             let mut kept = true;
@@ -395,7 +406,9 @@ mod tests {
     #[test]
     fn pending_signals_are_read_from_status() {
         let status = |pnd: &str, shd: &str, blk: &str, ign: &str| {
-            format!("Name:\tx\nSigQ:\t0/1\nSigPnd:\t{pnd}\nShdPnd:\t{shd}\nSigBlk:\t{blk}\nSigIgn:\t{ign}\nSigCgt:\t0\n")
+            format!(
+                "Name:\tx\nSigQ:\t0/1\nSigPnd:\t{pnd}\nShdPnd:\t{shd}\nSigBlk:\t{blk}\nSigIgn:\t{ign}\nSigCgt:\t0\n"
+            )
         };
         let z = "0000000000000000";
         let usr1 = format!("{:016x}", 1u64 << (libc::SIGUSR1 - 1));

@@ -55,9 +55,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, CopyFileRangeFlags, FileAttr, FileHandle, Filesystem, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request as FuseRequest, TimeOrNow, WriteFlags,
+    LockOwner, Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request as FuseRequest, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
@@ -312,7 +312,15 @@ impl Core {
     /// groups (for fops whose result depends on them).
     fn ctx(&self, c: Caller, lk_owner: u64, groups: bool) -> CallCtx {
         let groups = if groups && c.pid != 0 { self.groups.get(c.pid) } else { Arc::from(Vec::new()) };
-        CallCtx { uid: c.uid, gid: c.gid, groups, pid: c.pid, lk_owner, client_id: self.client_id.clone(), frame: Default::default() }
+        CallCtx {
+            uid: c.uid,
+            gid: c.gid,
+            groups,
+            pid: c.pid,
+            lk_owner,
+            client_id: self.client_id.clone(),
+            frame: Default::default(),
+        }
     }
 
     /// Sends one fop to the top of the graph.
@@ -421,8 +429,19 @@ macro_rules! error_reply {
 }
 
 error_reply!(
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr
+    ReplyAttr,
+    ReplyCreate,
+    ReplyData,
+    ReplyDirectory,
+    ReplyDirectoryPlus,
+    ReplyEmpty,
+    ReplyEntry,
+    ReplyLock,
+    ReplyLseek,
+    ReplyOpen,
+    ReplyStatfs,
+    ReplyWrite,
+    ReplyXattr
 );
 
 /// The `Filesystem` fuser drives: thin glue from each request to a task.
@@ -893,7 +912,12 @@ impl Mount {
     /// Mounts `graph` (activated and up), which the mount then owns: a
     /// [`Mount::switch`] away from it shuts it down once drained. Blocks as
     /// [`Mount::new`] does.
-    pub fn with_graph(graph: Arc<Graph>, mountpoint: &Path, opts: MountOptions, rt: Handle) -> Result<Mount, FuseError> {
+    pub fn with_graph(
+        graph: Arc<Graph>,
+        mountpoint: &Path,
+        opts: MountOptions,
+        rt: Handle,
+    ) -> Result<Mount, FuseError> {
         let upcalls = graph.upcalls();
         Mount::start(switch::Active::new(1, graph.top(), Some(graph)), Some(upcalls), mountpoint, opts, rt)
     }
@@ -911,12 +935,8 @@ impl Mount {
             let source = std::io::Error::from_raw_os_error(libc::ENOTDIR);
             return Err(FuseError::MountPoint { path: mountpoint, source });
         }
-        let client_id: Arc<str> = Arc::from(format!(
-            "fuse-{}-{}-{}",
-            hostname(),
-            std::process::id(),
-            mountpoint.display()
-        ));
+        let client_id: Arc<str> =
+            Arc::from(format!("fuse-{}-{}-{}", hostname(), std::process::id(), mountpoint.display()));
         let active = Arc::new(active);
         let core = Arc::new(Core::new(active.clone(), rt.clone(), opts, client_id));
         let config = core.opts.fuser_config();
@@ -985,7 +1005,7 @@ impl Mount {
 
     /// Unmounts: a plain unmount, or if the mount is busy, a lazy one (no
     /// new opens; the files still open keep working) followed by up to
-    /// [`UNMOUNT_WAIT`] for their users to close them (past that, they see
+    /// `UNMOUNT_WAIT` for their users to close them (past that, they see
     /// ENOTCONN once this process exits); then waits up to `drain` for the
     /// fops in flight. The graph is left to the caller to shut down.
     pub async fn unmount(&self, drain: Duration) -> Result<(), FuseError> {
@@ -1079,7 +1099,9 @@ fn mountinfo_device(info: &str, mountpoint: &str) -> Option<String> {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
 }
 
 #[cfg(test)]
@@ -1109,7 +1131,9 @@ mod tests {
 
     #[test]
     fn times_round_trip_including_before_the_epoch() {
-        for t in [Timespec { sec: 0, nsec: 0 }, Timespec { sec: 1_700_000_000, nsec: 5 }, Timespec { sec: -2, nsec: 250 }] {
+        for t in
+            [Timespec { sec: 0, nsec: 0 }, Timespec { sec: 1_700_000_000, nsec: 5 }, Timespec { sec: -2, nsec: 250 }]
+        {
             assert_eq!(timespec(system_time(t)), t);
         }
     }
@@ -1129,7 +1153,10 @@ mod tests {
             ..Iatt::default()
         };
         let a = file_attr(&iatt, 42);
-        assert_eq!((a.ino, a.kind, a.perm, a.nlink, a.uid, a.gid), (INodeNo(42), fuser::FileType::Directory, 0o1755, 3, 7, 8));
+        assert_eq!(
+            (a.ino, a.kind, a.perm, a.nlink, a.uid, a.gid),
+            (INodeNo(42), fuser::FileType::Directory, 0o1755, 3, 7, 8)
+        );
         assert_eq!((a.size, a.blocks, a.blksize), (4096, 8, 4096));
         assert_eq!(a.mtime, UNIX_EPOCH + Duration::new(10, 1));
         assert_eq!(fuse_kind(FileType::Fifo), fuser::FileType::NamedPipe);

@@ -371,7 +371,10 @@ mod tests {
         assert_eq!(o.negative_timeout, Duration::from_secs(2));
         assert!(!o.keep_cache && o.writeback_cache && !o.noatime && o.direct_io && !o.allow_other);
         assert_eq!((o.max_write, o.max_read, o.max_readahead), (128 << 10, 1 << 20, 8 << 20));
-        assert_eq!((o.reader_threads, o.fsname.as_str(), o.read_only, o.suid, o.inode_lru_limit), (4, "vol1", true, true, 0));
+        assert_eq!(
+            (o.reader_threads, o.fsname.as_str(), o.read_only, o.suid, o.inode_lru_limit),
+            (4, "vol1", true, true, 0)
+        );
         // Round trip through the option string.
         assert_eq!(MountOptions::parse(&o.to_option_string()).expect("round trip"), o);
         assert_eq!(MountOptions::parse(&d.to_option_string()).expect("round trip"), d);

@@ -2,26 +2,26 @@
 //! it serves (GlusterFS's `fuse_graph_switch`), without failing the I/O
 //! in flight.
 //!
-//! Every fop goes to the *active* graph ([`Active`]): the bridge reads it
+//! Every fop goes to the *active* graph (`Active`): the bridge reads it
 //! through a lock held only long enough to clone an `Arc` and count the
 //! fop as in flight on that graph, so a switch is one pointer store and a
 //! fop is counted on exactly the graph it runs on.
 //!
 //! Each active graph knows which of the mount's fds are open on it. A fop
 //! on an fd that is not open there yet reopens it first, by gfid, with the
-//! same [`FdId`](xlfs_sdk::FdId) and `O_*` flags (less O_CREAT, O_EXCL and
+//! same [`xlfs_sdk::FdId`] and `O_*` flags (less O_CREAT, O_EXCL and
 //! O_TRUNC), as protocol/client does after a reconnect; FUSE passes the
 //! offset with every read and write, so nothing else of the fd needs to
 //! move. The inodes' gfids stay valid (same bricks); the new graph's
 //! per-inode state starts empty.
 //!
-//! [`Core::switch`], given a new graph that is already up:
+//! `Core::switch`, given a new graph that is already up:
 //! 1. reopens every open fd on it while the old graph still serves;
 //! 2. stops the lock fops (getlk/setlk, and flush and release, which drop
 //!    locks) at a gate; blocked SETLKW waits on the old graph are told to
 //!    let go and wait again afterwards;
 //! 3. makes the new graph active (new fops go there from now on);
-//! 4. moves the POSIX locks and flocks the mount holds ([`HeldLocks`]):
+//! 4. moves the POSIX locks and flocks the mount holds (`HeldLocks`):
 //!    unlocks each on the old graph and takes it again on the new one;
 //! 5. opens the gate, reopens fds opened on the old graph meanwhile;
 //! 6. waits for the old graph's fops in flight to finish (bounded), sends
@@ -32,7 +32,6 @@
 //! counted (GlusterFS moves lock ownership inside the locks translator
 //! instead; ours has no such fop yet).
 //!
-//! [`HeldLocks`]: super::locks::HeldLocks
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -331,8 +330,11 @@ impl Core {
 
         report.drained = old.inflight.drained(DRAIN).await;
         if !report.drained {
-            tracing::warn!(left = old.inflight.count.load(Ordering::Acquire), generation = old.generation,
-                "the old graph still has fops in flight after {DRAIN:?}; shutting it down anyway");
+            tracing::warn!(
+                left = old.inflight.count.load(Ordering::Acquire),
+                generation = old.generation,
+                "the old graph still has fops in flight after {DRAIN:?}; shutting it down anyway"
+            );
         }
         let open: Vec<(u64, FdOn)> = old.fds.lock().drain().filter(|(_, f)| f.state == FdState::Open).collect();
         for (id, f) in open {
@@ -352,7 +354,11 @@ impl Core {
     }
 
     /// Forwards `a`'s upcalls to the kernel until it is retired.
-    pub(crate) fn watch_upcalls(self: &Arc<Self>, a: &Arc<Active>, rx: tokio::sync::broadcast::Receiver<xlfs_sdk::Upcall>) {
+    pub(crate) fn watch_upcalls(
+        self: &Arc<Self>,
+        a: &Arc<Active>,
+        rx: tokio::sync::broadcast::Receiver<xlfs_sdk::Upcall>,
+    ) {
         let Some(ended) = self.ended.get().cloned() else { return };
         let weak_core = Arc::downgrade(self);
         // A receiver, not the graph: the task must not keep it alive.
@@ -392,7 +398,9 @@ mod tests {
         fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
             let what = match &req.fop {
                 Fop::Open { flags, fd, .. } => format!("open fd{} trunc={}", fd.0, flags & libc::O_TRUNC as u32 != 0),
-                Fop::Lk { cmd, lock, fd } => format!("lk fd{} {cmd:?} {:?} {}+{} owner {}", fd.id.0, lock.ty, lock.start, lock.len, ctx.lk_owner),
+                Fop::Lk { cmd, lock, fd } => {
+                    format!("lk fd{} {cmd:?} {:?} {}+{} owner {}", fd.id.0, lock.ty, lock.start, lock.len, ctx.lk_owner)
+                }
                 Fop::Readv { fd, .. } => format!("read fd{}", fd.id.0),
                 Fop::Release { fd } => format!("release fd{}", fd.id.0),
                 f => format!("{:?}", f.kind()),
@@ -414,7 +422,13 @@ mod tests {
         }
     }
 
-    fn top(name: &'static str, log: &Arc<Mutex<Vec<String>>>, slow: &Arc<Notify>, slow_reads: bool, block_lkw: bool) -> Child {
+    fn top(
+        name: &'static str,
+        log: &Arc<Mutex<Vec<String>>>,
+        slow: &Arc<Notify>,
+        slow_reads: bool,
+        block_lkw: bool,
+    ) -> Child {
         let xl = Rec { name, log: log.clone(), slow_reads, release_reads: slow.clone(), block_lkw };
         Child { name: Arc::from(name), xl: Arc::new(xl) }
     }
@@ -430,7 +444,8 @@ mod tests {
         let log = Arc::new(Mutex::new(Vec::new()));
         let slow = Arc::new(Notify::new());
         let a = Arc::new(Active::new(1, top("A", &log, &slow, true, true), None));
-        let core = Arc::new(Core::new(a.clone(), tokio::runtime::Handle::current(), MountOptions::default(), Arc::from("c")));
+        let core =
+            Arc::new(Core::new(a.clone(), tokio::runtime::Handle::current(), MountOptions::default(), Arc::from("c")));
         let gfid = Gfid([9; 16]);
         let flags = (libc::O_RDWR | libc::O_TRUNC) as u32;
         let id = core.new_fd(gfid, flags, false).expect("fd");
@@ -460,7 +475,11 @@ mod tests {
         assert_eq!(&read.await.expect("join").expect("the read in flight finishes on A")[..], b"A");
         let report = switch.await.expect("join");
         assert!(report.drained, "{report}");
-        assert_eq!((report.fds_reopened, report.locks_moved, report.locks_lost, report.old_fds_released), (1, 1, 0, 1), "{report}");
+        assert_eq!(
+            (report.fds_reopened, report.locks_moved, report.locks_lost, report.old_fds_released),
+            (1, 1, 0, 1),
+            "{report}"
+        );
 
         let b = lines(&log, "B:");
         assert_eq!(b[0], "B:open fd1 trunc=false", "reopened without O_TRUNC first: {b:?}");
@@ -481,6 +500,10 @@ mod tests {
         assert_eq!(lines(&log, "B:").last().map(String::as_str), Some("B:release fd1"));
         // A second switch has nothing to move.
         let report = core.switch(top("C", &log, &slow, false, false), None).await;
-        assert_eq!((report.generation, report.fds_reopened, report.locks_moved, report.old_fds_released), (3, 0, 0, 0), "{report}");
+        assert_eq!(
+            (report.generation, report.fds_reopened, report.locks_moved, report.old_fds_released),
+            (3, 0, 0, 0),
+            "{report}"
+        );
     }
 }

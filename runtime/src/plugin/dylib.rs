@@ -80,11 +80,16 @@ fn exported_names(bytes: &[u8]) -> Result<Vec<String>, String> {
     Ok(file
         .dynamic_symbols()
         .filter(|s| s.is_definition() && s.is_global())
-        .filter_map(|s| s.name().ok().map(|n| n.strip_prefix('_').filter(|n| n.starts_with("xlfs")).unwrap_or(n).to_string()))
+        .filter_map(|s| {
+            s.name().ok().map(|n| n.strip_prefix('_').filter(|n| n.starts_with("xlfs")).unwrap_or(n).to_string())
+        })
         .collect())
 }
 
-pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<(AbiVersion, Descriptor, PolicyExports, Box<dyn Module>), PluginError> {
+pub(super) fn load(
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(AbiVersion, Descriptor, PolicyExports, Box<dyn Module>), PluginError> {
     let fail = |reason: String| PluginError::Load { path: path.into(), reason };
     let names = exported_names(bytes).map_err(|reason| PluginError::NotAPlugin { path: path.into(), reason })?;
     let version = check_version(path, names.iter().map(String::as_str))?;
@@ -239,13 +244,15 @@ impl Guest for DylibGuest {
                 out.clear();
                 out.resize(sys::MAX_ADVICE, 0);
                 let (p, cap) = (out.as_mut_ptr(), sys::MAX_ADVICE as u32);
-                let n = self.handler(policy_exports::RA_READ, || unsafe { f(inst, stream, offset, size, at_ns, p, cap) })?;
+                let n =
+                    self.handler(policy_exports::RA_READ, || unsafe { f(inst, stream, offset, size, at_ns, p, cap) })?;
                 out.truncate(usize::try_from(n).unwrap_or(0).min(sys::MAX_ADVICE));
                 Ok(n.into())
             }
             PolicyCall::RaReset { stream, page_size, page_count } => {
                 let f = ra.ok_or_else(|| missing("read-ahead"))?.reset;
-                self.handler(policy_exports::RA_RESET, || unsafe { f(inst, stream, page_size, page_count) }).map(i64::from)
+                self.handler(policy_exports::RA_RESET, || unsafe { f(inst, stream, page_size, page_count) })
+                    .map(i64::from)
             }
             PolicyCall::RaClose { stream } => {
                 let f = ra.ok_or_else(|| missing("read-ahead"))?.close;
@@ -320,7 +327,15 @@ unsafe fn gfid(ptr: *const u8) -> Result<[u8; 16], Errno> {
     b.try_into().map_err(|_| Errno::EFAULT)
 }
 
-unsafe extern "C" fn v_wind(ctx: *mut c_void, frame: u64, child: u32, flags: u32, msg: *const u8, len: u32, buf: u32) -> i64 {
+unsafe extern "C" fn v_wind(
+    ctx: *mut c_void,
+    frame: u64,
+    child: u32,
+    flags: u32,
+    msg: *const u8,
+    len: u32,
+    buf: u32,
+) -> i64 {
     // SAFETY: the guest passes what the vtable contract says.
     guard(|| unsafe { Ok(host(ctx)?.wind(frame, child, flags, bytes(msg, len)?, buf)) })
 }

@@ -13,7 +13,7 @@
 //! end-volume
 //! ```
 //!
-//! - Loading ([`load`]): the file is read and hashed (SHA-256); modules are
+//! - Loading (`load`): the file is read and hashed (SHA-256); modules are
 //!   cached by that hash, so a module is compiled once however many nodes
 //!   and graphs use it, and kept loaded while any does. The version marker
 //!   export (`xlfs_abi_version_<major>_<minor>`) is checked before anything
@@ -100,11 +100,10 @@ const MAX_FRAMES: OptionDecl = OptionDecl::new("max-frames", OptType::Int)
     .default("4096")
     .range(1.0, 1048576.0)
     .desc("Most fops in the plugin at once; more wait for a slot. Calls it winds are bounded at four times this.");
-const CRASH_LIMIT: OptionDecl = OptionDecl::new("crash-loop-limit", OptType::Int)
-    .default("5")
-    .range(1.0, 1000.0)
-    .desc("This many crashes (traps, missed deadlines, failed handlers) within crash-loop-window disable the plugin: \
-           its fops then fail with EIO until the graph is rebuilt.");
+const CRASH_LIMIT: OptionDecl = OptionDecl::new("crash-loop-limit", OptType::Int).default("5").range(1.0, 1000.0).desc(
+    "This many crashes (traps, missed deadlines, failed handlers) within crash-loop-window disable the plugin: \
+           its fops then fail with EIO until the graph is rebuilt.",
+);
 const CRASH_WINDOW: OptionDecl = OptionDecl::new("crash-loop-window", OptType::Time)
     .default("60s")
     .range(0.001, 86400.0)
@@ -139,7 +138,7 @@ pub const DYLIB_OPTIONS: &[OptionDecl] = &[
 ];
 
 /// `plugin/wasm` as the registry holds it; each volume gets its module's
-/// own type from [`specialize_wasm`].
+/// own type from `specialize_wasm`.
 pub const WASM_TYPE: XlatorType = XlatorType {
     name: "plugin/wasm",
     description: "a translator from a WebAssembly plugin (option module: the .wasm file)",
@@ -150,7 +149,7 @@ pub const WASM_TYPE: XlatorType = XlatorType {
 };
 
 /// `plugin/dylib` as the registry holds it; each volume gets its module's
-/// own type from [`specialize_dylib`].
+/// own type from `specialize_dylib`.
 pub const DYLIB_TYPE: XlatorType = XlatorType {
     name: "plugin/dylib",
     description: "a translator from a native plugin library (option module: the .so file)",
@@ -162,7 +161,7 @@ pub const DYLIB_TYPE: XlatorType = XlatorType {
 
 /// Adds `plugin/wasm` and `plugin/dylib` to a registry, and the `wasm:`
 /// and `dylib:` policy loaders to the read-ahead and lock-contention policy
-/// registries ([`policy::register_loaders`], once per process).
+/// registries (`policy::register_loaders`, once per process).
 pub fn register(r: &mut Registry) -> Result<(), RegistryError> {
     policy::register_loaders();
     r.register_dynamic(WASM_TYPE, specialize_wasm)?;
@@ -244,7 +243,10 @@ pub(crate) fn load(kind: Kind, path: &Path) -> Result<Arc<Loaded>, PluginError> 
     let io = |source| PluginError::Io { path: path.to_path_buf(), source };
     let len = std::fs::metadata(path).map_err(io)?.len();
     if len > MAX_MODULE_BYTES {
-        return Err(PluginError::NotAPlugin { path: path.into(), reason: format!("{len} bytes, more than {MAX_MODULE_BYTES}") });
+        return Err(PluginError::NotAPlugin {
+            path: path.into(),
+            reason: format!("{len} bytes, more than {MAX_MODULE_BYTES}"),
+        });
     }
     let bytes = std::fs::read(path).map_err(io)?;
     let key: Key = (kind, Sha256::digest(&bytes).into());
@@ -346,7 +348,8 @@ pub(crate) fn check_version<'a>(path: &Path, names: impl Iterator<Item = &'a str
             });
         }
     };
-    abi::check_compatible(sys::PLUGIN_ABI, version).map_err(|source| PluginError::Version { path: path.into(), source })?;
+    abi::check_compatible(sys::PLUGIN_ABI, version)
+        .map_err(|source| PluginError::Version { path: path.into(), source })?;
     Ok(version)
 }
 
@@ -442,7 +445,10 @@ mod tests {
     #[test]
     fn version_marker_rules() {
         let p = Path::new("/m.wasm");
-        assert_eq!(check_version(p, ["memory", "xlfs_abi_version_1_0", "xlfs_init"].into_iter()).expect("v1.0"), AbiVersion::new(1, 0));
+        assert_eq!(
+            check_version(p, ["memory", "xlfs_abi_version_1_0", "xlfs_init"].into_iter()).expect("v1.0"),
+            AbiVersion::new(1, 0)
+        );
         assert_eq!(check_version(p, ["xlfs_abi_version_1_1"].into_iter()).expect("v1.1"), AbiVersion::new(1, 1));
         let e = check_version(p, ["xlfs_abi_version_2_0"].into_iter()).expect_err("major");
         assert_eq!(e.to_string(), "/m.wasm: ABI major version mismatch: host speaks v1.1, peer was built for v2.0");

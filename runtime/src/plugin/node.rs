@@ -381,7 +381,12 @@ impl Core {
         Arc::new_cyclic(|me: &Weak<Core>| Core {
             me: me.clone(),
             node_ctx: CallCtx::root(format!("plugin:{name}")),
-            host: Arc::new(HostCtx { label: name.clone(), core: me.clone(), declared: Mutex::new(None), last_error: Mutex::new(None) }),
+            host: Arc::new(HostCtx {
+                label: name.clone(),
+                core: me.clone(),
+                declared: Mutex::new(None),
+                last_error: Mutex::new(None),
+            }),
             name,
             children,
             sink,
@@ -431,7 +436,11 @@ impl Core {
     /// Runs `f` on the instance (making one if the last one crashed),
     /// unless the plugin is disabled or shut, or `era` is given and is not
     /// the current instance's. A fault drops the instance ([`Core::crash`]).
-    fn with_guest<R>(&self, era: Option<u64>, f: impl FnOnce(&mut dyn Guest, u64) -> Result<R, Fault>) -> Result<R, Errno> {
+    fn with_guest<R>(
+        &self,
+        era: Option<u64>,
+        f: impl FnOnce(&mut dyn Guest, u64) -> Result<R, Fault>,
+    ) -> Result<R, Errno> {
         let mut slot = self.slot.lock();
         if slot.shut {
             return Err(Errno::ENOTCONN);
@@ -633,7 +642,10 @@ impl Core {
             }
         };
         let Some(target) = self.children.get(child as usize).cloned() else {
-            self.fail_frame(frame, &format!("wind to child {child}, but the node has {} children", self.children.len()));
+            self.fail_frame(
+                frame,
+                &format!("wind to child {child}, but the node has {} children", self.children.len()),
+            );
             return neg(Errno::EINVAL);
         };
         if payload != sys::NO_BUF {

@@ -64,7 +64,8 @@ pub(crate) fn register_loaders() {
                 let host = PolicyHost::load(kind, spec, |p| p.lock_contention, "lock-contention")?;
                 Ok(Arc::new(PluginLock::new(host)?) as Arc<dyn LockContentionPolicy>)
             });
-            let r = read_ahead::register_loader(scheme(kind), ra).and_then(|()| lock_contention::register_loader(scheme(kind), lock));
+            let r = read_ahead::register_loader(scheme(kind), ra)
+                .and_then(|()| lock_contention::register_loader(scheme(kind), lock));
             if let Err(e) = r {
                 tracing::error!(target: "xlfs::plugin", "cannot register the {} policy loader: {e}", scheme(kind));
             }
@@ -109,8 +110,11 @@ impl PolicyHost {
         let label = format!("{}:{}", scheme(kind), path.display());
         let mut init_msg = Vec::new();
         abi::encode(&Dict::new(), &mut init_msg);
-        let host = PolicyHost { ctx: HostCtx::describing(label.clone()), label, loaded, init_msg, slot: Mutex::default() };
-        let first = host.instantiate().map_err(|Fault(why)| format!("{}: init failed: {}", host.label, host.ctx.with_last_error(why)))?;
+        let host =
+            PolicyHost { ctx: HostCtx::describing(label.clone()), label, loaded, init_msg, slot: Mutex::default() };
+        let first = host
+            .instantiate()
+            .map_err(|Fault(why)| format!("{}: init failed: {}", host.label, host.ctx.with_last_error(why)))?;
         host.slot.lock().guest = Some(first);
         Ok(Arc::new(host))
     }
@@ -159,7 +163,9 @@ impl PolicyHost {
         slot.generation += 1;
         let now = Instant::now();
         slot.crashes.push_back(now);
-        while slot.crashes.len() > CRASH_LIMIT || slot.crashes.front().is_some_and(|t| now.duration_since(*t) > CRASH_WINDOW) {
+        while slot.crashes.len() > CRASH_LIMIT
+            || slot.crashes.front().is_some_and(|t| now.duration_since(*t) > CRASH_WINDOW)
+        {
             slot.crashes.pop_front();
         }
         if slot.crashes.len() >= CRASH_LIMIT {
@@ -209,7 +215,10 @@ fn stream_id(id: &mut Option<(u64, u64)>, geo: Geometry, g: &mut dyn Guest, gene
         return Ok(s);
     }
     let s = g.policy(PolicyCall::RaOpen { page_size: geo.page_size, page_count: geo.page_count })?;
-    let s = u64::try_from(s).ok().filter(|s| *s > 0).ok_or_else(|| Fault(format!("{} returned {s}", sys::policy_exports::RA_OPEN)))?;
+    let s = u64::try_from(s)
+        .ok()
+        .filter(|s| *s > 0)
+        .ok_or_else(|| Fault(format!("{} returned {s}", sys::policy_exports::RA_OPEN)))?;
     *id = Some((generation, s));
     Ok(s)
 }
@@ -220,11 +229,13 @@ impl ReadAheadStream for PluginStream {
         let PluginStream { host, geo, id, out, .. } = self;
         let mine = host.call(|g, generation| {
             let stream = stream_id(id, *geo, g, generation)?;
-            let n = g.policy(PolicyCall::RaRead { stream, offset: read.offset, size: read.size, at_ns: read.at_ns, out })?;
+            let n =
+                g.policy(PolicyCall::RaRead { stream, offset: read.offset, size: read.size, at_ns: read.at_ns, out })?;
             if n < 0 {
                 return Err(Fault(format!("{} returned {n}", sys::policy_exports::RA_READ)));
             }
-            sys::decode_advice(out).ok_or_else(|| Fault(format!("{} answered advice that does not decode", sys::policy_exports::RA_READ)))
+            sys::decode_advice(out)
+                .ok_or_else(|| Fault(format!("{} answered advice that does not decode", sys::policy_exports::RA_READ)))
         });
         mine.unwrap_or(default)
     }
@@ -237,7 +248,11 @@ impl ReadAheadStream for PluginStream {
             if era != generation {
                 return Ok(());
             }
-            let r = g.policy(PolicyCall::RaReset { stream, page_size: geometry.page_size, page_count: geometry.page_count })?;
+            let r = g.policy(PolicyCall::RaReset {
+                stream,
+                page_size: geometry.page_size,
+                page_count: geometry.page_count,
+            })?;
             if r < 0 { Err(Fault(format!("{} returned {r}", sys::policy_exports::RA_RESET))) } else { Ok(()) }
         });
     }
@@ -245,7 +260,9 @@ impl ReadAheadStream for PluginStream {
     fn close(&mut self) {
         self.fallback.close();
         let Some((era, stream)) = self.id.take() else { return };
-        self.host.call(|g, generation| if era == generation { g.policy(PolicyCall::RaClose { stream }).map(drop) } else { Ok(()) });
+        self.host.call(
+            |g, generation| if era == generation { g.policy(PolicyCall::RaClose { stream }).map(drop) } else { Ok(()) },
+        );
     }
 }
 
@@ -258,7 +275,8 @@ struct PluginLock {
 
 impl PluginLock {
     fn new(host: Arc<PolicyHost>) -> Result<PluginLock, String> {
-        let fallback = lock_contention::builtin(lock_contention::DEFAULT).ok_or("no built-in default lock-contention policy")?;
+        let fallback =
+            lock_contention::builtin(lock_contention::DEFAULT).ok_or("no built-in default lock-contention policy")?;
         let bits = host
             .call(|g, _| g.policy(PolicyCall::LockInterest))
             .filter(|b| *b >= 0)

@@ -9,7 +9,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use wasmtime::{
-    Caller, Config, Engine, InstancePre, Linker, Memory, Module as WasmModuleCode, ResourceLimiter, Store, Trap, TypedFunc,
+    Caller, Config, Engine, InstancePre, Linker, Memory, Module as WasmModuleCode, ResourceLimiter, Store, Trap,
+    TypedFunc,
 };
 use xlfs_sdk::Errno;
 use xlfs_sdk::abi::AbiVersion;
@@ -123,16 +124,22 @@ fn linker() -> Result<&'static Linker<HostState>, String> {
 /// answered with -EFAULT, never a trap on the host's side.
 fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
     let m = sys::IMPORT_MODULE;
-    l.func_wrap(m, imports::WIND, |c: Caller<'_, HostState>, frame: u64, child: u32, flags: u32, p: u32, n: u32, buf: u32| -> i64 {
-        let ctx = c.data().ctx.clone();
-        guest_bytes(&c, p, n).map_or(EFAULT as i64, |msg| ctx.wind(frame, child, flags, msg, buf))
-    })?;
+    l.func_wrap(
+        m,
+        imports::WIND,
+        |c: Caller<'_, HostState>, frame: u64, child: u32, flags: u32, p: u32, n: u32, buf: u32| -> i64 {
+            let ctx = c.data().ctx.clone();
+            guest_bytes(&c, p, n).map_or(EFAULT as i64, |msg| ctx.wind(frame, child, flags, msg, buf))
+        },
+    )?;
     l.func_wrap(m, imports::UNWIND, |c: Caller<'_, HostState>, frame: u64, p: u32, n: u32, buf: u32| -> i32 {
         let ctx = c.data().ctx.clone();
         guest_bytes(&c, p, n).map_or(EFAULT, |msg| ctx.unwind(frame, msg, buf))
     })?;
     l.func_wrap(m, imports::TIMER_SET, |c: Caller<'_, HostState>, ms: u64| -> i64 { c.data().ctx.timer_set(ms) })?;
-    l.func_wrap(m, imports::TIMER_CANCEL, |c: Caller<'_, HostState>, id: u64| -> i32 { c.data().ctx.timer_cancel(id) })?;
+    l.func_wrap(m, imports::TIMER_CANCEL, |c: Caller<'_, HostState>, id: u64| -> i32 {
+        c.data().ctx.timer_cancel(id)
+    })?;
     l.func_wrap(m, imports::INODE_CTX_GET, |mut c: Caller<'_, HostState>, g: u32, out: u32| -> i32 {
         let Some(gfid) = gfid_at(&c, g) else { return EFAULT };
         match c.data().ctx.inode_ctx_get(gfid) {
@@ -154,7 +161,9 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
             None => 0,
         }
     })?;
-    l.func_wrap(m, imports::FD_CTX_SET, |c: Caller<'_, HostState>, fd: u64, v: u64| -> i32 { c.data().ctx.fd_ctx_set(fd, v) })?;
+    l.func_wrap(m, imports::FD_CTX_SET, |c: Caller<'_, HostState>, fd: u64, v: u64| -> i32 {
+        c.data().ctx.fd_ctx_set(fd, v)
+    })?;
     l.func_wrap(m, imports::FD_CTX_DEL, |c: Caller<'_, HostState>, fd: u64| -> i32 { c.data().ctx.fd_ctx_del(fd) })?;
     l.func_wrap(m, imports::LOG, |c: Caller<'_, HostState>, level: u32, p: u32, n: u32| {
         if let Some(msg) = guest_bytes(&c, p, n) {
@@ -176,7 +185,9 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         let ctx = c.data().ctx.clone();
         guest_bytes(&c, p, n).map_or(EFAULT as i64, |b| ctx.buf_new(b))
     })?;
-    l.func_wrap(m, imports::BUF_SLICE, |c: Caller<'_, HostState>, h: u32, off: u64, n: u64| -> i64 { c.data().ctx.buf_slice(h, off, n) })?;
+    l.func_wrap(m, imports::BUF_SLICE, |c: Caller<'_, HostState>, h: u32, off: u64, n: u64| -> i64 {
+        c.data().ctx.buf_slice(h, off, n)
+    })?;
     l.func_wrap(m, imports::BUF_FREE, |c: Caller<'_, HostState>, h: u32| -> i32 { c.data().ctx.buf_free(h) })?;
     l.func_wrap(m, imports::DECLARE, |c: Caller<'_, HostState>, p: u32, n: u32| -> i32 {
         let ctx = c.data().ctx.clone();
@@ -192,11 +203,16 @@ struct WasmModule {
 }
 
 /// Compiles, checks and describes the module in `bytes`.
-pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<(AbiVersion, Descriptor, PolicyExports, Box<dyn Module>), PluginError> {
+pub(super) fn load(
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(AbiVersion, Descriptor, PolicyExports, Box<dyn Module>), PluginError> {
     let fail = |reason: String| PluginError::Load { path: path.into(), reason };
     let engine = engine().map_err(fail)?;
-    let code = WasmModuleCode::new(engine, bytes)
-        .map_err(|e| PluginError::NotAPlugin { path: path.into(), reason: format!("not a WebAssembly module wasmtime accepts: {e:#}") })?;
+    let code = WasmModuleCode::new(engine, bytes).map_err(|e| PluginError::NotAPlugin {
+        path: path.into(),
+        reason: format!("not a WebAssembly module wasmtime accepts: {e:#}"),
+    })?;
     // The version marker first: a module of another major may import
     // functions this host does not have, and must be named for its version.
     let version = check_version(path, code.exports().map(|e| e.name()))?;
@@ -226,7 +242,8 @@ pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<(AbiVersion, Descriptor,
 
 impl WasmModule {
     fn store(&self, ctx: &Arc<HostCtx>, limits: &GuestLimits) -> Store<HostState> {
-        let state = HostState { ctx: ctx.clone(), memory: None, limiter: Limiter { memory: limits.memory, refused: None } };
+        let state =
+            HostState { ctx: ctx.clone(), memory: None, limiter: Limiter { memory: limits.memory, refused: None } };
         let mut store = Store::new(self.pre.module().engine(), state);
         store.limiter(|s| &mut s.limiter);
         store.epoch_deadline_trap();
@@ -254,7 +271,10 @@ fn fault(e: wasmtime::Error, store: &Store<HostState>, limits: &GuestLimits) -> 
         None => format!("{e:#}"),
     };
     if let Some(asked) = store.data().limiter.refused {
-        why = format!("{why}, after a memory growth to {asked} bytes was refused (plugin-memory-limit {} bytes)", limits.memory);
+        why = format!(
+            "{why}, after a memory growth to {asked} bytes was refused (plugin-memory-limit {} bytes)",
+            limits.memory
+        );
     }
     Fault(why)
 }
@@ -340,7 +360,10 @@ impl Module for WasmModule {
             });
         }
         if self.policies.lock_contention {
-            f.lock = Some(LockFuncs { interest: func!(policy_exports::LOCK_INTEREST), decide: func!(policy_exports::LOCK_DECIDE) });
+            f.lock = Some(LockFuncs {
+                interest: func!(policy_exports::LOCK_INTEREST),
+                decide: func!(policy_exports::LOCK_DECIDE),
+            });
         }
         let mut g = WasmGuest { store, f, inst: 0, limits: limits.clone(), scratch: (0, 0), out: (0, 0) };
         let (p, n) = g.put(options)?;
@@ -383,7 +406,9 @@ impl WasmGuest {
 
     fn handler64(&mut self, name: &str, r: Result<i64, Fault>) -> Result<i64, Fault> {
         match r? {
-            r if r == i64::from(sys::HANDLER_FAILED) => Err(Fault(self.store.data().ctx.with_last_error(format!("{name} failed")))),
+            r if r == i64::from(sys::HANDLER_FAILED) => {
+                Err(Fault(self.store.data().ctx.with_last_error(format!("{name} failed"))))
+            }
             r => Ok(r),
         }
     }

@@ -150,18 +150,22 @@ impl Drop for FuseMount {
         }
         if std::thread::panicking() {
             let log = self.log();
-            let keep = std::env::temp_dir().join(format!("xlfs-mount-{}-{}.log", std::process::id(), self.mnt.display().to_string().replace('/', "-")));
+            let keep = std::env::temp_dir().join(format!(
+                "xlfs-mount-{}-{}.log",
+                std::process::id(),
+                self.mnt.display().to_string().replace('/', "-")
+            ));
             if std::fs::write(&keep, &log).is_ok() {
                 eprintln!("--- the whole mount log is kept in {} ---", keep.display());
             }
-            let warnings: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ") || l.contains(" ERROR ")).take(100).collect();
+            let warnings: Vec<&str> =
+                log.lines().filter(|l| l.contains(" WARN ") || l.contains(" ERROR ")).take(100).collect();
             eprintln!("--- mount log warnings ---\n{}", warnings.join("\n"));
             let tail: Vec<&str> = log.lines().rev().take(100).collect();
             eprintln!("--- mount log (last lines) ---\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
         }
     }
 }
-
 
 /// Runs a bash script (`set -euo pipefail`) in `cwd`; panics with its
 /// output if it fails.
@@ -173,7 +177,10 @@ pub fn sh(cwd: &Path, env: &[(&str, &Path)], script: &str) -> String {
     }
     let out = cmd.output().expect("run bash");
     let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "script failed ({}):\n{script}\n--- stdout ---\n{so}\n--- stderr ---\n{se}", out.status);
+    assert!(
+        out.status.success(),
+        "script failed ({}):\n{script}\n--- stdout ---\n{so}\n--- stderr ---\n{se}",
+        out.status
+    );
     so.into_owned()
 }
-

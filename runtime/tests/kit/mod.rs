@@ -117,7 +117,10 @@ fn kill_and_reap(child: &mut Child) {
 
 /// Reads `stdout` on a thread until EOF; the first line that `want` accepts
 /// is sent on the returned channel.
-fn watch_stdout(stdout: std::process::ChildStdout, want: impl Fn(&str) -> bool + Send + 'static) -> mpsc::Receiver<String> {
+fn watch_stdout(
+    stdout: std::process::ChildStdout,
+    want: impl Fn(&str) -> bool + Send + 'static,
+) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut sent = false;
@@ -284,7 +287,8 @@ impl Brick {
     /// Writes the brick's volfile with the extra server options (for
     /// `port`) and returns its path.
     fn write_volfile(&self, port: &str) -> PathBuf {
-        let mut argv = vec!["brick", "--dir", self.dir.to_str().expect("utf-8 path"), "--port", port, "--host", "127.0.0.1"];
+        let mut argv =
+            vec!["brick", "--dir", self.dir.to_str().expect("utf-8 path"), "--port", port, "--host", "127.0.0.1"];
         if !self.config.allow.is_empty() {
             argv.push("--allow");
             argv.extend(self.config.allow.iter().map(String::as_str));
@@ -354,7 +358,12 @@ impl Brick {
         };
         assert_eq!(served, self.subvolume(), "start line names the brick path: {line}");
         assert_eq!(name, self.volume(), "start line names the volume: {line}");
-        assert!(self.port == 0 || self.port == addr.port(), "restarted on port {} instead of {}", addr.port(), self.port);
+        assert!(
+            self.port == 0 || self.port == addr.port(),
+            "restarted on port {} instead of {}",
+            addr.port(),
+            self.port
+        );
         self.port = addr.port();
         self.child = Some(launch.child);
         Ok(())
@@ -369,7 +378,11 @@ impl Brick {
     /// Sends SIGTERM and waits for the exit; asserts it is 0.
     pub fn stop(&mut self) {
         let status = self.stop_with(libc::SIGTERM);
-        assert!(status.success(), "brick exited with {status} on SIGTERM\n--- brick log ---\n{}", tail(&self.log(), 60));
+        assert!(
+            status.success(),
+            "brick exited with {status} on SIGTERM\n--- brick log ---\n{}",
+            tail(&self.log(), 60)
+        );
     }
 
     /// Sends `sig` and waits for the process to exit (at most
@@ -432,7 +445,11 @@ impl Brick {
                     let log = self.log();
                     let in_use = log.get(before..).is_some_and(|l| l.contains("in use"));
                     if !in_use || Instant::now() >= deadline {
-                        panic!("brick {} did not restart: {why}\n--- brick log ---\n{}", self.dir.display(), tail(&log, 60));
+                        panic!(
+                            "brick {} did not restart: {why}\n--- brick log ---\n{}",
+                            self.dir.display(),
+                            tail(&log, 60)
+                        );
                     }
                     std::thread::sleep(Duration::from_millis(100));
                 }
@@ -447,7 +464,12 @@ impl Drop for Brick {
             kill_and_reap(child);
         }
         if std::thread::panicking() {
-            eprintln!("--- log of brick {} (port {}) ---\n{}\n--- end of brick log ---", self.dir.display(), self.port, tail(&self.log(), 200));
+            eprintln!(
+                "--- log of brick {} (port {}) ---\n{}\n--- end of brick log ---",
+                self.dir.display(),
+                self.port,
+                tail(&self.log(), 200)
+            );
         }
     }
 }
@@ -504,7 +526,8 @@ pub fn client_volfile(brick: &Brick, options: &[(&str, &str)]) -> String {
 /// [`client_volfile`] for a brick known by port and subvolume only.
 pub fn client_volfile_to(port: u16, subvolume: &str, options: &[(&str, &str)]) -> String {
     let port = port.to_string();
-    let mut opts: Vec<(&str, &str)> = vec![("remote-host", "127.0.0.1"), ("remote-port", &port), ("remote-subvolume", subvolume)];
+    let mut opts: Vec<(&str, &str)> =
+        vec![("remote-host", "127.0.0.1"), ("remote-port", &port), ("remote-subvolume", subvolume)];
     for &(k, v) in options {
         match opts.iter_mut().find(|(key, _)| *key == k) {
             Some(slot) => slot.1 = v,
@@ -590,7 +613,10 @@ pub fn run_xlfs<S: AsRef<OsStr>>(args: &[S]) -> Output {
     });
     let Some(status) = wait_timeout(&mut child, PROCESS_TIMEOUT) else {
         kill_and_reap(&mut child);
-        panic!("xlfs {:?} did not finish within {PROCESS_TIMEOUT:?}", args.iter().map(|a| a.as_ref().to_owned()).collect::<Vec<_>>());
+        panic!(
+            "xlfs {:?} did not finish within {PROCESS_TIMEOUT:?}",
+            args.iter().map(|a| a.as_ref().to_owned()).collect::<Vec<_>>()
+        );
     };
     Output { status, stdout: out_t.join().expect("stdout reader"), stderr: err_t.join().expect("stderr reader") }
 }
@@ -645,7 +671,9 @@ impl TestProcess {
             match self.lines.recv_timeout(left) {
                 Ok(line) if line.starts_with(prefix) => return line,
                 Ok(_) => {}
-                Err(_) => panic!("test process sent no line starting with {prefix:?} (status {:?})", self.child.try_wait()),
+                Err(_) => {
+                    panic!("test process sent no line starting with {prefix:?} (status {:?})", self.child.try_wait())
+                }
             }
         }
     }

@@ -50,7 +50,15 @@ fn build(target: Option<&str>) {
         cmd.arg("--target").arg(t);
     }
     // Settings meant for the outer build must not leak into this one.
-    for var in ["CARGO_TARGET_DIR", "CARGO_BUILD_TARGET", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_MAKEFLAGS", "MAKEFLAGS", "MFLAGS"] {
+    for var in [
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_MAKEFLAGS",
+        "MAKEFLAGS",
+        "MFLAGS",
+    ] {
         cmd.env_remove(var);
     }
     let started = Instant::now();
@@ -82,7 +90,9 @@ pub fn ensure_built() {
 /// The `.wasm` file of the plugin crate `xlfs-plugin-<name>`.
 pub fn wasm(name: &str) -> PathBuf {
     ensure_built();
-    let p = target_dir().join("wasm32-unknown-unknown/release").join(format!("xlfs_plugin_{}.wasm", name.replace('-', "_")));
+    let p = target_dir()
+        .join("wasm32-unknown-unknown/release")
+        .join(format!("xlfs_plugin_{}.wasm", name.replace('-', "_")));
     assert!(p.is_file(), "{} was not built", p.display());
     p
 }
@@ -90,7 +100,12 @@ pub fn wasm(name: &str) -> PathBuf {
 /// The shared library of the plugin crate `xlfs-plugin-<name>`.
 pub fn dylib(name: &str) -> PathBuf {
     ensure_built();
-    let file = format!("{}xlfs_plugin_{}{}", std::env::consts::DLL_PREFIX, name.replace('-', "_"), std::env::consts::DLL_SUFFIX);
+    let file = format!(
+        "{}xlfs_plugin_{}{}",
+        std::env::consts::DLL_PREFIX,
+        name.replace('-', "_"),
+        std::env::consts::DLL_SUFFIX
+    );
     let p = target_dir().join("release").join(file);
     assert!(p.is_file(), "{} was not built", p.display());
     p

@@ -135,7 +135,11 @@ impl<'a> Reader<'a> {
         check_limit(what, n, max)?;
         let needed = n.saturating_mul(min_size);
         if needed > self.remaining() {
-            return Err(DecodeError::Truncated { offset: self.pos, needed: needed as u64, remaining: self.remaining() });
+            return Err(DecodeError::Truncated {
+                offset: self.pos,
+                needed: needed as u64,
+                remaining: self.remaining(),
+            });
         }
         Ok(n)
     }

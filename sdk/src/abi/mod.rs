@@ -273,8 +273,5 @@ pub fn decode_hello(bytes: &[u8]) -> Result<AbiVersion, DecodeError> {
     if magic != MAGIC {
         return Err(DecodeError::BadMagic(magic));
     }
-    Ok(AbiVersion {
-        major: u16::from_le_bytes([hello[4], hello[5]]),
-        minor: u16::from_le_bytes([hello[6], hello[7]]),
-    })
+    Ok(AbiVersion { major: u16::from_le_bytes([hello[4], hello[5]]), minor: u16::from_le_bytes([hello[6], hello[7]]) })
 }

@@ -107,14 +107,25 @@ fn time_set() -> impl Strategy<Value = TimeSet> {
 }
 
 fn set_attr() -> impl Strategy<Value = SetAttr> {
-    (any::<Option<u32>>(), any::<Option<u32>>(), any::<Option<u32>>(), proptest::option::of(time_set()), proptest::option::of(time_set()))
+    (
+        any::<Option<u32>>(),
+        any::<Option<u32>>(),
+        any::<Option<u32>>(),
+        proptest::option::of(time_set()),
+        proptest::option::of(time_set()),
+    )
         .prop_map(|(mode, uid, gid, atime, mtime)| SetAttr { mode, uid, gid, atime, mtime })
 }
 
 fn flock() -> impl Strategy<Value = Flock> {
     let ty = prop_oneof![Just(LockType::Read), Just(LockType::Write), Just(LockType::Unlock)];
-    (ty, any::<u64>(), any::<u64>(), any::<u32>(), any::<u64>())
-        .prop_map(|(ty, start, len, pid, owner)| Flock { ty, start, len, pid, owner })
+    (ty, any::<u64>(), any::<u64>(), any::<u32>(), any::<u64>()).prop_map(|(ty, start, len, pid, owner)| Flock {
+        ty,
+        start,
+        len,
+        pid,
+        owner,
+    })
 }
 
 fn lk_cmd() -> impl Strategy<Value = LkCmd> {
@@ -153,7 +164,12 @@ fn dirent() -> impl Strategy<Value = DirEntry> {
         use FileType::*;
         [Unknown, Regular, Directory, Symlink, BlockDev, CharDev, Fifo, Socket][t as usize]
     });
-    (name(), any::<u64>(), d_type, iatt()).prop_map(|(name, d_off, d_type, iatt)| DirEntry { name, d_off, d_type, iatt })
+    (name(), any::<u64>(), d_type, iatt()).prop_map(|(name, d_off, d_type, iatt)| DirEntry {
+        name,
+        d_off,
+        d_type,
+        iatt,
+    })
 }
 
 fn statvfs() -> impl Strategy<Value = Statvfs> {
@@ -193,9 +209,9 @@ fn fop_of(kind: FopKind) -> BoxedStrategy<Fop> {
         K::Mkdir => (loc(), u32_(), u32_()).prop_map(|(loc, mode, umask)| Fop::Mkdir { loc, mode, umask }).boxed(),
         K::Unlink => (loc(), u32_()).prop_map(|(loc, flags)| Fop::Unlink { loc, flags }).boxed(),
         K::Rmdir => (loc(), u32_()).prop_map(|(loc, flags)| Fop::Rmdir { loc, flags }).boxed(),
-        K::Symlink => (name(), loc(), u32_())
-            .prop_map(|(target, loc, umask)| Fop::Symlink { target, loc, umask })
-            .boxed(),
+        K::Symlink => {
+            (name(), loc(), u32_()).prop_map(|(target, loc, umask)| Fop::Symlink { target, loc, umask }).boxed()
+        }
         K::Rename => (loc(), loc(), u32_()).prop_map(|(old, new, flags)| Fop::Rename { old, new, flags }).boxed(),
         K::Link => (loc(), loc()).prop_map(|(old, new)| Fop::Link { old, new }).boxed(),
         K::Create => (loc(), u32_(), u32_(), u32_(), u64_())
@@ -215,10 +231,14 @@ fn fop_of(kind: FopKind) -> BoxedStrategy<Fop> {
         K::Readdirp => (fd(), u32_(), u64_()).prop_map(|(fd, size, offset)| Fop::Readdirp { fd, size, offset }).boxed(),
         K::Fsyncdir => (fd(), any::<bool>()).prop_map(|(fd, datasync)| Fop::Fsyncdir { fd, datasync }).boxed(),
         K::Statfs => loc().prop_map(|loc| Fop::Statfs { loc }).boxed(),
-        K::Setxattr => (loc(), dict(), u32_()).prop_map(|(loc, xattrs, flags)| Fop::Setxattr { loc, xattrs, flags }).boxed(),
+        K::Setxattr => {
+            (loc(), dict(), u32_()).prop_map(|(loc, xattrs, flags)| Fop::Setxattr { loc, xattrs, flags }).boxed()
+        }
         K::Getxattr => (loc(), name()).prop_map(|(loc, name)| Fop::Getxattr { loc, name }).boxed(),
         K::Removexattr => (loc(), name()).prop_map(|(loc, name)| Fop::Removexattr { loc, name }).boxed(),
-        K::Fsetxattr => (fd(), dict(), u32_()).prop_map(|(fd, xattrs, flags)| Fop::Fsetxattr { fd, xattrs, flags }).boxed(),
+        K::Fsetxattr => {
+            (fd(), dict(), u32_()).prop_map(|(fd, xattrs, flags)| Fop::Fsetxattr { fd, xattrs, flags }).boxed()
+        }
         K::Fgetxattr => (fd(), name()).prop_map(|(fd, name)| Fop::Fgetxattr { fd, name }).boxed(),
         K::Fremovexattr => (fd(), name()).prop_map(|(fd, name)| Fop::Fremovexattr { fd, name }).boxed(),
         K::Lk => (fd(), lk_cmd(), flock()).prop_map(|(fd, cmd, lock)| Fop::Lk { fd, cmd, lock }).boxed(),
@@ -234,8 +254,12 @@ fn fop_of(kind: FopKind) -> BoxedStrategy<Fop> {
         K::Fentrylk => (name(), fd(), name(), entrylk())
             .prop_map(|(domain, fd, name, (cmd, ty))| Fop::Fentrylk { domain, fd, name, cmd, ty })
             .boxed(),
-        K::Xattrop => (loc(), xattrop_op(), dict()).prop_map(|(loc, op, xattrs)| Fop::Xattrop { loc, op, xattrs }).boxed(),
-        K::Fxattrop => (fd(), xattrop_op(), dict()).prop_map(|(fd, op, xattrs)| Fop::Fxattrop { fd, op, xattrs }).boxed(),
+        K::Xattrop => {
+            (loc(), xattrop_op(), dict()).prop_map(|(loc, op, xattrs)| Fop::Xattrop { loc, op, xattrs }).boxed()
+        }
+        K::Fxattrop => {
+            (fd(), xattrop_op(), dict()).prop_map(|(fd, op, xattrs)| Fop::Fxattrop { fd, op, xattrs }).boxed()
+        }
         K::Fallocate => (fd(), u32_(), u64_(), u64_())
             .prop_map(|(fd, mode, offset, len)| Fop::Fallocate { fd, mode, offset, len })
             .boxed(),
@@ -245,9 +269,11 @@ fn fop_of(kind: FopKind) -> BoxedStrategy<Fop> {
             .prop_map(|(fd, offset, what)| Fop::Seek { fd, offset, what })
             .boxed(),
         K::Rchecksum => (fd(), u64_(), u32_()).prop_map(|(fd, offset, len)| Fop::Rchecksum { fd, offset, len }).boxed(),
-        K::Lease => (loc(), prop_oneof![Just(LeaseCmd::Read), Just(LeaseCmd::Write), Just(LeaseCmd::Unlock)], any::<[u8; 16]>())
-            .prop_map(|(loc, cmd, lease_id)| Fop::Lease { loc, cmd, lease_id })
-            .boxed(),
+        K::Lease => {
+            (loc(), prop_oneof![Just(LeaseCmd::Read), Just(LeaseCmd::Write), Just(LeaseCmd::Unlock)], any::<[u8; 16]>())
+                .prop_map(|(loc, cmd, lease_id)| Fop::Lease { loc, cmd, lease_id })
+                .boxed()
+        }
         K::Ipc => any::<i32>().prop_map(|op| Fop::Ipc { op }).boxed(),
         K::CopyFileRange => (fd(), u64_(), fd(), u64_(), u64_(), u32_())
             .prop_map(|(fd_in, off_in, fd_out, off_out, len, flags)| Fop::CopyFileRange {
@@ -497,7 +523,8 @@ fn strict_prefixes_fail_to_decode() {
 
 #[test]
 fn layout_matches_abi_md() {
-    let req = Request::with_xdata(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "a") }, Dict::new().with("k", Value::U64(7)));
+    let req =
+        Request::with_xdata(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "a") }, Dict::new().with("k", Value::U64(7)));
     let mut want = vec![1, 0];
     want.extend([0; 16]);
     want.extend(Gfid::ROOT.0);
@@ -604,10 +631,13 @@ fn huge_length_prefixes_do_not_allocate() {
         // u32::MAX dirents.
         ([vec![8], u32::MAX.to_le_bytes().to_vec()].concat(), |h, l| decode::<Reply>(h, None, l).map(drop)),
         // 4096 dict keys and a few bytes.
-        ([vec![10], 4096u32.to_le_bytes().to_vec(), vec![0; 40]].concat(), |h, l| decode::<Reply>(h, None, l).map(drop)),
+        ([vec![10], 4096u32.to_le_bytes().to_vec(), vec![0; 40]].concat(), |h, l| {
+            decode::<Reply>(h, None, l).map(drop)
+        }),
         // A dict string value of 1 MiB with nothing behind it.
         (
-            [vec![10], 1u32.to_le_bytes().to_vec(), vec![1, 0, 0, 0, b'k', 2], (1u32 << 20).to_le_bytes().to_vec()].concat(),
+            [vec![10], 1u32.to_le_bytes().to_vec(), vec![1, 0, 0, 0, b'k', 2], (1u32 << 20).to_le_bytes().to_vec()]
+                .concat(),
             |h, l| decode::<Reply>(h, None, l).map(drop),
         ),
         // 65536 groups and no bytes for them.
@@ -653,7 +683,10 @@ fn limits_are_enforced_and_configurable() {
     let writev = Fop::Writev { fd: Fd::default(), data: Bytes::from(vec![1; 10]), offset: 0, flags: 0 };
     let (header, payload) = enc(&writev);
     let small_payload = Limits { max_payload: 9, ..Limits::DEFAULT };
-    assert!(matches!(decode::<Fop>(&header, payload, &small_payload), Err(DecodeError::TooLong { what: "payload", .. })));
+    assert!(matches!(
+        decode::<Fop>(&header, payload, &small_payload),
+        Err(DecodeError::TooLong { what: "payload", .. })
+    ));
 }
 
 #[test]

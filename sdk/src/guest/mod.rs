@@ -7,13 +7,13 @@
 //!   host vtable, the descriptor encoding, message framing). It is always
 //!   compiled: the runtime's hosts use it.
 //! - With the `guest` feature, the rest of this module is the guest SDK: an
-//!   author implements [`Plugin`] and calls [`export_plugin!`](crate::export_plugin)
+//!   author implements `Plugin` and calls `export_plugin!`
 //!   once; the same crate then builds as `.wasm` and as a cdylib. The SDK
 //!   keeps per-frame state, hides the encoding and the buffer handles, and
 //!   catches panics at the boundary.
-//! - [`policy`] (ABI v1.1): a module can instead export a read-ahead and/or
+//! - `policy` (ABI v1.1): a module can instead export a read-ahead and/or
 //!   a lock-contention policy (`xlfs_sdk::policy`) with
-//!   [`export_policy!`](crate::export_policy); the host calls it from the
+//!   `export_policy!`; the host calls it from the
 //!   built-in translators whose options name the module.
 //!
 //! ```ignore
@@ -58,8 +58,10 @@ pub mod __rt {
 // The export macros spell the version markers out; they must follow the ABI.
 // A translator needs only v1.0 (so it loads on v1.0 hosts too); a policy
 // module needs v1.1.
-const _: () = assert!(crate::abi::ABI_MAJOR == 1 && crate::abi::ABI_MINOR == 0, "update export_plugin!'s version marker");
-const _: () = assert!(sys::PLUGIN_ABI.major == 1 && sys::PLUGIN_ABI.minor == 1, "update export_policy!'s version marker");
+const _: () =
+    assert!(crate::abi::ABI_MAJOR == 1 && crate::abi::ABI_MINOR == 0, "update export_plugin!'s version marker");
+const _: () =
+    assert!(sys::PLUGIN_ABI.major == 1 && sys::PLUGIN_ABI.minor == 1, "update export_policy!'s version marker");
 
 /// Exports a [`Plugin`] type through the plugin ABI: the version marker
 /// `xlfs_abi_version_1_0`, `xlfs_alloc`/`xlfs_free`, `xlfs_describe`,

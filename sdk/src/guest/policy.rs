@@ -10,11 +10,11 @@
 
 use std::collections::BTreeMap;
 
+use crate::Request;
 use crate::errno::Errno;
 use crate::options::Options;
 use crate::policy::lock_contention::{LockContentionPolicy, LockEvent};
 use crate::policy::read_ahead::{Geometry, ReadAheadPolicy, ReadAheadStream, ReadInfo};
-use crate::Request;
 
 use super::host::Host;
 use super::rt::{self, Cx, Plugin};
@@ -42,7 +42,8 @@ pub struct Without;
 impl<R: Default + 'static, L: Default + 'static> Plugin for Policies<R, L> {
     type Frame = ();
     const NAME: &'static str = "policy-module";
-    const DESCRIPTION: &'static str = "policies for built-in translators (plugin ABI v1.1); as a translator it passes every fop on";
+    const DESCRIPTION: &'static str =
+        "policies for built-in translators (plugin ABI v1.1); as a translator it passes every fop on";
     const FOPS: FopSet = FopSet::NONE;
 
     fn init(_host: Host, _options: &Options) -> Result<Self, String> {
@@ -76,7 +77,11 @@ where
 ///
 /// # Safety
 /// Arguments as the ABI specifies.
-pub unsafe fn ra_open<R: ReadAheadPolicy + Default, L: Default + 'static>(inst: usize, page_size: u64, page_count: u32) -> i64 {
+pub unsafe fn ra_open<R: ReadAheadPolicy + Default, L: Default + 'static>(
+    inst: usize,
+    page_size: u64,
+    page_count: u32,
+) -> i64 {
     // SAFETY: the caller's contract.
     unsafe {
         with::<R, L, i64>(inst, sys::HANDLER_FAILED.into(), |p| {
@@ -182,7 +187,8 @@ pub unsafe fn lock_decide<R: Default + 'static, L: LockContentionPolicy + Defaul
     // SAFETY: the caller's contract.
     unsafe {
         with::<R, L, i64>(inst, sys::HANDLER_FAILED.into(), |p| {
-            let bytes = if view.is_null() || len == 0 { &[][..] } else { std::slice::from_raw_parts(view, len as usize) };
+            let bytes =
+                if view.is_null() || len == 0 { &[][..] } else { std::slice::from_raw_parts(view, len as usize) };
             let (Some(view), Some(event)) =
                 (sys::decode_lock_view(bytes), u8::try_from(event).ok().and_then(LockEvent::from_code))
             else {

@@ -248,7 +248,14 @@ impl<S> Cx<'_, S> {
         }
     }
 
-    fn wind_flags(&mut self, child: u32, ctx: Option<&CallCtx>, req: &Request, data: Option<&Buf>, flags: u32) -> Result<u64, Errno> {
+    fn wind_flags(
+        &mut self,
+        child: u32,
+        ctx: Option<&CallCtx>,
+        req: &Request,
+        data: Option<&Buf>,
+        flags: u32,
+    ) -> Result<u64, Errno> {
         self.check_open()?;
         self.scratch.clear();
         // Only a WRITE carries data, which crosses as a handle: encode a
@@ -312,7 +319,13 @@ impl<S> Ctl<'_, S> {
     /// Winds a call that belongs to no frame (prefetch, background work);
     /// its result comes back in [`Plugin::detached_reply`]. With no `ctx`,
     /// the host calls as the node itself.
-    pub fn wind_detached(&mut self, child: u32, ctx: Option<&CallCtx>, req: &Request, data: Option<&Buf>) -> Result<CallId, Errno> {
+    pub fn wind_detached(
+        &mut self,
+        child: u32,
+        ctx: Option<&CallCtx>,
+        req: &Request,
+        data: Option<&Buf>,
+    ) -> Result<CallId, Errno> {
         let mut req = req.clone();
         let own = sys::take_fop_data(&mut req.fop);
         let made = match (data, own) {
@@ -678,7 +691,15 @@ mod tests {
         unsafe { bytes(p, n) }.to_vec()
     }
 
-    unsafe extern "C" fn wind(_: *mut c_void, frame: u64, child: u32, flags: u32, m: *const u8, n: u32, payload: u32) -> i64 {
+    unsafe extern "C" fn wind(
+        _: *mut c_void,
+        frame: u64,
+        child: u32,
+        flags: u32,
+        m: *const u8,
+        n: u32,
+        payload: u32,
+    ) -> i64 {
         // SAFETY: as `slice`.
         record(Call::Wind { frame, child, flags, msg: unsafe { slice(m, n) }, payload });
         if child == 0 { 77 } else { -(Errno::EINVAL.0 as i64) }
@@ -824,7 +845,9 @@ mod tests {
         let stat = Request::new(Fop::Stat { loc: Loc::root() });
         let m = msg(&stat);
         assert_eq!(unsafe { on_fop::<T>(inst, 9, m.as_ptr(), m.len() as u32, 0) }, sys::HANDLER_OK);
-        let Some(Call::Wind { frame: 9, child: 0, flags: 0, msg: wound, payload: 0 }) = take().pop() else { panic!("no wind") };
+        let Some(Call::Wind { frame: 9, child: 0, flags: 0, msg: wound, payload: 0 }) = take().pop() else {
+            panic!("no wind")
+        };
         assert_eq!(sys::decode_call(&wound, &Limits::DEFAULT).expect("decodes"), (None, stat));
         let result: FopResult = Ok(Response::from(Reply::Attr(Iatt::default())));
         let mut r = Vec::new();
@@ -841,7 +864,10 @@ mod tests {
         let m = msg(&write);
         assert_eq!(unsafe { on_fop::<T>(inst, 10, m.as_ptr(), m.len() as u32, 42) }, sys::HANDLER_OK);
         let calls = take();
-        assert!(matches!(&calls[..], [Call::Wind { frame: 10, flags: sys::WIND_TAIL, payload: 42, .. }, Call::BufFree(42)]), "{calls:?}");
+        assert!(
+            matches!(&calls[..], [Call::Wind { frame: 10, flags: sys::WIND_TAIL, payload: 42, .. }, Call::BufFree(42)]),
+            "{calls:?}"
+        );
 
         // A refused wind is the author's to answer.
         let mkdir = Request::new(Fop::Mkdir { loc: Loc::entry(Gfid::ROOT, "d"), mode: 0o755, umask: 0 });
@@ -850,7 +876,10 @@ mod tests {
         let calls = take();
         let mut e = Vec::new();
         abi::encode(&FopResult::Err(Errno::EINVAL), &mut e);
-        assert!(matches!(&calls[..], [Call::Wind { child: 3, .. }, Call::Unwind { frame: 11, msg, .. }] if *msg == e), "{calls:?}");
+        assert!(
+            matches!(&calls[..], [Call::Wind { child: 3, .. }, Call::Unwind { frame: 11, msg, .. }] if *msg == e),
+            "{calls:?}"
+        );
 
         // A panic is caught, logged with its message, and fails the handler.
         let lookup = Request::new(Fop::Lookup { loc: Loc::root() });

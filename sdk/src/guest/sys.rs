@@ -129,7 +129,8 @@ pub fn version_symbol(v: AbiVersion) -> String {
 pub fn parse_version_symbol(name: &str) -> Option<AbiVersion> {
     let rest = name.strip_prefix(VERSION_PREFIX)?;
     let (major, minor) = rest.split_once('_')?;
-    let num = |s: &str| (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse::<u16>().ok()).flatten();
+    let num =
+        |s: &str| (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse::<u16>().ok()).flatten();
     Some(AbiVersion::new(num(major)?, num(minor)?))
 }
 
@@ -432,7 +433,11 @@ impl Descriptor {
     /// Reads a descriptor; hostile input gives an error, never a panic.
     pub fn decode(bytes: &[u8]) -> Result<Descriptor, DescriptorError> {
         if bytes.len() > MAX_DESCRIPTOR {
-            return Err(DescriptorError::TooLong { what: "length", len: bytes.len() as u64, max: MAX_DESCRIPTOR as u64 });
+            return Err(DescriptorError::TooLong {
+                what: "length",
+                len: bytes.len() as u64,
+                max: MAX_DESCRIPTOR as u64,
+            });
         }
         let mut r = Rd { b: bytes, pos: 0 };
         let name = r.str()?;
@@ -670,7 +675,10 @@ impl PolicyExports {
         }
         let names: Vec<&str> = names.collect();
         let all = |group: &[&str]| group.iter().all(|g| names.contains(g));
-        PolicyExports { read_ahead: all(policy_exports::READ_AHEAD), lock_contention: all(policy_exports::LOCK_CONTENTION) }
+        PolicyExports {
+            read_ahead: all(policy_exports::READ_AHEAD),
+            lock_contention: all(policy_exports::LOCK_CONTENTION),
+        }
     }
 }
 
@@ -687,7 +695,8 @@ pub const LOCK_VIEW_LEN: usize = 50;
 
 /// The interest bits of `i`.
 pub fn interest_bits(i: Interest) -> i32 {
-    (if i.inodelk_count { LOCK_WANTS_INODELK_COUNT } else { 0 }) | (if i.open_fd_count { LOCK_WANTS_OPEN_FD_COUNT } else { 0 })
+    (if i.inodelk_count { LOCK_WANTS_INODELK_COUNT } else { 0 })
+        | (if i.open_fd_count { LOCK_WANTS_OPEN_FD_COUNT } else { 0 })
 }
 
 /// The interest in bits `b` (unknown bits ignored).
@@ -871,7 +880,9 @@ mod tests {
     fn version_symbols() {
         assert_eq!(version_symbol(AbiVersion::new(1, 0)), "xlfs_abi_version_1_0");
         assert_eq!(parse_version_symbol("xlfs_abi_version_2_13"), Some(AbiVersion::new(2, 13)));
-        for bad in ["xlfs_abi_version_1", "xlfs_abi_version__0", "xlfs_abi_version_1_x", "xlfs_init", "xlfs_abi_version_1_0_0"] {
+        for bad in
+            ["xlfs_abi_version_1", "xlfs_abi_version__0", "xlfs_abi_version_1_x", "xlfs_init", "xlfs_abi_version_1_0_0"]
+        {
             assert_eq!(parse_version_symbol(bad), None, "{bad}");
         }
     }
@@ -898,7 +909,8 @@ mod tests {
             }
         }
         assert!(!put_fop_data(&mut Fop::Stat { loc: Loc::root() }, data));
-        let mut r: FopResult = Ok(Response::from(Reply::Read { data: Bytes::from_static(b"x"), iatt: Default::default() }));
+        let mut r: FopResult =
+            Ok(Response::from(Reply::Read { data: Bytes::from_static(b"x"), iatt: Default::default() }));
         assert_eq!(take_result_data(&mut r).as_deref(), Some(&b"x"[..]));
         assert!(put_result_data(&mut r, Bytes::from_static(b"y")));
         assert_eq!(take_result_data(&mut Err(Errno::EIO)), None);

@@ -95,7 +95,11 @@ impl<P: ?Sized + 'static> Loaders<P> {
         {
             let loader = loader.clone();
             drop(loaders);
-            return loader(spec).map_err(|reason| PolicyError::Load { what: self.what, name: value.to_string(), reason });
+            return loader(spec).map_err(|reason| PolicyError::Load {
+                what: self.what,
+                name: value.to_string(),
+                reason,
+            });
         }
         Err(PolicyError::Unknown {
             what: self.what,

@@ -347,7 +347,10 @@ mod tests {
         }
         assert!(builtin("nope").is_none());
         let e = resolve("nope").err().expect("unknown");
-        assert!(e.to_string().starts_with("unknown read-ahead policy 'nope': expected one of tolerant, gluster-strict"), "{e}");
+        assert!(
+            e.to_string().starts_with("unknown read-ahead policy 'nope': expected one of tolerant, gluster-strict"),
+            "{e}"
+        );
         assert_eq!(resolve(" gluster-strict ").expect("builtin").name(), "gluster-strict");
         assert_eq!(
             BUILTIN.iter().filter_map(|n| builtin(n)).map(|p| p.name().to_string()).collect::<Vec<_>>(),

@@ -222,11 +222,26 @@ fn changed(fop: &Fop, rsp: &Response) -> Change {
         Change::Inodes(v)
     };
     match fop {
-        Writev { .. } | Ftruncate { .. } | Truncate { .. } | Setattr { .. } | Fsetattr { .. } | Setxattr { .. }
-        | Fsetxattr { .. } | Removexattr { .. } | Fremovexattr { .. } | Fallocate { .. } | Discard { .. }
+        Writev { .. }
+        | Ftruncate { .. }
+        | Truncate { .. }
+        | Setattr { .. }
+        | Fsetattr { .. }
+        | Setxattr { .. }
+        | Fsetxattr { .. }
+        | Removexattr { .. }
+        | Fremovexattr { .. }
+        | Fallocate { .. }
+        | Discard { .. }
         | Zerofill { .. } => with_reply(named(fop)),
         CopyFileRange { fd_out, .. } => Change::Inodes(vec![fd_out.gfid]),
-        Create { .. } | Mkdir { .. } | Mknod { .. } | Symlink { .. } | Link { .. } | Unlink { .. } | Rmdir { .. }
+        Create { .. }
+        | Mkdir { .. }
+        | Mknod { .. }
+        | Symlink { .. }
+        | Link { .. }
+        | Unlink { .. }
+        | Rmdir { .. }
         | Rename { .. } => with_reply(named(fop)),
         _ => Change::None,
     }
@@ -302,7 +317,9 @@ mod tests {
         fn call(&self, _ctx: CallCtx, req: Request) -> FopFuture<'_> {
             let iatt = Iatt { gfid: NEW, ..Iatt::default() };
             let reply = match req.fop {
-                Fop::Lookup { .. } | Fop::Create { .. } | Fop::Mkdir { .. } => Reply::Entry { iatt, postparent: Iatt::default() },
+                Fop::Lookup { .. } | Fop::Create { .. } | Fop::Mkdir { .. } => {
+                    Reply::Entry { iatt, postparent: Iatt::default() }
+                }
                 Fop::Readdirp { .. } => Reply::Dirents(vec![DirEntry {
                     name: "f".into(),
                     d_off: 1,
@@ -310,7 +327,9 @@ mod tests {
                     iatt: Iatt { gfid: FILE, ..Iatt::default() },
                 }]),
                 Fop::Unlink { .. } => Reply::Parent { pre: Iatt::default(), post: Iatt::default() },
-                Fop::Stat { ref loc } if loc.gfid == Gfid([9; 16]) => return Box::pin(std::future::ready(Err(Errno::ENOENT))),
+                Fop::Stat { ref loc } if loc.gfid == Gfid([9; 16]) => {
+                    return Box::pin(std::future::ready(Err(Errno::ENOENT)));
+                }
                 _ => Reply::Empty,
             };
             Box::pin(std::future::ready(Ok(Response { reply, xdata: Dict::new() })))
@@ -385,9 +404,12 @@ mod tests {
         let (xl, top) = node(&[]);
         let (a, b) = (CallCtx::root("a"), CallCtx::root("b"));
         xl.call(b.clone(), Fop::Readdirp { fd: fd(DIR), size: 4096, offset: 0 }.into()).await.expect("b lists");
-        xl.call(a.clone(), Fop::Create { loc: Loc::entry(DIR, "n"), flags: 0, mode: 0o644, umask: 0, fd: FdId(2) }.into())
-            .await
-            .expect("a creates");
+        xl.call(
+            a.clone(),
+            Fop::Create { loc: Loc::entry(DIR, "n"), flags: 0, mode: 0o644, umask: 0, fd: FdId(2) }.into(),
+        )
+        .await
+        .expect("a creates");
         assert_eq!(sent(&top), vec![(DIR, "b".to_string())], "b's listing of DIR is stale");
         xl.call(a.clone(), Fop::Unlink { loc: Loc { gfid: FILE, parent: DIR, name: "f".into() }, flags: 0 }.into())
             .await

@@ -114,7 +114,12 @@ impl Limits {
         let n = |k: &str, d: i64| o.int(k).unwrap_or(d).max(1) as usize;
         Limits {
             total: n("thread-count", 16),
-            per_class: [n("high-prio-threads", 16), n("normal-prio-threads", 16), n("low-prio-threads", 16), n("least-prio-threads", 1)],
+            per_class: [
+                n("high-prio-threads", 16),
+                n("normal-prio-threads", 16),
+                n("low-prio-threads", 16),
+                n("least-prio-threads", 1),
+            ],
             least_enabled: o.bool("enable-least-priority").unwrap_or(true),
         }
     }
@@ -372,7 +377,11 @@ mod tests {
         let (xl1, ctx1) = (xl.clone(), ctx.clone());
         let held = tokio::spawn(async move { xl1.call(ctx1, Fop::Fsync { fd: fd(), datasync: false }.into()).await });
         settle().await;
-        let lk = Fop::Lk { fd: fd(), cmd: xlfs_sdk::LkCmd::SetLkw, lock: xlfs_sdk::Flock::whole(xlfs_sdk::LockType::Write, 1) };
+        let lk = Fop::Lk {
+            fd: fd(),
+            cmd: xlfs_sdk::LkCmd::SetLkw,
+            lock: xlfs_sdk::Flock::whole(xlfs_sdk::LockType::Write, 1),
+        };
         let (xl2, ctx2) = (xl.clone(), ctx.clone());
         let lock = tokio::spawn(async move { xl2.call(ctx2, lk.into()).await });
         settle().await;

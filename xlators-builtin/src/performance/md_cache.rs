@@ -20,7 +20,7 @@
 //!   POSIX ACLs, `xattr-cache-list`); storage/posix returns each value the
 //!   inode has in the lookup reply's xdata, and per entry in a readdirp
 //!   reply's xdata under
-//!   [`keys::dirent_xattr`](xlfs_sdk::dict::keys::dirent_xattr); a key
+//!   [`xlfs_sdk::dict::keys::dirent_xattr`]; a key
 //!   missing from the reply means absent (for readdirp only when the reply
 //!   carries [`keys::DIRENT_XATTRS`], i.e. the brick knows the
 //!   convention). The keys md-cache added are removed from the reply. An
@@ -68,8 +68,8 @@ use xlfs_sdk::dict::keys;
 use xlfs_sdk::options::{OptType, OptionDecl};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
-    CallCtx, Child, Dict, Errno, Event, EventFrom, Fd, FdId, Fop, FopFuture, FopResult, Gfid, Iatt, InitCtx, InitError, Loc,
-    Options, Reply, Request, Response, Statvfs, Upcall, Value, Xlator, XlatorType, rename_flags,
+    CallCtx, Child, Dict, Errno, Event, EventFrom, Fd, FdId, Fop, FopFuture, FopResult, Gfid, Iatt, InitCtx, InitError,
+    Loc, Options, Reply, Request, Response, Statvfs, Upcall, Value, Xlator, XlatorType, rename_flags,
 };
 
 /// The SELinux label xattr.
@@ -112,9 +112,9 @@ const OPTIONS: &[OptionDecl] = &[
         "Cache system.posix_acl_access and system.posix_acl_default (prefetched); `ls -l` asks for the first \
          for every file.",
     ),
-    OptionDecl::new("cache-xattrs", OptType::Bool).default("on").desc(
-        "Also cache the user.* xattrs getxattr reads (not prefetched: their names are not known in advance).",
-    ),
+    OptionDecl::new("cache-xattrs", OptType::Bool)
+        .default("on")
+        .desc("Also cache the user.* xattrs getxattr reads (not prefetched: their names are not known in advance)."),
     OptionDecl::new("xattr-cache-list", OptType::List).desc(
         "Further xattr names to prefetch on lookup and readdirp and answer getxattr from, comma-separated \
          (e.g. user.swift.metadata,trusted.tag).",
@@ -143,9 +143,10 @@ const OPTIONS: &[OptionDecl] = &[
          whole, lookups of names it does not have are answered ENOENT. The bricks' invalidations keep it true. \
          xlfs only.",
     ),
-    OptionDecl::new("md-cache-max-entries", OptType::Int).default("65536").range(16.0, 16_777_216.0).desc(
-        "Most inodes cached, and separately most directory entries; when full, the least recently filled go.",
-    ),
+    OptionDecl::new("md-cache-max-entries", OptType::Int)
+        .default("65536")
+        .range(16.0, 16_777_216.0)
+        .desc("Most inodes cached, and separately most directory entries; when full, the least recently filled go."),
 ];
 
 /// The translator type.
@@ -186,7 +187,8 @@ fn config(o: &Options) -> Config {
     } else {
         o.time("md-cache-timeout").unwrap_or(Duration::from_secs(1))
     };
-    let nl_timeout = if o.bool("nl-cache").unwrap_or(true) { o.time("nl-cache-timeout").unwrap_or(timeout) } else { Duration::ZERO };
+    let nl_timeout =
+        if o.bool("nl-cache").unwrap_or(true) { o.time("nl-cache-timeout").unwrap_or(timeout) } else { Duration::ZERO };
     let mut prefetch: Vec<String> = Vec::new();
     let on = |k: &str| o.bool(k).unwrap_or(true);
     if on("cache-selinux") {
@@ -319,7 +321,8 @@ struct State {
 }
 
 fn same_attrs(a: &Iatt, b: &Iatt) -> bool {
-    (a.gfid, a.size, a.mtime, a.ctime, a.mode, a.nlink, a.uid, a.gid) == (b.gfid, b.size, b.mtime, b.ctime, b.mode, b.nlink, b.uid, b.gid)
+    (a.gfid, a.size, a.mtime, a.ctime, a.mode, a.nlink, a.uid, a.gid)
+        == (b.gfid, b.size, b.mtime, b.ctime, b.mode, b.nlink, b.uid, b.gid)
 }
 
 fn is_dot(name: &str) -> bool {
@@ -480,11 +483,12 @@ impl State {
         i.epoch = epoch;
         // A reply without real attributes (a translator below that answered
         // early, e.g. write-behind) says nothing.
-        let keep = post.gfid == g && match (&i.attr, pre) {
-            (None, _) => true,
-            (Some((c, _)), Some(p)) => same_attrs(c, &p),
-            (Some(_), None) => false,
-        };
+        let keep = post.gfid == g
+            && match (&i.attr, pre) {
+                (None, _) => true,
+                (Some((c, _)), Some(p)) => same_attrs(c, &p),
+                (Some(_), None) => false,
+            };
         i.attr = keep.then_some((post, now));
     }
 
@@ -662,7 +666,8 @@ impl State {
     /// Whether a lookup miss in `dir` should read the directory whole: not
     /// read (or being read) lately. Marks it as being read.
     fn want_prefetch(&mut self, dir: Gfid, now: u64) -> bool {
-        if !self.cfg.dir_prefetch || dir.is_null() || self.listed.get(&dir).is_some_and(|(at, _)| self.fresh(*at, now)) {
+        if !self.cfg.dir_prefetch || dir.is_null() || self.listed.get(&dir).is_some_and(|(at, _)| self.fresh(*at, now))
+        {
             return false;
         }
         if self.listed.len() >= self.cfg.max_entries {
@@ -745,10 +750,14 @@ impl State {
     /// Answers `req` from the cache when it can (counting hits and misses).
     fn answer(&mut self, req: &Request, now: u64) -> Option<FopResult> {
         match &req.fop {
-            Fop::Stat { loc } if !loc.gfid.is_null() && req.xdata.is_empty() && self.enabled() => self.answer_attr(loc.gfid, now),
+            Fop::Stat { loc } if !loc.gfid.is_null() && req.xdata.is_empty() && self.enabled() => {
+                self.answer_attr(loc.gfid, now)
+            }
             Fop::Fstat { fd } if req.xdata.is_empty() && self.enabled() => self.answer_attr(fd.gfid, now),
             Fop::Lookup { loc } if req.xdata.is_empty() => self.answer_lookup(loc, now),
-            Fop::Getxattr { loc, name } if !loc.gfid.is_null() && req.xdata.is_empty() => self.answer_xattr(loc.gfid, name, now),
+            Fop::Getxattr { loc, name } if !loc.gfid.is_null() && req.xdata.is_empty() => {
+                self.answer_xattr(loc.gfid, name, now)
+            }
             Fop::Fgetxattr { fd, name } if req.xdata.is_empty() => self.answer_xattr(fd.gfid, name, now),
             Fop::Statfs { .. } if self.cfg.statfs && self.enabled() => match self.statfs {
                 Some((s, at)) if self.fresh(at, now) => {
@@ -850,9 +859,21 @@ impl State {
                 return None;
             }
             Statfs { .. } if !self.cfg.statfs => return None,
-            Access { .. } | Flush { .. } | Readdir { .. } | Release { .. } | Releasedir { .. }
-            | Lk { .. } | Inodelk { .. } | Finodelk { .. } | Entrylk { .. } | Fentrylk { .. } | Seek { .. }
-            | Rchecksum { .. } | Lease { .. } | Ipc { .. } | Fsyncdir { .. } => return None,
+            Access { .. }
+            | Flush { .. }
+            | Readdir { .. }
+            | Release { .. }
+            | Releasedir { .. }
+            | Lk { .. }
+            | Inodelk { .. }
+            | Finodelk { .. }
+            | Entrylk { .. }
+            | Fentrylk { .. }
+            | Seek { .. }
+            | Rchecksum { .. }
+            | Lease { .. }
+            | Ipc { .. }
+            | Fsyncdir { .. } => return None,
             _ => {}
         }
         if !self.enabled() && !self.nl_enabled() {
@@ -1006,9 +1027,10 @@ impl State {
                         // A write may kill a capability the file has; one it
                         // is known not to have stays absent (the kernel asks
                         // before every write).
-                        _ if self.inodes.get(&g).is_some_and(|i| {
-                            i.xattrs.iter().any(|x| &*x.name == CAPABILITY && x.value.is_none())
-                        }) => {}
+                        _ if self
+                            .inodes
+                            .get(&g)
+                            .is_some_and(|i| i.xattrs.iter().any(|x| &*x.name == CAPABILITY && x.value.is_none())) => {}
                         _ => self.drop_xattrs(g, |n| n == CAPABILITY),
                     }
                 }
@@ -1134,7 +1156,9 @@ impl State {
                         continue;
                     }
                     match xattr_value(v) {
-                        Some(b) if k.starts_with("user.") || k.starts_with("trusted.") => self.set_xattr(g, k, Some(b), epoch, now),
+                        Some(b) if k.starts_with("user.") || k.starts_with("trusted.") => {
+                            self.set_xattr(g, k, Some(b), epoch, now)
+                        }
                         _ => self.drop_xattrs(g, |n| n == k.as_str()),
                     }
                 }
@@ -1208,7 +1232,15 @@ const PREFETCH_MAX: usize = 8192;
 
 /// Reads directory `dir` whole through `child`, filling the cache as any
 /// readdirp does; marks it listed whole if every entry fit.
-async fn prefetch_dir(child: Child, state: Arc<Mutex<State>>, clock: Arc<dyn Clock>, ctx: CallCtx, dir: Gfid, fd: FdId, at: u64) {
+async fn prefetch_dir(
+    child: Child,
+    state: Arc<Mutex<State>>,
+    clock: Arc<dyn Clock>,
+    ctx: CallCtx,
+    dir: Gfid,
+    fd: FdId,
+    at: u64,
+) {
     let fd = Fd { id: fd, gfid: dir };
     let mut open = Request::new(Fop::Opendir { loc: Loc::gfid(dir), fd: fd.id });
     let _ = state.lock().plan(&mut open);
@@ -1277,7 +1309,15 @@ impl Xlator for MdCache {
             {
                 let id = FdId(PREFETCH_FD_BASE | self.next_fd.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
                 let pctx = CallCtx::root(ctx.client_id.clone());
-                h.spawn(prefetch_dir(self.child.clone(), self.state.clone(), self.clock.clone(), pctx, loc.parent, id, now));
+                h.spawn(prefetch_dir(
+                    self.child.clone(),
+                    self.state.clone(),
+                    self.clock.clone(),
+                    pctx,
+                    loc.parent,
+                    id,
+                    now,
+                ));
             }
             st.plan(&mut req)
         };

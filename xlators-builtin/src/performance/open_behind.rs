@@ -116,8 +116,15 @@ fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
 }
 
 /// Flags that make an open need the real fd at once.
-const EAGER: i32 = libc::O_WRONLY | libc::O_RDWR | libc::O_TRUNC | libc::O_DIRECT | libc::O_CREAT | libc::O_EXCL
-    | libc::O_APPEND | libc::O_PATH | libc::O_TMPFILE;
+const EAGER: i32 = libc::O_WRONLY
+    | libc::O_RDWR
+    | libc::O_TRUNC
+    | libc::O_DIRECT
+    | libc::O_CREAT
+    | libc::O_EXCL
+    | libc::O_APPEND
+    | libc::O_PATH
+    | libc::O_TMPFILE;
 
 /// True for an open that can be acknowledged before it is made.
 fn deferrable(loc: &Loc, flags: u32) -> bool {

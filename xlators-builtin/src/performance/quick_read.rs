@@ -45,8 +45,8 @@ use xlfs_sdk::dict::keys::CONTENT;
 use xlfs_sdk::options::{OptType, OptionDecl};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
-    CallCtx, Child, Event, EventFrom, FileType, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Loc, Options, Reply, Request,
-    Response, Upcall, Value, Xlator, XlatorType,
+    CallCtx, Child, Event, EventFrom, FileType, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Loc, Options, Reply,
+    Request, Response, Upcall, Value, Xlator, XlatorType,
 };
 
 /// Buckets of inodes for the invalidation sequence numbers.

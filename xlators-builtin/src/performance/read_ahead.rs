@@ -291,7 +291,8 @@ impl ReadAhead {
             return;
         };
         for offset in pages {
-            let (child, state, ctx, landed) = (self.child.clone(), self.state.clone(), ctx.clone(), self.landed.clone());
+            let (child, state, ctx, landed) =
+                (self.child.clone(), self.state.clone(), ctx.clone(), self.landed.clone());
             let size = u32::try_from(page_size).unwrap_or(u32::MAX);
             rt.spawn(async move {
                 let res = child.call(ctx, Request::new(Fop::Readv { fd, size, offset, flags: 0 })).await;
@@ -440,7 +441,10 @@ mod tests {
                     let d = self.data.lock();
                     let from = (offset as usize).min(d.len());
                     let to = from.saturating_add(size as usize).min(d.len());
-                    Ok(Reply::Read { data: Bytes::copy_from_slice(&d[from..to]), iatt: Iatt { gfid: fd.gfid, ..Iatt::default() } })
+                    Ok(Reply::Read {
+                        data: Bytes::copy_from_slice(&d[from..to]),
+                        iatt: Iatt { gfid: fd.gfid, ..Iatt::default() },
+                    })
                 }
                 Fop::Writev { data, offset, .. } => {
                     let mut d = self.data.lock();
@@ -511,7 +515,11 @@ mod tests {
             // No pause between reads: the prefetches are still in flight
             // when the next read comes.
             for i in 0..32 {
-                assert_eq!(read(&xl, fd(1), (i * PS) as u64, PS as u32).await, expected(i * PS, PS), "{policy} page {i}");
+                assert_eq!(
+                    read(&xl, fd(1), (i * PS) as u64, PS as u32).await,
+                    expected(i * PS, PS),
+                    "{policy} page {i}"
+                );
             }
             let reads = file.reads.lock().clone();
             let mut offsets: Vec<u64> = reads.iter().map(|(o, _)| *o).collect();
@@ -633,7 +641,9 @@ mod tests {
     fn hostile_reads_do_not_panic() {
         let (xl, _file) = setup(&opts("tolerant"), PS);
         for (off, size) in [(u64::MAX, u32::MAX), (u64::MAX - 1, 1), (0, 0), (u64::MAX - 4096, 4096)] {
-            let _ = crate::test_util::now(xl.call(CallCtx::root("t"), Request::new(Fop::Readv { fd: fd(1), size, offset: off, flags: 0 })));
+            let _ = crate::test_util::now(
+                xl.call(CallCtx::root("t"), Request::new(Fop::Readv { fd: fd(1), size, offset: off, flags: 0 })),
+            );
         }
     }
 }

@@ -78,8 +78,8 @@ use xlfs_sdk::options::{OptType, OptionDecl};
 use xlfs_sdk::slots::FdSlots;
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
-    CallCtx, Child, Dict, DirEntry, Errno, Event, EventFrom, Fd, FdId, Fop, FopFuture, FopResult, Gfid, InitCtx, InitError,
-    Options, Reply, Request, Response, Upcall, Value, Xlator, XlatorType,
+    CallCtx, Child, Dict, DirEntry, Errno, Event, EventFrom, Fd, FdId, Fop, FopFuture, FopResult, Gfid, InitCtx,
+    InitError, Options, Reply, Request, Response, Upcall, Value, Xlator, XlatorType,
 };
 
 use crate::storage::posix::ENTRY_OVERHEAD;
@@ -94,12 +94,14 @@ const OPTIONS: &[OptionDecl] = &[
         "Size of the readdirp requests readdir-ahead sends (entries counted as the bricks count them: about 216 \
          bytes plus the name each, some 550 entries for 128KB).",
     ),
-    OptionDecl::new("rda-low-wmark", OptType::Size).default("4096").range(0.0, 10485760.0).desc(
-        "When serving entries brings a directory's buffer down to this many bytes, the background fill resumes.",
-    ),
-    OptionDecl::new("rda-high-wmark", OptType::Size).default("128KB").range(0.0, 104857600.0).desc(
-        "The background fill of a directory pauses once its buffer holds this many bytes of entries.",
-    ),
+    OptionDecl::new("rda-low-wmark", OptType::Size)
+        .default("4096")
+        .range(0.0, 10485760.0)
+        .desc("When serving entries brings a directory's buffer down to this many bytes, the background fill resumes."),
+    OptionDecl::new("rda-high-wmark", OptType::Size)
+        .default("128KB")
+        .range(0.0, 104857600.0)
+        .desc("The background fill of a directory pauses once its buffer holds this many bytes of entries."),
     OptionDecl::new("rda-cache-limit", OptType::Size).default("10MB").range(0.0, 1073741824.0).desc(
         "Bytes of entries buffered across all directories; memory stays under it whatever the number and size \
          of the directories listed. When it is reached, readdirps go to the bricks.",
@@ -108,9 +110,9 @@ const OPTIONS: &[OptionDecl] = &[
         "GlusterFS: list all of DHT's subvolumes in parallel. An xlfs volume has one subvolume below its caches: \
          accepted for volfile compatibility, no effect.",
     ),
-    OptionDecl::new("pass-through", OptType::Bool)
-        .default("off")
-        .desc("Pass every fop to the child, reading nothing ahead (GlusterFS's volume-set name: readdir-ahead-pass-through)."),
+    OptionDecl::new("pass-through", OptType::Bool).default("off").desc(
+        "Pass every fop to the child, reading nothing ahead (GlusterFS's volume-set name: readdir-ahead-pass-through).",
+    ),
     OptionDecl::new("readdir-ahead-pass-through", OptType::Bool)
         .default("off")
         .desc("The same as pass-through (either one on passes every fop through)."),
@@ -706,7 +708,13 @@ impl Inner {
 
     /// Winds a fop that changes entries or inodes, and records the change
     /// when it returns.
-    fn changing(self: &Arc<Self>, ctx: CallCtx, req: Request, inodes: Vec<Gfid>, dirs: Vec<Gfid>) -> FopFuture<'static> {
+    fn changing(
+        self: &Arc<Self>,
+        ctx: CallCtx,
+        req: Request,
+        inodes: Vec<Gfid>,
+        dirs: Vec<Gfid>,
+    ) -> FopFuture<'static> {
         let inner = self.clone();
         Box::pin(async move {
             let res = inner.child.call(ctx, req).await;

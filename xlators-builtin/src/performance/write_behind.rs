@@ -80,8 +80,8 @@ use tokio::task::AbortHandle;
 use xlfs_sdk::options::{OptType, OptionDecl};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
-    CallCtx, Child, Dict, Errno, Event, EventFrom, Fd, FdId, FileType, Fop, FopFuture, FopResult, Gfid, Iatt,
-    InitCtx, InitError, Options, Reply, Request, Response, Timespec, Upcall, Xlator, XlatorType,
+    CallCtx, Child, Dict, Errno, Event, EventFrom, Fd, FdId, FileType, Fop, FopFuture, FopResult, Gfid, Iatt, InitCtx,
+    InitError, Options, Reply, Request, Response, Timespec, Upcall, Xlator, XlatorType,
 };
 
 /// Most inodes with write-behind state; idle ones are evicted past it.
@@ -159,12 +159,9 @@ struct Conf {
 }
 
 fn conf(o: &Options) -> Result<Conf, String> {
-    let window = if o.is_set("window-size") && !o.is_set("cache-size") {
-        o.size("window-size")
-    } else {
-        o.size("cache-size")
-    }
-    .unwrap_or(1 << 20);
+    let window =
+        if o.is_set("window-size") && !o.is_set("cache-size") { o.size("window-size") } else { o.size("cache-size") }
+            .unwrap_or(1 << 20);
     let aggregate = o.size("aggregate-size").unwrap_or(128 << 10);
     if window < aggregate {
         return Err(format!("cache-size ({window} bytes) is smaller than aggregate-size ({aggregate} bytes)"));

@@ -136,9 +136,7 @@ pub enum FrameError {
         reserved: u16,
     },
     /// `header_len` is more than the frame holds.
-    #[error(
-        "header length {header_len} is over the {available} bytes the frame holds after its prefix"
-    )]
+    #[error("header length {header_len} is over the {available} bytes the frame holds after its prefix")]
     HeaderTooLong {
         /// The header length read.
         header_len: u32,
@@ -184,10 +182,7 @@ fn parse_prefix(b: &[u8], max_frame: usize) -> Result<Option<Prefix>, FrameError
     };
     let size = u64::from(len) + 4;
     if size > max_frame as u64 {
-        return Err(FrameError::TooLarge {
-            size,
-            max: max_frame as u64,
-        });
+        return Err(FrameError::TooLarge { size, max: max_frame as u64 });
     }
     if (len as usize) < FIXED_AFTER_LEN {
         return Err(FrameError::TooShort { len });
@@ -208,18 +203,10 @@ fn parse_prefix(b: &[u8], max_frame: usize) -> Result<Option<Prefix>, FrameError
     };
     let available = size - PREFIX_LEN as u64;
     if u64::from(header_len) > available {
-        return Err(FrameError::HeaderTooLong {
-            header_len,
-            available,
-        });
+        return Err(FrameError::HeaderTooLong { header_len, available });
     }
     // size <= max_frame, a usize.
-    Ok(Some(Prefix {
-        size: size as usize,
-        kind,
-        id,
-        header_len: header_len as usize,
-    }))
+    Ok(Some(Prefix { size: size as usize, kind, id, header_len: header_len as usize }))
 }
 
 /// Takes the first whole frame off the front of `buf`: `Ok(None)` when
@@ -236,12 +223,7 @@ pub fn decode_frame(buf: &mut BytesMut, max_frame: usize) -> Result<Option<Frame
     let mut body = buf.split_to(p.size).freeze();
     body.advance(PREFIX_LEN);
     let header = body.split_to(p.header_len);
-    Ok(Some(Frame {
-        kind: p.kind,
-        id: p.id,
-        header,
-        payload: body,
-    }))
+    Ok(Some(Frame { kind: p.kind, id: p.id, header, payload: body }))
 }
 
 /// The size of the frame starting `buf`, once its length field is there
@@ -271,20 +253,14 @@ impl OutFrame {
         head.resize(PREFIX_LEN, 0);
         let payload = fill(&mut head).unwrap_or_default();
         let size = head.len() as u64 + payload.len() as u64;
-        let too_large = || FrameError::TooLarge {
-            size,
-            max: u64::from(u32::MAX) + 4,
-        };
+        let too_large = || FrameError::TooLarge { size, max: u64::from(u32::MAX) + 4 };
         let len = u32::try_from(size - 4).map_err(|_| too_large())?;
         let header_len = u32::try_from(head.len() - PREFIX_LEN).map_err(|_| too_large())?;
         head[0..4].copy_from_slice(&len.to_le_bytes());
         head[4] = kind as u8;
         head[8..16].copy_from_slice(&id.to_le_bytes());
         head[16..20].copy_from_slice(&header_len.to_le_bytes());
-        Ok(OutFrame {
-            head: Bytes::from(head),
-            payload,
-        })
+        Ok(OutFrame { head: Bytes::from(head), payload })
     }
 
     /// The whole frame's size in bytes.
@@ -300,10 +276,7 @@ impl OutFrame {
     /// Refuses a frame over `max` bytes.
     pub fn check_size(&self, max: usize) -> Result<(), FrameError> {
         if self.len() > max {
-            return Err(FrameError::TooLarge {
-                size: self.len() as u64,
-                max: max as u64,
-            });
+            return Err(FrameError::TooLarge { size: self.len() as u64, max: max as u64 });
         }
         Ok(())
     }
@@ -319,14 +292,7 @@ impl OutFrame {
 
 /// Encodes any frame, valid or not, byte for byte: for tests that send
 /// hostile input. `len` and `header_len` are computed from the slices.
-pub fn encode_raw_frame(
-    kind: u8,
-    flags: u8,
-    reserved: u16,
-    id: u64,
-    header: &[u8],
-    payload: &[u8],
-) -> Vec<u8> {
+pub fn encode_raw_frame(kind: u8, flags: u8, reserved: u16, id: u64, header: &[u8], payload: &[u8]) -> Vec<u8> {
     let len = (FIXED_AFTER_LEN + header.len() + payload.len()) as u32;
     let mut v = Vec::with_capacity(4 + len as usize);
     v.extend_from_slice(&len.to_le_bytes());
@@ -366,12 +332,7 @@ pub struct HelloReply {
 impl HelloReply {
     /// A refusal from a server speaking this build's version.
     pub fn refuse(reason: impl Into<String>) -> HelloReply {
-        HelloReply {
-            version: AbiVersion::CURRENT,
-            accepted: false,
-            reason: reason.into(),
-            info: Dict::new(),
-        }
+        HelloReply { version: AbiVersion::CURRENT, accepted: false, reason: reason.into(), info: Dict::new() }
     }
 }
 
@@ -414,11 +375,7 @@ pub struct MessageError {
 
 /// The decode limits of a connection whose frames are at most `max_frame`.
 pub fn limits_for(max_frame: usize) -> Limits {
-    Limits {
-        max_header: max_frame,
-        max_payload: max_frame,
-        ..Limits::DEFAULT
-    }
+    Limits { max_header: max_frame, max_payload: max_frame, ..Limits::DEFAULT }
 }
 
 fn put_string(out: &mut Vec<u8>, s: &str) {
@@ -431,10 +388,7 @@ fn floor_char_boundary(s: &str, max: usize) -> usize {
     if s.len() <= max {
         return s.len();
     }
-    (0..=max)
-        .rev()
-        .find(|&i| s.is_char_boundary(i))
-        .unwrap_or(0)
+    (0..=max).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0)
 }
 
 /// A cursor over a hand-encoded header (the parts that are not one ABI
@@ -447,15 +401,8 @@ struct Cursor<'a> {
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         let remaining = self.b.len().saturating_sub(self.pos);
-        let out = self
-            .pos
-            .checked_add(n)
-            .and_then(|end| self.b.get(self.pos..end));
-        let out = out.ok_or(DecodeError::Truncated {
-            offset: self.pos,
-            needed: n as u64,
-            remaining,
-        })?;
+        let out = self.pos.checked_add(n).and_then(|end| self.b.get(self.pos..end));
+        let out = out.ok_or(DecodeError::Truncated { offset: self.pos, needed: n as u64, remaining })?;
         self.pos += n;
         Ok(out)
     }
@@ -463,16 +410,10 @@ impl<'a> Cursor<'a> {
     fn string(&mut self) -> Result<String, DecodeError> {
         let len = u32::from_le_bytes(self.take(4)?.try_into().unwrap_or([0; 4])) as usize;
         if len > MAX_REASON {
-            return Err(DecodeError::TooLong {
-                what: "reason",
-                len: len as u64,
-                max: MAX_REASON as u64,
-            });
+            return Err(DecodeError::TooLong { what: "reason", len: len as u64, max: MAX_REASON as u64 });
         }
         let b = self.take(len)?;
-        std::str::from_utf8(b)
-            .map(str::to_owned)
-            .map_err(|_| DecodeError::BadUtf8 { what: "reason" })
+        std::str::from_utf8(b).map(str::to_owned).map_err(|_| DecodeError::BadUtf8 { what: "reason" })
     }
 
     fn rest(&self) -> &'a [u8] {
@@ -497,15 +438,9 @@ fn callctx_len(h: &[u8]) -> Result<usize, DecodeError> {
         remaining: h.len().saturating_sub(offset),
     };
     let groups = le_u32(h, 8).ok_or_else(|| truncated(8, 4))? as usize;
-    let at = groups
-        .checked_mul(4)
-        .and_then(|g| g.checked_add(24))
-        .ok_or_else(|| truncated(12, usize::MAX))?;
+    let at = groups.checked_mul(4).and_then(|g| g.checked_add(24)).ok_or_else(|| truncated(12, usize::MAX))?;
     let name = le_u32(h, at).ok_or_else(|| truncated(at, 4))? as usize;
-    let end = at
-        .checked_add(4)
-        .and_then(|a| a.checked_add(name))
-        .ok_or_else(|| truncated(at + 4, name))?;
+    let end = at.checked_add(4).and_then(|a| a.checked_add(name)).ok_or_else(|| truncated(at + 4, name))?;
     if end > h.len() {
         return Err(truncated(at + 4, name));
     }
@@ -513,14 +448,7 @@ fn callctx_len(h: &[u8]) -> Result<usize, DecodeError> {
 }
 
 fn no_payload(p: &Bytes) -> Result<(), DecodeError> {
-    if p.is_empty() {
-        Ok(())
-    } else {
-        Err(DecodeError::PayloadMismatch {
-            declared: 0,
-            actual: p.len() as u64,
-        })
-    }
+    if p.is_empty() { Ok(()) } else { Err(DecodeError::PayloadMismatch { declared: 0, actual: p.len() as u64 }) }
 }
 
 impl Message {
@@ -577,28 +505,16 @@ impl Message {
     }
 
     fn decode(frame: Frame, limits: &Limits) -> Result<Message, DecodeError> {
-        let Frame {
-            kind,
-            header,
-            payload,
-            ..
-        } = frame;
+        let Frame { kind, header, payload, .. } = frame;
         let h: &[u8] = &header;
         match kind {
             FrameKind::Hello | FrameKind::HelloReply => {
                 no_payload(&payload)?;
                 let version = abi::decode_hello(h)?;
                 let foreign = version.major != abi::ABI_MAJOR;
-                let mut c = Cursor {
-                    b: h,
-                    pos: HELLO_LEN,
-                };
+                let mut c = Cursor { b: h, pos: HELLO_LEN };
                 if kind == FrameKind::Hello {
-                    let params = if foreign {
-                        Dict::new()
-                    } else {
-                        abi::decode(c.rest(), None, limits)?
-                    };
+                    let params = if foreign { Dict::new() } else { abi::decode(c.rest(), None, limits)? };
                     return Ok(Message::Hello(Hello { version, params }));
                 }
                 if foreign {
@@ -613,20 +529,12 @@ impl Message {
                     0 => true,
                     1 => false,
                     tag => {
-                        return Err(DecodeError::UnknownTag {
-                            what: "hello status",
-                            tag,
-                        });
+                        return Err(DecodeError::UnknownTag { what: "hello status", tag });
                     }
                 };
                 let reason = c.string()?;
                 let info = abi::decode(c.rest(), None, limits)?;
-                Ok(Message::HelloReply(HelloReply {
-                    version,
-                    accepted,
-                    reason,
-                    info,
-                }))
+                Ok(Message::HelloReply(HelloReply { version, accepted, reason, info }))
             }
             FrameKind::Call => {
                 let n = callctx_len(h)?;
@@ -638,11 +546,7 @@ impl Message {
             FrameKind::Ping | FrameKind::Pong => {
                 no_payload(&payload)?;
                 Cursor { b: h, pos: 0 }.finish()?;
-                Ok(if kind == FrameKind::Ping {
-                    Message::Ping
-                } else {
-                    Message::Pong
-                })
+                Ok(if kind == FrameKind::Ping { Message::Ping } else { Message::Pong })
             }
             FrameKind::Upcall => Ok(Message::Upcall(abi::decode(h, Some(payload), limits)?)),
             FrameKind::Goodbye => {
@@ -689,11 +593,7 @@ pub struct FrameReader<R> {
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// A reader refusing frames over `max_frame` bytes.
     pub fn new(rd: R, max_frame: usize) -> FrameReader<R> {
-        FrameReader {
-            rd,
-            buf: BytesMut::with_capacity(READ_CHUNK),
-            max_frame,
-        }
+        FrameReader { rd, buf: BytesMut::with_capacity(READ_CHUNK), max_frame }
     }
 
     /// A whole frame is already buffered: [`FrameReader::next`] returns
@@ -714,9 +614,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if let Some(frame) = decode_frame(&mut self.buf, self.max_frame)? {
                 return Ok(Some(frame));
             }
-            let want = frame_size(&self.buf, self.max_frame)?
-                .unwrap_or(0)
-                .max(self.buf.len() + READ_CHUNK);
+            let want = frame_size(&self.buf, self.max_frame)?.unwrap_or(0).max(self.buf.len() + READ_CHUNK);
             self.buf.reserve(want - self.buf.len());
             if self.rd.read_buf(&mut self.buf).await? == 0 {
                 return match self.buf.len() {
@@ -746,10 +644,7 @@ impl From<OutFrame> for Outgoing {
 /// Writes queued frames until every sender is gone (then shuts the write
 /// side down) or the socket fails. Frames waiting together go out in one
 /// vectored write: heads and payloads as separate slices, never copied.
-pub async fn write_loop<W: AsyncWrite + Unpin>(
-    mut w: W,
-    mut rx: mpsc::Receiver<Outgoing>,
-) -> io::Result<()> {
+pub async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<Outgoing>) -> io::Result<()> {
     let mut batch: Vec<Outgoing> = Vec::with_capacity(BATCH_FRAMES);
     let mut chunks: Vec<Bytes> = Vec::with_capacity(BATCH_FRAMES * 2);
     while let Some(first) = rx.recv().await {
@@ -779,18 +674,10 @@ async fn write_chunks<W: AsyncWrite + Unpin>(w: &mut W, chunks: &mut [Bytes]) ->
     let mut i = 0;
     while i < chunks.len() {
         let mut slices = [IoSlice::new(&[]); IOV];
-        let n_slices = chunks[i..]
-            .iter()
-            .take(IOV)
-            .zip(slices.iter_mut())
-            .map(|(c, s)| *s = IoSlice::new(c))
-            .count();
+        let n_slices = chunks[i..].iter().take(IOV).zip(slices.iter_mut()).map(|(c, s)| *s = IoSlice::new(c)).count();
         let mut n = w.write_vectored(&slices[..n_slices]).await?;
         if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "socket accepted no bytes",
-            ));
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "socket accepted no bytes"));
         }
         while n > 0 && i < chunks.len() {
             let c = &mut chunks[i];
@@ -818,7 +705,7 @@ async fn write_chunks<W: AsyncWrite + Unpin>(w: &mut W, chunks: &mut [Bytes]) ->
 /// finds it free writes its frame at once with non-blocking vectored
 /// writes ([`OwnedWriteHalf::try_write_vectored`]), synchronously, so a
 /// frame is never left half written by a cancelled fop; a sender that finds
-/// it busy queues its frame (at most [`OUT_QUEUE`] queued, then it waits for
+/// it busy queues its frame (at most `OUT_QUEUE` queued, then it waits for
 /// room). Whoever owns the socket empties the queue before letting go; when
 /// the socket is full (`WouldBlock`) the rest, the cut frame first, goes to
 /// the connection's writer task ([`Link::spawn`]), which waits for the
@@ -878,11 +765,7 @@ struct Pending {
 
 impl Pending {
     fn new(out: Outgoing, room: Option<OwnedSemaphorePermit>) -> Pending {
-        Pending {
-            chunks: [out.frame.head, out.frame.payload],
-            _guard: out.guard,
-            _room: room,
-        }
+        Pending { chunks: [out.frame.head, out.frame.payload], _guard: out.guard, _room: room }
     }
 
     fn done(&self) -> bool {
@@ -906,9 +789,7 @@ impl Link {
     /// Wraps a connection's write half; the future returned is its writer
     /// task, to be spawned: it ends once the link is closed and everything
     /// queued is written, shutting the write side down.
-    pub fn new(
-        sock: OwnedWriteHalf,
-    ) -> (Link, impl Future<Output = io::Result<()>> + Send + 'static) {
+    pub fn new(sock: OwnedWriteHalf) -> (Link, impl Future<Output = io::Result<()>> + Send + 'static) {
         let inner = Arc::new(LinkInner {
             sock,
             state: parking_lot::Mutex::new(LinkState::default()),
@@ -916,12 +797,7 @@ impl Link {
             room: Arc::new(Semaphore::new(OUT_QUEUE)),
         });
         let task = inner.clone().writer();
-        (
-            Link {
-                inner: Arc::new(LinkHandle(inner)),
-            },
-            task,
-        )
+        (Link { inner: Arc::new(LinkHandle(inner)) }, task)
     }
 
     /// [`Link::new`] with its writer task spawned.
@@ -1010,12 +886,7 @@ impl LinkInner {
     /// Writes `out` now if the socket is free (and `direct`; else hands it
     /// to the writer task), or queues it if there is room (`room`, or a
     /// slot taken now), without waiting: `Err(out)` when the queue is full.
-    fn offer(
-        &self,
-        out: Outgoing,
-        room: Option<OwnedSemaphorePermit>,
-        direct: bool,
-    ) -> Result<bool, Outgoing> {
+    fn offer(&self, out: Outgoing, room: Option<OwnedSemaphorePermit>, direct: bool) -> Result<bool, Outgoing> {
         let mut st = self.state.lock();
         if st.closed {
             return Ok(false);
@@ -1113,10 +984,7 @@ impl LinkInner {
             }
             let mut n = match self.sock.try_write_vectored(&slices[..n_slices]) {
                 Ok(0) => {
-                    return Err(Blocked::Failed(io::Error::new(
-                        io::ErrorKind::WriteZero,
-                        "socket accepted no bytes",
-                    )));
+                    return Err(Blocked::Failed(io::Error::new(io::ErrorKind::WriteZero, "socket accepted no bytes")));
                 }
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Blocked::WouldBlock),
@@ -1236,24 +1104,11 @@ impl SocketOptions {
     /// `transport.tcp-user-timeout`).
     pub fn from_options(o: &xlfs_sdk::Options) -> SocketOptions {
         let secs = |k: &str, d: i64| Duration::from_secs(o.int(k).unwrap_or(d).max(1) as u64);
-        let keepalive = o
-            .bool("transport.socket.keepalive")
-            .unwrap_or(true)
-            .then(|| {
-                let count = o
-                    .int("transport.socket.keepalive-count")
-                    .unwrap_or(9)
-                    .clamp(1, 127) as u32;
-                (
-                    secs("transport.socket.keepalive-time", 20),
-                    secs("transport.socket.keepalive-interval", 2),
-                    count,
-                )
-            });
-        SocketOptions {
-            keepalive,
-            user_timeout: o.time("transport.tcp-user-timeout").unwrap_or_default(),
-        }
+        let keepalive = o.bool("transport.socket.keepalive").unwrap_or(true).then(|| {
+            let count = o.int("transport.socket.keepalive-count").unwrap_or(9).clamp(1, 127) as u32;
+            (secs("transport.socket.keepalive-time", 20), secs("transport.socket.keepalive-interval", 2), count)
+        });
+        SocketOptions { keepalive, user_timeout: o.time("transport.tcp-user-timeout").unwrap_or_default() }
     }
 
     /// Applies them to a socket.
@@ -1261,10 +1116,7 @@ impl SocketOptions {
         s.set_tcp_nodelay(true)?;
         if let Some((time, interval, count)) = self.keepalive {
             s.set_tcp_keepalive(
-                &socket2::TcpKeepalive::new()
-                    .with_time(time)
-                    .with_interval(interval)
-                    .with_retries(count),
+                &socket2::TcpKeepalive::new().with_time(time).with_interval(interval).with_retries(count),
             )?;
         }
         if !self.user_timeout.is_zero() {
@@ -1281,14 +1133,9 @@ pub fn check_transport(o: &xlfs_sdk::Options) -> Result<(), String> {
         return Err("transport.socket.ssl-enabled on: TLS is not supported yet".into());
     }
     if let Some(f) = o.str("transport.address-family").filter(|f| *f != "inet") {
-        return Err(format!(
-            "transport.address-family {f}: only inet is supported"
-        ));
+        return Err(format!("transport.address-family {f}: only inet is supported"));
     }
-    if let Some(t) = o
-        .str("transport-type")
-        .filter(|t| !t.eq_ignore_ascii_case("tcp"))
-    {
+    if let Some(t) = o.str("transport-type").filter(|t| !t.eq_ignore_ascii_case("tcp")) {
         return Err(format!("transport-type {t}: only tcp is supported"));
     }
     Ok(())
@@ -1346,9 +1193,7 @@ mod tests {
     fn round_trip(m: &Message, id: u64) -> Message {
         let f = m.to_frame(id).expect("encodes");
         let mut buf = BytesMut::from(&f.to_vec()[..]);
-        let frame = decode_frame(&mut buf, MAX)
-            .expect("valid frame")
-            .expect("whole frame");
+        let frame = decode_frame(&mut buf, MAX).expect("valid frame").expect("whole frame");
         assert!(buf.is_empty(), "the frame used every byte");
         assert_eq!((frame.kind, frame.id), (m.kind(), id));
         Message::from_frame(frame, &limits_for(MAX)).expect("decodes")
@@ -1369,18 +1214,12 @@ mod tests {
     #[test]
     fn every_message_round_trips() {
         let data = Bytes::from(vec![7u8; 100_000]);
-        let fd = Fd {
-            id: FdId(3),
-            gfid: Gfid::ROOT,
-        };
+        let fd = Fd { id: FdId(3), gfid: Gfid::ROOT };
         let mut params = Dict::new();
         params.set_str(hello_keys::VOLUME, "/b1");
         params.set_str(hello_keys::CLIENT_ID, "c1");
         let msgs = [
-            Message::Hello(Hello {
-                version: AbiVersion::CURRENT,
-                params,
-            }),
+            Message::Hello(Hello { version: AbiVersion::CURRENT, params }),
             Message::HelloReply(HelloReply::refuse("no such subvolume 'x'")),
             Message::HelloReply(HelloReply {
                 version: AbiVersion::new(1, 3),
@@ -1388,25 +1227,12 @@ mod tests {
                 reason: String::new(),
                 info: Dict::new().with("client-id", Value::Str("c1#4".into())),
             }),
+            Message::Call { ctx: ctx(), req: Request::new(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "a") }) },
             Message::Call {
                 ctx: ctx(),
-                req: Request::new(Fop::Lookup {
-                    loc: Loc::entry(Gfid::ROOT, "a"),
-                }),
+                req: Request::new(Fop::Writev { fd, data: data.clone(), offset: 9, flags: 0 }),
             },
-            Message::Call {
-                ctx: ctx(),
-                req: Request::new(Fop::Writev {
-                    fd,
-                    data: data.clone(),
-                    offset: 9,
-                    flags: 0,
-                }),
-            },
-            Message::Reply(Ok(Response::from(Reply::Read {
-                data: data.clone(),
-                iatt: Iatt::default(),
-            }))),
+            Message::Reply(Ok(Response::from(Reply::Read { data: data.clone(), iatt: Iatt::default() }))),
             Message::Reply(Err(Errno::ENOENT)),
             Message::Ping,
             Message::Pong,
@@ -1422,32 +1248,16 @@ mod tests {
     #[test]
     fn wire_md_examples() {
         fn hex(s: &str) -> Vec<u8> {
-            s.split_whitespace()
-                .map(|b| u8::from_str_radix(b, 16).expect("hex"))
-                .collect()
+            s.split_whitespace().map(|b| u8::from_str_radix(b, 16).expect("hex")).collect()
         }
         let ping = Message::Ping.to_frame(5).expect("encodes").to_vec();
-        assert_eq!(
-            ping,
-            hex("10 00 00 00 05 00 00 00 05 00 00 00 00 00 00 00 00 00 00 00")
-        );
-        let bye = Message::Goodbye("bye".into())
-            .to_frame(0)
-            .expect("encodes")
-            .to_vec();
-        assert_eq!(
-            bye,
-            hex("17 00 00 00 08 00 00 00 00 00 00 00 00 00 00 00 07 00 00 00 03 00 00 00 62 79 65")
-        );
+        assert_eq!(ping, hex("10 00 00 00 05 00 00 00 05 00 00 00 00 00 00 00 00 00 00 00"));
+        let bye = Message::Goodbye("bye".into()).to_frame(0).expect("encodes").to_vec();
+        assert_eq!(bye, hex("17 00 00 00 08 00 00 00 00 00 00 00 00 00 00 00 07 00 00 00 03 00 00 00 62 79 65"));
         let params = Dict::new()
             .with(hello_keys::VOLUME, Value::Str("/b1".into()))
             .with(hello_keys::CLIENT_ID, Value::Str("c".into()));
-        let hello = Message::Hello(Hello {
-            version: AbiVersion::CURRENT,
-            params,
-        })
-        .to_frame(0)
-        .expect("encodes");
+        let hello = Message::Hello(Hello { version: AbiVersion::CURRENT, params }).to_frame(0).expect("encodes");
         assert_eq!(
             hello.to_vec(),
             hex("41 00 00 00 01 00 00 00 00 00 00 00 00 00 00 00 31 00 00 00
@@ -1456,18 +1266,10 @@ mod tests {
                  09 00 00 00 63 6c 69 65 6e 74 2d 69 64 02 01 00 00 00 63
                  06 00 00 00 76 6f 6c 75 6d 65 02 03 00 00 00 2f 62 31")
         );
-        let fd = Fd {
-            id: FdId(5),
-            gfid: Gfid::ROOT,
-        };
+        let fd = Fd { id: FdId(5), gfid: Gfid::ROOT };
         let write = Message::Call {
             ctx: CallCtx::root("c"),
-            req: Request::new(Fop::Writev {
-                fd,
-                data: Bytes::from_static(b"abc"),
-                offset: 9,
-                flags: 2,
-            }),
+            req: Request::new(Fop::Writev { fd, data: Bytes::from_static(b"abc"), offset: 9, flags: 2 }),
         };
         let f = write.to_frame(9).expect("encodes");
         assert_eq!(f.head.len(), PREFIX_LEN + 79);
@@ -1487,36 +1289,20 @@ mod tests {
         let data = Bytes::from(vec![1u8; 4096]);
         let m = Message::Call {
             ctx: ctx(),
-            req: Request::new(Fop::Writev {
-                fd: Fd::default(),
-                data: data.clone(),
-                offset: 0,
-                flags: 0,
-            }),
+            req: Request::new(Fop::Writev { fd: Fd::default(), data: data.clone(), offset: 0, flags: 0 }),
         };
         let f = m.to_frame(5).expect("encodes");
-        assert_eq!(
-            f.payload.as_ptr(),
-            data.as_ptr(),
-            "the frame shares the data"
-        );
+        assert_eq!(f.payload.as_ptr(), data.as_ptr(), "the frame shares the data");
         assert!(f.head.len() < 200, "the header does not hold the data");
         let mut buf = BytesMut::from(&f.to_vec()[..]);
         let base = buf.as_ptr() as usize;
         let frame = decode_frame(&mut buf, MAX).expect("ok").expect("whole");
-        assert_eq!(
-            frame.payload.as_ptr() as usize,
-            base + f.head.len(),
-            "payload split off the read buffer"
-        );
+        assert_eq!(frame.payload.as_ptr() as usize, base + f.head.len(), "payload split off the read buffer");
     }
 
     #[test]
     fn partial_frames_wait_for_more_bytes() {
-        let whole = Message::Goodbye("bye".into())
-            .to_frame(0)
-            .expect("encodes")
-            .to_vec();
+        let whole = Message::Goodbye("bye".into()).to_frame(0).expect("encodes").to_vec();
         for cut in 0..whole.len() {
             let mut buf = BytesMut::from(&whole[..cut]);
             assert_eq!(decode_frame(&mut buf, MAX), Ok(None), "cut at {cut}");
@@ -1531,47 +1317,19 @@ mod tests {
     #[test]
     fn bad_prefixes_are_refused_early() {
         let mut huge = BytesMut::from(&[0xff, 0xff, 0xff, 0xff][..]);
-        assert_eq!(
-            decode_frame(&mut huge, MAX),
-            Err(FrameError::TooLarge {
-                size: (1u64 << 32) + 3,
-                max: MAX as u64
-            })
-        );
-        let e = FrameError::TooLarge {
-            size: 5_000_000,
-            max: 1_048_576,
-        }
-        .to_string();
+        assert_eq!(decode_frame(&mut huge, MAX), Err(FrameError::TooLarge { size: (1u64 << 32) + 3, max: MAX as u64 }));
+        let e = FrameError::TooLarge { size: 5_000_000, max: 1_048_576 }.to_string();
         assert!(e.contains("5000000") && e.contains("1048576"), "{e}");
         let mut short = BytesMut::from(&3u32.to_le_bytes()[..]);
-        assert_eq!(
-            decode_frame(&mut short, MAX),
-            Err(FrameError::TooShort { len: 3 })
-        );
+        assert_eq!(decode_frame(&mut short, MAX), Err(FrameError::TooShort { len: 3 }));
         let mut kind = BytesMut::from(&encode_raw_frame(99, 0, 0, 1, b"", b"")[..5]);
-        assert_eq!(
-            decode_frame(&mut kind, MAX),
-            Err(FrameError::UnknownKind(99))
-        );
+        assert_eq!(decode_frame(&mut kind, MAX), Err(FrameError::UnknownKind(99)));
         let mut flags = BytesMut::from(&encode_raw_frame(5, 1, 0, 1, b"", b"")[..]);
-        assert_eq!(
-            decode_frame(&mut flags, MAX),
-            Err(FrameError::Reserved {
-                flags: 1,
-                reserved: 0
-            })
-        );
+        assert_eq!(decode_frame(&mut flags, MAX), Err(FrameError::Reserved { flags: 1, reserved: 0 }));
         let mut raw = encode_raw_frame(5, 0, 0, 1, b"abc", b"");
         raw[16..20].copy_from_slice(&10u32.to_le_bytes());
         let mut over = BytesMut::from(&raw[..]);
-        assert_eq!(
-            decode_frame(&mut over, MAX),
-            Err(FrameError::HeaderTooLong {
-                header_len: 10,
-                available: 3
-            })
-        );
+        assert_eq!(decode_frame(&mut over, MAX), Err(FrameError::HeaderTooLong { header_len: 10, available: 3 }));
     }
 
     #[test]
@@ -1579,28 +1337,12 @@ mod tests {
         let limits = limits_for(MAX);
         let decode = |kind: u8, header: &[u8], payload: &[u8]| {
             let mut buf = BytesMut::from(&encode_raw_frame(kind, 0, 0, 9, header, payload)[..]);
-            let frame = decode_frame(&mut buf, MAX)
-                .expect("frame ok")
-                .expect("whole");
+            let frame = decode_frame(&mut buf, MAX).expect("frame ok").expect("whole");
             Message::from_frame(frame, &limits)
         };
-        assert!(
-            decode(FrameKind::Ping as u8, b"x", b"").is_err(),
-            "ping has no header"
-        );
-        assert!(
-            decode(
-                FrameKind::Goodbye as u8,
-                &[3, 0, 0, 0, 0xff, 0xfe, 0xfd],
-                b""
-            )
-            .is_err(),
-            "not UTF-8"
-        );
-        assert!(
-            decode(FrameKind::Call as u8, &[0; 11], b"").is_err(),
-            "truncated call context"
-        );
+        assert!(decode(FrameKind::Ping as u8, b"x", b"").is_err(), "ping has no header");
+        assert!(decode(FrameKind::Goodbye as u8, &[3, 0, 0, 0, 0xff, 0xfe, 0xfd], b"").is_err(), "not UTF-8");
+        assert!(decode(FrameKind::Call as u8, &[0; 11], b"").is_err(), "truncated call context");
         let mut call = Vec::new();
         abi::encode(&ctx(), &mut call);
         call.extend_from_slice(&999u16.to_le_bytes());
@@ -1612,10 +1354,7 @@ mod tests {
         h.extend_from_slice(b"whatever v2 sends");
         assert_eq!(
             decode(FrameKind::Hello as u8, &h, b"").expect("decodes"),
-            Message::Hello(Hello {
-                version: AbiVersion::new(2, 0),
-                params: Dict::new()
-            })
+            Message::Hello(Hello { version: AbiVersion::new(2, 0), params: Dict::new() })
         );
     }
 
@@ -1633,9 +1372,7 @@ mod tests {
 
     /// A connected loopback TCP pair.
     async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = l.local_addr().expect("addr");
         let (a, b) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
         (a.expect("connect"), b.expect("accept").0)
@@ -1655,10 +1392,9 @@ mod tests {
     fn check_tagged(f: Frame) -> u64 {
         let id = f.id;
         match Message::from_frame(f, &limits_for(MAX)).expect("decodes") {
-            Message::Reply(Ok(Response {
-                reply: Reply::Read { data, .. },
-                ..
-            })) => assert!(data.iter().all(|&b| b == id as u8), "frame {id} is whole"),
+            Message::Reply(Ok(Response { reply: Reply::Read { data, .. }, .. })) => {
+                assert!(data.iter().all(|&b| b == id as u8), "frame {id} is whole")
+            }
             m => panic!("unexpected {m:?}"),
         }
         id
@@ -1700,11 +1436,7 @@ mod tests {
         }
         drop(link);
         writer.await.expect("join").expect("written");
-        assert_eq!(
-            reader.await.expect("reader"),
-            [FRAMES; TASKS as usize],
-            "every frame, then the end"
-        );
+        assert_eq!(reader.await.expect("reader"), [FRAMES; TASKS as usize], "every frame, then the end");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1718,10 +1450,7 @@ mod tests {
         let mut accepted = 0u64;
         loop {
             let guard = guards.clone().try_acquire_owned().expect("guard");
-            let out = Outgoing {
-                frame: tagged(accepted, 4096),
-                guard: Some(guard),
-            };
+            let out = Outgoing { frame: tagged(accepted, 4096), guard: Some(guard) };
             if !link.try_send(out) {
                 break;
             }
@@ -1731,16 +1460,10 @@ mod tests {
         assert_eq!(link.room(), 0);
         // A send that has to wait for room, cancelled while it waits.
         let mut waiting = Box::pin(link.send(tagged(u64::MAX - 1, 4096).into()));
-        assert!(
-            poll_once_test(waiting.as_mut()).is_pending(),
-            "waits for room"
-        );
+        assert!(poll_once_test(waiting.as_mut()).is_pending(), "waits for room");
         drop(waiting);
         link.close();
-        assert!(
-            !link.send(tagged(u64::MAX - 2, 1).into()).await,
-            "closed: refused"
-        );
+        assert!(!link.send(tagged(u64::MAX - 2, 1).into()).await, "closed: refused");
         let mut r = FrameReader::new(b, MAX);
         let mut n = 0;
         while let Some(f) = r.next().await.expect("reads") {
@@ -1749,11 +1472,7 @@ mod tests {
         }
         assert_eq!(n, accepted);
         writer.await.expect("join").expect("written");
-        assert_eq!(
-            guards.available_permits(),
-            total,
-            "every guard dropped once written"
-        );
+        assert_eq!(guards.available_permits(), total, "every guard dropped once written");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1771,19 +1490,12 @@ mod tests {
             tokio::spawn(async move { link.send(tagged(2, 4096).into()).await })
         };
         link.abort();
-        assert!(
-            !waiter.await.expect("join"),
-            "a sender waiting for room gives up"
-        );
+        assert!(!waiter.await.expect("join"), "a sender waiting for room gives up");
         assert!(!link.try_send(tagged(3, 1).into()));
         writer.abort();
         let _ = writer.await;
         // What was queued is dropped, its guards with it.
-        assert_eq!(
-            guards.available_permits(),
-            100_000,
-            "queued guards released"
-        );
+        assert_eq!(guards.available_permits(), 100_000, "queued guards released");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1800,9 +1512,7 @@ mod tests {
         {
             let other = link.clone();
             assert!(
-                tokio::spawn(async move { other.send_deferred(tagged(3, 10).into()).await })
-                    .await
-                    .expect("join"),
+                tokio::spawn(async move { other.send_deferred(tagged(3, 10).into()).await }).await.expect("join"),
                 "queued from another task"
             );
         }
@@ -1810,17 +1520,11 @@ mod tests {
         drop(cork);
         assert_eq!(link.room(), OUT_QUEUE, "written when uncorked");
         for id in 0..4 {
-            assert_eq!(
-                check_tagged(r.next().await.expect("reads").expect("frame")),
-                id
-            );
+            assert_eq!(check_tagged(r.next().await.expect("reads").expect("frame")), id);
         }
         // Deferred sends on a free socket go through the writer task.
         assert!(link.send_deferred(tagged(4, 10).into()).await);
-        assert_eq!(
-            check_tagged(r.next().await.expect("reads").expect("frame")),
-            4
-        );
+        assert_eq!(check_tagged(r.next().await.expect("reads").expect("frame")), 4);
         drop(link);
         writer.await.expect("join").expect("written");
         assert!(r.next().await.expect("clean end").is_none());
@@ -1836,31 +1540,18 @@ mod tests {
         let (tx, rx) = mpsc::channel(OUT_QUEUE);
         let writer = tokio::spawn(write_loop(a, rx));
         let data = Bytes::from((0..300_000u32).map(|i| i as u8).collect::<Vec<_>>());
-        let reply = Message::Reply(Ok(Response::from(Reply::Read {
-            data: data.clone(),
-            iatt: Iatt::default(),
-        })));
+        let reply = Message::Reply(Ok(Response::from(Reply::Read { data: data.clone(), iatt: Iatt::default() })));
         for id in 0..10u64 {
-            tx.send(reply.to_frame(id).expect("encodes").into())
-                .await
-                .expect("queued");
-            tx.send(Message::Pong.to_frame(id).expect("encodes").into())
-                .await
-                .expect("queued");
+            tx.send(reply.to_frame(id).expect("encodes").into()).await.expect("queued");
+            tx.send(Message::Pong.to_frame(id).expect("encodes").into()).await.expect("queued");
         }
         drop(tx);
         let mut r = FrameReader::new(b, MAX);
         for id in 0..10u64 {
             let f = r.next().await.expect("reads").expect("frame");
             assert_eq!((f.kind, f.id), (FrameKind::Reply, id));
-            assert_eq!(
-                Message::from_frame(f, &limits_for(MAX)).expect("decodes"),
-                reply
-            );
-            assert_eq!(
-                r.next().await.expect("reads").expect("frame").kind,
-                FrameKind::Pong
-            );
+            assert_eq!(Message::from_frame(f, &limits_for(MAX)).expect("decodes"), reply);
+            assert_eq!(r.next().await.expect("reads").expect("frame").kind, FrameKind::Pong);
         }
         assert!(r.next().await.expect("clean end").is_none());
         writer.await.expect("join").expect("written");
@@ -1868,19 +1559,13 @@ mod tests {
 
     #[tokio::test]
     async fn reader_reports_truncation_and_oversize() {
-        let whole = Message::Goodbye("bye".into())
-            .to_frame(0)
-            .expect("encodes")
-            .to_vec();
+        let whole = Message::Goodbye("bye".into()).to_frame(0).expect("encodes").to_vec();
         let mut r = FrameReader::new(&whole[..whole.len() - 1], MAX);
         assert!(matches!(r.next().await, Err(RpcError::Truncated(n)) if n == whole.len() - 1));
         let big = encode_raw_frame(FrameKind::Ping as u8, 0, 0, 0, &[0; 100], b"");
         let mut r = FrameReader::new(&big[..], 64);
         let e = r.next().await.expect_err("too large");
-        assert!(
-            e.to_string().contains("120 bytes") && e.to_string().contains("64 bytes"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("120 bytes") && e.to_string().contains("64 bytes"), "{e}");
     }
 
     proptest! {

@@ -34,9 +34,12 @@ pub struct Hostile {
 }
 
 const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("mode", OptType::Enum(&["loop", "alloc", "trap", "garbage", "bad-child", "no-unwind", "init-trap"]))
-        .default("trap")
-        .desc("How to misbehave on a triggering fop."),
+    OptionDecl::new(
+        "mode",
+        OptType::Enum(&["loop", "alloc", "trap", "garbage", "bad-child", "no-unwind", "init-trap"]),
+    )
+    .default("trap")
+    .desc("How to misbehave on a triggering fop."),
     OptionDecl::new("trigger", OptType::Str).default("evil").desc("Entry-name prefix that triggers the misbehaviour."),
 ];
 

@@ -141,7 +141,11 @@ enum Wait<'a> {
     /// The whole queue.
     All,
     /// Operations on these inodes, this directory's, or this name.
-    On { gfids: Vec<Gfid>, dir: Option<Gfid>, name: Option<(Gfid, &'a str)> },
+    On {
+        gfids: Vec<Gfid>,
+        dir: Option<Gfid>,
+        name: Option<(Gfid, &'a str)>,
+    },
 }
 
 /// The attributes storage/posix gives a new inode made by `ctx` in a
@@ -223,7 +227,8 @@ impl Inner {
         if let Fop::Create { flags, .. } = &mut sent.fop {
             *flags |= libc::O_EXCL as u32;
         }
-        let op = Op { ctx: ctx.clone(), req: Some(sent), ticket, dir: loc.parent, name: loc.name.clone(), gfid: target };
+        let op =
+            Op { ctx: ctx.clone(), req: Some(sent), ticket, dir: loc.parent, name: loc.name.clone(), gfid: target };
         self.enqueue(op);
         if let Reply::Entry { iatt, .. } = &reply
             && ty == libc::S_IFDIR

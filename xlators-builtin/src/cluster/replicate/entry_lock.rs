@@ -72,7 +72,7 @@ pub struct Name {
 
 impl Name {
     fn of(iatt: &Iatt) -> Option<Name> {
-        (!iatt.gfid.is_null()).then(|| Name { gfid: iatt.gfid, dir: iatt.mode & libc::S_IFMT == libc::S_IFDIR })
+        (!iatt.gfid.is_null()).then_some(Name { gfid: iatt.gfid, dir: iatt.mode & libc::S_IFMT == libc::S_IFDIR })
     }
 }
 
@@ -273,7 +273,8 @@ impl Inner {
         s.in_flight += 1;
         s.idle_since = Instant::now();
         self.dirs.joined.fetch_add(1, Ordering::Relaxed);
-        let t = Ticket { dir: d.clone(), at: dir, names: vec![name.to_string()], locked: held_locked, lk_ctx: held_ctx };
+        let t =
+            Ticket { dir: d.clone(), at: dir, names: vec![name.to_string()], locked: held_locked, lk_ctx: held_ctx };
         Some((t, before, after, removed))
     }
 
@@ -433,7 +434,13 @@ impl Inner {
                             }
                         } else if names.iter().all(|nm| !s.busy.contains(nm)) {
                             let held = s.held.as_ref()?;
-                            let t = Ticket { dir: d.clone(), at: dir, names: names.clone(), locked: held.locked, lk_ctx: held.ctx.clone() };
+                            let t = Ticket {
+                                dir: d.clone(),
+                                at: dir,
+                                names: names.clone(),
+                                locked: held.locked,
+                                lk_ctx: held.ctx.clone(),
+                            };
                             s.busy.extend(names.iter().cloned());
                             s.in_flight += 1;
                             self.dirs.joined.fetch_add(1, Ordering::Relaxed);

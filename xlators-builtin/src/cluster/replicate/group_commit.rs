@@ -49,10 +49,7 @@ pub struct GroupCommit {
 impl GroupCommit {
     /// State for `n` children.
     pub fn new(n: usize) -> GroupCommit {
-        GroupCommit {
-            children: (0..n).map(|_| Mutex::new(Child::default())).collect(),
-            changed: Notify::new(),
-        }
+        GroupCommit { children: (0..n).map(|_| Mutex::new(Child::default())).collect(), changed: Notify::new() }
     }
 }
 

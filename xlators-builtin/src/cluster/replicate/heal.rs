@@ -689,7 +689,13 @@ impl Inner {
 
     /// The entries of directory `dir` on child `i` (without `.` and `..`);
     /// E2BIG beyond `max` of them.
-    pub(super) async fn list_dir(&self, ctx: &CallCtx, i: usize, dir: Gfid, max: usize) -> Result<Vec<DirEntry>, Errno> {
+    pub(super) async fn list_dir(
+        &self,
+        ctx: &CallCtx,
+        i: usize,
+        dir: Gfid,
+        max: usize,
+    ) -> Result<Vec<DirEntry>, Errno> {
         let fd = Fd { id: self.heal_fd(), gfid: dir };
         self.on(i, ctx, Fop::Opendir { loc: Loc::gfid(dir), fd: fd.id }).await?;
         let mut out = Vec::new();

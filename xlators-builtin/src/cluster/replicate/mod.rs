@@ -134,9 +134,10 @@ const OPTIONS: &[OptionDecl] = &[
          operation on that inode (write, fsync, close...) and the next fsync of the directory. Needs \
          entry-eager-lock; xlfs only (CephFS's async dirops).",
     ),
-    OptionDecl::new("async-dirops-queue", OptType::Int).default("4096").range(1.0, 1_000_000.0).desc(
-        "Most directory operations answered early and not yet done on the bricks; beyond, the next waits.",
-    ),
+    OptionDecl::new("async-dirops-queue", OptType::Int)
+        .default("4096")
+        .range(1.0, 1_000_000.0)
+        .desc("Most directory operations answered early and not yet done on the bricks; beyond, the next waits."),
     OptionDecl::new("optimistic-change-log", OptType::Bool).default("on").desc(
         "Metadata and entry transactions that lock every child skip the pre-op and write counters only when the \
          fop failed somewhere (as GlusterFS).",

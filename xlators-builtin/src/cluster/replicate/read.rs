@@ -283,7 +283,8 @@ impl Inner {
         let gfid = req.fop.gfid();
         if !gfid.is_null() && !matches!(req.fop, Fop::Statfs { .. }) {
             let refused = |bad: Mask| {
-                (cands & !bad == 0 && cands != 0) || (split_brain_refuses(&req.fop, kind) && self.in_split_brain(gfid, kind))
+                (cands & !bad == 0 && cands != 0)
+                    || (split_brain_refuses(&req.fop, kind) && self.in_split_brain(gfid, kind))
             };
             let (mut bad, fresh) = self.stale_for(ctx, gfid, kind).await;
             if refused(bad) {

@@ -17,9 +17,9 @@ use xlfs_sdk::{
 };
 
 use super::pending::{self, Kind};
-use xlfs_sdk::Iatt;
 use super::*;
 use crate::debug::io_stats::IoStats;
+use xlfs_sdk::Iatt;
 
 /// A test translator between AFR and a brick: "down" answers ENOTCONN to
 /// everything; `fail` makes the listed fops fail with an errno.
@@ -875,7 +875,9 @@ impl Node {
 
 /// Guards a step that must not wait out a long post-op delay.
 async fn promptly<T>(what: &str, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(60), f).await.unwrap_or_else(|_| panic!("{what}: still waiting after 60 s"))
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: still waiting after 60 s"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1058,7 +1060,8 @@ async fn lookup_content_comes_only_from_a_copy_a_read_would_use() {
     let (n, fd) = child_2_missed_a_write(&c).await;
     n.up(2);
     assert_eq!(c.read(2, "f"), b"one");
-    let lookup = |x: Dict| n.afr.call(n.ctx.clone(), Request::with_xdata(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") }, x));
+    let lookup =
+        |x: Dict| n.afr.call(n.ctx.clone(), Request::with_xdata(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") }, x));
     let ask = Dict::new().with(CONTENT, Value::U64(1024));
     let r = lookup(ask.clone()).await.expect("lookup");
     assert_eq!(r.xdata.get_bytes(CONTENT).as_deref(), Some(&b"two"[..]), "content from a good copy, not the stale one");
@@ -1183,11 +1186,16 @@ async fn a_failed_early_create_is_reported_on_the_next_fops() {
     for i in 0..N {
         n.fail(i, &[FopKind::Create], Errno::ENOSPC);
     }
-    let (fd2, _) = create_in(&n, d2, "full").await.map_err(|e| format!("{e} {:?}", n.afr.dump())).expect("answered early");
+    let (fd2, _) =
+        create_in(&n, d2, "full").await.map_err(|e| format!("{e} {:?}", n.afr.dump())).expect("answered early");
     assert_eq!(n.fsync(fd2).await.map(drop), Err(Errno::ENOSPC), "fsync of the other one");
     let dfd = Fd { id: n.fd_id(), gfid: d2 };
     n.call(Fop::Opendir { loc: Loc::gfid(d2), fd: dfd.id }).await.expect("opendir");
-    assert_eq!(n.call(Fop::Fsyncdir { fd: dfd, datasync: false }).await.map(drop), Err(Errno::ENOSPC), "fsyncdir reports it");
+    assert_eq!(
+        n.call(Fop::Fsyncdir { fd: dfd, datasync: false }).await.map(drop),
+        Err(Errno::ENOSPC),
+        "fsyncdir reports it"
+    );
     n.call(Fop::Fsyncdir { fd: dfd, datasync: false }).await.expect("once");
     assert_eq!(n.dump("async-dirops.failed"), "2");
     for i in 0..N {

@@ -196,11 +196,21 @@ impl FsInner {
             Fop::Readdirp { fd, offset, .. } => {
                 let mut entries = Vec::new();
                 if *offset == 0 {
-                    entries.push(DirEntry { name: ".".into(), d_off: 1, iatt: self.attr(fd.gfid), ..DirEntry::default() });
+                    entries.push(DirEntry {
+                        name: ".".into(),
+                        d_off: 1,
+                        iatt: self.attr(fd.gfid),
+                        ..DirEntry::default()
+                    });
                     for ((p, name), g) in &self.names {
                         if *p == fd.gfid {
                             let d_off = entries.len() as u64 + 1;
-                            entries.push(DirEntry { name: name.clone(), d_off, iatt: self.attr(*g), ..DirEntry::default() });
+                            entries.push(DirEntry {
+                                name: name.clone(),
+                                d_off,
+                                iatt: self.attr(*g),
+                                ..DirEntry::default()
+                            });
                         }
                     }
                 }
@@ -300,7 +310,9 @@ fn stat_after_lookup_is_a_hit() {
     // Fstat and lookup by gfid as well.
     let fd = Fd { id: FdId(1), gfid: g };
     assert!(matches!(t.run(Fop::Fstat { fd }).expect("fstat").reply, Reply::Attr(a) if a.gfid == g));
-    assert!(matches!(t.run(Fop::Lookup { loc: Loc::gfid(g) }).expect("lookup").reply, Reply::Entry { iatt, .. } if iatt.gfid == g));
+    assert!(
+        matches!(t.run(Fop::Lookup { loc: Loc::gfid(g) }).expect("lookup").reply, Reply::Entry { iatt, .. } if iatt.gfid == g)
+    );
     assert_eq!((t.fs.count(FopKind::Fstat), t.fs.count(FopKind::Lookup)), (0, 1));
     // The revalidating lookup of the entry: the entry, the inode and the
     // parent (from the first lookup's postparent) are fresh.
@@ -450,7 +462,11 @@ fn setxattr_and_removexattr_update_the_cached_xattr() {
     // security.* and system.* values may be rewritten by the kernel: a set
     // drops them, the next getxattr asks the child.
     t.lookup(Gfid::ROOT, "f").expect("lookup");
-    let fop = Fop::Setxattr { loc: Loc::gfid(g), xattrs: Dict::new().with(ACL_ACCESS, Value::Bytes(Bytes::from_static(b"acl"))), flags: 0 };
+    let fop = Fop::Setxattr {
+        loc: Loc::gfid(g),
+        xattrs: Dict::new().with(ACL_ACCESS, Value::Bytes(Bytes::from_static(b"acl"))),
+        flags: 0,
+    };
     t.run(fop).expect("setxattr");
     assert_eq!(t.getx(g, ACL_ACCESS).as_deref(), Ok(&b"acl"[..]));
     assert_eq!(t.fs.count(FopKind::Getxattr), 2);
@@ -653,7 +669,9 @@ fn statfs_is_cached_only_when_asked() {
     assert_eq!(t.fs.count(FopKind::Statfs), 2);
     let t = setup(&[("md-cache-statfs", "on")]);
     for _ in 0..2 {
-        assert!(matches!(t.run(Fop::Statfs { loc: Loc::root() }).expect("statfs").reply, Reply::Statfs(s) if s.blocks == 7));
+        assert!(
+            matches!(t.run(Fop::Statfs { loc: Loc::root() }).expect("statfs").reply, Reply::Statfs(s) if s.blocks == 7)
+        );
     }
     assert_eq!(t.fs.count(FopKind::Statfs), 1);
 }
@@ -682,7 +700,10 @@ fn forget_and_reconfigure() {
     assert_eq!(t.fs.count(FopKind::Stat), 4);
     let o = Options::resolve(OPTIONS, [("cache-invalidation", "on"), ("md-cache-timeout", "1")]).expect("options");
     t.md.reconfigure(&o).expect("reconfigure");
-    assert_eq!(t.md.dump().into_iter().find(|(k, _)| k == "md-cache-timeout").map(|(_, v)| v).as_deref(), Some("1000ms"));
+    assert_eq!(
+        t.md.dump().into_iter().find(|(k, _)| k == "md-cache-timeout").map(|(_, v)| v).as_deref(),
+        Some("1000ms")
+    );
 }
 
 /// Passes every fop to storage/posix, counting them.
@@ -702,7 +723,8 @@ impl Xlator for Counting {
 async fn over_posix_readdirp_prefetches_and_getxattr_stays_in_the_cache() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().display().to_string();
-    let options = Options::resolve(crate::storage::posix::TYPE.options, [("directory", dir.as_str())]).expect("options");
+    let options =
+        Options::resolve(crate::storage::posix::TYPE.options, [("directory", dir.as_str())]).expect("options");
     let init = InitCtx { name: "posix".into(), options, children: vec![], events: EventSink::new() };
     let posix = (crate::storage::posix::TYPE.build)(init).expect("posix");
     let counting = Arc::new(Counting { inner: posix.clone(), seen: Mutex::default() });
@@ -714,12 +736,22 @@ async fn over_posix_readdirp_prefetches_and_getxattr_stays_in_the_cache() {
 
     let mut files = Vec::new();
     for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
-        let fop = Fop::Create { loc: Loc::entry(Gfid::ROOT, name), flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, fd: FdId(i as u64 + 1) };
+        let fop = Fop::Create {
+            loc: Loc::entry(Gfid::ROOT, name),
+            flags: libc::O_RDWR as u32,
+            mode: 0o644,
+            umask: 0,
+            fd: FdId(i as u64 + 1),
+        };
         let Reply::Entry { iatt, .. } = call(fop).await.expect("create").reply else { panic!("create reply") };
         files.push(iatt.gfid);
     }
     // Tag "b" directly on the brick (behind md-cache).
-    let set = Fop::Setxattr { loc: Loc::gfid(files[1]), xattrs: Dict::new().with("user.tag", Value::Bytes(Bytes::from_static(b"B"))), flags: 0 };
+    let set = Fop::Setxattr {
+        loc: Loc::gfid(files[1]),
+        xattrs: Dict::new().with("user.tag", Value::Bytes(Bytes::from_static(b"B"))),
+        flags: 0,
+    };
     posix.call(ctx.clone(), Request::new(set)).await.expect("setxattr");
     // What the brick itself says about security.selinux (normally ENODATA).
     let mut selinux = Vec::new();

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use xlfs_sdk::{
-    CallCtx, Child, Errno, Fd, FdId, Fop, FopFuture, FopKind, Gfid, Loc, Options, Reply, Request, Response,
-    Xlator,
+    CallCtx, Child, Errno, Fd, FdId, Fop, FopFuture, FopKind, Gfid, Loc, Options, Reply, Request, Response, Xlator,
 };
 
 use super::*;
@@ -163,8 +162,14 @@ fn concurrent_fops_wait_for_one_open() {
     .expect("build");
     call(&ob, open_fop(1, libc::O_RDONLY)).expect("open");
     let mut a = pin!(ob.call(ctx("c", 1), Request::new(read_fop(1))));
-    let mut b = pin!(ob.call(ctx("c", 2), Request::new(Fop::Lk { fd: fd(1), cmd: xlfs_sdk::LkCmd::GetLk,
-        lock: xlfs_sdk::Flock::whole(xlfs_sdk::LockType::Read, 2) })));
+    let mut b = pin!(ob.call(
+        ctx("c", 2),
+        Request::new(Fop::Lk {
+            fd: fd(1),
+            cmd: xlfs_sdk::LkCmd::GetLk,
+            lock: xlfs_sdk::Flock::whole(xlfs_sdk::LockType::Read, 2)
+        })
+    ));
     assert!(poll(a.as_mut()).is_pending());
     assert!(poll(b.as_mut()).is_pending());
     assert!(mock.kinds().is_empty(), "the open is still waiting");

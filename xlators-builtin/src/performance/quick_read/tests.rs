@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use xlfs_sdk::{
-    CallCtx, Child, Dict, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, FopKind, FopResult, Gfid, Iatt, InitCtx, Loc,
-    Options, Reply, Request, Response, SetAttr, Timespec, Upcall, Value, Xlator,
+    CallCtx, Child, Dict, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, FopKind, FopResult, Gfid, Iatt,
+    InitCtx, Loc, Options, Reply, Request, Response, SetAttr, Timespec, Upcall, Value, Xlator,
 };
 
 use super::*;
@@ -252,7 +252,13 @@ fn with_cache_invalidation_content_is_trusted_until_invalidated() {
 
 #[test]
 fn a_lookup_racing_an_invalidation_does_not_cache_old_content() {
-    let mut c = Cache::new(Cfg { max_file_size: 100, cache_size: 1000, timeout: Duration::from_secs(1), invalidation: false, fetch_on_read: false });
+    let mut c = Cache::new(Cfg {
+        max_file_size: 100,
+        cache_size: 1000,
+        timeout: Duration::from_secs(1),
+        invalidation: false,
+        fetch_on_read: false,
+    });
     let t0 = Instant::now();
     let seq = c.seq;
     // A write to G while the lookup was in flight.
@@ -280,7 +286,8 @@ impl Xlator for Count {
 
 fn xl_over(ty: &xlfs_sdk::XlatorType, opts: &[(&str, &str)], child: Child) -> Arc<dyn Xlator> {
     let options = Options::resolve(ty.options, opts.iter().copied()).expect("options");
-    (ty.build)(InitCtx { name: ty.name.into(), options, children: vec![child], events: EventSink::new() }).expect("build")
+    (ty.build)(InitCtx { name: ty.name.into(), options, children: vec![child], events: EventSink::new() })
+        .expect("build")
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -299,21 +306,36 @@ async fn over_open_behind_and_posix_a_small_file_read_costs_only_the_lookup() {
     let mut files = Vec::new();
     for (i, (name, len)) in [("small", 100usize), ("big", 8192)].into_iter().enumerate() {
         let id = FdId(100 + i as u64);
-        let fop = Fop::Create { loc: Loc::entry(Gfid::ROOT, name), flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, fd: id };
-        let Ok(Response { reply: Reply::Entry { iatt, .. }, .. }) = posix.call(c.clone(), Request::new(fop)).await else {
+        let fop = Fop::Create {
+            loc: Loc::entry(Gfid::ROOT, name),
+            flags: libc::O_RDWR as u32,
+            mode: 0o644,
+            umask: 0,
+            fd: id,
+        };
+        let Ok(Response { reply: Reply::Entry { iatt, .. }, .. }) = posix.call(c.clone(), Request::new(fop)).await
+        else {
             panic!("create {name}")
         };
         let data: Bytes = (0..len).map(|b| (b % 251) as u8).collect::<Vec<u8>>().into();
         let fd = Fd { id, gfid: iatt.gfid };
-        posix.call(c.clone(), Request::new(Fop::Writev { fd, data: data.clone(), offset: 0, flags: 0 })).await.expect("write");
+        posix
+            .call(c.clone(), Request::new(Fop::Writev { fd, data: data.clone(), offset: 0, flags: 0 }))
+            .await
+            .expect("write");
         posix.call(c.clone(), Request::new(Fop::Release { fd })).await.expect("release");
         files.push((name, iatt.gfid, data));
     }
     let count = Arc::new(Count { child: Child { name: Arc::from("posix"), xl: posix }, seen: Mutex::default() });
-    let ob = xl_over(&crate::performance::open_behind::TYPE, &[], Child { name: Arc::from("count"), xl: count.clone() });
+    let ob =
+        xl_over(&crate::performance::open_behind::TYPE, &[], Child { name: Arc::from("count"), xl: count.clone() });
     // Without a lookup through quick-read first (md-cache above answered
     // it), fetch-on-read gets the content with one lookup by gfid.
-    let fetching = xl_over(&TYPE, &[("max-file-size", "4KB"), ("fetch-on-read", "on")], Child { name: Arc::from("ob"), xl: ob.clone() });
+    let fetching = xl_over(
+        &TYPE,
+        &[("max-file-size", "4KB"), ("fetch-on-read", "on")],
+        Child { name: Arc::from("ob"), xl: ob.clone() },
+    );
     for (n, (name, gfid, data)) in files.iter().enumerate() {
         count.seen.lock().clear();
         let call = |fop: Fop| fetching.call(c.clone(), Request::new(fop));
@@ -332,7 +354,8 @@ async fn over_open_behind_and_posix_a_small_file_read_costs_only_the_lookup() {
         if *name == "small" {
             assert_eq!(seen, [FopKind::Lookup], "posix sees only the content lookup of a small file");
         } else {
-            let expect = [FopKind::Lookup, FopKind::Open, FopKind::Readv, FopKind::Readv, FopKind::Flush, FopKind::Release];
+            let expect =
+                [FopKind::Lookup, FopKind::Open, FopKind::Readv, FopKind::Readv, FopKind::Flush, FopKind::Release];
             assert_eq!(seen, expect, "a large file: one lookup, then it is remembered as too big");
         }
     }

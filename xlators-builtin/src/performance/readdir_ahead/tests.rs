@@ -10,8 +10,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 use xlfs_sdk::{
-    CallCtx, Child, Dict, DirEntry, Errno, Event, EventFrom, EventSink, Fd, FdId, FileType, Fop, FopFuture, FopKind, Gfid,
-    Iatt, InitCtx, Loc, Options, Reply, Request, Response, Upcall, Value, Xlator,
+    CallCtx, Child, Dict, DirEntry, Errno, Event, EventFrom, EventSink, Fd, FdId, FileType, Fop, FopFuture, FopKind,
+    Gfid, Iatt, InitCtx, Loc, Options, Reply, Request, Response, Upcall, Value, Xlator,
 };
 
 use super::*;
@@ -98,7 +98,11 @@ impl DirChild {
                     x.set_bytes(keys::dirent_xattr(&e.name, k), v.clone());
                 }
             }
-            let iatt = if plus { Iatt { gfid: e.gfid, mode: 0o100644, size: e.size, ..Iatt::default() } } else { Iatt::default() };
+            let iatt = if plus {
+                Iatt { gfid: e.gfid, mode: 0o100644, size: e.size, ..Iatt::default() }
+            } else {
+                Iatt::default()
+            };
             out.push(DirEntry { name: e.name.clone(), d_off: *cookie, d_type: FileType::Regular, iatt });
         }
         if plus && !names.is_empty() {
@@ -129,7 +133,10 @@ impl Xlator for DirChild {
                 Fop::Readdir { size, offset, .. } => Ok(self.list(offset, size, &req.xdata, false)),
                 Fop::Create { loc, .. } => {
                     let gfid = self.add(&loc.name);
-                    Ok(Response::from(Reply::Entry { iatt: Iatt { gfid, ..Iatt::default() }, postparent: Iatt::default() }))
+                    Ok(Response::from(Reply::Entry {
+                        iatt: Iatt { gfid, ..Iatt::default() },
+                        postparent: Iatt::default(),
+                    }))
                 }
                 Fop::Unlink { loc, .. } => {
                     self.remove(&loc.name);
@@ -161,7 +168,12 @@ impl Xlator for DirChild {
 
 fn rda_over(child: Arc<dyn Xlator>, opts: &[(&str, &str)]) -> Arc<ReaddirAhead> {
     let options = Options::resolve(OPTIONS, opts.iter().copied()).expect("valid options");
-    let init = InitCtx { name: "rda".into(), options, children: vec![Child { name: Arc::from("dir"), xl: child }], events: EventSink::new() };
+    let init = InitCtx {
+        name: "rda".into(),
+        options,
+        children: vec![Child { name: Arc::from("dir"), xl: child }],
+        events: EventSink::new(),
+    };
     Arc::new(ReaddirAhead::new(init).expect("build"))
 }
 
@@ -281,7 +293,9 @@ async fn a_create_or_unlink_in_the_directory_is_in_the_next_listing() {
     // e0200 is buffered, not yet served; remove it and create another.
     let call = |fop: Fop| rda.call(c(), Request::new(fop));
     call(Fop::Unlink { loc: Loc::entry(DIR, "e0200"), flags: 0 }).await.expect("unlink");
-    call(Fop::Create { loc: Loc::entry(DIR, "new"), flags: 0, mode: 0o644, umask: 0, fd: FdId(50) }).await.expect("create");
+    call(Fop::Create { loc: Loc::entry(DIR, "new"), flags: 0, mode: 0o644, umask: 0, fd: FdId(50) })
+        .await
+        .expect("create");
     let (rest, _) = list_from(&*rda, 1, 4096, off, &Dict::new()).await;
     let all: Vec<&str> = names(entries(&first)).into_iter().chain(names(&rest)).collect();
     assert!(!all.contains(&"e0200"), "no stale entry");
@@ -308,7 +322,8 @@ async fn an_entry_whose_inode_changed_is_read_again() {
     let first = readdirp(&*rda, 1, 4096, 0, &md_xdata()).await.expect("readdirp");
     let off = entries(&first).last().expect("entries").d_off;
     let (g, h) = (child.gfid("e0200"), child.gfid("e0201"));
-    let write = Fop::Writev { fd: Fd { id: FdId(60), gfid: g }, data: Bytes::from_static(&[1; 4096]), offset: 0, flags: 0 };
+    let write =
+        Fop::Writev { fd: Fd { id: FdId(60), gfid: g }, data: Bytes::from_static(&[1; 4096]), offset: 0, flags: 0 };
     rda.call(c(), Request::new(write)).await.expect("write");
     let x = Dict::new().with(TAG, Value::Bytes(Bytes::from_static(b"changed")));
     rda.call(c(), Request::new(Fop::Setxattr { loc: Loc::gfid(h), xattrs: x, flags: 0 })).await.expect("setxattr");
@@ -337,7 +352,8 @@ async fn a_fill_in_flight_across_a_change_is_not_served() {
     assert_eq!(child.readdirp_count(), 1, "the fill took its snapshot and waits");
     // Both complete while the fill's reply (with the old state) is held.
     let g = child.gfid("e0007");
-    let write = Fop::Writev { fd: Fd { id: FdId(60), gfid: g }, data: Bytes::from_static(&[1; 100]), offset: 0, flags: 0 };
+    let write =
+        Fop::Writev { fd: Fd { id: FdId(60), gfid: g }, data: Bytes::from_static(&[1; 100]), offset: 0, flags: 0 };
     rda.call(c(), Request::new(write)).await.expect("write");
     let gone = "e0009";
     rda.call(c(), Request::new(Fop::Unlink { loc: Loc::entry(DIR, gone), flags: 0 })).await.expect("unlink");
@@ -523,12 +539,16 @@ async fn md_cache_over_readdir_ahead_over_posix_gets_every_entry_and_xattr() {
     for i in 0..400u64 {
         let name = format!("file-with-a-longer-name-{i:04}");
         let fop = Fop::Mknod { loc: Loc::entry(Gfid::ROOT, &name), mode: 0o100644, rdev: 0, umask: 0 };
-        let Ok(Response { reply: Reply::Entry { iatt, .. }, .. }) = posix.call(ctx.clone(), Request::new(fop)).await else {
+        let Ok(Response { reply: Reply::Entry { iatt, .. }, .. }) = posix.call(ctx.clone(), Request::new(fop)).await
+        else {
             panic!("mknod {name}")
         };
         if i % 2 == 0 {
             let x = Dict::new().with(TAG, Value::Bytes(Bytes::from(format!("v{i}"))));
-            posix.call(ctx.clone(), Request::new(Fop::Setxattr { loc: Loc::gfid(iatt.gfid), xattrs: x, flags: 0 })).await.expect("tag");
+            posix
+                .call(ctx.clone(), Request::new(Fop::Setxattr { loc: Loc::gfid(iatt.gfid), xattrs: x, flags: 0 }))
+                .await
+                .expect("tag");
         }
         gfids.push((i, iatt.gfid));
     }
@@ -547,10 +567,15 @@ async fn md_cache_over_readdir_ahead_over_posix_gets_every_entry_and_xattr() {
     })
     .expect("md-cache");
     let root = Fd { id: FdId(1), gfid: Gfid::ROOT };
-    md.call(ctx.clone(), Request::new(Fop::Opendir { loc: Loc::gfid(Gfid::ROOT), fd: root.id })).await.expect("opendir");
+    md.call(ctx.clone(), Request::new(Fop::Opendir { loc: Loc::gfid(Gfid::ROOT), fd: root.id }))
+        .await
+        .expect("opendir");
     let (mut off, mut got) = (0, Vec::new());
     loop {
-        let r = md.call(ctx.clone(), Request::new(Fop::Readdirp { fd: root, size: 4096, offset: off })).await.expect("readdirp");
+        let r = md
+            .call(ctx.clone(), Request::new(Fop::Readdirp { fd: root, size: 4096, offset: off }))
+            .await
+            .expect("readdirp");
         let v = entries(&r).to_vec();
         let Some(l) = v.last() else { break };
         off = l.d_off;
@@ -559,10 +584,16 @@ async fn md_cache_over_readdir_ahead_over_posix_gets_every_entry_and_xattr() {
     md.call(ctx.clone(), Request::new(Fop::Releasedir { fd: root })).await.expect("releasedir");
     // The same listing straight from posix.
     let pfd = Fd { id: FdId(2), gfid: Gfid::ROOT };
-    posix.call(ctx.clone(), Request::new(Fop::Opendir { loc: Loc::gfid(Gfid::ROOT), fd: pfd.id })).await.expect("opendir");
+    posix
+        .call(ctx.clone(), Request::new(Fop::Opendir { loc: Loc::gfid(Gfid::ROOT), fd: pfd.id }))
+        .await
+        .expect("opendir");
     let (mut off, mut want) = (0, Vec::new());
     loop {
-        let r = posix.call(ctx.clone(), Request::new(Fop::Readdirp { fd: pfd, size: 4096, offset: off })).await.expect("readdirp");
+        let r = posix
+            .call(ctx.clone(), Request::new(Fop::Readdirp { fd: pfd, size: 4096, offset: off }))
+            .await
+            .expect("readdirp");
         let v = entries(&r).to_vec();
         let Some(l) = v.last() else { break };
         off = l.d_off;
@@ -576,7 +607,9 @@ async fn md_cache_over_readdir_ahead_over_posix_gets_every_entry_and_xattr() {
     for (i, g) in gfids {
         let r = md.call(ctx.clone(), Request::new(Fop::Getxattr { loc: Loc::gfid(g), name: TAG.into() })).await;
         match r {
-            Ok(Response { reply: Reply::Xattrs(d), .. }) => assert_eq!(d.get_bytes(TAG), Some(Bytes::from(format!("v{i}")))),
+            Ok(Response { reply: Reply::Xattrs(d), .. }) => {
+                assert_eq!(d.get_bytes(TAG), Some(Bytes::from(format!("v{i}"))))
+            }
             Err(Errno::ENODATA) => assert!(i % 2 == 1, "file {i} has the tag"),
             other => panic!("{other:?}"),
         }

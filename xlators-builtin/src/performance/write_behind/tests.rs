@@ -80,7 +80,9 @@ impl Xlator for MemFile {
                     drop(d);
                     Reply::Read { data, iatt: self.iatt() }
                 }
-                Fop::Lookup { .. } | Fop::Create { .. } => Reply::Entry { iatt: self.iatt(), postparent: Iatt::default() },
+                Fop::Lookup { .. } | Fop::Create { .. } => {
+                    Reply::Entry { iatt: self.iatt(), postparent: Iatt::default() }
+                }
                 Fop::Fstat { .. } | Fop::Stat { .. } => Reply::Attr(self.iatt()),
                 Fop::Fsync { .. } => Reply::PrePost { pre: self.iatt(), post: self.iatt() },
                 Fop::Ftruncate { offset, .. } => {
@@ -413,7 +415,8 @@ async fn release_and_flush_reach_the_child_after_the_queued_writes() {
     xl.call(ctx(), Request::new(Fop::Flush { fd: fd(1) })).await.expect("flush");
     assert!(!file.kinds().contains(&FopKind::Flush));
     xl.call(ctx(), Request::new(Fop::Release { fd: fd(1) })).await.expect("release");
-    let kinds: Vec<FopKind> = file.kinds().into_iter().filter(|k| !matches!(k, FopKind::Lookup | FopKind::Open)).collect();
+    let kinds: Vec<FopKind> =
+        file.kinds().into_iter().filter(|k| !matches!(k, FopKind::Lookup | FopKind::Open)).collect();
     assert_eq!(kinds, vec![FopKind::Writev, FopKind::Writev, FopKind::Flush, FopKind::Release]);
     assert_eq!(file.calls()[2..4], [(FopKind::Writev, 0, 100), (FopKind::Writev, 1000, 100)]);
     assert_eq!(dump(&xl, "fds"), 0);

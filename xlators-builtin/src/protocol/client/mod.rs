@@ -50,14 +50,13 @@ use tokio::task::JoinHandle;
 use xlfs_sdk::abi::{self, AbiVersion};
 use xlfs_sdk::options::{OptType, OptionDecl};
 use xlfs_sdk::{
-    CallCtx, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, FopKind,
-    FopResult, Gfid, InitCtx, InitError, LkCmd, Loc, LockType, Reply, Request, Response, Xlator,
-    XlatorType,
+    CallCtx, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, FopKind, FopResult, Gfid, InitCtx,
+    InitError, LkCmd, Loc, LockType, Reply, Request, Response, Xlator, XlatorType,
 };
 
 use super::rpc::{
-    Frame, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, Hello, Link, Message, Outgoing,
-    SocketOptions, hello_keys, limits_for, with_transport_options,
+    Frame, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, Hello, Link, Message, Outgoing, SocketOptions, hello_keys,
+    limits_for, with_transport_options,
 };
 
 /// The translator type.
@@ -121,9 +120,7 @@ const MAX_PING_INTERVAL: Duration = Duration::from_secs(5);
 
 fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
     let name = init.name.clone();
-    Client::new(init)
-        .map(|c| Arc::new(c) as Arc<dyn Xlator>)
-        .map_err(|e| InitError::new(format!("{name}: {e}")))
+    Client::new(init).map(|c| Arc::new(c) as Arc<dyn Xlator>).map_err(|e| InitError::new(format!("{name}: {e}")))
 }
 
 #[derive(Debug)]
@@ -252,15 +249,10 @@ fn hostname() -> String {
 
 impl Client {
     fn new(init: InitCtx) -> Result<Client, String> {
-        let InitCtx {
-            name,
-            options: o,
-            events,
-            ..
-        } = init;
+        let InitCtx { name, options: o, events, .. } = init;
         super::rpc::check_transport(&o)?;
-        let rt = Handle::try_current()
-            .map_err(|_| "protocol/client must be built inside a tokio runtime".to_string())?;
+        let rt =
+            Handle::try_current().map_err(|_| "protocol/client must be built inside a tokio runtime".to_string())?;
         let required = |k: &str| {
             o.str(k)
                 .filter(|v| !v.trim().is_empty())
@@ -277,23 +269,14 @@ impl Client {
             frame_timeout: time("frame-timeout", Duration::from_secs(1800)),
             username: o.str("username").map(str::to_string),
             password: o.str("password").map(str::to_string),
-            max_frame: o
-                .size("max-frame-size")
-                .unwrap_or(128 << 20)
-                .min(u64::from(u32::MAX)) as usize,
+            max_frame: o.size("max-frame-size").unwrap_or(128 << 20).min(u64::from(u32::MAX)) as usize,
             reconnect_min,
             reconnect_max: time("reconnect-max", Duration::from_secs(3)).max(reconnect_min),
             send_gids: o.bool("send-gids").unwrap_or(true),
             strict_locks: o.bool("strict-locks").unwrap_or(false),
             sock: SocketOptions::from_options(&o),
         };
-        let client_id = format!(
-            "{}-{}-{}-{}",
-            hostname(),
-            std::process::id(),
-            name,
-            Gfid::random()
-        );
+        let client_id = format!("{}-{}-{}-{}", hostname(), std::process::id(), name, Gfid::random());
         let (run, _) = watch::channel(false);
         Ok(Client {
             inner: Arc::new(Inner {
@@ -310,10 +293,7 @@ impl Client {
                 run,
                 managing: AtomicBool::new(false),
                 last_event: Mutex::new(None),
-                status: Mutex::new(Status {
-                    phase: "idle",
-                    ..Status::default()
-                }),
+                status: Mutex::new(Status { phase: "idle", ..Status::default() }),
                 counters: Counters::default(),
             }),
         })
@@ -434,9 +414,7 @@ impl Inner {
     async fn call(&self, ctx: CallCtx, req: Request) -> FopResult {
         self.counters.calls.fetch_add(1, Ordering::Relaxed);
         let kind = req.fop.kind();
-        let res = match tokio::time::timeout(self.cfg.frame_timeout, self.call_inner(ctx, req))
-            .await
-        {
+        let res = match tokio::time::timeout(self.cfg.frame_timeout, self.call_inner(ctx, req)).await {
             Ok(r) => r,
             Err(_) => {
                 self.counters.frame_timeouts.fetch_add(1, Ordering::Relaxed);
@@ -471,16 +449,12 @@ impl Inner {
             }
         }
         let open = match &req.fop {
-            Fop::Open { loc, flags, fd } | Fop::Create { loc, flags, fd, .. } => {
-                Some((*fd, loc.gfid, *flags, false))
-            }
+            Fop::Open { loc, flags, fd } | Fop::Create { loc, flags, fd, .. } => Some((*fd, loc.gfid, *flags, false)),
             Fop::Opendir { loc, fd } => Some((*fd, loc.gfid, 0, true)),
             _ => None,
         };
         let locked = match &req.fop {
-            Fop::Lk { fd, cmd, lock } if *cmd != LkCmd::GetLk && lock.ty != LockType::Unlock => {
-                Some(fd.id)
-            }
+            Fop::Lk { fd, cmd, lock } if *cmd != LkCmd::GetLk && lock.ty != LockType::Unlock => Some(fd.id),
             _ => None,
         };
         let res = self.roundtrip(&conn, ctx, req).await;
@@ -493,14 +467,7 @@ impl Inner {
                     (Reply::Entry { iatt, .. }, true) => iatt.gfid,
                     _ => gfid,
                 };
-                let rec = FdRec {
-                    gfid,
-                    flags,
-                    dir,
-                    generation: conn.generation,
-                    bad: false,
-                    locked: false,
-                };
+                let rec = FdRec { gfid, flags, dir, generation: conn.generation, bad: false, locked: false };
                 fds.insert(id, rec);
             }
             if let Some(r) = locked.and_then(|id| fds.get_mut(&id)) {
@@ -532,15 +499,9 @@ impl Inner {
                 None => return Ok(()),
             }
         };
-        let gfid = if rec.gfid.is_null() {
-            fd.gfid
-        } else {
-            rec.gfid
-        };
+        let gfid = if rec.gfid.is_null() { fd.gfid } else { rec.gfid };
         let fail = |why: String| {
-            self.counters
-                .reopen_failures
-                .fetch_add(1, Ordering::Relaxed);
+            self.counters.reopen_failures.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(client = %self.name, fd = fd.id.0, %gfid, "fd not reopened after reconnect: {why}; EBADF from now on");
             if let Some(r) = self.fds.lock().get_mut(&fd.id) {
                 r.bad = true;
@@ -555,15 +516,8 @@ impl Inner {
         }
         let no_create = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32;
         let fop = match rec.dir {
-            true => Fop::Opendir {
-                loc: Loc::gfid(gfid),
-                fd: fd.id,
-            },
-            false => Fop::Open {
-                loc: Loc::gfid(gfid),
-                flags: rec.flags & !no_create,
-                fd: fd.id,
-            },
+            true => Fop::Opendir { loc: Loc::gfid(gfid), fd: fd.id },
+            false => Fop::Open { loc: Loc::gfid(gfid), flags: rec.flags & !no_create, fd: fd.id },
         };
         match self.roundtrip(conn, ctx.clone(), Request::new(fop)).await {
             Ok(_) => {
@@ -589,9 +543,7 @@ impl Inner {
             return Err(Errno::EINVAL);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let frame = Message::Call { ctx, req }
-            .to_frame(id)
-            .and_then(|f| f.check_size(self.cfg.max_frame).map(|()| f));
+        let frame = Message::Call { ctx, req }.to_frame(id).and_then(|f| f.check_size(self.cfg.max_frame).map(|()| f));
         let frame = frame.map_err(|e| {
             tracing::warn!(client = %self.name, "call not sent: {e}");
             Errno::EINVAL
@@ -618,12 +570,7 @@ impl Inner {
 
     /// Registers a reply waiter; the calls then in flight (this one
     /// included), or None when the connection is closed.
-    fn conn_pending_insert(
-        &self,
-        conn: &Conn,
-        id: u64,
-        tx: oneshot::Sender<FopResult>,
-    ) -> Option<usize> {
+    fn conn_pending_insert(&self, conn: &Conn, id: u64, tx: oneshot::Sender<FopResult>) -> Option<usize> {
         let mut pending = conn.pending.lock();
         let map = pending.as_mut()?;
         map.insert(id, tx);
@@ -634,31 +581,18 @@ impl Inner {
     async fn connect(
         &self,
         generation: u64,
-    ) -> Result<
-        (
-            Arc<Conn>,
-            FrameReader<OwnedReadHalf>,
-            JoinHandle<std::io::Result<()>>,
-        ),
-        (String, bool),
-    > {
+    ) -> Result<(Arc<Conn>, FrameReader<OwnedReadHalf>, JoinHandle<std::io::Result<()>>), (String, bool)> {
         let cfg = &self.cfg;
         let addr = format!("{}:{}", cfg.host, cfg.port);
         let plain = |e: String| (e, false);
-        let stream = match tokio::time::timeout(
-            HANDSHAKE_TIMEOUT,
-            TcpStream::connect((cfg.host.as_str(), cfg.port)),
-        )
-        .await
-        {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(plain(format!("cannot connect to {addr}: {e}"))),
-            Err(_) => {
-                return Err(plain(format!(
-                    "cannot connect to {addr}: no answer within {HANDSHAKE_TIMEOUT:?}"
-                )));
-            }
-        };
+        let stream =
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect((cfg.host.as_str(), cfg.port))).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return Err(plain(format!("cannot connect to {addr}: {e}"))),
+                Err(_) => {
+                    return Err(plain(format!("cannot connect to {addr}: no answer within {HANDSHAKE_TIMEOUT:?}")));
+                }
+            };
         if let Err(e) = cfg.sock.apply(socket2::SockRef::from(&stream)) {
             tracing::debug!(client = %self.name, error = %e, "socket options not applied");
         }
@@ -674,17 +608,10 @@ impl Inner {
         if let Some(p) = &cfg.password {
             params.set_str(hello_keys::PASSWORD, p.clone());
         }
-        let hello = Message::Hello(Hello {
-            version: AbiVersion::CURRENT,
-            params,
-        })
-        .to_frame(0)
-        .map_err(|e| plain(e.to_string()))?;
-        let wait = if cfg.ping_timeout.is_zero() {
-            HANDSHAKE_TIMEOUT
-        } else {
-            HANDSHAKE_TIMEOUT.min(cfg.ping_timeout)
-        };
+        let hello = Message::Hello(Hello { version: AbiVersion::CURRENT, params })
+            .to_frame(0)
+            .map_err(|e| plain(e.to_string()))?;
+        let wait = if cfg.ping_timeout.is_zero() { HANDSHAKE_TIMEOUT } else { HANDSHAKE_TIMEOUT.min(cfg.ping_timeout) };
         let answer = async {
             if !link.send(hello.into()).await {
                 return Err(format!("connection to {addr} closed during the handshake"));
@@ -706,50 +633,23 @@ impl Inner {
         };
         let reply = match Message::from_frame(frame, &limits_for(HANDSHAKE_MAX_FRAME)) {
             Ok(Message::HelloReply(r)) => r,
-            Ok(Message::Goodbye(reason)) => Err((
-                format!("{addr} said goodbye during the handshake: {reason}"),
-                true,
-            ))?,
-            Ok(m) => Err((
-                format!("handshake with {addr}: unexpected {} frame", m.kind()),
-                true,
-            ))?,
+            Ok(Message::Goodbye(reason)) => Err((format!("{addr} said goodbye during the handshake: {reason}"), true))?,
+            Ok(m) => Err((format!("handshake with {addr}: unexpected {} frame", m.kind()), true))?,
             Err(e) => Err((format!("handshake with {addr}: {e}"), true))?,
         };
         if reply.version.major != abi::ABI_MAJOR {
             link.abort();
             writer.abort();
-            return Err((
-                format!(
-                    "{addr} speaks ABI {}, this client {}",
-                    reply.version,
-                    AbiVersion::CURRENT
-                ),
-                true,
-            ));
+            return Err((format!("{addr} speaks ABI {}, this client {}", reply.version, AbiVersion::CURRENT), true));
         }
         if !reply.accepted {
             link.abort();
             writer.abort();
-            return Err((
-                format!(
-                    "{addr} refused the connection to '{}': {}",
-                    cfg.subvolume, reply.reason
-                ),
-                true,
-            ));
+            return Err((format!("{addr} refused the connection to '{}': {}", cfg.subvolume, reply.reason), true));
         }
         reader.set_max_frame(cfg.max_frame);
-        let assigned = reply
-            .info
-            .get_str(hello_keys::ASSIGNED_CLIENT_ID)
-            .unwrap_or_default()
-            .to_string();
-        let conn = Arc::new(Conn {
-            generation,
-            link,
-            pending: Mutex::new(Some(HashMap::new())),
-        });
+        let assigned = reply.info.get_str(hello_keys::ASSIGNED_CLIENT_ID).unwrap_or_default().to_string();
+        let conn = Arc::new(Conn { generation, link, pending: Mutex::new(Some(HashMap::new())) });
         let mut st = self.status.lock();
         st.assigned_id = assigned;
         st.generation = generation;
@@ -800,12 +700,7 @@ impl Inner {
         }
     }
 
-    fn on_frame(
-        &self,
-        conn: &Conn,
-        frame: Frame,
-        limits: &xlfs_sdk::abi::Limits,
-    ) -> Result<(), String> {
+    fn on_frame(&self, conn: &Conn, frame: Frame, limits: &xlfs_sdk::abi::Limits) -> Result<(), String> {
         let id = frame.id;
         match frame.kind {
             FrameKind::Reply => {
@@ -842,16 +737,10 @@ impl Inner {
                     Ok(Message::Goodbye(r)) => r,
                     _ => String::new(),
                 };
-                return Err(format!(
-                    "{}:{} said goodbye: {reason}",
-                    self.cfg.host, self.cfg.port
-                ));
+                return Err(format!("{}:{} said goodbye: {reason}", self.cfg.host, self.cfg.port));
             }
             other => {
-                return Err(format!(
-                    "unexpected {other} frame from {}:{}",
-                    self.cfg.host, self.cfg.port
-                ));
+                return Err(format!("unexpected {other} frame from {}:{}", self.cfg.host, self.cfg.port));
             }
         }
         Ok(())

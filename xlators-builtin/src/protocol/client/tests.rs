@@ -8,12 +8,8 @@ use tokio::net::TcpListener;
 use xlfs_sdk::abi::AbiVersion;
 use xlfs_sdk::{Dict, Errno, Event, FdId, Flock, Fop, Gfid, LkCmd, Loc, LockType, Reply};
 
-use crate::protocol::rpc::{
-    FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, HelloReply, Message, write_loop,
-};
-use crate::protocol::server::tests::{
-    Brick, TestClient, create, entry_gfid, fd, read_data, within,
-};
+use crate::protocol::rpc::{FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, HelloReply, Message, write_loop};
+use crate::protocol::server::tests::{Brick, TestClient, create, entry_gfid, fd, read_data, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fds_are_reopened_after_the_server_comes_back() {
@@ -21,111 +17,34 @@ async fn fds_are_reopened_after_the_server_comes_back() {
     let addr = brick.addr();
     let c = TestClient::up(addr, &[("strict-locks", "on")]).await;
     let kept = entry_gfid(c.run(create("kept", 1)).await);
-    c.run(Fop::Writev {
-        fd: fd(1, kept),
-        data: "hello".into(),
-        offset: 0,
-        flags: 0,
-    })
-    .await
-    .expect("write");
-    c.run(Fop::Opendir {
-        loc: Loc::root(),
-        fd: FdId(2),
-    })
-    .await
-    .expect("opendir");
+    c.run(Fop::Writev { fd: fd(1, kept), data: "hello".into(), offset: 0, flags: 0 }).await.expect("write");
+    c.run(Fop::Opendir { loc: Loc::root(), fd: FdId(2) }).await.expect("opendir");
     let doomed = entry_gfid(c.run(create("doomed", 3)).await);
     let locked = entry_gfid(c.run(create("locked", 4)).await);
-    c.run(Fop::Lk {
-        fd: fd(4, locked),
-        cmd: LkCmd::SetLk,
-        lock: Flock::whole(LockType::Write, 1),
-    })
-    .await
-    .expect("lk");
+    c.run(Fop::Lk { fd: fd(4, locked), cmd: LkCmd::SetLk, lock: Flock::whole(LockType::Write, 1) }).await.expect("lk");
 
     brick.stop_server().await;
     c.wait_downs(1).await;
-    assert_eq!(
-        c.run(Fop::Stat { loc: Loc::root() }).await,
-        Err(Errno::ENOTCONN),
-        "down: ENOTCONN at once"
-    );
-    assert_eq!(
-        c.run(Fop::Readv {
-            fd: fd(1, kept),
-            size: 5,
-            offset: 0,
-            flags: 0
-        })
-        .await,
-        Err(Errno::ENOTCONN)
-    );
+    assert_eq!(c.run(Fop::Stat { loc: Loc::root() }).await, Err(Errno::ENOTCONN), "down: ENOTCONN at once");
+    assert_eq!(c.run(Fop::Readv { fd: fd(1, kept), size: 5, offset: 0, flags: 0 }).await, Err(Errno::ENOTCONN));
     // While the client is away its file goes.
-    brick
-        .local(Fop::Unlink {
-            loc: Loc::entry(Gfid::ROOT, "doomed"),
-            flags: 0,
-        })
-        .await
-        .expect("unlink");
+    brick.local(Fop::Unlink { loc: Loc::entry(Gfid::ROOT, "doomed"), flags: 0 }).await.expect("unlink");
 
     brick.restart_server(addr.port());
     c.wait_ups(2).await;
-    assert_eq!(
-        read_data(
-            c.run(Fop::Readv {
-                fd: fd(1, kept),
-                size: 5,
-                offset: 0,
-                flags: 0
-            })
-            .await
-        ),
-        "hello"
-    );
-    match c
-        .run(Fop::Readdir {
-            fd: fd(2, Gfid::ROOT),
-            size: 65536,
-            offset: 0,
-        })
-        .await
-        .expect("readdir")
-        .reply
-    {
+    assert_eq!(read_data(c.run(Fop::Readv { fd: fd(1, kept), size: 5, offset: 0, flags: 0 }).await), "hello");
+    match c.run(Fop::Readdir { fd: fd(2, Gfid::ROOT), size: 65536, offset: 0 }).await.expect("readdir").reply {
         Reply::Dirents(es) => assert!(es.iter().any(|e| e.name == "kept")),
         other => panic!("{other:?}"),
     }
     assert_eq!(c.dump("reopens-total"), "2");
-    assert_eq!(
-        c.run(Fop::Fstat { fd: fd(3, doomed) }).await,
-        Err(Errno::EBADF),
-        "its reopen failed"
-    );
-    assert_eq!(
-        c.run(Fop::Fstat { fd: fd(3, doomed) }).await,
-        Err(Errno::EBADF),
-        "and stays bad"
-    );
-    assert_eq!(
-        c.run(Fop::Fstat { fd: fd(4, locked) }).await,
-        Err(Errno::EBADF),
-        "strict-locks: not reopened"
-    );
+    assert_eq!(c.run(Fop::Fstat { fd: fd(3, doomed) }).await, Err(Errno::EBADF), "its reopen failed");
+    assert_eq!(c.run(Fop::Fstat { fd: fd(3, doomed) }).await, Err(Errno::EBADF), "and stays bad");
+    assert_eq!(c.run(Fop::Fstat { fd: fd(4, locked) }).await, Err(Errno::EBADF), "strict-locks: not reopened");
     assert_eq!(c.dump("reopen-failures-total"), "2");
-    c.run(Fop::Release { fd: fd(3, doomed) })
-        .await
-        .expect("releasing a bad fd is fine");
-    c.run(Fop::Release { fd: fd(1, kept) })
-        .await
-        .expect("release");
-    assert_eq!(
-        c.run(Fop::Fstat { fd: fd(1, kept) }).await,
-        Err(Errno::EBADF),
-        "released on the server"
-    );
+    c.run(Fop::Release { fd: fd(3, doomed) }).await.expect("releasing a bad fd is fine");
+    c.run(Fop::Release { fd: fd(1, kept) }).await.expect("release");
+    assert_eq!(c.run(Fop::Fstat { fd: fd(1, kept) }).await, Err(Errno::EBADF), "released on the server");
     c.stop();
     brick.stop_server().await;
 }
@@ -151,14 +70,7 @@ async fn silent_server() -> SocketAddr {
                     reason: String::new(),
                     info: Dict::new(),
                 };
-                tx.send(
-                    Message::HelloReply(ok)
-                        .to_frame(hello.id)
-                        .expect("encodes")
-                        .into(),
-                )
-                .await
-                .expect("queued");
+                tx.send(Message::HelloReply(ok).to_frame(hello.id).expect("encodes").into()).await.expect("queued");
                 r.set_max_frame(1 << 30);
                 // Read (so the client's writes never block) and never answer.
                 while let Ok(Some(_)) = r.next().await {}
@@ -172,9 +84,7 @@ async fn silent_server() -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_server_is_declared_down_by_ping_timeout() {
     let addr = silent_server().await;
-    let c = Arc::new(
-        TestClient::up(addr, &[("ping-timeout", "300ms"), ("reconnect-min", "10s")]).await,
-    );
+    let c = Arc::new(TestClient::up(addr, &[("ping-timeout", "300ms"), ("reconnect-min", "10s")]).await);
     let inflight = {
         let c = c.clone();
         tokio::spawn(async move { c.run(Fop::Stat { loc: Loc::root() }).await })
@@ -185,11 +95,7 @@ async fn a_silent_server_is_declared_down_by_ping_timeout() {
         Err(Errno::ENOTCONN),
         "in flight when the server was declared down"
     );
-    assert!(
-        c.dump("last-error").contains("ping-timeout"),
-        "{}",
-        c.dump("last-error")
-    );
+    assert!(c.dump("last-error").contains("ping-timeout"), "{}", c.dump("last-error"));
     assert_eq!(c.dump("ping-timeouts-total"), "1");
     c.stop();
 }
@@ -198,21 +104,10 @@ async fn a_silent_server_is_declared_down_by_ping_timeout() {
 async fn frame_timeout_bounds_every_fop() {
     let addr = silent_server().await;
     let c = TestClient::up(addr, &[("ping-timeout", "0"), ("frame-timeout", "200ms")]).await;
-    assert_eq!(
-        c.run(Fop::Stat { loc: Loc::root() }).await,
-        Err(Errno::ENOTCONN)
-    );
+    assert_eq!(c.run(Fop::Stat { loc: Loc::root() }).await, Err(Errno::ENOTCONN));
     assert_eq!(c.dump("frame-timeouts-total"), "1");
-    assert_eq!(
-        c.dump("inflight"),
-        "0",
-        "the timed-out call no longer waits"
-    );
-    assert_eq!(
-        c.count(&Event::ChildDown),
-        0,
-        "the connection itself is fine"
-    );
+    assert_eq!(c.dump("inflight"), "0", "the timed-out call no longer waits");
+    assert_eq!(c.count(&Event::ChildDown), 0, "the connection itself is fine");
     c.stop();
 }
 
@@ -227,10 +122,7 @@ async fn client_reconnects_until_the_server_is_there() {
     c.start();
     c.wait_downs(1).await;
     assert_eq!(c.events.lock().first(), Some(&Event::ChildConnecting));
-    assert_eq!(
-        c.run(Fop::Stat { loc: Loc::root() }).await,
-        Err(Errno::ENOTCONN)
-    );
+    assert_eq!(c.run(Fop::Stat { loc: Loc::root() }).await, Err(Errno::ENOTCONN));
     let mut brick = Brick::start(&[]);
     brick.restart_server(port);
     c.wait_ups(1).await;
@@ -260,21 +152,10 @@ fn gluster_client_volfile_options_are_accepted() {
         ("ping-timeout", "42"),
     ];
     xlfs_sdk::Options::resolve(super::TYPE.options, opts).expect("the fixtures' options resolve");
-    let missing =
-        xlfs_sdk::Options::resolve(super::TYPE.options, [("remote-host", "h")]).expect("options");
+    let missing = xlfs_sdk::Options::resolve(super::TYPE.options, [("remote-host", "h")]).expect("options");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let _e = rt.enter();
-    let init = xlfs_sdk::InitCtx {
-        name: "c".into(),
-        options: missing,
-        children: vec![],
-        events: Default::default(),
-    };
-    let e = (super::TYPE.build)(init)
-        .err()
-        .expect("remote-subvolume is required");
-    assert!(
-        e.to_string().contains("'remote-subvolume' is required"),
-        "{e}"
-    );
+    let init = xlfs_sdk::InitCtx { name: "c".into(), options: missing, children: vec![], events: Default::default() };
+    let e = (super::TYPE.build)(init).err().expect("remote-subvolume is required");
+    assert!(e.to_string().contains("'remote-subvolume' is required"), "{e}");
 }

@@ -58,12 +58,7 @@ pub(super) fn wildcard(pattern: &str, s: &str) -> bool {
 fn list(v: &OptValue) -> Vec<String> {
     match v {
         OptValue::List(l) => l.clone(),
-        other => other
-            .to_string()
-            .split(',')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect(),
+        other => other.to_string().split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
     }
 }
 
@@ -73,8 +68,7 @@ impl Auth {
     pub(super) fn from_options(o: &Options, subvolumes: &[&str]) -> Result<Auth, String> {
         let mut auth = Auth::default();
         for (key, value, _) in o.iter() {
-            let Some((family, rest)) = key.strip_prefix("auth.").and_then(|r| r.split_once('.'))
-            else {
+            let Some((family, rest)) = key.strip_prefix("auth.").and_then(|r| r.split_once('.')) else {
                 continue;
             };
             let Some((middle, last)) = rest.rsplit_once('.') else {
@@ -110,15 +104,9 @@ impl Auth {
 
     /// The patterns of `rules` that apply to `subvolume`, if any rule does.
     fn rules<'a>(rules: &'a [(String, Vec<String>)], subvolume: &str) -> Option<Vec<&'a str>> {
-        let mut hit = rules
-            .iter()
-            .filter(|(sub, _)| wildcard(sub, subvolume))
-            .peekable();
+        let mut hit = rules.iter().filter(|(sub, _)| wildcard(sub, subvolume)).peekable();
         hit.peek()?;
-        Some(
-            hit.flat_map(|(_, l)| l.iter().map(String::as_str))
-                .collect(),
-        )
+        Some(hit.flat_map(|(_, l)| l.iter().map(String::as_str)).collect())
     }
 
     /// Decides whether a client at `ip` logging in as `user` may use
@@ -130,12 +118,9 @@ impl Auth {
         user: Option<&str>,
         password: Option<&str>,
     ) -> Result<(), String> {
-        if let Some(p) = Self::rules(&self.addr_reject, subvolume)
-            .and_then(|r| r.into_iter().find(|p| wildcard(p, ip)))
+        if let Some(p) = Self::rules(&self.addr_reject, subvolume).and_then(|r| r.into_iter().find(|p| wildcard(p, ip)))
         {
-            return Err(format!(
-                "address {ip} is rejected for '{subvolume}' (auth.addr reject pattern '{p}')"
-            ));
+            return Err(format!("address {ip} is rejected for '{subvolume}' (auth.addr reject pattern '{p}')"));
         }
         if let Some(allow) = Self::rules(&self.addr_allow, subvolume)
             && !allow.iter().any(|p| wildcard(p, ip))
@@ -149,18 +134,12 @@ impl Auth {
             return Ok(());
         };
         let Some(user) = user.filter(|u| !u.is_empty()) else {
-            return Err(format!(
-                "'{subvolume}' needs a login (auth.login) and the client sent no username"
-            ));
+            return Err(format!("'{subvolume}' needs a login (auth.login) and the client sent no username"));
         };
         if !users.contains(&user) {
             return Err(format!("user '{user}' is not allowed for '{subvolume}'"));
         }
-        let expected = self
-            .passwords
-            .get(user)
-            .map(String::as_bytes)
-            .unwrap_or_default();
+        let expected = self.passwords.get(user).map(String::as_bytes).unwrap_or_default();
         if !constant_time_eq(expected, password.unwrap_or_default().as_bytes()) {
             return Err(format!("wrong password for user '{user}'"));
         }
@@ -198,20 +177,13 @@ mod tests {
             OptionDecl::new("auth.login.*.allow", xlfs_sdk::OptType::List),
             OptionDecl::new("auth.login.*.password", xlfs_sdk::OptType::Str),
         ];
-        Auth::from_options(
-            &Options::resolve(decls, opts.iter().copied()).expect("valid"),
-            &["/b1", "/b2"],
-        )
+        Auth::from_options(&Options::resolve(decls, opts.iter().copied()).expect("valid"), &["/b1", "/b2"])
     }
 
     #[test]
     fn addr_and_login_rules() {
         let open = auth(&[]).expect("ok");
-        assert_eq!(
-            open.check("/b1", "10.0.0.1", None, None),
-            Ok(()),
-            "no allow option: everything allowed"
-        );
+        assert_eq!(open.check("/b1", "10.0.0.1", None, None), Ok(()), "no allow option: everything allowed");
 
         let a = auth(&[
             ("auth.addr./b1.allow", "127.0.0.*,10.1.*"),
@@ -221,49 +193,22 @@ mod tests {
         ])
         .expect("ok");
         assert_eq!(a.check("/b1", "127.0.0.1", None, None), Ok(()));
+        assert!(a.check("/b1", "127.0.0.9", None, None).expect_err("rejected").contains("rejected"));
+        assert!(a.check("/b1", "192.168.0.1", None, None).expect_err("not allowed").contains("not allowed"));
+        assert_eq!(a.check("/b2", "192.168.0.1", Some("alice"), Some("s3cret")), Ok(()));
+        assert!(a.check("/b2", "1.1.1.1", Some("alice"), Some("nope")).expect_err("bad").contains("wrong password"));
         assert!(
-            a.check("/b1", "127.0.0.9", None, None)
-                .expect_err("rejected")
-                .contains("rejected")
+            a.check("/b2", "1.1.1.1", Some("bob"), Some("s3cret")).expect_err("bad").contains("'bob' is not allowed")
         );
-        assert!(
-            a.check("/b1", "192.168.0.1", None, None)
-                .expect_err("not allowed")
-                .contains("not allowed")
-        );
-        assert_eq!(
-            a.check("/b2", "192.168.0.1", Some("alice"), Some("s3cret")),
-            Ok(())
-        );
-        assert!(
-            a.check("/b2", "1.1.1.1", Some("alice"), Some("nope"))
-                .expect_err("bad")
-                .contains("wrong password")
-        );
-        assert!(
-            a.check("/b2", "1.1.1.1", Some("bob"), Some("s3cret"))
-                .expect_err("bad")
-                .contains("'bob' is not allowed")
-        );
-        assert!(
-            a.check("/b2", "1.1.1.1", None, None)
-                .expect_err("bad")
-                .contains("no username")
-        );
+        assert!(a.check("/b2", "1.1.1.1", None, None).expect_err("bad").contains("no username"));
     }
 
     #[test]
     fn bad_configurations_are_init_errors() {
         let e = auth(&[("auth.addr./typo.allow", "*")]).expect_err("unknown subvolume");
-        assert!(
-            e.contains("auth.addr./typo.allow") && e.contains("/b1, /b2"),
-            "{e}"
-        );
+        assert!(e.contains("auth.addr./typo.allow") && e.contains("/b1, /b2"), "{e}");
         let e = auth(&[("auth.login./b1.allow", "carol")]).expect_err("no password");
         assert!(e.contains("auth.login.carol.password"), "{e}");
-        assert!(
-            auth(&[("auth.addr./b*.allow", "*")]).is_ok(),
-            "subvolume patterns"
-        );
+        assert!(auth(&[("auth.addr./b*.allow", "*")]).is_ok(), "subvolume patterns");
     }
 }

@@ -31,10 +31,7 @@ pub(super) struct FdTable {
 
 impl FdTable {
     pub(super) fn new(max: usize) -> FdTable {
-        FdTable {
-            map: HashMap::new(),
-            max,
-        }
+        FdTable { map: HashMap::new(), max }
     }
 
     pub(super) fn len(&self) -> usize {
@@ -43,28 +40,14 @@ impl FdTable {
 
     /// Reserves `client` for an open in progress: EBADF if the client
     /// already uses that id, EMFILE when the table is full.
-    pub(super) fn reserve(
-        &mut self,
-        client: FdId,
-        brick: FdId,
-        dir: bool,
-        gfid: Gfid,
-    ) -> Result<(), Errno> {
+    pub(super) fn reserve(&mut self, client: FdId, brick: FdId, dir: bool, gfid: Gfid) -> Result<(), Errno> {
         if self.map.contains_key(&client) {
             return Err(Errno::EBADF);
         }
         if self.map.len() >= self.max {
             return Err(Errno::EMFILE);
         }
-        self.map.insert(
-            client,
-            Slot {
-                brick,
-                dir,
-                gfid,
-                ready: false,
-            },
-        );
+        self.map.insert(client, Slot { brick, dir, gfid, ready: false });
         Ok(())
     }
 
@@ -157,85 +140,35 @@ mod tests {
     fn table_life_cycle() {
         let mut t = FdTable::new(2);
         let g = Gfid([9; 16]);
-        t.reserve(FdId(7), FdId(100), false, Gfid::NULL)
-            .expect("free");
-        assert_eq!(
-            t.reserve(FdId(7), FdId(101), false, Gfid::NULL),
-            Err(Errno::EBADF),
-            "in use"
-        );
-        let mut fd = Fd {
-            id: FdId(7),
-            gfid: g,
-        };
+        t.reserve(FdId(7), FdId(100), false, Gfid::NULL).expect("free");
+        assert_eq!(t.reserve(FdId(7), FdId(101), false, Gfid::NULL), Err(Errno::EBADF), "in use");
+        let mut fd = Fd { id: FdId(7), gfid: g };
         assert_eq!(t.translate(&mut fd), Err(Errno::EBADF), "open in progress");
         t.opened(FdId(7), true, Gfid::NULL);
         t.translate(&mut fd).expect("open");
         assert_eq!(fd.id, FdId(100));
         t.reserve(FdId(8), FdId(102), true, g).expect("free");
-        assert_eq!(
-            t.reserve(FdId(9), FdId(103), true, g),
-            Err(Errno::EMFILE),
-            "full"
-        );
+        assert_eq!(t.reserve(FdId(9), FdId(103), true, g), Err(Errno::EMFILE), "full");
         t.opened(FdId(8), false, g);
         assert_eq!(t.len(), 1, "failed open freed");
         let s = t.take(FdId(7)).expect("open");
-        assert_eq!(
-            (s.brick, s.gfid),
-            (FdId(100), g),
-            "gfid learnt from a later fop"
-        );
+        assert_eq!((s.brick, s.gfid), (FdId(100), g), "gfid learnt from a later fop");
         assert_eq!(t.take(FdId(7)), Err(Errno::EBADF));
     }
 
     #[test]
     fn fds_mut_agrees_with_fop_fd() {
-        let fd = Fd {
-            id: FdId(1),
-            gfid: Gfid::ROOT,
-        };
+        let fd = Fd { id: FdId(1), gfid: Gfid::ROOT };
         let lock = Flock::whole(LockType::Write, 1);
         let fops = [
-            Fop::Readv {
-                fd,
-                size: 1,
-                offset: 0,
-                flags: 0,
-            },
-            Fop::Writev {
-                fd,
-                data: Bytes::new(),
-                offset: 0,
-                flags: 0,
-            },
-            Fop::Lk {
-                fd,
-                cmd: LkCmd::SetLk,
-                lock,
-            },
-            Fop::Finodelk {
-                domain: "d".into(),
-                fd,
-                cmd: LkCmd::SetLk,
-                lock,
-            },
+            Fop::Readv { fd, size: 1, offset: 0, flags: 0 },
+            Fop::Writev { fd, data: Bytes::new(), offset: 0, flags: 0 },
+            Fop::Lk { fd, cmd: LkCmd::SetLk, lock },
+            Fop::Finodelk { domain: "d".into(), fd, cmd: LkCmd::SetLk, lock },
             Fop::Release { fd },
             Fop::Lookup { loc: Loc::root() },
-            Fop::Inodelk {
-                domain: "d".into(),
-                loc: Loc::root(),
-                cmd: LkCmd::SetLk,
-                lock,
-            },
-            Fop::CopyFileRange {
-                fd_in: fd,
-                off_in: 0,
-                fd_out: fd,
-                off_out: 0,
-                len: 1,
-                flags: 0,
-            },
+            Fop::Inodelk { domain: "d".into(), loc: Loc::root(), cmd: LkCmd::SetLk, lock },
+            Fop::CopyFileRange { fd_in: fd, off_in: 0, fd_out: fd, off_out: 0, len: 1, flags: 0 },
         ];
         for mut f in fops {
             let (has, kind) = (f.fd().is_some(), f.kind());

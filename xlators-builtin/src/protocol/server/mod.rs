@@ -73,15 +73,15 @@ use xlfs_sdk::abi::{self, AbiVersion, DecodeError};
 use xlfs_sdk::options::{OptType, OptionDecl};
 use xlfs_sdk::profile::{PROFILE_KEY, PROFILE_RESET_KEY};
 use xlfs_sdk::{
-    CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopKind, FopResult,
-    Gfid, InitCtx, InitError, Reply, Request, Response, Upcall, Value, Xlator, XlatorType,
+    CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopKind, FopResult, Gfid, InitCtx,
+    InitError, Reply, Request, Response, Upcall, Value, Xlator, XlatorType,
 };
 
 use self::auth::Auth;
 use self::fds::{FdTable, fds_mut};
 use super::rpc::{
-    self, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, HelloReply, Link, Message, MessageError,
-    OUT_QUEUE, Outgoing, SocketOptions, hello_keys, limits_for, with_transport_options,
+    self, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, HelloReply, Link, Message, MessageError, OUT_QUEUE, Outgoing,
+    SocketOptions, hello_keys, limits_for, with_transport_options,
 };
 
 /// The translator type.
@@ -122,10 +122,9 @@ const OPTIONS: &[OptionDecl] = with_transport_options![
         .default("128MB")
         .range(1048576.0, 4294967295.0)
         .desc("Largest frame accepted or sent (header and data); a bigger frame from a client closes its connection."),
-    OptionDecl::new("max-inflight-per-client", OptType::Int)
-        .default("4096")
-        .range(1.0, 1048576.0)
-        .desc("Calls of one connection in flight at once; at the limit the connection is not read until one is answered."),
+    OptionDecl::new("max-inflight-per-client", OptType::Int).default("4096").range(1.0, 1048576.0).desc(
+        "Calls of one connection in flight at once; at the limit the connection is not read until one is answered."
+    ),
     OptionDecl::new("max-clients", OptType::Int)
         .default("1024")
         .range(1.0, 1048576.0)
@@ -154,9 +153,7 @@ const DUMP_CLIENTS: usize = 256;
 
 fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
     let name = init.name.clone();
-    Server::new(init)
-        .map(|s| Arc::new(s) as Arc<dyn Xlator>)
-        .map_err(|e| InitError::new(format!("{name}: {e}")))
+    Server::new(init).map(|s| Arc::new(s) as Arc<dyn Xlator>).map_err(|e| InitError::new(format!("{name}: {e}")))
 }
 
 #[derive(Debug)]
@@ -268,16 +265,11 @@ impl Conn {
             Fop::Open { fd, loc, .. } | Fop::Create { fd, loc, .. } | Fop::Opendir { fd, loc } => {
                 let client = *fd;
                 let brick = FdId(next_fd.fetch_add(1, Ordering::Relaxed));
-                self.fds
-                    .lock()
-                    .reserve(client, brick, kind == FopKind::Opendir, loc.gfid)?;
+                self.fds.lock().reserve(client, brick, kind == FopKind::Opendir, loc.gfid)?;
                 *fd = brick;
                 let res = self.child.call(ctx, req).await;
                 let gfid = match &res {
-                    Ok(Response {
-                        reply: Reply::Entry { iatt, .. },
-                        ..
-                    }) => iatt.gfid,
+                    Ok(Response { reply: Reply::Entry { iatt, .. }, .. }) => iatt.gfid,
                     _ => Gfid::NULL,
                 };
                 self.fds.lock().opened(client, res.is_ok(), gfid);
@@ -347,12 +339,8 @@ fn bind(host: &str, port: u16, backlog: i32) -> Result<std::net::TcpListener, St
         .map_err(|e| fail(&e))?
         .find(SocketAddr::is_ipv4)
         .ok_or_else(|| fail(&"no IPv4 address"))?;
-    let sock = socket2::Socket::new(
-        socket2::Domain::IPV4,
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )
-    .map_err(|e| fail(&e))?;
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
+        .map_err(|e| fail(&e))?;
     sock.set_reuse_address(true).map_err(|e| fail(&e))?;
     sock.bind(&addr.into()).map_err(|e| fail(&e))?;
     sock.listen(backlog).map_err(|e| fail(&e))?;
@@ -362,23 +350,15 @@ fn bind(host: &str, port: u16, backlog: i32) -> Result<std::net::TcpListener, St
 
 impl Server {
     fn new(init: InitCtx) -> Result<Server, String> {
-        let InitCtx {
-            name,
-            options: o,
-            children,
-            events,
-        } = init;
+        let InitCtx { name, options: o, children, events } = init;
         rpc::check_transport(&o)?;
-        let rt = Handle::try_current()
-            .map_err(|_| "protocol/server must be built inside a tokio runtime".to_string())?;
+        let rt =
+            Handle::try_current().map_err(|_| "protocol/server must be built inside a tokio runtime".to_string())?;
         let names: Vec<&str> = children.iter().map(|c| &*c.name).collect();
         let auth = Auth::from_options(&o, &names)?;
         let int = |k: &str, d: i64| o.int(k).unwrap_or(d).max(1) as usize;
         let cfg = Config {
-            max_frame: o
-                .size("max-frame-size")
-                .unwrap_or(128 << 20)
-                .min(u64::from(u32::MAX)) as usize,
+            max_frame: o.size("max-frame-size").unwrap_or(128 << 20).min(u64::from(u32::MAX)) as usize,
             max_inflight: int("max-inflight-per-client", 4096).min(Semaphore::MAX_PERMITS),
             max_clients: int("max-clients", 1024),
             max_fds: int("max-fds-per-client", 65536),
@@ -386,20 +366,9 @@ impl Server {
             auth,
         };
         let host = o.str("transport.socket.bind-address").unwrap_or("0.0.0.0");
-        let port = o
-            .int("transport.socket.listen-port")
-            .unwrap_or(49152)
-            .clamp(0, 65535) as u16;
-        let listener = bind(
-            host,
-            port,
-            o.int("transport.listen-backlog")
-                .unwrap_or(1024)
-                .clamp(1, 65535) as i32,
-        )?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+        let port = o.int("transport.socket.listen-port").unwrap_or(49152).clamp(0, 65535) as u16;
+        let listener = bind(host, port, o.int("transport.listen-backlog").unwrap_or(1024).clamp(1, 65535) as i32)?;
+        let local = listener.local_addr().map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
         tracing::info!(server = %name, listen = %local, subvolumes = %names.join(","), "listening");
         let (stop, _) = watch::channel(false);
         Ok(Server {
@@ -439,12 +408,9 @@ impl Server {
         let targets: Vec<Arc<Conn>> = {
             let conns = self.shared.conns.lock();
             match &u {
-                Upcall::InodelkContention { holder_client, .. }
-                | Upcall::EntrylkContention { holder_client, .. } => conns
-                    .get(holder_client.as_str())
-                    .cloned()
-                    .into_iter()
-                    .collect(),
+                Upcall::InodelkContention { holder_client, .. } | Upcall::EntrylkContention { holder_client, .. } => {
+                    conns.get(holder_client.as_str()).cloned().into_iter().collect()
+                }
                 Upcall::Invalidate { .. } => conns.values().cloned().collect(),
                 Upcall::InvalidateFor { client, .. } => conns.get(client.as_str()).cloned().into_iter().collect(),
             }
@@ -468,10 +434,7 @@ impl Server {
         for c in targets {
             let sent = c.link.room() > UPCALL_QUEUE_ROOM && c.link.try_send(frame.clone().into());
             if !sent {
-                self.shared
-                    .counters
-                    .upcalls_dropped
-                    .fetch_add(1, Ordering::Relaxed);
+                self.shared.counters.upcalls_dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(client = %c.client_id, "upcall dropped: the client's queue is full or closing");
             }
         }
@@ -513,46 +476,19 @@ impl Xlator for Server {
         let conns = sh.conns.lock();
         let mut out = vec![
             ("listen".to_string(), sh.local.to_string()),
-            (
-                "accepting".to_string(),
-                (sh.listener.lock().is_none() && !*sh.stop.borrow()).to_string(),
-            ),
+            ("accepting".to_string(), (sh.listener.lock().is_none() && !*sh.stop.borrow()).to_string()),
             ("clients".to_string(), conns.len().to_string()),
-            (
-                "connections-open".to_string(),
-                sh.open.load(Ordering::Relaxed).to_string(),
-            ),
-            (
-                "accepted-total".to_string(),
-                c.accepted.load(Ordering::Relaxed).to_string(),
-            ),
-            (
-                "refused-total".to_string(),
-                c.refused.load(Ordering::Relaxed).to_string(),
-            ),
-            (
-                "calls-total".to_string(),
-                c.calls.load(Ordering::Relaxed).to_string(),
-            ),
-            (
-                "calls-spawned-total".to_string(),
-                c.calls_spawned.load(Ordering::Relaxed).to_string(),
-            ),
-            (
-                "closed-bad-input-total".to_string(),
-                c.closed_bad_input.load(Ordering::Relaxed).to_string(),
-            ),
-            (
-                "upcalls-dropped-total".to_string(),
-                c.upcalls_dropped.load(Ordering::Relaxed).to_string(),
-            ),
+            ("connections-open".to_string(), sh.open.load(Ordering::Relaxed).to_string()),
+            ("accepted-total".to_string(), c.accepted.load(Ordering::Relaxed).to_string()),
+            ("refused-total".to_string(), c.refused.load(Ordering::Relaxed).to_string()),
+            ("calls-total".to_string(), c.calls.load(Ordering::Relaxed).to_string()),
+            ("calls-spawned-total".to_string(), c.calls_spawned.load(Ordering::Relaxed).to_string()),
+            ("closed-bad-input-total".to_string(), c.closed_bad_input.load(Ordering::Relaxed).to_string()),
+            ("upcalls-dropped-total".to_string(), c.upcalls_dropped.load(Ordering::Relaxed).to_string()),
             ("max-frame-size".to_string(), sh.cfg.max_frame.to_string()),
         ];
         for (id, conn) in conns.iter().take(DUMP_CLIENTS) {
-            let inflight = sh
-                .cfg
-                .max_inflight
-                .saturating_sub(conn.inflight.available_permits());
+            let inflight = sh.cfg.max_inflight.saturating_sub(conn.inflight.available_permits());
             out.push((
                 format!("client.{id}"),
                 format!(
@@ -570,8 +506,8 @@ impl Xlator for Server {
         let sh = &self.shared;
         sh.stop.send_replace(true);
         drop(sh.listener.lock().take());
-        let on_current_thread_rt = Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        let on_current_thread_rt =
+            Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
         if on_current_thread_rt {
             tracing::warn!(server = %sh.name, "fini on a current-thread runtime: not waiting for connections to close");
             return;
@@ -640,13 +576,7 @@ async fn finish_writer(writer: JoinHandle<std::io::Result<()>>) {
     }
 }
 
-async fn connection(
-    sh: Arc<Shared>,
-    stream: TcpStream,
-    peer: SocketAddr,
-    _open: OpenGuard,
-    _task: TaskGuard,
-) {
+async fn connection(sh: Arc<Shared>, stream: TcpStream, peer: SocketAddr, _open: OpenGuard, _task: TaskGuard) {
     if let Err(e) = sh.cfg.sock.apply(socket2::SockRef::from(&stream)) {
         tracing::debug!(%peer, error = %e, "socket options not applied");
     }
@@ -696,23 +626,11 @@ async fn client_gone(sh: &Shared, conn: &Arc<Conn>) {
     let slots = conn.fds.lock().drain();
     let n = slots.len();
     for s in slots {
-        let fd = Fd {
-            id: s.brick,
-            gfid: s.gfid,
-        };
-        let fop = if s.dir {
-            Fop::Releasedir { fd }
-        } else {
-            Fop::Release { fd }
-        };
-        let _ = conn
-            .child
-            .call(CallCtx::root(conn.client_id.clone()), Request::new(fop))
-            .await;
+        let fd = Fd { id: s.brick, gfid: s.gfid };
+        let fop = if s.dir { Fop::Releasedir { fd } } else { Fop::Release { fd } };
+        let _ = conn.child.call(CallCtx::root(conn.client_id.clone()), Request::new(fop)).await;
     }
-    sh.events.broadcast(Event::ClientGone {
-        client_id: conn.client_id.to_string(),
-    });
+    sh.events.broadcast(Event::ClientGone { client_id: conn.client_id.to_string() });
     tracing::debug!(client = %conn.client_id, fds = n, "client gone: fds released, ClientGone sent");
 }
 
@@ -792,16 +710,8 @@ async fn handshake(
         refuse(sh, tx, id, peer, reason).await;
         return Err(());
     }
-    let info = Dict::new().with(
-        hello_keys::ASSIGNED_CLIENT_ID,
-        Value::Str(assigned.to_string()),
-    );
-    let reply = HelloReply {
-        version: AbiVersion::CURRENT,
-        accepted: true,
-        reason: String::new(),
-        info,
-    };
+    let info = Dict::new().with(hello_keys::ASSIGNED_CLIENT_ID, Value::Str(assigned.to_string()));
+    let reply = HelloReply { version: AbiVersion::CURRENT, accepted: true, reason: String::new(), info };
     if let Ok(f) = Message::HelloReply(reply).to_frame(id) {
         tx.send(f.into()).await;
     }
@@ -811,44 +721,22 @@ async fn handshake(
 
 /// The subvolume and the connection's client id, or why the client is
 /// refused.
-fn check_hello(
-    sh: &Shared,
-    p: &Dict,
-    version: AbiVersion,
-    peer: SocketAddr,
-) -> Result<(Child, Arc<str>), String> {
+fn check_hello(sh: &Shared, p: &Dict, version: AbiVersion, peer: SocketAddr) -> Result<(Child, Arc<str>), String> {
     abi::check_compatible(AbiVersion::CURRENT, version).map_err(|e| e.to_string())?;
     if *sh.stop.borrow() {
         return Err("the server is shutting down".into());
     }
-    let volume = p
-        .get_str(hello_keys::VOLUME)
-        .filter(|v| !v.is_empty())
-        .ok_or("the HELLO names no volume")?;
-    let child = sh
-        .children
-        .iter()
-        .find(|c| &*c.name == volume)
-        .ok_or_else(|| {
-            let names: Vec<&str> = sh.children.iter().map(|c| &*c.name).collect();
-            format!(
-                "no subvolume '{volume}' on this server (it serves: {})",
-                names.join(", ")
-            )
-        })?;
+    let volume = p.get_str(hello_keys::VOLUME).filter(|v| !v.is_empty()).ok_or("the HELLO names no volume")?;
+    let child = sh.children.iter().find(|c| &*c.name == volume).ok_or_else(|| {
+        let names: Vec<&str> = sh.children.iter().map(|c| &*c.name).collect();
+        format!("no subvolume '{volume}' on this server (it serves: {})", names.join(", "))
+    })?;
     let client_id = p.get_str(hello_keys::CLIENT_ID).unwrap_or_default();
     if client_id.is_empty() || client_id.len() > MAX_CLIENT_ID {
-        return Err(format!(
-            "the HELLO needs a client-id of 1 to {MAX_CLIENT_ID} bytes"
-        ));
+        return Err(format!("the HELLO needs a client-id of 1 to {MAX_CLIENT_ID} bytes"));
     }
     let ip = peer.ip().to_string();
-    sh.cfg.auth.check(
-        volume,
-        &ip,
-        p.get_str(hello_keys::USERNAME),
-        p.get_str(hello_keys::PASSWORD),
-    )?;
+    sh.cfg.auth.check(volume, &ip, p.get_str(hello_keys::USERNAME), p.get_str(hello_keys::PASSWORD))?;
     let seq = sh.next_conn.fetch_add(1, Ordering::Relaxed);
     Ok((child.clone(), Arc::from(format!("{client_id}#{seq}"))))
 }
@@ -910,14 +798,7 @@ async fn serve(
             FrameKind::Call => match Message::from_frame(frame, &limits) {
                 Ok(Message::Call { ctx, req }) => {
                     sh.counters.calls.fetch_add(1, Ordering::Relaxed);
-                    let mut call = Box::pin(run_call(
-                        sh.clone(),
-                        Running::new(conn),
-                        id,
-                        ctx,
-                        req,
-                        permit,
-                    ));
+                    let mut call = Box::pin(run_call(sh.clone(), Running::new(conn), id, ctx, req, permit));
                     // Most fops (a stat, a write into the page cache) finish
                     // on their first poll: run them here and write the reply
                     // from this task, without a spawn and a wake-up. One that
@@ -928,10 +809,7 @@ async fn serve(
                         tokio::spawn(call);
                     }
                 }
-                Err(MessageError {
-                    source: DecodeError::UnknownFop(code),
-                    ..
-                }) => {
+                Err(MessageError { source: DecodeError::UnknownFop(code), .. }) => {
                     tracing::debug!(client = %conn.client_id, code, "unknown fop code: ENOSYS");
                     cork = None;
                     send_reply(sh, conn, id, Err(Errno::ENOSYS), permit).await;
@@ -965,9 +843,7 @@ async fn serve(
 /// Polls a future once, with a waker that does nothing: a future left
 /// pending is polled again by the task it is then spawned as (which
 /// registers that task's waker).
-fn poll_once<F: std::future::Future + ?Sized>(
-    f: std::pin::Pin<&mut F>,
-) -> std::task::Poll<F::Output> {
+fn poll_once<F: std::future::Future + ?Sized>(f: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
     f.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
 }
 
@@ -988,11 +864,7 @@ async fn run_call(
 ) {
     let conn = running.0.clone();
     ctx.client_id = conn.client_id.clone();
-    let level = if is_lock_fop(req.fop.kind()) {
-        Cancel::Locks
-    } else {
-        Cancel::All
-    };
+    let level = if is_lock_fop(req.fop.kind()) { Cancel::Locks } else { Cancel::All };
     if let Some(reset) = profile_request(&req.fop) {
         let res = profile_reply(&sh, reset);
         send_reply(&sh, &conn, id, res, permit).await;
@@ -1028,16 +900,8 @@ fn profile_reply(sh: &Shared, reset: bool) -> FopResult {
     Ok(Response { reply: Reply::Xattrs(d), xdata: Dict::new() })
 }
 
-async fn send_reply(
-    sh: &Shared,
-    conn: &Conn,
-    id: u64,
-    res: FopResult,
-    permit: OwnedSemaphorePermit,
-) {
-    let frame = Message::Reply(res)
-        .to_frame(id)
-        .and_then(|f| f.check_size(sh.cfg.max_frame).map(|()| f));
+async fn send_reply(sh: &Shared, conn: &Conn, id: u64, res: FopResult, permit: OwnedSemaphorePermit) {
+    let frame = Message::Reply(res).to_frame(id).and_then(|f| f.check_size(sh.cfg.max_frame).map(|()| f));
     let frame = match frame {
         Ok(f) => f,
         Err(e) => {
@@ -1048,9 +912,5 @@ async fn send_reply(
             }
         }
     };
-    conn.send(Outgoing {
-        frame,
-        guard: Some(permit),
-    })
-    .await;
+    conn.send(Outgoing { frame, guard: Some(permit) }).await;
 }

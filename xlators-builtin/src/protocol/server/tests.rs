@@ -14,9 +14,8 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use xlfs_sdk::abi::{self, AbiVersion};
 use xlfs_sdk::{
-    CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Flock, Fop, FopFuture,
-    FopKind, FopResult, Gfid, Iatt, InitCtx, LkCmd, Loc, LockType, Options, Reply, Request,
-    Response, Upcall, Value, Xlator, XlatorType,
+    CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Flock, Fop, FopFuture, FopKind, FopResult,
+    Gfid, Iatt, InitCtx, LkCmd, Loc, LockType, Options, Reply, Request, Response, Upcall, Value, Xlator, XlatorType,
 };
 
 use crate::protocol::client;
@@ -51,53 +50,27 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    pub(crate) fn build(
-        ty: &XlatorType,
-        name: &str,
-        opts: &[(&str, &str)],
-        children: Vec<Child>,
-    ) -> Node {
+    pub(crate) fn build(ty: &XlatorType, name: &str, opts: &[(&str, &str)], children: Vec<Child>) -> Node {
         let sink = EventSink::new();
         let options = Options::resolve(ty.options, opts.iter().copied()).expect("valid options");
-        let init = InitCtx {
-            name: name.into(),
-            options,
-            children,
-            events: sink.clone(),
-        };
+        let init = InitCtx { name: name.into(), options, children, events: sink.clone() };
         let xl = match (ty.build)(init) {
             Ok(xl) => xl,
             Err(e) => panic!("{name} does not build: {e}"),
         };
-        Node {
-            name: Arc::from(name),
-            xl,
-            sink,
-        }
+        Node { name: Arc::from(name), xl, sink }
     }
 
     fn of(name: &str, xl: Arc<dyn Xlator>) -> Node {
-        Node {
-            name: Arc::from(name),
-            xl,
-            sink: EventSink::new(),
-        }
+        Node { name: Arc::from(name), xl, sink: EventSink::new() }
     }
 
     pub(crate) fn child(&self) -> Child {
-        Child {
-            name: self.name.clone(),
-            xl: self.xl.clone(),
-        }
+        Child { name: self.name.clone(), xl: self.xl.clone() }
     }
 
     pub(crate) fn dump(&self, key: &str) -> String {
-        self.xl
-            .dump()
-            .into_iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v)
-            .unwrap_or_default()
+        self.xl.dump().into_iter().find(|(k, _)| k == key).map(|(_, v)| v).unwrap_or_default()
     }
 }
 
@@ -109,9 +82,7 @@ impl Chain {
     pub(crate) fn link(nodes: Vec<Node>) -> Chain {
         let nodes = Arc::new(nodes);
         for pair in nodes.windows(2) {
-            pair[0]
-                .sink
-                .attach_parent(Arc::downgrade(&pair[1].xl), 0, pair[1].sink.clone());
+            pair[0].sink.attach_parent(Arc::downgrade(&pair[1].xl), 0, pair[1].sink.clone());
         }
         for n in nodes.iter() {
             let weak: Weak<Vec<Node>> = Arc::downgrade(&nodes);
@@ -156,12 +127,7 @@ impl Brick {
     pub(crate) fn start(server_opts: &[(&str, &str)]) -> Brick {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().display().to_string();
-        let posix = Node::build(
-            &crate::storage::posix::TYPE,
-            "posix",
-            &[("directory", &path)],
-            vec![],
-        );
+        let posix = Node::build(&crate::storage::posix::TYPE, "posix", &[("directory", &path)], vec![]);
         let locks = Node::build(
             &crate::features::locks::TYPE,
             SUBVOL,
@@ -169,12 +135,7 @@ impl Brick {
             vec![posix.child()],
         );
         let chain = server_chain(vec![posix.clone(), locks.clone()], server_opts);
-        Brick {
-            _dir: dir,
-            posix,
-            locks,
-            chain,
-        }
+        Brick { _dir: dir, posix, locks, chain }
     }
 
     pub(crate) fn addr(&self) -> SocketAddr {
@@ -190,28 +151,21 @@ impl Brick {
     /// A new server on the same port over the same posix and locks.
     pub(crate) fn restart_server(&mut self, port: u16) {
         let port = port.to_string();
-        self.chain = server_chain(
-            vec![self.posix.clone(), self.locks.clone()],
-            &[("transport.socket.listen-port", &port)],
-        );
+        self.chain =
+            server_chain(vec![self.posix.clone(), self.locks.clone()], &[("transport.socket.listen-port", &port)]);
     }
 
     /// A fop straight into the brick (below the server).
     pub(crate) async fn local(&self, fop: Fop) -> FopResult {
-        self.locks
-            .xl
-            .call(CallCtx::root("local"), Request::new(fop))
-            .await
+        self.locks.xl.call(CallCtx::root("local"), Request::new(fop)).await
     }
 }
 
 /// Puts a server (listening on 127.0.0.1, port 0 unless given) on top of
 /// `below` and activates the chain.
 pub(crate) fn server_chain(mut below: Vec<Node>, opts: &[(&str, &str)]) -> Chain {
-    let mut all: Vec<(&str, &str)> = vec![
-        ("transport.socket.bind-address", "127.0.0.1"),
-        ("transport.socket.listen-port", "0"),
-    ];
+    let mut all: Vec<(&str, &str)> =
+        vec![("transport.socket.bind-address", "127.0.0.1"), ("transport.socket.listen-port", "0")];
     all.extend_from_slice(opts);
     let all = dedup_last(all);
     let top = below.last().expect("a child").child();
@@ -232,18 +186,13 @@ fn dedup_last<'a>(opts: Vec<(&'a str, &'a str)>) -> Vec<(&'a str, &'a str)> {
 }
 
 pub(crate) fn listen_addr(server: &Node) -> SocketAddr {
-    server
-        .dump("listen")
-        .parse()
-        .expect("the dump names the listen address")
+    server.dump("listen").parse().expect("the dump names the listen address")
 }
 
 pub(crate) async fn stop(server: &Node) {
     let xl = server.xl.clone();
     assert_eq!(xl.notify(Event::ParentDown, EventFrom::Graph), None);
-    tokio::task::spawn_blocking(move || xl.fini())
-        .await
-        .expect("fini");
+    tokio::task::spawn_blocking(move || xl.fini()).await.expect("fini");
 }
 
 /// A protocol/client with its events recorded.
@@ -270,10 +219,7 @@ impl TestClient {
         let events: Arc<Mutex<Vec<Event>>> = Arc::default();
         let seen = events.clone();
         node.sink.set_hook(move |e| seen.lock().push(e.clone()));
-        TestClient {
-            xl: node.xl,
-            events,
-        }
+        TestClient { xl: node.xl, events }
     }
 
     /// Starts the client (ParentUp).
@@ -298,10 +244,7 @@ impl TestClient {
     }
 
     pub(crate) async fn wait_downs(&self, n: usize) {
-        wait_until(&format!("{n} ChildDown"), || {
-            self.count(&Event::ChildDown) >= n
-        })
-        .await;
+        wait_until(&format!("{n} ChildDown"), || self.count(&Event::ChildDown) >= n).await;
     }
 
     pub(crate) fn upcalls(&self) -> Vec<Upcall> {
@@ -324,12 +267,7 @@ impl TestClient {
     }
 
     pub(crate) fn dump(&self, key: &str) -> String {
-        self.xl
-            .dump()
-            .into_iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v)
-            .unwrap_or_default()
+        self.xl.dump().into_iter().find(|(k, _)| k == key).map(|(_, v)| v).unwrap_or_default()
     }
 
     /// Stops the client (its connection closes).
@@ -378,10 +316,7 @@ impl Raw {
     pub(crate) fn connect(addr: SocketAddr) -> Raw {
         let s = std::net::TcpStream::connect(addr).expect("connect");
         s.set_read_timeout(Some(PATIENCE)).expect("timeout");
-        Raw {
-            s,
-            buf: BytesMut::new(),
-        }
+        Raw { s, buf: BytesMut::new() }
     }
 
     pub(crate) fn send(&mut self, bytes: &[u8]) {
@@ -396,9 +331,7 @@ impl Raw {
     /// The next frame, or None when the server closed the connection.
     pub(crate) fn recv(&mut self) -> Option<Message> {
         loop {
-            if let Some(f) =
-                rpc::decode_frame(&mut self.buf, 1 << 30).expect("the server sends valid frames")
-            {
+            if let Some(f) = rpc::decode_frame(&mut self.buf, 1 << 30).expect("the server sends valid frames") {
                 return Some(Message::from_frame(f, &rpc::limits_for(1 << 30)).expect("decodes"));
             }
             let mut chunk = [0u8; 65536];
@@ -416,12 +349,7 @@ impl Raw {
         true
     }
 
-    pub(crate) fn hello(
-        &mut self,
-        version: AbiVersion,
-        volume: &str,
-        user: Option<(&str, &str)>,
-    ) -> HelloReply {
+    pub(crate) fn hello(&mut self, version: AbiVersion, volume: &str, user: Option<(&str, &str)>) -> HelloReply {
         let mut params = Dict::new().with(hello_keys::VOLUME, Value::Str(volume.into()));
         params.set_str(hello_keys::CLIENT_ID, "raw");
         if let Some((u, p)) = user {
@@ -478,10 +406,7 @@ impl Xlator for Gate {
                 *m = (*m).max(w.len());
             }
             rx.await.map_err(|_| Errno::EIO)?;
-            Ok(Response::from(Reply::Attr(Iatt {
-                gfid: g,
-                ..Iatt::default()
-            })))
+            Ok(Response::from(Reply::Attr(Iatt { gfid: g, ..Iatt::default() })))
         })
     }
 
@@ -514,189 +439,58 @@ async fn fops_round_trip_over_tcp() {
 
     let root = c.run(Fop::Lookup { loc: Loc::root() }).await;
     assert!(root.expect("lookup root").reply != Reply::Empty);
-    let dir = entry_gfid(
-        c.run(Fop::Mkdir {
-            loc: Loc::entry(Gfid::ROOT, "d"),
-            mode: 0o755,
-            umask: 0,
-        })
-        .await,
-    );
+    let dir = entry_gfid(c.run(Fop::Mkdir { loc: Loc::entry(Gfid::ROOT, "d"), mode: 0o755, umask: 0 }).await);
     let file = entry_gfid(c.run(create("f", 1)).await);
 
     // 1 MiB through the payload path both ways.
-    let data = Bytes::from(
-        (0..1u32 << 20)
-            .map(|i| (i * 7 % 251) as u8)
-            .collect::<Vec<_>>(),
-    );
-    let w = c
-        .run(Fop::Writev {
-            fd: fd(1, file),
-            data: data.clone(),
-            offset: 0,
-            flags: 0,
-        })
-        .await
-        .expect("write");
-    assert!(
-        matches!(w.reply, Reply::PrePost { post, .. } if post.size == 1 << 20),
-        "{w:?}"
-    );
-    assert_eq!(
-        read_data(
-            c.run(Fop::Readv {
-                fd: fd(1, file),
-                size: 1 << 20,
-                offset: 0,
-                flags: 0
-            })
-            .await
-        ),
-        data
-    );
-    match c
-        .run(Fop::Fstat { fd: fd(1, file) })
-        .await
-        .expect("fstat")
-        .reply
-    {
+    let data = Bytes::from((0..1u32 << 20).map(|i| (i * 7 % 251) as u8).collect::<Vec<_>>());
+    let w = c.run(Fop::Writev { fd: fd(1, file), data: data.clone(), offset: 0, flags: 0 }).await.expect("write");
+    assert!(matches!(w.reply, Reply::PrePost { post, .. } if post.size == 1 << 20), "{w:?}");
+    assert_eq!(read_data(c.run(Fop::Readv { fd: fd(1, file), size: 1 << 20, offset: 0, flags: 0 }).await), data);
+    match c.run(Fop::Fstat { fd: fd(1, file) }).await.expect("fstat").reply {
         Reply::Attr(a) => assert_eq!((a.gfid, a.size), (file, 1 << 20)),
         other => panic!("{other:?}"),
     }
 
     // xattrs, xdata both ways (features/locks answers the count key).
     let xattrs = Dict::new().with("user.k", Value::Bytes(Bytes::from_static(b"v1")));
-    c.run(Fop::Fsetxattr {
-        fd: fd(1, file),
-        xattrs,
-        flags: 0,
-    })
-    .await
-    .expect("fsetxattr");
-    match c
-        .run(Fop::Getxattr {
-            loc: Loc::gfid(file),
-            name: "user.k".into(),
-        })
-        .await
-        .expect("getxattr")
-        .reply
-    {
+    c.run(Fop::Fsetxattr { fd: fd(1, file), xattrs, flags: 0 }).await.expect("fsetxattr");
+    match c.run(Fop::Getxattr { loc: Loc::gfid(file), name: "user.k".into() }).await.expect("getxattr").reply {
         Reply::Xattrs(d) => assert_eq!(d.get_bytes("user.k").as_deref(), Some(&b"v1"[..])),
         other => panic!("{other:?}"),
     }
-    let xdata = Dict::new().with(
-        xlfs_sdk::dict::keys::INODELK_COUNT,
-        Value::Str(String::new()),
-    );
+    let xdata = Dict::new().with(xlfs_sdk::dict::keys::INODELK_COUNT, Value::Str(String::new()));
     let r =
-        c.xl.call(
-            CallCtx::root("t"),
-            Request::with_xdata(
-                Fop::Stat {
-                    loc: Loc::gfid(file),
-                },
-                xdata,
-            ),
-        )
-        .await
-        .expect("stat");
-    assert_eq!(
-        r.xdata.get_u64(xlfs_sdk::dict::keys::INODELK_COUNT),
-        Some(0)
-    );
+        c.xl.call(CallCtx::root("t"), Request::with_xdata(Fop::Stat { loc: Loc::gfid(file) }, xdata))
+            .await
+            .expect("stat");
+    assert_eq!(r.xdata.get_u64(xlfs_sdk::dict::keys::INODELK_COUNT), Some(0));
 
     // Directories.
-    c.run(Fop::Opendir {
-        loc: Loc::gfid(Gfid::ROOT),
-        fd: FdId(2),
-    })
-    .await
-    .expect("opendir");
-    match c
-        .run(Fop::Readdirp {
-            fd: fd(2, Gfid::ROOT),
-            size: 65536,
-            offset: 0,
-        })
-        .await
-        .expect("readdirp")
-        .reply
-    {
+    c.run(Fop::Opendir { loc: Loc::gfid(Gfid::ROOT), fd: FdId(2) }).await.expect("opendir");
+    match c.run(Fop::Readdirp { fd: fd(2, Gfid::ROOT), size: 65536, offset: 0 }).await.expect("readdirp").reply {
         Reply::Dirents(es) => {
             let names: Vec<&str> = es.iter().map(|e| e.name.as_str()).collect();
             assert!(names.contains(&"d") && names.contains(&"f"), "{names:?}");
         }
         other => panic!("{other:?}"),
     }
-    assert!(matches!(
-        c.run(Fop::Statfs { loc: Loc::root() })
-            .await
-            .expect("statfs")
-            .reply,
-        Reply::Statfs(_)
-    ));
+    assert!(matches!(c.run(Fop::Statfs { loc: Loc::root() }).await.expect("statfs").reply, Reply::Statfs(_)));
     c.run(Fop::Flush { fd: fd(1, file) }).await.expect("flush");
-    c.run(Fop::Fsync {
-        fd: fd(1, file),
-        datasync: true,
-    })
-    .await
-    .expect("fsync");
-    c.run(Fop::Rename {
-        old: Loc::entry(Gfid::ROOT, "f"),
-        new: Loc::entry(dir, "g"),
-        flags: 0,
-    })
-    .await
-    .expect("rename");
+    c.run(Fop::Fsync { fd: fd(1, file), datasync: true }).await.expect("fsync");
+    c.run(Fop::Rename { old: Loc::entry(Gfid::ROOT, "f"), new: Loc::entry(dir, "g"), flags: 0 }).await.expect("rename");
 
     // The server's fd table: an fd id the client never opened is EBADF,
     // reusing an open id is EBADF, release frees the id.
-    assert_eq!(
-        c.run(Fop::Fstat { fd: fd(99, file) }).await,
-        Err(Errno::EBADF)
-    );
-    assert_eq!(
-        c.run(Fop::Open {
-            loc: Loc::gfid(file),
-            flags: 0,
-            fd: FdId(1)
-        })
-        .await,
-        Err(Errno::EBADF)
-    );
-    let line = brick
-        .chain
-        .top()
-        .dump(&format!("client.{}", c.dump("server-client-id")));
+    assert_eq!(c.run(Fop::Fstat { fd: fd(99, file) }).await, Err(Errno::EBADF));
+    assert_eq!(c.run(Fop::Open { loc: Loc::gfid(file), flags: 0, fd: FdId(1) }).await, Err(Errno::EBADF));
+    let line = brick.chain.top().dump(&format!("client.{}", c.dump("server-client-id")));
     assert!(line.contains("fds 2"), "{line}");
-    c.run(Fop::Release { fd: fd(1, file) })
-        .await
-        .expect("release");
-    c.run(Fop::Releasedir {
-        fd: fd(2, Gfid::ROOT),
-    })
-    .await
-    .expect("releasedir");
-    assert_eq!(
-        c.run(Fop::Fstat { fd: fd(1, file) }).await,
-        Err(Errno::EBADF)
-    );
-    c.run(Fop::Unlink {
-        loc: Loc::entry(dir, "g"),
-        flags: 0,
-    })
-    .await
-    .expect("unlink");
-    assert_eq!(
-        c.run(Fop::Lookup {
-            loc: Loc::entry(dir, "g")
-        })
-        .await,
-        Err(Errno::ENOENT)
-    );
+    c.run(Fop::Release { fd: fd(1, file) }).await.expect("release");
+    c.run(Fop::Releasedir { fd: fd(2, Gfid::ROOT) }).await.expect("releasedir");
+    assert_eq!(c.run(Fop::Fstat { fd: fd(1, file) }).await, Err(Errno::EBADF));
+    c.run(Fop::Unlink { loc: Loc::entry(dir, "g"), flags: 0 }).await.expect("unlink");
+    assert_eq!(c.run(Fop::Lookup { loc: Loc::entry(dir, "g") }).await, Err(Errno::ENOENT));
     c.stop();
     brick.stop_server().await;
 }
@@ -708,35 +502,17 @@ async fn many_requests_in_flight_answered_out_of_order() {
     let tasks: Vec<_> = (0..64u64)
         .map(|i| {
             let c = c.clone();
-            tokio::spawn(async move {
-                c.run(Fop::Stat {
-                    loc: Loc::gfid(g(i)),
-                })
-                .await
-            })
+            tokio::spawn(async move { c.run(Fop::Stat { loc: Loc::gfid(g(i)) }).await })
         })
         .collect();
     wait_until("64 requests at the child", || gate.arrived() == 64).await;
-    assert_eq!(
-        chain.top().dump("calls-spawned-total"),
-        "64",
-        "calls that wait run in tasks"
-    );
+    assert_eq!(chain.top().dump("calls-spawned-total"), "64", "calls that wait run in tasks");
     // Answer newest first; each reply must reach the request it answers
     // while every older request is still waiting.
     for (i, t) in tasks.into_iter().enumerate().rev() {
         gate.release(g(i as u64));
-        let res = within("the released request", t)
-            .await
-            .expect("join")
-            .expect("stat");
-        assert_eq!(
-            res.reply,
-            Reply::Attr(Iatt {
-                gfid: g(i as u64),
-                ..Iatt::default()
-            })
-        );
+        let res = within("the released request", t).await.expect("join").expect("stat");
+        assert_eq!(res.reply, Reply::Attr(Iatt { gfid: g(i as u64), ..Iatt::default() }));
         assert_eq!(gate.arrived(), i, "older requests still in flight");
     }
     c.stop();
@@ -749,58 +525,27 @@ async fn quick_calls_run_on_the_reader_and_a_blocked_lock_does_not_hold_it_up() 
     let c = Arc::new(TestClient::up(brick.addr(), &[]).await);
     let spawned = || brick.chain.top().dump("calls-spawned-total");
     // Two lock owners of the one client.
-    let owner = |n| CallCtx {
-        lk_owner: n,
-        ..CallCtx::root("test")
-    };
-    let lock = |cmd, ty, n| Fop::Inodelk {
-        domain: "dom".into(),
-        loc: Loc::root(),
-        cmd,
-        lock: Flock::whole(ty, n),
-    };
-    c.run_as(owner(1), lock(LkCmd::SetLk, LockType::Write, 1))
-        .await
-        .expect("locked");
+    let owner = |n| CallCtx { lk_owner: n, ..CallCtx::root("test") };
+    let lock = |cmd, ty, n| Fop::Inodelk { domain: "dom".into(), loc: Loc::root(), cmd, lock: Flock::whole(ty, n) };
+    c.run_as(owner(1), lock(LkCmd::SetLk, LockType::Write, 1)).await.expect("locked");
     let before = spawned();
     for _ in 0..10 {
         c.run(Fop::Stat { loc: Loc::root() }).await.expect("stat");
     }
-    assert_eq!(
-        spawned(),
-        before,
-        "a stat in the page cache finishes on its first poll: no task"
-    );
+    assert_eq!(spawned(), before, "a stat in the page cache finishes on its first poll: no task");
     let waiting = {
         let c = c.clone();
-        tokio::spawn(async move {
-            c.run_as(owner(2), lock(LkCmd::SetLkw, LockType::Write, 2))
-                .await
-        })
+        tokio::spawn(async move { c.run_as(owner(2), lock(LkCmd::SetLkw, LockType::Write, 2)).await })
     };
-    wait_until("the second lock request queued", || {
-        brick.locks.dump("locks") == "2"
-    })
-    .await;
-    assert_ne!(
-        spawned(),
-        before,
-        "the blocked lock went on in a task of its own"
-    );
+    wait_until("the second lock request queued", || brick.locks.dump("locks") == "2").await;
+    assert_ne!(spawned(), before, "the blocked lock went on in a task of its own");
     // The connection is still read and answered while the lock waits.
     for _ in 0..10 {
-        c.run(Fop::Stat { loc: Loc::root() })
-            .await
-            .expect("stat while a lock waits");
+        c.run(Fop::Stat { loc: Loc::root() }).await.expect("stat while a lock waits");
     }
     assert!(!waiting.is_finished());
-    c.run_as(owner(1), lock(LkCmd::SetLk, LockType::Unlock, 1))
-        .await
-        .expect("unlocked");
-    within("the waiting lock", waiting)
-        .await
-        .expect("join")
-        .expect("granted once the first is unlocked");
+    c.run_as(owner(1), lock(LkCmd::SetLk, LockType::Unlock, 1)).await.expect("unlocked");
+    within("the waiting lock", waiting).await.expect("join").expect("granted once the first is unlocked");
     c.stop();
     brick.stop_server().await;
 }
@@ -812,12 +557,7 @@ async fn a_connection_at_max_inflight_is_not_read() {
     let tasks: Vec<_> = (0..8u64)
         .map(|i| {
             let c = c.clone();
-            tokio::spawn(async move {
-                c.run(Fop::Stat {
-                    loc: Loc::gfid(g(i)),
-                })
-                .await
-            })
+            tokio::spawn(async move { c.run(Fop::Stat { loc: Loc::gfid(g(i)) }).await })
         })
         .collect();
     wait_until("3 requests at the child", || gate.arrived() == 3).await;
@@ -831,11 +571,7 @@ async fn a_connection_at_max_inflight_is_not_read() {
     for t in tasks {
         t.await.expect("join").expect("answered");
     }
-    assert_eq!(
-        *gate.max_seen.lock(),
-        3,
-        "never more than max-inflight-per-client at once"
-    );
+    assert_eq!(*gate.max_seen.lock(), 3, "never more than max-inflight-per-client at once");
     c.stop();
     stop(chain.top()).await;
 }
@@ -856,24 +592,9 @@ async fn handshakes_are_refused_with_a_reason() {
             Some(("alice", "s3cret")),
             "no subvolume 'nope' on this server (it serves: brick)",
         ),
-        (
-            AbiVersion::new(2, 0),
-            SUBVOL,
-            Some(("alice", "s3cret")),
-            "host speaks v1.0, peer was built for v2.0",
-        ),
-        (
-            AbiVersion::CURRENT,
-            SUBVOL,
-            Some(("alice", "wrong")),
-            "wrong password for user 'alice'",
-        ),
-        (
-            AbiVersion::CURRENT,
-            SUBVOL,
-            Some(("bob", "s3cret")),
-            "user 'bob' is not allowed",
-        ),
+        (AbiVersion::new(2, 0), SUBVOL, Some(("alice", "s3cret")), "host speaks v1.0, peer was built for v2.0"),
+        (AbiVersion::CURRENT, SUBVOL, Some(("alice", "wrong")), "wrong password for user 'alice'"),
+        (AbiVersion::CURRENT, SUBVOL, Some(("bob", "s3cret")), "user 'bob' is not allowed"),
         (AbiVersion::CURRENT, SUBVOL, None, "no username"),
     ];
     for (version, volume, user, why) in cases {
@@ -885,32 +606,17 @@ async fn handshakes_are_refused_with_a_reason() {
         })
         .await;
         assert!(!reply.accepted, "{volume} {user:?}");
-        assert!(
-            reply.reason.contains(why),
-            "reason '{}' should say '{why}'",
-            reply.reason
-        );
+        assert!(reply.reason.contains(why), "reason '{}' should say '{why}'", reply.reason);
     }
-    let ok = blocking(move || {
-        Raw::connect(addr).hello(AbiVersion::CURRENT, SUBVOL, Some(("alice", "s3cret")))
-    })
-    .await;
+    let ok = blocking(move || Raw::connect(addr).hello(AbiVersion::CURRENT, SUBVOL, Some(("alice", "s3cret")))).await;
     assert!(ok.accepted, "{ok:?}");
-    assert!(
-        ok.info
-            .get_str(hello_keys::ASSIGNED_CLIENT_ID)
-            .is_some_and(|id| id.starts_with("raw#")),
-        "{ok:?}"
-    );
+    assert!(ok.info.get_str(hello_keys::ASSIGNED_CLIENT_ID).is_some_and(|id| id.starts_with("raw#")), "{ok:?}");
 
     // auth.addr: a reject pattern matching loopback.
     let rejecting = Brick::start(&[("auth.addr.brick.reject", "127.0.0.*")]);
     let addr2 = rejecting.addr();
     let r = blocking(move || Raw::connect(addr2).hello(AbiVersion::CURRENT, SUBVOL, None)).await;
-    assert!(
-        !r.accepted && r.reason.contains("address 127.0.0.1 is rejected"),
-        "{r:?}"
-    );
+    assert!(!r.accepted && r.reason.contains("address 127.0.0.1 is rejected"), "{r:?}");
     let allow_other = Brick::start(&[("auth.addr.brick.allow", "10.*")]);
     let addr3 = allow_other.addr();
     let r = blocking(move || Raw::connect(addr3).hello(AbiVersion::CURRENT, SUBVOL, None)).await;
@@ -919,22 +625,13 @@ async fn handshakes_are_refused_with_a_reason() {
     // A client with a wrong password stays down and shows the reason.
     let c = TestClient::new(addr, &[("username", "alice"), ("password", "wrong")]);
     c.start();
-    wait_until("the refusal", || {
-        c.dump("last-error")
-            .contains("wrong password for user 'alice'")
-    })
-    .await;
+    wait_until("the refusal", || c.dump("last-error").contains("wrong password for user 'alice'")).await;
     c.wait_downs(1).await;
     assert_eq!(c.count(&Event::ChildUp), 0);
-    assert_eq!(
-        c.run(Fop::Stat { loc: Loc::root() }).await,
-        Err(Errno::ENOTCONN)
-    );
+    assert_eq!(c.run(Fop::Stat { loc: Loc::root() }).await, Err(Errno::ENOTCONN));
     c.stop();
     let good = TestClient::up(addr, &[("username", "alice"), ("password", "s3cret")]).await;
-    good.run(Fop::Stat { loc: Loc::root() })
-        .await
-        .expect("logged in");
+    good.run(Fop::Stat { loc: Loc::root() }).await.expect("logged in");
     good.stop();
     for b in [&brick, &rejecting, &allow_other] {
         b.stop_server().await;
@@ -963,45 +660,14 @@ async fn hostile_input_closes_only_that_connection() {
     let mut truncated = Message::Ping.to_frame(1).expect("ping").to_vec();
     truncated.truncate(10);
     let cases: Vec<(&str, bool, Vec<u8>)> = vec![
-        (
-            "garbage",
-            false,
-            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
-        ),
+        ("garbage", false, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
         ("a truncated frame", false, truncated),
-        (
-            "a 0xFFFFFFFF length",
-            false,
-            vec![0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0],
-        ),
-        (
-            "a CALL before the HELLO",
-            false,
-            rpc::encode_raw_frame(FrameKind::Call as u8, 0, 0, 1, &unknown_fop, &[]),
-        ),
-        (
-            "a frame over max-frame-size",
-            true,
-            [&((2u32 << 20).to_le_bytes())[..], &[5, 0, 0, 0]].concat(),
-        ),
-        (
-            "an undecodable CALL",
-            true,
-            rpc::encode_raw_frame(FrameKind::Call as u8, 0, 0, 1, &bad_call, &[]),
-        ),
-        (
-            "an unknown frame kind",
-            true,
-            rpc::encode_raw_frame(0x77, 0, 0, 1, &[], &[]),
-        ),
-        (
-            "a REPLY from a client",
-            true,
-            Message::Reply(Err(Errno::EIO))
-                .to_frame(3)
-                .expect("reply")
-                .to_vec(),
-        ),
+        ("a 0xFFFFFFFF length", false, vec![0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]),
+        ("a CALL before the HELLO", false, rpc::encode_raw_frame(FrameKind::Call as u8, 0, 0, 1, &unknown_fop, &[])),
+        ("a frame over max-frame-size", true, [&((2u32 << 20).to_le_bytes())[..], &[5, 0, 0, 0]].concat()),
+        ("an undecodable CALL", true, rpc::encode_raw_frame(FrameKind::Call as u8, 0, 0, 1, &bad_call, &[])),
+        ("an unknown frame kind", true, rpc::encode_raw_frame(0x77, 0, 0, 1, &[], &[])),
+        ("a REPLY from a client", true, Message::Reply(Err(Errno::EIO)).to_frame(3).expect("reply").to_vec()),
     ];
     for (what, after_hello, bytes) in cases {
         let hello = hello.clone();
@@ -1009,10 +675,7 @@ async fn hostile_input_closes_only_that_connection() {
             let mut raw = Raw::connect(addr);
             if after_hello {
                 raw.send_msg(&hello, 0);
-                assert!(
-                    matches!(raw.recv(), Some(Message::HelloReply(r)) if r.accepted),
-                    "{what}"
-                );
+                assert!(matches!(raw.recv(), Some(Message::HelloReply(r)) if r.accepted), "{what}");
             }
             raw.send(&bytes);
             if what == "a truncated frame" {
@@ -1021,41 +684,22 @@ async fn hostile_input_closes_only_that_connection() {
             assert!(raw.closed(), "{what}: the server closes the connection");
         })
         .await;
-        good.run(Fop::Stat { loc: Loc::root() })
-            .await
-            .unwrap_or_else(|e| panic!("after {what}: {e:?}"));
+        good.run(Fop::Stat { loc: Loc::root() }).await.unwrap_or_else(|e| panic!("after {what}: {e:?}"));
     }
-    assert!(
-        brick
-            .chain
-            .top()
-            .dump("closed-bad-input-total")
-            .parse::<u32>()
-            .expect("counter")
-            >= 5
-    );
+    assert!(brick.chain.top().dump("closed-bad-input-total").parse::<u32>().expect("counter") >= 5);
 
     // An unknown fop code is answered with ENOSYS; the connection stays.
     blocking(move || {
         let mut raw = Raw::connect(addr);
         raw.send_msg(&hello, 0);
         assert!(matches!(raw.recv(), Some(Message::HelloReply(r)) if r.accepted));
-        raw.send(&rpc::encode_raw_frame(
-            FrameKind::Call as u8,
-            0,
-            0,
-            41,
-            &unknown_fop,
-            &[],
-        ));
+        raw.send(&rpc::encode_raw_frame(FrameKind::Call as u8, 0, 0, 41, &unknown_fop, &[]));
         raw.send_msg(&Message::Ping, 42);
         assert_eq!(raw.recv(), Some(Message::Reply(Err(Errno::ENOSYS))));
         assert_eq!(raw.recv(), Some(Message::Pong));
     })
     .await;
-    good.run(Fop::Stat { loc: Loc::root() })
-        .await
-        .expect("still served");
+    good.run(Fop::Stat { loc: Loc::root() }).await.expect("still served");
     good.stop();
     brick.stop_server().await;
 }
@@ -1065,12 +709,8 @@ async fn a_gone_client_releases_its_locks_and_fds() {
     let brick = Brick::start(&[]);
     let a = TestClient::up(brick.addr(), &[]).await;
     let b = Arc::new(TestClient::up(brick.addr(), &[]).await);
-    let lock = |ty| Fop::Inodelk {
-        domain: "dom".into(),
-        loc: Loc::root(),
-        cmd: LkCmd::SetLk,
-        lock: Flock::whole(ty, 1),
-    };
+    let lock =
+        |ty| Fop::Inodelk { domain: "dom".into(), loc: Loc::root(), cmd: LkCmd::SetLk, lock: Flock::whole(ty, 1) };
     a.run(lock(LockType::Write)).await.expect("a locks");
     a.run(create("held", 5)).await.expect("a opens");
     assert_eq!(b.run(lock(LockType::Write)).await, Err(Errno::EAGAIN));
@@ -1086,21 +726,12 @@ async fn a_gone_client_releases_its_locks_and_fds() {
             .await
         })
     };
-    wait_until("b's request queued at the lock server", || {
-        brick.locks.dump("locks") == "2"
-    })
-    .await;
+    wait_until("b's request queued at the lock server", || brick.locks.dump("locks") == "2").await;
     assert!(!waiting.is_finished());
     assert_eq!(brick.posix.dump("open-fds"), "1");
     a.stop();
-    within("b's lock", waiting)
-        .await
-        .expect("join")
-        .expect("b gets the lock once a is gone");
-    wait_until("a's fd released on the brick", || {
-        brick.posix.dump("open-fds") == "0"
-    })
-    .await;
+    within("b's lock", waiting).await.expect("join").expect("b gets the lock once a is gone");
+    wait_until("a's fd released on the brick", || brick.posix.dump("open-fds") == "0").await;
     assert_eq!(brick.chain.top().dump("clients"), "1");
     b.stop();
     brick.stop_server().await;
@@ -1117,22 +748,12 @@ async fn contention_upcalls_reach_the_holder_only() {
         cmd: LkCmd::SetLk,
         lock: Flock::whole(LockType::Write, owner),
     };
-    a.run_as(CallCtx::root("a").with_lk_owner(7), lock(7))
-        .await
-        .expect("a locks");
+    a.run_as(CallCtx::root("a").with_lk_owner(7), lock(7)).await.expect("a locks");
     assert_eq!(b.run(lock(8)).await, Err(Errno::EAGAIN));
     wait_until("a's contention upcall", || !a.upcalls().is_empty()).await;
     match &a.upcalls()[0] {
-        Upcall::InodelkContention {
-            gfid,
-            domain,
-            holder_client,
-            holder_owner,
-        } => {
-            assert_eq!(
-                (*gfid, domain.as_str(), *holder_owner),
-                (Gfid::ROOT, "dom", 7)
-            );
+        Upcall::InodelkContention { gfid, domain, holder_client, holder_owner } => {
+            assert_eq!((*gfid, domain.as_str(), *holder_owner), (Gfid::ROOT, "dom", 7));
             assert_eq!(holder_client, &a.dump("server-client-id"));
         }
         other => panic!("{other:?}"),
@@ -1151,12 +772,7 @@ async fn stopping_answers_calls_in_flight_then_says_goodbye() {
     let c = Arc::new(TestClient::up(listen_addr(chain.top()), &[("reconnect-min", "1s")]).await);
     let t = {
         let c = c.clone();
-        tokio::spawn(async move {
-            c.run(Fop::Stat {
-                loc: Loc::gfid(g(1)),
-            })
-            .await
-        })
+        tokio::spawn(async move { c.run(Fop::Stat { loc: Loc::gfid(g(1)) }).await })
     };
     wait_until("the call at the child", || gate.arrived() == 1).await;
     let server = chain.top().xl.clone();
@@ -1165,17 +781,10 @@ async fn stopping_answers_calls_in_flight_then_says_goodbye() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!fini.is_finished(), "fini waits for the call in flight");
     gate.release(g(1));
-    assert!(
-        within("the answer", t).await.expect("join").is_ok(),
-        "the call in flight is answered"
-    );
+    assert!(within("the answer", t).await.expect("join").is_ok(), "the call in flight is answered");
     within("fini", fini).await.expect("fini returns");
     c.wait_downs(1).await;
-    wait_until("the goodbye", || {
-        c.dump("last-error")
-            .contains("said goodbye: the server is shutting down")
-    })
-    .await;
+    wait_until("the goodbye", || c.dump("last-error").contains("said goodbye: the server is shutting down")).await;
     c.stop();
 }
 
@@ -1187,37 +796,16 @@ fn bind_errors_name_the_address() {
     let port = taken.local_addr().expect("addr").port().to_string();
     let opts = Options::resolve(
         super::TYPE.options,
-        [
-            ("transport.socket.bind-address", "127.0.0.1"),
-            ("transport.socket.listen-port", port.as_str()),
-        ],
+        [("transport.socket.bind-address", "127.0.0.1"), ("transport.socket.listen-port", port.as_str())],
     )
     .expect("options");
     let mock = crate::test_util::Mock::new();
-    let init = InitCtx {
-        name: "srv".into(),
-        options: opts,
-        children: vec![mock.child()],
-        events: EventSink::new(),
-    };
+    let init = InitCtx { name: "srv".into(), options: opts, children: vec![mock.child()], events: EventSink::new() };
     let e = (super::TYPE.build)(init).err().expect("port in use");
-    assert!(
-        e.to_string()
-            .contains(&format!("cannot listen on 127.0.0.1:{port}")),
-        "{e}"
-    );
+    assert!(e.to_string().contains(&format!("cannot listen on 127.0.0.1:{port}")), "{e}");
 
-    let tls = Options::resolve(
-        super::TYPE.options,
-        [("transport.socket.ssl-enabled", "on")],
-    )
-    .expect("options");
-    let init = InitCtx {
-        name: "srv".into(),
-        options: tls,
-        children: vec![mock.child()],
-        events: EventSink::new(),
-    };
+    let tls = Options::resolve(super::TYPE.options, [("transport.socket.ssl-enabled", "on")]).expect("options");
+    let init = InitCtx { name: "srv".into(), options: tls, children: vec![mock.child()], events: EventSink::new() };
     let e = (super::TYPE.build)(init).err().expect("tls");
     assert!(e.to_string().contains("TLS is not supported"), "{e}");
 }
@@ -1233,14 +821,8 @@ fn gluster_brick_volfile_options_are_accepted() {
         ("transport.socket.keepalive", "1"),
         ("auth.addr./srv/gb/b1.allow", "*"),
         ("auth-path", "/srv/gb/b1"),
-        (
-            "auth.login.31d20107-36ad-4db5-b4bf-e99d575e3031.password",
-            "c5f8ad01-1797-4cf4-8b65-38179060f463",
-        ),
-        (
-            "auth.login./srv/gb/b1.allow",
-            "31d20107-36ad-4db5-b4bf-e99d575e3031",
-        ),
+        ("auth.login.31d20107-36ad-4db5-b4bf-e99d575e3031.password", "c5f8ad01-1797-4cf4-8b65-38179060f463"),
+        ("auth.login./srv/gb/b1.allow", "31d20107-36ad-4db5-b4bf-e99d575e3031"),
         ("transport.address-family", "inet"),
         ("transport-type", "tcp"),
     ];

@@ -29,7 +29,7 @@
 //!   (at most [`MAX_DIRENT_XATTR_NAMES`] are honoured), the reply xdata
 //!   carries, for each returned entry other than `.` and `..` and each of
 //!   those xattrs it has, the value under
-//!   [`keys::dirent_xattr`](xlfs_sdk::dict::keys::dirent_xattr)`(name, xattr)`
+//!   [`xlfs_sdk::dict::keys::dirent_xattr`]`(name, xattr)`
 //!   (`"{name}/{xattr}"`), plus
 //!   [`DIRENT_XATTRS`](xlfs_sdk::dict::keys::DIRENT_XATTRS) saying it did,
 //!   so a missing key means the entry lacks that xattr. A batch ends early
@@ -794,7 +794,14 @@ impl Inner {
         }
         let same = |st: &libc::stat| {
             (st.st_ino, st.st_size, st.st_mtime, st.st_mtime_nsec, st.st_ctime, st.st_ctime_nsec)
-                == (node.st.st_ino, node.st.st_size, node.st.st_mtime, node.st.st_mtime_nsec, node.st.st_ctime, node.st.st_ctime_nsec)
+                == (
+                    node.st.st_ino,
+                    node.st.st_size,
+                    node.st.st_mtime,
+                    node.st.st_mtime_nsec,
+                    node.st.st_ctime,
+                    node.st.st_ctime_nsec,
+                )
         };
         let file = sys::openat(self.brick.gfs(), node.handle(), libc::O_RDONLY | libc::O_NOFOLLOW, 0).ok()?;
         let mut buf = vec![0u8; usize::try_from(size).ok()?];
@@ -1068,7 +1075,9 @@ impl Inner {
                     break 'fill;
                 }
                 let mut values: Vec<(String, Vec<u8>)> = Vec::new();
-                if !xattrs.is_empty() && name != "." && name != ".."
+                if !xattrs.is_empty()
+                    && name != "."
+                    && name != ".."
                     && let Ok(cname) = cstr(name.as_bytes())
                 {
                     let t = Target::At(fd, &cname);
@@ -1401,11 +1410,7 @@ impl Xlator for Posix {
                 }
                 r
             };
-            if inline {
-                run()
-            } else {
-                blocking(run).await
-            }
+            if inline { run() } else { blocking(run).await }
         })
     }
 
