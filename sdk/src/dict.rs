@@ -162,6 +162,20 @@ pub mod keys {
     /// convention leaves it out).
     pub const DIRENT_XATTRS: &str = "xlfs.dirent-xattrs";
 
+    /// On the opendir and the readdirps of a whole-directory read that
+    /// performance/md-cache makes ahead of lookups (`dir-prefetch`): a
+    /// flag. performance/readdir-ahead leaves such a directory fd alone;
+    /// performance/quick-read asks for [`READDIRP_CONTENT`] on its readdirps.
+    pub const DIR_PREFETCH: &str = "xlfs.dir-prefetch";
+
+    /// On a readdirp: a u64 byte limit. storage/posix puts the whole
+    /// content of each regular entry no larger under the entry's
+    /// [`dirent_xattr`]`(name, `[`CONTENT`]`)` reply key (within a per-reply
+    /// budget); cluster/replicate passes an entry's content on only when
+    /// every child is up and no child's index lists the inode (no copy can
+    /// be behind another), and removes it otherwise.
+    pub const READDIRP_CONTENT: &str = "xlfs.readdirp-content";
+
     /// On an opendir, from performance/md-cache (GlusterFS's
     /// `GF_MDC_LOADED_KEY_NAMES`): the xattr names md-cache adds to every
     /// readdirp it sends, separated by spaces. performance/readdir-ahead

@@ -318,6 +318,9 @@ struct State {
     /// whether every name of the directory is in `dirs` (none evicted or
     /// dropped by an invalidation since).
     listed: HashMap<Gfid, (u64, bool)>,
+    /// Directories being read whole now: lookups there wait for the read
+    /// (bounded by [`PREFETCH_WAIT`]) rather than ask the bricks meanwhile.
+    prefetching: HashMap<Gfid, Arc<tokio::sync::Notify>>,
 }
 
 fn same_attrs(a: &Iatt, b: &Iatt) -> bool {
@@ -356,6 +359,7 @@ impl State {
             recent_order: VecDeque::new(),
             lost_epoch: 0,
             listed: HashMap::new(),
+            prefetching: HashMap::new(),
             xattr_bytes: 0,
             statfs: None,
             stats: Stats::default(),
@@ -1227,11 +1231,18 @@ struct MdCache {
 /// and replicate's heal ids on the bricks).
 const PREFETCH_FD_BASE: u64 = 0x6d64_6300_0000_0000;
 
+/// Longest a lookup waits for a whole-directory read of its parent.
+const PREFETCH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Most entries a directory prefetch reads.
 const PREFETCH_MAX: usize = 8192;
 
 /// Reads directory `dir` whole through `child`, filling the cache as any
-/// readdirp does; marks it listed whole if every entry fit.
+/// readdirp does; marks it listed whole if every entry fit, and wakes the
+/// lookups waiting for it. Then reads it once more, marked
+/// [`keys::DIR_PREFETCH`], for the translators below that bring more with
+/// each entry (performance/quick-read: small files' content); that second
+/// pass fills nothing here and nobody waits for it.
 async fn prefetch_dir(
     child: Child,
     state: Arc<Mutex<State>>,
@@ -1242,21 +1253,49 @@ async fn prefetch_dir(
     at: u64,
 ) {
     let fd = Fd { id: fd, gfid: dir };
-    let mut open = Request::new(Fop::Opendir { loc: Loc::gfid(dir), fd: fd.id });
-    let _ = state.lock().plan(&mut open);
+    let whole = read_dir(&child, Some((&state, &clock)), &ctx, fd).await;
+    {
+        let mut st = state.lock();
+        if whole {
+            st.listed_done(dir, at);
+        }
+        if let Some(n) = st.prefetching.remove(&dir) {
+            n.notify_waiters();
+        }
+    }
+    if whole {
+        read_dir(&child, None, &ctx, fd).await;
+    }
+}
+
+/// Opens, reads whole (at most [`PREFETCH_MAX`] entries) and releases
+/// directory `fd`, filling `cache` from the replies when given, else
+/// marking the readdirps [`keys::DIR_PREFETCH`]. True if every entry came.
+async fn read_dir(child: &Child, cache: Option<(&Arc<Mutex<State>>, &Arc<dyn Clock>)>, ctx: &CallCtx, fd: Fd) -> bool {
+    let mut open = Request::new(Fop::Opendir { loc: Loc::gfid(fd.gfid), fd: fd.id });
+    open.xdata.set_u64(keys::DIR_PREFETCH, 1);
+    if let Some((state, _)) = cache {
+        let _ = state.lock().plan(&mut open);
+    }
     if child.call(ctx.clone(), open).await.is_err() {
-        return;
+        return false;
     }
     let (mut offset, mut seen, mut whole) = (0u64, 0usize, false);
     loop {
         let mut req = Request::new(Fop::Readdirp { fd, size: 128 << 10, offset });
-        let plan = state.lock().plan(&mut req);
+        let plan = match cache {
+            Some((state, _)) => state.lock().plan(&mut req),
+            None => {
+                req.xdata.set_u64(keys::DIR_PREFETCH, 1);
+                None
+            }
+        };
         let mut res = child.call(ctx.clone(), req).await;
         let last = match &res {
             Ok(Response { reply: Reply::Dirents(v), .. }) => v.last().map(|e| (e.d_off, v.len())),
             _ => None,
         };
-        if let Some(plan) = plan {
+        if let (Some(plan), Some((state, clock))) = (plan, cache) {
             state.lock().after(plan, &mut res, clock.now_ns());
         }
         match (res.is_ok(), last) {
@@ -1271,10 +1310,8 @@ async fn prefetch_dir(
             _ => break,
         }
     }
-    let _ = child.call(ctx, Request::new(Fop::Releasedir { fd })).await;
-    if whole {
-        state.lock().listed_done(dir, at);
-    }
+    let _ = child.call(ctx.clone(), Request::new(Fop::Releasedir { fd })).await;
+    whole
 }
 
 fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
@@ -1294,6 +1331,26 @@ impl MdCache {
     }
 }
 
+impl MdCache {
+    /// A lookup that waited for its directory's read: answered from what
+    /// it brought, or sent down.
+    async fn lookup_after_wait(&self, ctx: CallCtx, mut req: Request) -> FopResult {
+        let now = self.clock.now_ns();
+        let plan = {
+            let mut st = self.state.lock();
+            if let Some(res) = st.answer(&req, now) {
+                return res;
+            }
+            st.plan(&mut req)
+        };
+        let mut res = self.child.call(ctx, req).await;
+        if let Some(plan) = plan {
+            self.state.lock().after(plan, &mut res, self.clock.now_ns());
+        }
+        res
+    }
+}
+
 impl Xlator for MdCache {
     fn call(&self, ctx: CallCtx, mut req: Request) -> FopFuture<'_> {
         let now = self.clock.now_ns();
@@ -1302,6 +1359,24 @@ impl Xlator for MdCache {
             if let Some(res) = st.answer(&req, now) {
                 return Box::pin(std::future::ready(res));
             }
+            // A lookup in a directory being read waits for the read (the
+            // one that starts it goes down at once).
+            if let Fop::Lookup { loc } = &req.fop
+                && loc.is_entry()
+                && let Some(n) = st.prefetching.get(&loc.parent).cloned()
+            {
+                let parent = loc.parent;
+                drop(st);
+                return Box::pin(async move {
+                    let woken = n.notified();
+                    tokio::pin!(woken);
+                    woken.as_mut().enable();
+                    if self.state.lock().prefetching.contains_key(&parent) {
+                        let _ = tokio::time::timeout(PREFETCH_WAIT, woken).await;
+                    }
+                    self.lookup_after_wait(ctx, req).await
+                });
+            }
             if let Fop::Lookup { loc } = &req.fop
                 && loc.is_entry()
                 && st.want_prefetch(loc.parent, now)
@@ -1309,6 +1384,7 @@ impl Xlator for MdCache {
             {
                 let id = FdId(PREFETCH_FD_BASE | self.next_fd.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
                 let pctx = CallCtx::root(ctx.client_id.clone());
+                st.prefetching.insert(loc.parent, Arc::new(tokio::sync::Notify::new()));
                 h.spawn(prefetch_dir(
                     self.child.clone(),
                     self.state.clone(),

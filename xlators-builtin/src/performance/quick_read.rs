@@ -29,6 +29,14 @@
 //! lookup: the open is deferred, the read answered here, and flush and
 //! release of the never-opened fd are absorbed by open-behind.
 //!
+//! The whole-directory reads md-cache makes ahead of lookups
+//! ([`keys::DIR_PREFETCH`] on their readdirps) ask for
+//! [`keys::READDIRP_CONTENT`] too: storage/posix adds each small regular
+//! entry's bytes, cluster/replicate keeps them only where no copy can be
+//! behind another, and they are cached here as a lookup's content is (and
+//! taken out of the reply). After a remount, the `stat` of every file in a
+//! directory then also brings what a later `cat` reads.
+//!
 //! With `fetch-on-read`, a read at offset 0 of a file not cached (md-cache
 //! above answered its lookups, so none came here) fetches the content with
 //! a lookup by gfid first, then answers from it: one round trip instead of open, read,
@@ -41,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use xlfs_sdk::dict::keys::CONTENT;
+use xlfs_sdk::dict::keys::{self, CONTENT};
 use xlfs_sdk::options::{OptType, OptionDecl};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
@@ -75,6 +83,12 @@ const OPTIONS: &[OptionDecl] = &[
          md-cache above answers the lookups that would have brought the content; the generated client graph \
          turns it on. xlfs only.",
     ),
+    OptionDecl::new("dir-prefetch-content", OptType::Bool).default("on").desc(
+        "When md-cache above reads a whole directory ahead of lookups (its dir-prefetch), ask for the content of \
+         every regular entry up to max-file-size with it and cache it, as a lookup's would be: after a remount, \
+         reading the small files of a directory that was listed or stat'ed costs no round trip. Costs the bricks \
+         a read of those files in the background. xlfs only.",
+    ),
 ];
 
 /// The translator type.
@@ -94,6 +108,7 @@ struct Cfg {
     timeout: Duration,
     invalidation: bool,
     fetch_on_read: bool,
+    dir_content: bool,
 }
 
 fn settings(o: &Options) -> Cfg {
@@ -103,6 +118,7 @@ fn settings(o: &Options) -> Cfg {
         timeout: Duration::from_secs(u64::try_from(o.int("cache-timeout").unwrap_or(1)).unwrap_or(1)),
         invalidation: o.bool("cache-invalidation").unwrap_or(false),
         fetch_on_read: o.bool("fetch-on-read").unwrap_or(false),
+        dir_content: o.bool("dir-prefetch-content").unwrap_or(true),
     }
 }
 
@@ -366,6 +382,32 @@ impl QuickRead {
         })
     }
 
+    /// A readdirp of md-cache's directory read: ask for the entries'
+    /// content and cache what comes.
+    fn prefetching(&self, ctx: CallCtx, mut req: Request) -> FopFuture<'_> {
+        let (seq, max, on) = {
+            let c = self.cache.lock();
+            (c.seq, c.cfg.max_file_size, c.cfg.dir_content)
+        };
+        if max == 0 || !on {
+            return self.child.call(ctx, req);
+        }
+        req.xdata.set_u64(keys::READDIRP_CONTENT, max);
+        Box::pin(async move {
+            let mut res = self.child.call(ctx, req).await;
+            if let Ok(Response { reply: Reply::Dirents(entries), xdata }) = &mut res {
+                let now = self.now();
+                let mut c = self.cache.lock();
+                for e in entries.iter() {
+                    if let Some(Value::Bytes(data)) = xdata.remove(&keys::dirent_xattr(&e.name, CONTENT)) {
+                        c.on_lookup(&e.iatt, Some(data), seq, now);
+                    }
+                }
+            }
+            res
+        })
+    }
+
     fn changing(&self, ctx: CallCtx, req: Request, gfid: Gfid) -> FopFuture<'_> {
         self.cache.lock().invalidate(gfid);
         self.big.lock().remove(&gfid);
@@ -397,6 +439,7 @@ impl Xlator for QuickRead {
     fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
         match &req.fop {
             Fop::Lookup { .. } => self.lookup(ctx, req),
+            Fop::Readdirp { .. } if req.xdata.contains(keys::DIR_PREFETCH) => self.prefetching(ctx, req),
             Fop::Readv { fd, size, offset, .. } => {
                 let (gfid, size, offset) = (fd.gfid, *size, *offset);
                 let hit = self.cache.lock().read(gfid, offset, size, self.now());

@@ -796,6 +796,9 @@ impl Xlator for ReaddirAhead {
             return inner.child.call(ctx, req);
         }
         match &req.fop {
+            // md-cache's own whole-directory read: reading ahead of it
+            // would read the directory twice.
+            Fop::Opendir { .. } if req.xdata.contains(keys::DIR_PREFETCH) => inner.child.call(ctx, req),
             Fop::Opendir { loc, fd } => {
                 let (dir, id) = (loc.gfid, *fd);
                 inner.opendir(ctx, req, dir, id)

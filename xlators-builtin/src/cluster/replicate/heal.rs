@@ -858,7 +858,7 @@ impl Inner {
     }
 
     /// One page of child `i`'s index after `after`; None when the child has no index.
-    async fn index_page(&self, ctx: &CallCtx, i: usize, after: Option<Gfid>) -> Option<(Vec<Gfid>, u64)> {
+    pub(super) async fn index_page(&self, ctx: &CallCtx, i: usize, after: Option<Gfid>) -> Option<(Vec<Gfid>, u64)> {
         let key = after.map_or(XATTROP_KEY.to_string(), |g| format!("{XATTROP_KEY}:{g}"));
         match self.on(i, ctx, Fop::Getxattr { loc: Loc::root(), name: key.clone() }).await {
             Ok(Response { reply: Reply::Xattrs(d), .. }) => {

@@ -26,12 +26,13 @@
 //! After a child comes up, an inode's staleness is looked up again before
 //! it is read from (AFR's event generation).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
-use xlfs_sdk::dict::keys::CONTENT;
-use xlfs_sdk::{CallCtx, Dict, Errno, Fop, FopResult, Gfid, Loc, Reply, Request, Response, Value};
+use xlfs_sdk::dict::keys::{self, CONTENT, READDIRP_CONTENT};
+use xlfs_sdk::{CallCtx, Dict, Errno, Fd, Fop, FopResult, Gfid, Loc, Reply, Request, Response, Value};
 
 use super::Inner;
 use super::pending::{self, Kind, Mask, all, bit, members};
@@ -344,6 +345,50 @@ impl Inner {
         ) else {
             return Err(Errno::EINVAL);
         };
+        if req.xdata.contains(READDIRP_CONTENT) {
+            let mut r = self.readdir_on(ctx, req, fd, offset).await;
+            if let Ok(rsp) = &mut r {
+                self.vet_dirent_content(ctx, rsp).await;
+            }
+            return r;
+        }
+        self.readdir_on(ctx, req, fd, offset).await
+    }
+
+    /// Content that came with a readdirp's entries ([`READDIRP_CONTENT`])
+    /// is from one copy. It is passed on only when every child is up and
+    /// no child's index lists the inode: then no copy accuses another, so
+    /// every copy holds the same bytes (a transaction in flight raises
+    /// counters in its pre-op, and lists the inode, before it writes).
+    /// Otherwise it is removed and a read fetches the content as usual.
+    async fn vet_dirent_content(&self, ctx: &CallCtx, rsp: &mut Response) {
+        let Reply::Dirents(entries) = &rsp.reply else { return };
+        let with: Vec<(String, Gfid)> = entries
+            .iter()
+            .filter(|e| rsp.xdata.contains(&keys::dirent_xattr(&e.name, CONTENT)))
+            .map(|e| (keys::dirent_xattr(&e.name, CONTENT), e.iatt.gfid))
+            .collect();
+        if with.is_empty() {
+            return;
+        }
+        let n = self.children.len();
+        let mut listed: Option<HashSet<Gfid>> = (self.up_mask() == all(n)).then(HashSet::new);
+        for i in 0..n {
+            let Some(set) = listed.as_mut() else { break };
+            match self.index_page(ctx, i, None).await {
+                // The whole index fit in one page: it is all we need.
+                Some((page, count)) if page.len() as u64 >= count => set.extend(page),
+                _ => listed = None,
+            }
+        }
+        for (key, gfid) in with {
+            if listed.as_ref().is_none_or(|set| gfid.is_null() || set.contains(&gfid)) {
+                rsp.xdata.remove(&key);
+            }
+        }
+    }
+
+    async fn readdir_on(self: &Arc<Self>, ctx: &CallCtx, req: Request, fd: Fd, offset: u64) -> FopResult {
         let sticky = self.fds.get(fd.id).and_then(|f| f.readdir_child);
         match sticky {
             Some(i) if offset != 0 => {

@@ -91,6 +91,14 @@ impl Cluster {
                     events: sink.clone(),
                 })
                 .expect("locks");
+                // features/index above locks (in memory), as on a brick.
+                let locks = (crate::features::index::TYPE.build)(InitCtx {
+                    name: format!("index-{i}"),
+                    options: opts(crate::features::index::TYPE.options, &[]),
+                    children: vec![Child { name: Arc::from(format!("locks-{i}")), xl: locks }],
+                    events: EventSink::new(),
+                })
+                .expect("index");
                 Brick { dir, locks, sink }
             })
             .collect();
@@ -1239,4 +1247,47 @@ async fn quick_successions_on_the_same_names_end_as_if_synchronous() {
     for i in 0..N {
         assert_eq!(names_on(&c, i, "d"), vec!["y".to_string()], "brick {i}");
     }
+}
+
+/// A readdirp asking for the entries' content gets it only where no copy
+/// can be behind another: every child up and no child's index listing the
+/// inode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readdirp_content_passes_only_from_copies_nobody_accuses() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("async-dirops", "off")]);
+    let d = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d")).await);
+    for name in ["f", "g"] {
+        let (fd, _) = create_in(&n, d, name).await.expect("create");
+        n.write(fd, 0, name.as_bytes()).await.expect("write");
+        n.close(fd).await;
+    }
+    n.quiesce().await;
+    let both = content_listing(&n, d).await;
+    assert_eq!(both[0].as_deref(), Some(&b"f"[..]));
+    assert_eq!(both[1].as_deref(), Some(&b"g"[..]));
+    // f misses a write on child 2: the others' indices list it.
+    let f = entry_gfid(n.call(Fop::Lookup { loc: Loc::entry(d, "f") }).await);
+    let fd = n.open(f).await;
+    n.down(2);
+    n.write(fd, 0, b"F").await.expect("write with a child down");
+    n.close(fd).await;
+    n.quiesce().await;
+    assert!(content_listing(&n, d).await.iter().all(Option::is_none), "a child down: nothing can be vetted");
+    n.up(2);
+    let after = content_listing(&n, d).await;
+    assert_eq!(after[0], None, "f is listed in an index");
+    assert_eq!(after[1].as_deref(), Some(&b"g"[..]), "g is clean");
+}
+
+/// The content a readdirp asking for it brings for "f" and "g" in `d`.
+async fn content_listing(n: &Node, d: Gfid) -> [Option<Bytes>; 2] {
+    use xlfs_sdk::dict::keys;
+    let fd = Fd { id: n.fd_id(), gfid: d };
+    n.call(Fop::Opendir { loc: Loc::gfid(d), fd: fd.id }).await.expect("opendir");
+    let mut req = Request::new(Fop::Readdirp { fd, size: 64 << 10, offset: 0 });
+    req.xdata.set_u64(keys::READDIRP_CONTENT, 1000);
+    let rsp = n.afr.call(n.ctx.clone(), req).await.expect("readdirp");
+    n.call(Fop::Releasedir { fd }).await.expect("releasedir");
+    ["f", "g"].map(|name| rsp.xdata.get_bytes(&keys::dirent_xattr(name, keys::CONTENT)))
 }

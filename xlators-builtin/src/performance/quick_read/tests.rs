@@ -258,6 +258,7 @@ fn a_lookup_racing_an_invalidation_does_not_cache_old_content() {
         timeout: Duration::from_secs(1),
         invalidation: false,
         fetch_on_read: false,
+        dir_content: false,
     });
     let t0 = Instant::now();
     let seq = c.seq;
@@ -382,4 +383,43 @@ async fn over_open_behind_and_posix_a_small_file_read_costs_only_the_lookup() {
             assert_eq!(seen, expect, "a large file is opened when read");
         }
     }
+}
+
+/// md-cache's whole-directory read asks for the entries' content; what
+/// comes is cached (and taken out of the reply) and answers reads.
+#[test]
+fn content_from_a_directory_prefetch_answers_reads() {
+    let t = setup(&[("cache-invalidation", "on")]);
+    let entry =
+        |name: &str, iatt: Iatt| xlfs_sdk::DirEntry { name: name.into(), d_off: 1, d_type: iatt.file_type(), iatt };
+    let (g, h) = (file_iatt(G, 5, 10), file_iatt(H, 3, 10));
+    let mut xdata = Dict::new();
+    xdata.set_bytes(keys::dirent_xattr("g", CONTENT), Bytes::from_static(b"hello"));
+    // h's content did not come (replicate removed it): h is not cached.
+    t.mock.answer(FopKind::Readdirp, Ok(Response { reply: Reply::Dirents(vec![entry("g", g), entry("h", h)]), xdata }));
+    let dir = Fd { id: FdId(9), gfid: K };
+    let mut req = Request::new(Fop::Readdirp { fd: dir, size: 4096, offset: 0 });
+    req.xdata.set_u64(keys::DIR_PREFETCH, 1);
+    let rsp = now(t.qr.call(ctx("c", 1), req)).expect("readdirp");
+    assert!(!rsp.xdata.contains(&keys::dirent_xattr("g", CONTENT)), "taken out of the reply");
+    let (_, sent) = t.mock.calls().into_iter().find(|(_, r)| r.fop.kind() == FopKind::Readdirp).expect("sent");
+    assert_eq!(sent.xdata.get_u64(keys::READDIRP_CONTENT), Some(64 * 1024), "asked with max-file-size");
+    assert_eq!(&t.read(G, 0, 100)[..], b"hello");
+    assert_eq!(t.child_reads(), 0, "from the cache");
+    t.read(H, 0, 100);
+    assert_eq!(t.child_reads(), 1, "not cached");
+    // A kernel readdirp (no DIR_PREFETCH) asks for nothing.
+    now(t.qr.call(ctx("c", 1), Request::new(Fop::Readdirp { fd: dir, size: 4096, offset: 0 }))).expect("readdirp");
+    let last = t.mock.calls().into_iter().rev().find(|(_, r)| r.fop.kind() == FopKind::Readdirp).expect("sent");
+    assert!(!last.1.xdata.contains(keys::READDIRP_CONTENT));
+}
+
+#[test]
+fn dir_prefetch_content_off_asks_for_nothing() {
+    let t = setup(&[("dir-prefetch-content", "off")]);
+    let mut req = Request::new(Fop::Readdirp { fd: Fd { id: FdId(9), gfid: K }, size: 4096, offset: 0 });
+    req.xdata.set_u64(keys::DIR_PREFETCH, 1);
+    now(t.qr.call(ctx("c", 1), req)).expect("readdirp");
+    let (_, sent) = t.mock.calls().into_iter().next().expect("sent");
+    assert!(!sent.xdata.contains(keys::READDIRP_CONTENT));
 }

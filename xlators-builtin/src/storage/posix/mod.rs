@@ -126,6 +126,24 @@ pub const MAX_DIRENT_XATTR_NAMES: usize = 32;
 /// returned).
 pub const MAX_DIRENT_XATTR_KEYS: usize = 2048;
 
+/// Most bytes of file content one readdirp reply carries
+/// ([`keys::READDIRP_CONTENT`]); entries past it come without.
+pub const MAX_DIRENT_CONTENT: usize = 4 << 20;
+
+/// The whole content of regular file `name` in directory `dir`, if it is
+/// still what `iatt` (from the listing) describes after reading it.
+fn entry_content(dir: BorrowedFd<'_>, name: &str, iatt: &Iatt) -> Option<Vec<u8>> {
+    let cname = cstr(name.as_bytes()).ok()?;
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+    let file =
+        sys::openat(dir, &cname, flags | libc::O_NOATIME, 0).or_else(|_| sys::openat(dir, &cname, flags, 0)).ok()?;
+    let mut buf = vec![0u8; usize::try_from(iatt.size).ok()?];
+    let n = sys::pread_full(file.as_fd(), &mut buf, 0).ok()?;
+    let after = self::iatt(&sys::fstat(file.as_fd()).ok()?, iatt.gfid);
+    let same = (after.size, after.mtime, after.ctime, after.mode) == (iatt.size, iatt.mtime, iatt.ctime, iatt.mode);
+    (n == buf.len() && same).then_some(buf)
+}
+
 /// Largest readdir `size` honoured.
 const MAX_READDIR: usize = 4 << 20;
 
@@ -645,7 +663,8 @@ impl Inner {
                     .filter_map(|k| cstr(k.as_bytes()).ok().map(|c| (k.as_str(), c)))
                     .take(MAX_DIRENT_XATTR_NAMES)
                     .collect();
-                let (entries, xattrs) = self.readdir(&*self.fd(fd.id)?, size, offset, Some(&names))?;
+                let content = xdata.get_u64(keys::READDIRP_CONTENT).unwrap_or(0);
+                let (entries, xattrs) = self.readdir(&*self.fd(fd.id)?, size, offset, Some((&names, content)))?;
                 Ok(Response { reply: Reply::Dirents(entries), xdata: xattrs })
             }
             Fop::Fsyncdir { fd, datasync } => {
@@ -1039,10 +1058,11 @@ impl Inner {
         f: &OpenFd,
         size: u32,
         offset: u64,
-        xattrs: Option<&[(&str, CString)]>,
+        plus: Option<(&[(&str, CString)], u64)>,
     ) -> Sys<(Vec<DirEntry>, Dict)> {
-        let plus = xattrs.is_some();
-        let xattrs = xattrs.unwrap_or(&[]);
+        let (xattrs, content_max) = plus.unwrap_or((&[], 0));
+        let plus = plus.is_some();
+        let mut content_used = 0usize;
         let mut found = Dict::new();
         let mut keys_used = 0usize;
         if !f.dir {
@@ -1103,6 +1123,15 @@ impl Inner {
                 };
                 if d_type == FileType::Unknown {
                     d_type = iatt.file_type();
+                }
+                if content_max > 0
+                    && d_type == FileType::Regular
+                    && iatt.size <= content_max
+                    && content_used + iatt.size as usize <= MAX_DIRENT_CONTENT
+                    && let Some(data) = entry_content(fd, name, &iatt)
+                {
+                    content_used += data.len();
+                    found.set_bytes(keys::dirent_xattr(name, CONTENT), data);
                 }
                 out.push(DirEntry {
                     name: name.to_string(),
