@@ -1268,10 +1268,14 @@ async fn prefetch_dir(
     }
 }
 
+/// The cache a directory read fills, and its clock.
+type Fill<'a> = (&'a Arc<Mutex<State>>, &'a Arc<dyn Clock>);
+
 /// Opens, reads whole (at most [`PREFETCH_MAX`] entries) and releases
 /// directory `fd`, filling `cache` from the replies when given, else
 /// marking the readdirps [`keys::DIR_PREFETCH`]. True if every entry came.
-async fn read_dir(child: &Child, cache: Option<(&Arc<Mutex<State>>, &Arc<dyn Clock>)>, ctx: &CallCtx, fd: Fd) -> bool {
+
+async fn read_dir(child: &Child, cache: Option<Fill<'_>>, ctx: &CallCtx, fd: Fd) -> bool {
     let mut open = Request::new(Fop::Opendir { loc: Loc::gfid(fd.gfid), fd: fd.id });
     open.xdata.set_u64(keys::DIR_PREFETCH, 1);
     if let Some((state, _)) = cache {
