@@ -1274,7 +1274,6 @@ type Fill<'a> = (&'a Arc<Mutex<State>>, &'a Arc<dyn Clock>);
 /// Opens, reads whole (at most [`PREFETCH_MAX`] entries) and releases
 /// directory `fd`, filling `cache` from the replies when given, else
 /// marking the readdirps [`keys::DIR_PREFETCH`]. True if every entry came.
-
 async fn read_dir(child: &Child, cache: Option<Fill<'_>>, ctx: &CallCtx, fd: Fd) -> bool {
     let mut open = Request::new(Fop::Opendir { loc: Loc::gfid(fd.gfid), fd: fd.id });
     open.xdata.set_u64(keys::DIR_PREFETCH, 1);
