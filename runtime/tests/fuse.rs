@@ -769,3 +769,33 @@ fn mount_errors_are_reported() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+fn getxattr_errno(p: &Path, name: &str) -> i32 {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+    let n = std::ffi::CString::new(name).expect("name");
+    let mut buf = [0u8; 256];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 { std::io::Error::last_os_error().raw_os_error().unwrap_or(0) } else { 0 }
+}
+
+/// As on a GlusterFS mount, ACLs and SELinux labels are off unless the
+/// mount asks for them (`acl`, `selinux`): EOPNOTSUPP, which `ls -l`
+/// remembers for the whole mount instead of asking for every file.
+#[test]
+fn acl_and_selinux_xattrs_follow_the_mount_options() {
+    let v = volume("");
+    let f = v.mount.path().join("f");
+    std::fs::write(&f, b"x").expect("write");
+    for name in ["system.posix_acl_access", "system.posix_acl_default", "security.selinux"] {
+        assert_eq!(getxattr_errno(&f, name), libc::EOPNOTSUPP, "{name} without the option");
+    }
+    assert_eq!(getxattr_errno(&f, "user.none"), libc::ENODATA, "other xattrs are supported");
+    drop(v);
+    let v = volume("acl,selinux");
+    let f = v.mount.path().join("f");
+    std::fs::write(&f, b"x").expect("write");
+    for name in ["system.posix_acl_access", "security.selinux"] {
+        assert_eq!(getxattr_errno(&f, name), libc::ENODATA, "{name} with the option: asked, absent");
+    }
+}

@@ -32,6 +32,13 @@ fn time_set(t: TimeOrNow) -> TimeSet {
 
 /// xattr names the bricks keep for themselves; never shown or changed
 /// through the mount.
+/// True when `name` is an xattr the mount does not support with its
+/// options (`acl`, `selinux` off, as GlusterFS's defaults): EOPNOTSUPP.
+fn unsupported_xattr(opts: &super::options::MountOptions, name: &str) -> bool {
+    (!opts.acl && (name == "system.posix_acl_access" || name == "system.posix_acl_default"))
+        || (!opts.selinux && name == "security.selinux")
+}
+
 fn internal_xattr(name: &str) -> bool {
     name == "trusted.gfid" || name.starts_with("trusted.glusterfs.") || name.starts_with("trusted.afr.")
 }
@@ -234,6 +241,9 @@ impl Core {
         if internal_xattr(&name) {
             return Err(Errno::EPERM);
         }
+        if unsupported_xattr(&self.opts, &name) {
+            return Err(Errno::EOPNOTSUPP);
+        }
         let loc = Loc::gfid(self.gfid(ino)?);
         let mut xattrs = Dict::new();
         xattrs.set_bytes(name, value);
@@ -249,6 +259,9 @@ impl Core {
         if internal_xattr(&name) {
             return Err(Errno::ENODATA);
         }
+        if unsupported_xattr(&self.opts, &name) {
+            return Err(Errno::EOPNOTSUPP);
+        }
         let loc = Loc::gfid(self.gfid(ino)?);
         match self.call(self.ctx(who, 0, true), Fop::Getxattr { loc, name: name.clone() }).await? {
             Reply::Xattrs(d) => d.get(&name).map(value_bytes).ok_or(Errno::ENODATA),
@@ -262,7 +275,7 @@ impl Core {
         match self.call(self.ctx(who, 0, true), Fop::Getxattr { loc, name: String::new() }).await? {
             Reply::Xattrs(d) => {
                 let mut out = Vec::new();
-                for k in d.keys().filter(|k| !internal_xattr(k)) {
+                for k in d.keys().filter(|k| !internal_xattr(k) && !unsupported_xattr(&self.opts, k)) {
                     out.extend_from_slice(k.as_bytes());
                     out.push(0);
                 }
@@ -275,6 +288,9 @@ impl Core {
     pub(super) async fn removexattr(self: Arc<Self>, who: Caller, ino: INodeNo, name: String) -> Result<(), Errno> {
         if internal_xattr(&name) {
             return Err(Errno::EPERM);
+        }
+        if unsupported_xattr(&self.opts, &name) {
+            return Err(Errno::EOPNOTSUPP);
         }
         let loc = Loc::gfid(self.gfid(ino)?);
         self.call(self.ctx(who, 0, true), Fop::Removexattr { loc, name }).await.map(drop)

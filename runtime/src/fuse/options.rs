@@ -35,6 +35,8 @@ pub const KNOWN: &[(&str, &str)] = &[
     ("direct-io-mode", "off"),
     ("readdirplus", "on"),
     ("default-permissions", "on"),
+    ("acl", "off"),
+    ("selinux", "off"),
     ("allow-other", "on"),
     ("reader-threads", "2"),
     ("max-background", "64"),
@@ -79,6 +81,14 @@ pub struct MountOptions {
     /// Let the kernel check permissions from the mode bits
     /// (`default-permissions`). The bricks do not check them.
     pub default_permissions: bool,
+    /// POSIX ACLs (`acl`, GlusterFS's mount option): off, as in GlusterFS,
+    /// getting, setting or removing `system.posix_acl_access` and
+    /// `system.posix_acl_default` fails with EOPNOTSUPP without a fop, and
+    /// tools such as `ls -l` stop asking after the first file.
+    pub acl: bool,
+    /// SELinux labels (`selinux`, GlusterFS's mount option): off,
+    /// `security.selinux` fails with EOPNOTSUPP likewise.
+    pub selinux: bool,
     /// Let users other than the mounter use the mount (`allow-other`).
     pub allow_other: bool,
     /// How many threads read requests from /dev/fuse, each on its own cloned
@@ -124,6 +134,8 @@ impl Default for MountOptions {
             direct_io: false,
             readdirplus: true,
             default_permissions: true,
+            acl: false,
+            selinux: false,
             allow_other: true,
             reader_threads: 2,
             max_background: 64,
@@ -260,6 +272,9 @@ impl MountOptions {
             "direct-io-mode" | "direct-io" => self.direct_io = parse_bool(raw, v)?,
             "readdirplus" | "use-readdirp" => self.readdirplus = parse_bool(raw, v)?,
             "default-permissions" => self.default_permissions = parse_bool(raw, v)?,
+            "acl" => self.acl = parse_bool(raw, v)?,
+            "noacl" => self.acl = !flag(true)?,
+            "selinux" => self.selinux = parse_bool(raw, v)?,
             "allow-other" => self.allow_other = parse_bool(raw, v)?,
             "reader-threads" => self.reader_threads = parse_count(raw, v, 1, 64)? as usize,
             "max-background" | "background-qlen" => self.max_background = parse_count(raw, v, 1, 65535)? as u16,
@@ -333,6 +348,8 @@ impl MountOptions {
             format!("direct-io-mode={}", b(self.direct_io)),
             format!("readdirplus={}", b(self.readdirplus)),
             format!("default-permissions={}", b(self.default_permissions)),
+            format!("acl={}", b(self.acl)),
+            format!("selinux={}", b(self.selinux)),
             format!("allow-other={}", b(self.allow_other)),
             format!("reader-threads={}", self.reader_threads),
             format!("max-background={}", self.max_background),
