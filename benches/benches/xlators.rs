@@ -365,6 +365,95 @@ fn upcall(c: &mut Criterion) {
     g.shutdown();
 }
 
+/// The translators whose fast path is a pass-through, over the null leaf:
+/// their cost on the fops they only forward and on the ones they act on.
+fn pass_through(c: &mut Criterion) {
+    let rt = runtime();
+    let ctx = CallCtx::root("bench");
+    let mut group = c.benchmark_group("pass-through");
+    group.throughput(Throughput::Elements(1));
+    let stat = || Request::new(Fop::Stat { loc: Loc::gfid(Gfid::ROOT) });
+    let fd = Fd { id: FdId(1), gfid: Gfid::ROOT };
+    let read = move |offset: u64| Request::new(Fop::Readv { fd, size: 4096, offset, flags: 0 });
+    let configs: [(&str, &[Layer<'_>]); 4] = [
+        ("read-ahead", &[("performance/read-ahead", &[])]),
+        ("io-threads", &[("performance/io-threads", &[])]),
+        ("error-gen", &[("debug/error-gen", &[("failure", "0")])]),
+        ("index", &[("features/index", &[])]),
+    ];
+    for (name, layers) in configs {
+        let g = null_graph(&rt, layers);
+        let top = g.top();
+        group.bench_function(format!("stat/{name}"), |b| b.to_async(&rt).iter(|| top.call(ctx.clone(), stat())));
+        match name {
+            // Sequential reads (the window's hits) and scattered ones.
+            "read-ahead" => {
+                let next = std::sync::atomic::AtomicU64::new(0);
+                group.bench_function("read-4k-sequential/read-ahead", |b| {
+                    b.to_async(&rt).iter(|| {
+                        let off = next.fetch_add(4096, std::sync::atomic::Ordering::Relaxed) % (1 << 30);
+                        top.call(ctx.clone(), read(off))
+                    })
+                });
+                let n = std::sync::atomic::AtomicU64::new(1);
+                group.bench_function("read-4k-random/read-ahead", |b| {
+                    b.to_async(&rt).iter(|| {
+                        let k = n.fetch_add(7919, std::sync::atomic::Ordering::Relaxed) % (1 << 18);
+                        top.call(ctx.clone(), read(k * 4096))
+                    })
+                });
+            }
+            // A lock bypasses the pool; a stat takes a permit.
+            "io-threads" => {
+                group.bench_function("inodelk-bypass/io-threads", |b| {
+                    b.to_async(&rt).iter(|| top.call(ctx.clone(), inodelk("c", LockType::Unlock, 1).into()))
+                });
+            }
+            // A watched xattrop goes through the index's bookkeeping.
+            "index" => {
+                let mut d = Dict::new();
+                d.set_bytes("trusted.afr.c-0", Bytes::from_static(&[0; 12]));
+                let x = Fop::Xattrop { loc: Loc::gfid(Gfid::ROOT), op: xlfs_sdk::XattropOp::AddArray, xattrs: d };
+                group.bench_function("xattrop-watched/index", |b| {
+                    b.to_async(&rt).iter(|| top.call(ctx.clone(), Request::new(x.clone())))
+                });
+            }
+            _ => {}
+        }
+        g.shutdown();
+    }
+    group.finish();
+}
+
+/// cluster/replicate over three null leaves (in process): a stat goes to
+/// one child, a write is a transaction on all three (under the eager lock
+/// after the first).
+fn replicate(c: &mut Criterion) {
+    let rt = runtime();
+    let ctx = CallCtx::root("bench");
+    let mut v = String::new();
+    for i in 0..3 {
+        v += &format!("volume n{i}\n    type bench/null\nend-volume\n");
+    }
+    v += "volume afr\n    type cluster/replicate\n    option post-op-delay-secs 3600\n    subvolumes n0 n1 n2\nend-volume\n";
+    let g = xlfs_benches::null_volfile_graph(&rt, &v);
+    let top = g.top();
+    let fd = Fd { id: FdId(1), gfid: Gfid::ROOT };
+    let mut group = c.benchmark_group("replicate");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("stat", |b| {
+        b.to_async(&rt).iter(|| top.call(ctx.clone(), Request::new(Fop::Stat { loc: Loc::gfid(Gfid::ROOT) })))
+    });
+    group.bench_function("write-4k", |b| {
+        b.to_async(&rt).iter(|| {
+            let w = Fop::Writev { fd, data: Bytes::from_static(&[0; 4096]), offset: 0, flags: 0 };
+            top.call(ctx.clone(), Request::new(w))
+        })
+    });
+    group.finish();
+    g.shutdown();
+}
+
 criterion_group!(
     benches,
     posix,
@@ -375,6 +464,8 @@ criterion_group!(
     open_behind,
     write_behind,
     readdir_ahead,
-    upcall
+    upcall,
+    pass_through,
+    replicate
 );
 criterion_main!(benches);

@@ -122,14 +122,19 @@ pub const NULL: XlatorType = XlatorType {
     build: |_: InitCtx| -> Result<Arc<dyn Xlator>, InitError> { Ok(Arc::new(Null)) },
 };
 
-/// Builds and activates a graph of the null leaf (`bench/null`) with the
-/// given translators stacked on top, each as `(type, options)`, bottom first.
-pub fn null_graph(rt: &tokio::runtime::Runtime, layers: &[Layer<'_>]) -> Graph {
+/// Builds and activates the graph in `volfile` (text), whose leaves may be
+/// the null leaf (`bench/null`).
+pub fn null_volfile_graph(rt: &tokio::runtime::Runtime, volfile: &str) -> Graph {
     let mut reg = Registry::builtin();
     reg.register(NULL).expect("register bench/null");
-    let v = layered("volume l0\n    type bench/null\nend-volume\n", layers);
-    let g = Graph::from_str(&v, "bench.vol", &reg).expect("bench volfile builds");
+    let g = Graph::from_str(volfile, "bench.vol", &reg).expect("bench volfile builds");
     g.activate();
     rt.block_on(g.wait_up(Duration::from_secs(10))).expect("graph up");
     g
+}
+
+/// Builds and activates a graph of the null leaf (`bench/null`) with the
+/// given translators stacked on top, each as `(type, options)`, bottom first.
+pub fn null_graph(rt: &tokio::runtime::Runtime, layers: &[Layer<'_>]) -> Graph {
+    null_volfile_graph(rt, &layered("volume l0\n    type bench/null\nend-volume\n", layers))
 }

@@ -157,11 +157,16 @@ pub(crate) enum Algo {
 struct How {
     kinds: [bool; 3],
     choice: Option<Choice>,
+    /// Compare a directory's names on every copy even when no counter says
+    /// they differ, and give every copy the names any copy has (the full
+    /// crawl: an entry fop that reached some children only when its client
+    /// died leaves no counter when it ran under a delegation).
+    merge_entries: bool,
 }
 
 impl How {
     fn all() -> How {
-        How { kinds: [true; 3], choice: None }
+        How { kinds: [true; 3], choice: None, merge_entries: false }
     }
 }
 
@@ -474,6 +479,7 @@ impl Inner {
         }
         let rows: Vec<Option<Vec<[i32; 3]>>> = copies.iter().map(|c| c.as_ref().map(|c| c.row.clone())).collect();
         let (sources, sinks) = match pending::verdict(&rows, kind) {
+            Verdict::Clean if kind == Kind::Entry && how.merge_entries && part.count_ones() > 1 => (part, 0),
             Verdict::Clean => {
                 self.note_heal(gfid, kind, part, false);
                 return Ok((Done::Clean, vec![]));
@@ -933,7 +939,7 @@ impl Inner {
         let mut rep = Report::default();
         let mut dirs = VecDeque::from([Gfid::ROOT]);
         while let Some(d) = dirs.pop_front() {
-            let (r, _) = self.heal_tree(ctx, d, How::all()).await;
+            let (r, _) = self.heal_tree(ctx, d, How { merge_entries: true, ..How::all() }).await;
             rep.merge(r);
             let mut listed = None;
             for i in members(self.up_mask()) {
@@ -1072,7 +1078,7 @@ impl Inner {
         let (rep, _) = if before.1.is_empty() {
             (Report::default(), Done::Clean)
         } else {
-            self.heal_tree(hctx, gfid, How { kinds: [true; 3], choice: Some(choice) }).await
+            self.heal_tree(hctx, gfid, How { choice: Some(choice), ..How::all() }).await
         };
         let after = self.status(hctx, gfid).await;
         let result = match (&before.1.is_empty(), &after) {
@@ -1115,7 +1121,7 @@ impl Inner {
         h.spawn(async move {
             if let Ok(_permit) = me.heal.running.acquire().await {
                 let ctx = CallCtx::root(client);
-                let (rep, _) = me.heal_tree(&ctx, gfid, How { kinds, choice: None }).await;
+                let (rep, _) = me.heal_tree(&ctx, gfid, How { kinds, ..How::all() }).await;
                 tracing::debug!(volume = %me.name, %gfid, ?rep, "background self-heal done");
             }
             me.heal.queued.lock().remove(&gfid);

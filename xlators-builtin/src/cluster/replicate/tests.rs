@@ -1291,3 +1291,25 @@ async fn content_listing(n: &Node, d: Gfid) -> [Option<Bytes>; 2] {
     n.call(Fop::Releasedir { fd }).await.expect("releasedir");
     ["f", "g"].map(|name| rsp.xdata.get_bytes(&keys::dirent_xattr(name, keys::CONTENT)))
 }
+
+/// A name on one child only, with no counter anywhere (an entry fop under
+/// a delegation whose client died after one child made it): index heal
+/// cannot see it, the full crawl gives it to every child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_heal_gives_every_child_a_name_only_one_has() {
+    use xlfs_sdk::dict::keys::GFID_REQ;
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    let d = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d")).await);
+    let g = Gfid::random();
+    let x = Dict::new().with(GFID_REQ, xlfs_sdk::Value::Gfid(g));
+    let fop = Fop::Mknod { loc: Loc::entry(d, "stray"), mode: 0o100644, rdev: 0, umask: 0 };
+    c.bricks[0].locks.call(CallCtx::root("dead-client"), Request::with_xdata(fop, x)).await.expect("mknod on brick 0");
+    assert!(!c.bricks[1].dir.join("d/stray").exists());
+    let mut run = Dict::new();
+    run.set_bytes(heal::RUN_KEY, bytes::Bytes::from_static(b"full"));
+    n.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await.expect("full heal");
+    for i in 0..N {
+        assert_eq!(c.gfid_on(i, "d/stray").as_deref(), Some(&g.0[..]), "stray on brick {i}");
+    }
+}
