@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use kit::fuse_mount::{FuseMount, MOUNT_TIMEOUT, is_mounted};
 use kit::workload::{brick_tree, read_xattr};
-use kit::{Cluster, run_xlfs};
+use kit::{Cluster, heal, heal_until_clean, run_xlfs, volfile_file};
 
 const REP: &str = "rep3-replicate-0";
 
@@ -54,36 +54,6 @@ fn num(d: &HashMap<String, String>, key: &str) -> u64 {
 
 fn counter(mnt: &Path, key: &str) -> u64 {
     num(&dump(mnt), key)
-}
-
-/// Writes the volfile into `dir` and returns its path.
-fn volfile_file(dir: &Path, text: &str) -> PathBuf {
-    let p = dir.join("client.vol");
-    std::fs::write(&p, text).expect("write volfile");
-    p
-}
-
-/// Runs `xlfs heal --volfile V ARGS`; (success, stdout+stderr).
-fn heal(volfile: &Path, args: &[&str]) -> (bool, String) {
-    let mut all = vec!["heal".to_string(), "--volfile".into(), volfile.display().to_string()];
-    all.extend(args.iter().map(|s| s.to_string()));
-    let out = run_xlfs(&all);
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
-}
-
-/// Heals (index) until `xlfs heal` says all is clean (bounded).
-fn heal_until_clean(volfile: &Path) -> String {
-    let mut log = String::new();
-    for _ in 0..30 {
-        let (ok, text) = heal(volfile, &[]);
-        log += &text;
-        if ok {
-            return log;
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    panic!("heal did not finish:\n{log}");
 }
 
 /// The AFR counters (data, metadata, entry) blaming child `j` on `path`.

@@ -28,40 +28,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kit::fuse_mount::{FuseMount, XLFS, is_mounted, sh};
-use kit::{Cluster, run_xlfs};
+use kit::{Cluster, heal, heal_until_clean, run_xlfs, volfile_file};
 use xlfs_runtime::client::Client;
 
 const N: usize = 3;
-
-/// Writes the volfile next to the mount's files and returns its path.
-fn volfile_file(dir: &Path, text: &str) -> PathBuf {
-    let p = dir.join("client.vol");
-    std::fs::write(&p, text).expect("write volfile");
-    p
-}
-
-/// Runs `xlfs heal --volfile V ARGS`; returns (success, stdout+stderr).
-fn heal(volfile: &Path, args: &[&str]) -> (bool, String) {
-    let mut all = vec!["heal".to_string(), "--volfile".into(), volfile.display().to_string()];
-    all.extend(args.iter().map(|s| s.to_string()));
-    let out = run_xlfs(&all);
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
-}
-
-/// Heals until `xlfs heal` says all is clean (bounded).
-fn heal_until_clean(volfile: &Path) -> String {
-    let mut log = String::new();
-    for _ in 0..30 {
-        let (ok, text) = heal(volfile, &[]);
-        log += &text;
-        if ok {
-            return log;
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    panic!("heal did not finish:\n{log}");
-}
 
 use kit::workload::brick_tree as tree;
 

@@ -11,7 +11,9 @@
 //!   [`Client`](xlfs_runtime::client::Client) over it.
 //! - [`TestProcess`]: re-runs this test binary as a separate process that
 //!   plays a role (for example a lock holder to be killed with SIGKILL).
-//! - [`run_xlfs`]: runs the `xlfs` binary to completion, for failure cases.
+//! - [`run_xlfs`]: runs the `xlfs` binary to completion, for failure cases;
+//!   [`heal`] and [`heal_until_clean`] run `xlfs heal` on a volfile
+//!   ([`volfile_file`] writes one).
 //! - [`fuse_mount`]: a FUSE mount by a real `xlfs mount` process, and `sh`
 //!   to run a bash script on it.
 //! - [`workload`]: the foundation's client-API workload, run in-process and
@@ -688,4 +690,34 @@ impl Drop for TestProcess {
     fn drop(&mut self) {
         kill_and_reap(&mut self.child);
     }
+}
+
+/// Writes volfile `text` as `dir/client.vol` and returns its path.
+pub fn volfile_file(dir: &Path, text: &str) -> PathBuf {
+    let p = dir.join("client.vol");
+    std::fs::write(&p, text).expect("write volfile");
+    p
+}
+
+/// Runs `xlfs heal --volfile V ARGS`; returns (success, stdout+stderr).
+pub fn heal(volfile: &Path, args: &[&str]) -> (bool, String) {
+    let mut all = vec!["heal".to_string(), "--volfile".into(), volfile.display().to_string()];
+    all.extend(args.iter().map(|s| s.to_string()));
+    let out = run_xlfs(&all);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// Heals (index) until `xlfs heal` says all is clean (bounded: 30 tries).
+pub fn heal_until_clean(volfile: &Path) -> String {
+    let mut log = String::new();
+    for _ in 0..30 {
+        let (ok, text) = heal(volfile, &[]);
+        log += &text;
+        if ok {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    panic!("heal did not finish:\n{log}");
 }
