@@ -23,13 +23,12 @@ mod kit;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use kit::fuse_mount::{FuseMount, MOUNT_TIMEOUT, is_mounted};
+use kit::fuse_mount::{FuseMount, is_mounted};
 use kit::workload::{brick_tree, read_xattr};
 use kit::{Cluster, heal, heal_until_clean, run_xlfs, volfile_file};
 
@@ -56,71 +55,16 @@ fn counter(mnt: &Path, key: &str) -> u64 {
     num(&dump(mnt), key)
 }
 
-/// The AFR counters (data, metadata, entry) blaming child `j` on `path`.
-fn pending(path: &Path, j: usize) -> [i32; 3] {
-    kit::workload::afr_counters(path, &format!("trusted.afr.rep3-client-{j}"))
-}
-
-/// Asserts the bricks hold the same tree (names, types, gfids, file
-/// contents, modes); with `clean`, also that no counter blames anyone.
-/// Returns the tree (relative paths).
+/// Asserts the bricks hold the same tree ([`kit::assert_bricks_identical`]),
+/// every entry with a gfid; returns the tree.
 fn assert_identical(c: &Cluster, clean: bool) -> Vec<PathBuf> {
-    let roots: Vec<PathBuf> = c.bricks.iter().map(|b| b.dir().to_path_buf()).collect();
-    let want = brick_tree(&roots[0]);
-    for r in &roots[1..] {
-        assert_eq!(brick_tree(r), want, "names on {} vs {}", r.display(), roots[0].display());
-    }
+    let want = kit::assert_bricks_identical(c, clean);
+    let root = c.bricks[0].dir();
     for rel in &want {
-        let p0 = roots[0].join(rel);
-        let m0 = p0.symlink_metadata().expect("lstat");
-        let g0 = read_xattr(&p0, "trusted.gfid");
+        let g0 = read_xattr(&root.join(rel), "trusted.gfid");
         assert!(g0.as_ref().is_some_and(|g| g.len() == 16), "{} has no gfid on brick 0", rel.display());
-        for r in &roots[1..] {
-            let p = r.join(rel);
-            let m = p.symlink_metadata().expect("lstat");
-            assert_eq!(m0.file_type(), m.file_type(), "type of {}", rel.display());
-            assert_eq!(g0, read_xattr(&p, "trusted.gfid"), "gfid of {} on {}", rel.display(), r.display());
-            assert_eq!(m0.permissions().mode(), m.permissions().mode(), "mode of {}", rel.display());
-            if m0.is_file() {
-                assert!(
-                    std::fs::read(&p0).expect("read") == std::fs::read(&p).expect("read"),
-                    "data of {}",
-                    rel.display()
-                );
-            }
-        }
-        if clean {
-            for r in &roots {
-                for j in 0..c.bricks.len() {
-                    assert_eq!(
-                        pending(&r.join(rel), j),
-                        [0, 0, 0],
-                        "{} on {} blames child {j}",
-                        rel.display(),
-                        r.display()
-                    );
-                }
-            }
-        }
     }
     want
-}
-
-/// Waits for a mount process to exit by itself (after `xlfs umount`).
-fn wait_mount_exit(m: &mut FuseMount) -> std::process::ExitStatus {
-    let mut child = m.child.take().expect("mount process running");
-    let deadline = Instant::now() + MOUNT_TIMEOUT;
-    loop {
-        if let Some(st) = child.try_wait().expect("try_wait") {
-            return st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("mount process did not exit after xlfs umount\nlog:\n{}", m.log());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -560,7 +504,7 @@ fn quick_reuse_of_names_ends_as_a_synchronous_run_after_umount() {
     for b in &c.bricks {
         assert_eq!(state(b.dir()), want, "brick {} right after xlfs umount vs the synchronous run", b.dir().display());
     }
-    let st = wait_mount_exit(&mut m);
+    let st = m.wait_exit("after xlfs umount");
     assert!(st.success(), "mount process exited with {st}\n{}", m.log());
     assert!(!m.log().contains(FAILED_LINE), "an early operation failed:\n{}", m.log());
     assert_identical(&c, true);

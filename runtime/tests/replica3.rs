@@ -33,67 +33,8 @@ use xlfs_runtime::client::Client;
 
 const N: usize = 3;
 
-use kit::workload::brick_tree as tree;
-
-/// The `trusted.afr.rep3-client-<j>` counters of a brick file.
-fn pending(path: &Path, j: usize) -> [i32; 3] {
-    kit::workload::afr_counters(path, &format!("trusted.afr.rep3-client-{j}"))
-}
-
 fn set_pending(path: &Path, j: usize, v: [i32; 3]) {
     kit::workload::write_xattr(path, &format!("trusted.afr.rep3-client-{j}"), &kit::workload::afr_value(v));
-}
-
-/// Asserts the bricks hold the same names, gfids, types, data and link
-/// targets, and that no counter blames anyone.
-fn assert_identical(c: &Cluster) {
-    let roots: Vec<PathBuf> = c.bricks.iter().map(|b| b.dir().to_path_buf()).collect();
-    let want = tree(&roots[0]);
-    for r in &roots[1..] {
-        assert_eq!(tree(r), want, "names on {} vs {}", r.display(), roots[0].display());
-    }
-    for rel in &want {
-        let p0 = roots[0].join(rel);
-        let m0 = p0.symlink_metadata().expect("lstat");
-        for r in &roots[1..] {
-            let p = r.join(rel);
-            let m = p.symlink_metadata().expect("lstat");
-            assert_eq!(m0.file_type(), m.file_type(), "type of {}", rel.display());
-            assert_eq!(
-                kit::workload::read_xattr(&p0, "trusted.gfid"),
-                kit::workload::read_xattr(&p, "trusted.gfid"),
-                "gfid of {}",
-                rel.display()
-            );
-            if m0.is_file() {
-                assert!(
-                    std::fs::read(&p0).expect("read") == std::fs::read(&p).expect("read"),
-                    "data of {}",
-                    rel.display()
-                );
-                assert_eq!(m0.len(), m.len(), "size of {}", rel.display());
-            }
-            if m0.file_type().is_symlink() {
-                assert_eq!(std::fs::read_link(&p0).expect("readlink"), std::fs::read_link(&p).expect("readlink"));
-            } else {
-                use std::os::unix::fs::PermissionsExt;
-                assert_eq!(m0.permissions().mode(), m.permissions().mode(), "mode of {}", rel.display());
-            }
-        }
-    }
-    for r in &roots {
-        for rel in want.iter().filter(|rel| !r.join(rel).symlink_metadata().expect("lstat").file_type().is_symlink()) {
-            for j in 0..N {
-                assert_eq!(
-                    pending(&r.join(rel), j),
-                    [0, 0, 0],
-                    "{} on {} blames child {j}",
-                    rel.display(),
-                    r.display()
-                );
-            }
-        }
-    }
 }
 
 /// A writer through the mount: overwrites and appends in a few long-lived
@@ -194,7 +135,7 @@ fn writer_survives_a_brick_restart_and_heal_makes_the_copies_identical() {
         let got = std::fs::read(m.path().join(name)).expect("read back through the mount");
         assert!(got == *want, "{name}: {} bytes read, {} expected", got.len(), want.len());
     }
-    assert_identical(&c);
+    kit::assert_bricks_identical(&c, true);
     let (ok, info) = heal(&vol, &["info"]);
     assert!(ok, "{info}");
     eprintln!("{} writes; heal said:\n{log}\ninfo after:\n{info}", ops.load(Ordering::Relaxed));
@@ -247,7 +188,7 @@ printf 'refused as expected: '; printf 'x' >> d/f 2>&1 || true
     }
     heal_until_clean(&vol);
     assert_eq!(std::fs::read(m.path().join("d/f")).expect("read"), b"healthy data\nafter recovery\n");
-    assert_identical(&c);
+    kit::assert_bricks_identical(&c, true);
 }
 
 #[test]
@@ -308,7 +249,7 @@ fn split_brain_is_eio_and_each_policy_resolves_it() {
     assert_eq!(read("big"), b"copy zero, the biggest of the three\n");
     assert_eq!(read("mtime"), b"copy one\n");
     assert_eq!(read("source"), b"copy two!\n");
-    assert_identical(&c);
+    kit::assert_bricks_identical(&c, true);
 }
 
 fn now_secs() -> u64 {

@@ -117,8 +117,16 @@ impl FuseMount {
 
     /// Sends `sig` and waits for the process to exit.
     pub fn stop_with(&mut self, sig: libc::c_int) -> ExitStatus {
+        if let Some(child) = &self.child {
+            send_signal(child.id(), sig);
+        }
+        self.wait_exit(&format!("after signal {sig}"))
+    }
+
+    /// Waits (at most [`MOUNT_TIMEOUT`]) for the process to exit; `after`
+    /// says what should have made it (for the panic message).
+    pub fn wait_exit(&mut self, after: &str) -> ExitStatus {
         let mut child = self.child.take().expect("running");
-        send_signal(child.id(), sig);
         let deadline = Instant::now() + MOUNT_TIMEOUT;
         loop {
             if let Some(st) = child.try_wait().expect("try_wait") {
@@ -127,7 +135,7 @@ impl FuseMount {
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("mount process did not exit after signal {sig}\nlog:\n{}", self.log());
+                panic!("mount process did not exit {after}\nlog:\n{}", self.log());
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -328,37 +328,35 @@ impl Inner {
     /// the inode).
     fn done(&self, dir: Gfid, name: String, gfid: Gfid, err: Option<(Errno, bool)>) {
         {
-            {
-                let mut q = self.early.q.lock();
-                if let Some((e, made)) = err {
-                    if made && !gfid.is_null() {
-                        q.failed.insert(gfid, e);
-                        q.failed_order.push_back(gfid);
-                        while q.failed_order.len() > MAX_FAILED {
-                            if let Some(old) = q.failed_order.pop_front() {
-                                q.failed.remove(&old);
-                            }
+            let mut q = self.early.q.lock();
+            if let Some((e, made)) = err {
+                if made && !gfid.is_null() {
+                    q.failed.insert(gfid, e);
+                    q.failed_order.push_back(gfid);
+                    while q.failed_order.len() > MAX_FAILED {
+                        if let Some(old) = q.failed_order.pop_front() {
+                            q.failed.remove(&old);
                         }
                     }
-                    q.dir_errors.insert(dir, e);
                 }
-                if !gfid.is_null() {
-                    drop_one(&mut q.gfids, &gfid);
-                }
-                drop_one(&mut q.dirs, &dir);
-                drop_one(&mut q.names, &(dir, name));
-                q.len -= 1;
-                self.early.len.store(q.len, Ordering::Release);
-                for g in [gfid, dir] {
-                    let idle = !q.gfids.contains_key(&g) && !q.dirs.contains_key(&g);
-                    let w = if idle { q.waiters.remove(&g) } else { q.waiters.get(&g).cloned() };
-                    if let Some(w) = w {
-                        w.notify_waiters();
-                    }
+                q.dir_errors.insert(dir, e);
+            }
+            if !gfid.is_null() {
+                drop_one(&mut q.gfids, &gfid);
+            }
+            drop_one(&mut q.dirs, &dir);
+            drop_one(&mut q.names, &(dir, name));
+            q.len -= 1;
+            self.early.len.store(q.len, Ordering::Release);
+            for g in [gfid, dir] {
+                let idle = !q.gfids.contains_key(&g) && !q.dirs.contains_key(&g);
+                let w = if idle { q.waiters.remove(&g) } else { q.waiters.get(&g).cloned() };
+                if let Some(w) = w {
+                    w.notify_waiters();
                 }
             }
-            self.early.changed.notify_waiters();
         }
+        self.early.changed.notify_waiters();
     }
 
     fn upcall_invalidate(&self, gfid: Gfid) {
@@ -370,10 +368,9 @@ impl Inner {
     /// Before a fop runs: waits for the queued operations it depends on and
     /// returns the error of a failed one it acts on.
     pub async fn after_early(&self, req: &Request) -> Result<(), Errno> {
-        if self.early.len() == 0 && self.early.q.lock().failed.is_empty() {
-            if let Fop::Fsyncdir { fd, .. } = &req.fop {
-                return self.early.q.lock().dir_errors.remove(&fd.gfid).map_or(Ok(()), Err);
-            }
+        // Nothing queued and nothing failed: nothing to wait for or report
+        // (fsyncdir still reports a directory's failures below).
+        if self.early.len() == 0 && !matches!(req.fop, Fop::Fsyncdir { .. }) && self.early.q.lock().failed.is_empty() {
             return Ok(());
         }
         let wait = match &req.fop {
@@ -384,14 +381,7 @@ impl Inner {
                 }
                 return Ok(());
             }
-            Fop::Create { .. }
-            | Fop::Mknod { .. }
-            | Fop::Mkdir { .. }
-            | Fop::Symlink { .. }
-            | Fop::Link { .. }
-            | Fop::Unlink { .. }
-            | Fop::Rmdir { .. }
-            | Fop::Rename { .. } => Wait::All,
+            fop if super::is_entry_fop(fop) => Wait::All,
             Fop::Ipc { op } if *op == xlfs_sdk::IPC_DRAIN => Wait::All,
             Fop::Lookup { loc } if loc.is_entry() && loc.gfid.is_null() => {
                 Wait::On { gfids: vec![loc.parent], dir: None, name: Some((loc.parent, &loc.name)) }

@@ -132,6 +132,24 @@ struct State {
     epoch: u64,
 }
 
+impl State {
+    /// No delegation, nothing known.
+    fn unlocked() -> State {
+        State {
+            phase: Phase::Unlocked,
+            held: None,
+            generation: 0,
+            busy: HashSet::new(),
+            in_flight: 0,
+            idle_since: Instant::now(),
+            release: false,
+            timer: false,
+            known: Known::No,
+            epoch: 0,
+        }
+    }
+}
+
 struct Dir {
     s: Mutex<State>,
     changed: Notify,
@@ -302,13 +320,10 @@ impl Inner {
                 phase: Phase::Held,
                 held: Some(held),
                 generation: self.generation.load(Ordering::Acquire),
-                busy: HashSet::new(),
                 in_flight: 1,
-                idle_since: Instant::now(),
-                release: false,
-                timer: false,
                 known: Known::Yes(HashMap::new(), iatt),
                 epoch: 1,
+                ..State::unlocked()
             }),
             changed: Notify::new(),
         });
@@ -388,21 +403,7 @@ impl Inner {
                         return None;
                     }
                 }
-                let d = Arc::new(Dir {
-                    s: Mutex::new(State {
-                        phase: Phase::Unlocked,
-                        held: None,
-                        generation: 0,
-                        busy: HashSet::new(),
-                        in_flight: 0,
-                        idle_since: Instant::now(),
-                        release: false,
-                        timer: false,
-                        known: Known::No,
-                        epoch: 0,
-                    }),
-                    changed: Notify::new(),
-                });
+                let d = Arc::new(Dir { s: Mutex::new(State::unlocked()), changed: Notify::new() });
                 map.insert(dir, d.clone());
                 d
             }

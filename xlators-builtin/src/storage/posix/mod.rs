@@ -137,11 +137,19 @@ fn entry_content(dir: BorrowedFd<'_>, name: &str, iatt: &Iatt) -> Option<Vec<u8>
     let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
     let file =
         sys::openat(dir, &cname, flags | libc::O_NOATIME, 0).or_else(|_| sys::openat(dir, &cname, flags, 0)).ok()?;
-    let mut buf = vec![0u8; usize::try_from(iatt.size).ok()?];
-    let n = sys::pread_full(file.as_fd(), &mut buf, 0).ok()?;
-    let after = self::iatt(&sys::fstat(file.as_fd()).ok()?, iatt.gfid);
-    let same = (after.size, after.mtime, after.ctime, after.mode) == (iatt.size, iatt.mtime, iatt.ctime, iatt.mode);
-    (n == buf.len() && same).then_some(buf)
+    read_unchanged(file.as_fd(), iatt.size, |st| {
+        let after = self::iatt(st, iatt.gfid);
+        (after.size, after.mtime, after.ctime, after.mode) == (iatt.size, iatt.mtime, iatt.ctime, iatt.mode)
+    })
+}
+
+/// The first `size` bytes of `file`, if they all came and `same` holds
+/// for the file's attributes after reading (nothing changed it meanwhile).
+fn read_unchanged(file: BorrowedFd<'_>, size: u64, same: impl FnOnce(&libc::stat) -> bool) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; usize::try_from(size).ok()?];
+    let n = sys::pread_full(file, &mut buf, 0).ok()?;
+    let st = sys::fstat(file).ok()?;
+    (n == buf.len() && same(&st)).then_some(buf)
 }
 
 /// Largest readdir `size` honoured.
@@ -823,10 +831,7 @@ impl Inner {
                 )
         };
         let file = sys::openat(self.brick.gfs(), node.handle(), libc::O_RDONLY | libc::O_NOFOLLOW, 0).ok()?;
-        let mut buf = vec![0u8; usize::try_from(size).ok()?];
-        let n = sys::pread_full(file.as_fd(), &mut buf, 0).ok()?;
-        let st = sys::fstat(file.as_fd()).ok()?;
-        (n == buf.len() && same(&st)).then(|| Bytes::from(buf))
+        read_unchanged(file.as_fd(), size, same).map(Bytes::from)
     }
 
     /// The reply xdata for a request that names xattrs or asks for the open
