@@ -150,10 +150,10 @@ impl Core {
             let (attr, counted) = if is_dot(&e.name) || e.iatt.gfid.is_null() {
                 // Not linked by the kernel: no lookup is taken.
                 let id = if is_dot(&e.name) { self.dot_ino(ino, e) } else { 0 };
-                (file_attr(&e.iatt, id), None)
+                (self.kernel_attr(&e.iatt, id), None)
             } else {
                 match self.inodes.lookup_reply(fd.gfid, &e.name, e.iatt.gfid) {
-                    Ok(inode) => (file_attr(&e.iatt, inode.nodeid()), Some(inode.nodeid())),
+                    Ok(inode) => (self.kernel_attr(&e.iatt, inode.nodeid()), Some(inode.nodeid())),
                     Err(_) => (file_attr(&e.iatt, 0), None),
                 }
             };

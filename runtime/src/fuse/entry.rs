@@ -10,7 +10,7 @@ use xlfs_sdk::dict::keys::GFID_REQ;
 use xlfs_sdk::types::rename_flags;
 use xlfs_sdk::{Dict, Errno, Fop, Gfid, Loc, Reply, SetAttr, Statvfs, TimeSet, Value};
 
-use super::{Caller, Core, file_attr, timespec};
+use super::{Caller, Core, timespec};
 
 /// What a setattr asks for, copied off the request.
 pub(super) struct SetattrArgs {
@@ -79,7 +79,7 @@ impl Core {
             _ => self.call(ctx, Fop::Stat { loc: Loc::gfid(gfid) }).await?,
         };
         match reply {
-            Reply::Attr(iatt) => Ok(file_attr(&iatt, ino.0)),
+            Reply::Attr(iatt) => Ok(self.kernel_attr(&iatt, ino.0)),
             _ => Err(Errno::EIO),
         }
     }
@@ -89,6 +89,9 @@ impl Core {
     pub(super) async fn setattr(self: Arc<Self>, who: Caller, ino: INodeNo, a: SetattrArgs) -> Result<FileAttr, Errno> {
         let gfid = self.gfid(ino)?;
         let fd = a.fh.and_then(|h| self.fd(h).ok());
+        if a.size.is_some() || a.mtime.is_some() {
+            self.data.changing(gfid);
+        }
         let mut post = None;
         if let Some(size) = a.size {
             let ctx = self.ctx(who, 0, false);
@@ -126,7 +129,7 @@ impl Core {
                 _ => return Err(Errno::EIO),
             },
         };
-        Ok(file_attr(&iatt, ino.0))
+        Ok(self.kernel_attr(&iatt, ino.0))
     }
 
     pub(super) async fn readlink(self: Arc<Self>, who: Caller, ino: INodeNo) -> Result<String, Errno> {

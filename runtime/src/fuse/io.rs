@@ -55,6 +55,9 @@ impl Core {
     ) -> Result<(FileHandle, FopenFlags), Errno> {
         let gfid = self.gfid(ino)?;
         let flags = self.open_flags(flags as u32);
+        if flags & libc::O_TRUNC as u32 != 0 {
+            self.data.changing(gfid);
+        }
         let id = self.new_fd(gfid, flags, false)?;
         match self.call(self.ctx(who, 0, true), Fop::Open { loc: Loc::gfid(gfid), flags, fd: id }).await {
             Ok(_) => Ok((FileHandle(id.0), self.fopen_flags())),
@@ -116,6 +119,7 @@ impl Core {
     ) -> Result<u32, Errno> {
         let fd = self.fd(fh)?;
         let len = data.len() as u32;
+        self.data.changing(fd.gfid);
         self.call(self.ctx(who, owner, false), Fop::Writev { fd, data, offset, flags: 0 }).await?;
         Ok(len)
     }
@@ -166,6 +170,7 @@ impl Core {
         mode: u32,
     ) -> Result<(), Errno> {
         let fd = self.fd(fh)?;
+        self.data.changing(fd.gfid);
         self.call(self.ctx(who, 0, false), Fop::Fallocate { fd, mode, offset, len }).await.map(drop)
     }
 
@@ -203,6 +208,7 @@ impl Core {
         flags: u32,
     ) -> Result<u32, Errno> {
         let (fd_in, fd_out): (Fd, Fd) = (self.fd(fh_in)?, self.fd(fh_out)?);
+        self.data.changing(fd_out.gfid);
         let fop = Fop::CopyFileRange { fd_in, off_in, fd_out, off_out, len: len.min(MAX_COPY), flags };
         match self.call(self.ctx(who, 0, false), fop).await? {
             Reply::Copied { len, .. } => u32::try_from(len).map_err(|_| Errno::EOVERFLOW),

@@ -37,6 +37,7 @@
 //! on the new graph, the locks the mount holds move with them, and the old
 //! graph drains before it is shut down (see [`switch`]).
 
+mod data_cache;
 mod dir;
 mod entry;
 mod io;
@@ -210,6 +211,7 @@ pub(crate) struct Core {
     groups: GroupCache,
     notifier: OnceLock<Notifier>,
     dirs: dir::DirBuffers,
+    data: data_cache::DataVersions,
 }
 
 /// The errno a fop failure is answered with.
@@ -304,6 +306,7 @@ impl Core {
             groups: GroupCache(Mutex::new(HashMap::new())),
             notifier: OnceLock::new(),
             dirs: dir::DirBuffers::default(),
+            data: data_cache::DataVersions::default(),
             opts,
         }
     }
@@ -358,13 +361,33 @@ impl Core {
     /// its attributes.
     fn entry_attr(&self, parent: Gfid, name: &str, iatt: &Iatt) -> Result<FileAttr, Errno> {
         let inode = self.inodes.lookup_reply(parent, name, iatt.gfid).map_err(|_| Errno::EIO)?;
-        Ok(file_attr(iatt, inode.nodeid()))
+        Ok(self.kernel_attr(iatt, inode.nodeid()))
+    }
+
+    /// Attributes of node `nodeid` as handed to the kernel; with
+    /// `auto-invalidation`, a change this mount did not make drops the
+    /// file's cached pages (see `data_cache`).
+    fn kernel_attr(&self, iatt: &Iatt, nodeid: u64) -> FileAttr {
+        if self.opts.auto_invalidation
+            && nodeid != 0
+            && self.data.saw(iatt)
+            && let Some(n) = self.notifier.get().cloned()
+        {
+            // After the reply: the kernel may hold page locks while it waits.
+            self.rt.spawn_blocking(move || {
+                if let Err(e) = n.inval_inode(INodeNo(nodeid), 0, 0) {
+                    tracing::debug!(nodeid, error = %e, "inval_inode after a change seen in attributes");
+                }
+            });
+        }
+        file_attr(iatt, nodeid)
     }
 
     /// The kernel forgets `n` lookups of `nodeid`; evicted inodes are
     /// forgotten by the graph too.
     fn forget(self: &Arc<Self>, nodeid: u64, n: u64) {
         for gfid in self.inodes.forget(nodeid, n) {
+            self.data.forget(gfid);
             let c = self.clone();
             self.spawn(async move {
                 let ctx = CallCtx::root(c.client_id.clone());
@@ -482,9 +505,12 @@ impl Filesystem for Bridge {
         if o.readdirplus {
             want |= InitFlags::FUSE_DO_READDIRPLUS;
         }
-        if o.auto_invalidation {
-            want |= InitFlags::FUSE_AUTO_INVAL_DATA;
-        }
+        // `auto-invalidation` is the bridge's own (`data_cache`): the kernel's
+        // FUSE_AUTO_INVAL_DATA would drop a file's pages after each of its
+        // writes. With HANDLE_KILLPRIV_V2 the bricks take set-user-ID and
+        // set-group-ID away on writes and truncates (storage/posix), so the
+        // kernel stops asking for security.capability before every write.
+        want |= InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         if o.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }

@@ -59,8 +59,10 @@ pub struct MountOptions {
     /// Keep the page cache of a file across opens (`keep-cache`,
     /// `kernel-cache`): FOPEN_KEEP_CACHE.
     pub keep_cache: bool,
-    /// Let the kernel drop cached data when it sees a file's size or mtime
-    /// change (`auto-invalidation`): FUSE_AUTO_INVAL_DATA.
+    /// Drop a file's cached data when its size or mtime is seen to change
+    /// other than through this mount (`auto-invalidation`). The bridge does
+    /// this itself (FUSE_AUTO_INVAL_DATA would also drop it after the
+    /// mount's own writes).
     pub auto_invalidation: bool,
     /// Let the kernel cache writes and send them later, merged
     /// (`writeback-cache`): FUSE_WRITEBACK_CACHE.

@@ -292,6 +292,25 @@ fn iatt(st: &libc::stat, gfid: Gfid) -> Iatt {
     }
 }
 
+/// Takes set-user-ID (always) and set-group-ID (when group-executable)
+/// away from a regular file that a caller other than root wrote, truncated
+/// or allocated, as the kernel does for a caller without CAP_FSETID. The
+/// brick runs as root, so the kernel keeps those bits on its own writes;
+/// this does it for the caller instead. That is what lets the FUSE client
+/// hand the job over (FUSE_HANDLE_KILLPRIV_V2) and stop asking for
+/// `security.capability` before every write. (The capability xattr itself
+/// the brick's kernel removes on any write, whoever the caller.)
+fn drop_privs(fd: BorrowedFd<'_>, mode: u32, ctx: &CallCtx) -> Sys<()> {
+    if ctx.uid == 0 || mode & libc::S_IFMT != libc::S_IFREG {
+        return Ok(());
+    }
+    let mut kill = mode & libc::S_ISUID;
+    if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+        kill |= libc::S_ISGID;
+    }
+    if kill == 0 { Ok(()) } else { sys::fchmod(fd, mode & 0o7777 & !kill) }
+}
+
 fn file_type(d_type: u8) -> FileType {
     match d_type {
         libc::DT_REG => FileType::Regular,
@@ -547,14 +566,10 @@ impl Inner {
                 )?;
                 let pre = iatt(&sys::fstat(fd.as_fd())?, n.gfid);
                 sys::ftruncate(fd.as_fd(), offset)?;
+                drop_privs(fd.as_fd(), pre.mode, ctx)?;
                 ok(Reply::PrePost { pre, post: iatt(&sys::fstat(fd.as_fd())?, n.gfid) })
             }
-            Fop::Ftruncate { fd, offset } => {
-                let f = self.fd(fd.id)?;
-                let pre = f.iatt()?;
-                sys::ftruncate(f.file()?, offset)?;
-                ok(Reply::PrePost { pre, post: f.iatt()? })
-            }
+            Fop::Ftruncate { fd, offset } => self.prepost(fd.id, ctx, |f| sys::ftruncate(f, offset)),
             Fop::Access { loc, mask } => {
                 let n = self.resolve(&loc)?;
                 if access_ok(&n.st, ctx, mask) { ok(Reply::Empty) } else { Err(Errno::EACCES) }
@@ -616,6 +631,9 @@ impl Inner {
                 }
                 let flags = open_flags(flags);
                 let file = sys::openat(self.brick.gfs(), n.handle(), flags, 0)?;
+                if flags & libc::O_TRUNC != 0 {
+                    drop_privs(file.as_fd(), sys::fstat(file.as_fd())?.st_mode, ctx)?;
+                }
                 r.commit(self.open_fd(file, n.gfid, false, flags, ctx))?;
                 ok(Reply::Empty)
             }
@@ -636,6 +654,7 @@ impl Inner {
                     &data
                 };
                 sys::pwrite_all(file, buf, offset)?;
+                drop_privs(file, pre.mode, ctx)?;
                 let sync = flags as i32 & (libc::O_SYNC | libc::O_DSYNC);
                 if sync != 0 {
                     sys::fsync(file, sync & libc::O_SYNC != libc::O_SYNC)?;
@@ -721,12 +740,12 @@ impl Inner {
                 self.xattrop(Target::Fd(f.fd.as_fd()), f.gfid, op, &xattrs, &xdata)
             }
             Fop::Fallocate { fd, mode, offset, len } => {
-                self.prepost(fd.id, |f| sys::fallocate(f, mode as i32, offset, len))
+                self.prepost(fd.id, ctx, |f| sys::fallocate(f, mode as i32, offset, len))
             }
-            Fop::Discard { fd, offset, len } => self.prepost(fd.id, |f| {
+            Fop::Discard { fd, offset, len } => self.prepost(fd.id, ctx, |f| {
                 sys::fallocate(f, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len)
             }),
-            Fop::Zerofill { fd, offset, len } => self.prepost(fd.id, |f| zerofill(f, offset, len)),
+            Fop::Zerofill { fd, offset, len } => self.prepost(fd.id, ctx, |f| zerofill(f, offset, len)),
             Fop::Seek { fd, offset, what } => {
                 let f = self.fd(fd.id)?;
                 let whence = match what {
@@ -777,10 +796,13 @@ impl Inner {
         }
     }
 
-    fn prepost(&self, id: FdId, op: impl FnOnce(BorrowedFd<'_>) -> Sys<()>) -> FopResult {
+    /// A change of a file's data through an fd: `op`, then what the caller
+    /// loses by it ([`drop_privs`]), answered with the attributes around it.
+    fn prepost(&self, id: FdId, ctx: &CallCtx, op: impl FnOnce(BorrowedFd<'_>) -> Sys<()>) -> FopResult {
         let f = self.fd(id)?;
         let pre = f.iatt()?;
         op(f.file()?)?;
+        drop_privs(f.file()?, pre.mode, ctx)?;
         ok(Reply::PrePost { pre, post: f.iatt()? })
     }
 
