@@ -818,7 +818,7 @@ fn reads_at_top(mount: &Path) -> u64 {
 fn own_writes_keep_the_page_cache() {
     let v = volume("");
     let p = v.mount.path().join("db");
-    let f = std::fs::OpenOptions::new().create(true).read(true).write(true).open(&p).expect("create");
+    let f = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&p).expect("create");
     let mut model = vec![1u8; 16 * 4096];
     f.write_all_at(&model, 0).expect("write");
     f.sync_all().expect("fsync");
