@@ -16,18 +16,26 @@
 //!
 //! So with `auto-invalidation` the bridge does it instead, and the kernel is
 //! not asked for FUSE_AUTO_INVAL_DATA: per regular file it remembers the
-//! mtime and size it last gave the kernel and whether this mount changed
-//! the file since (a write, truncate, fallocate, copy or time change went
-//! through it). Attributes that moved with no such change of its own drop
-//! the file's pages. A foreign change racing one of this mount's own is
-//! not seen here; it is the upcall's to report, and this mount, being
-//! active on the inode, is registered for it. Entries live as long as the
-//! inode table holds the inode.
+//! mtime and size it last gave the kernel and when this mount last changed
+//! the file (a write, truncate, fallocate, copy or time change went
+//! through it). Attributes that moved drop the file's pages unless this
+//! mount changed the file within [`OWN_CHANGE_GRACE`]. Within that time
+//! the attributes may still move for the mount's own writes: write-behind
+//! answers a write with attributes it computes, and the bricks' own times
+//! arrive later. A foreign change in that time is the upcalls' to report:
+//! the mount, having just sent fops on the inode, is registered for them
+//! at the bricks (for `cache-invalidation-timeout`, 600 s by default).
+//! Entries live as long as the inode table holds the inode.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use xlfs_sdk::{FileType, Gfid, Iatt, Timespec};
+
+/// How long after this mount changed a file moved attributes are taken to
+/// be its own change.
+pub(super) const OWN_CHANGE_GRACE: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 pub(super) struct DataVersions(Mutex<HashMap<Gfid, Seen>>);
@@ -35,36 +43,38 @@ pub(super) struct DataVersions(Mutex<HashMap<Gfid, Seen>>);
 struct Seen {
     mtime: Timespec,
     size: u64,
-    /// This mount changed the file since the kernel was last given its
-    /// attributes.
-    own: bool,
+    /// When this mount last changed the file.
+    own: Option<Instant>,
 }
 
 impl DataVersions {
     /// This mount is about to change `gfid`'s data or times.
     pub(super) fn changing(&self, gfid: Gfid) {
         if let Some(s) = self.0.lock().get_mut(&gfid) {
-            s.own = true;
+            s.own = Some(Instant::now());
         }
     }
 
     /// Attributes about to be given to the kernel: true when they show a
     /// change this mount did not make, so the file's cached pages are stale.
     pub(super) fn saw(&self, iatt: &Iatt) -> bool {
+        self.saw_at(iatt, Instant::now())
+    }
+
+    fn saw_at(&self, iatt: &Iatt, now: Instant) -> bool {
         if iatt.gfid.is_null() || iatt.file_type() != FileType::Regular {
             return false;
         }
         let mut m = self.0.lock();
         let Some(s) = m.get_mut(&iatt.gfid) else {
-            m.insert(iatt.gfid, Seen { mtime: iatt.mtime, size: iatt.size, own: false });
+            m.insert(iatt.gfid, Seen { mtime: iatt.mtime, size: iatt.size, own: None });
             return false;
         };
         if s.mtime == iatt.mtime && s.size == iatt.size {
             return false;
         }
-        let foreign = !s.own;
-        *s = Seen { mtime: iatt.mtime, size: iatt.size, own: false };
-        foreign
+        (s.mtime, s.size) = (iatt.mtime, iatt.size);
+        s.own.is_none_or(|t| now.saturating_duration_since(t) > OWN_CHANGE_GRACE)
     }
 
     /// The inode left the inode table (and the kernel's cache).
@@ -91,15 +101,21 @@ mod tests {
     #[test]
     fn own_changes_keep_the_pages_and_foreign_ones_drop_them() {
         let d = DataVersions::default();
-        assert!(!d.saw(&file(1, 10)), "first sight");
-        assert!(!d.saw(&file(1, 10)), "unchanged");
+        let t0 = Instant::now();
+        assert!(!d.saw_at(&file(1, 10), t0), "first sight");
+        assert!(!d.saw_at(&file(1, 10), t0), "unchanged");
+        assert!(d.saw_at(&file(2, 10), t0), "mtime moved, no change of ours");
+        assert!(d.saw_at(&file(2, 20), t0), "size moved, no change of ours");
         d.changing(G);
-        assert!(!d.saw(&file(1, 10)), "own change not visible yet");
-        assert!(!d.saw(&file(2, 10)), "own write moved the mtime");
-        assert!(d.saw(&file(3, 10)), "moved again with no write of ours");
-        assert!(d.saw(&file(3, 20)), "size moved");
+        let t1 = Instant::now();
+        assert!(!d.saw_at(&file(2, 20), t1), "own change not visible yet");
+        assert!(!d.saw_at(&file(3, 20), t1), "own write moved the mtime");
+        assert!(!d.saw_at(&file(4, 20), t1 + OWN_CHANGE_GRACE / 2), "the bricks' time for it, later");
+        let after = t1 + OWN_CHANGE_GRACE + Duration::from_secs(1);
+        assert!(!d.saw_at(&file(4, 20), after), "unchanged");
+        assert!(d.saw_at(&file(5, 20), after), "moved long after our last change");
         let dir = Iatt { mode: libc::S_IFDIR | 0o755, ..file(9, 1) };
-        assert!(!d.saw(&dir), "directories have no pages here");
+        assert!(!d.saw_at(&dir, after), "directories have no pages here");
         d.forget(G);
         assert_eq!(d.len(), 0);
     }
