@@ -71,6 +71,7 @@ pub fn draw(samples: &[Sample], systems: &[String], title: &str, path: &Path) ->
                 SegmentValue::Last => String::new(),
             })
             .y_label_style(("sans-serif", 12))
+            .y_label_formatter(&|v| crate::report::num(*v))
             .draw()?;
         for (i, r) in rates.iter().enumerate() {
             let Some(r) = r else { continue };

@@ -75,7 +75,7 @@ pub struct Args {
     /// fio-seq: size of each job's file (default 512m, 128m with --quick).
     #[arg(long)]
     pub fio_size: Option<String>,
-    /// fio-seq: jobs (default 1).
+    /// fio-seq: jobs (default 1; seq-read-matrix: 1, 2 and 4, or only this).
     #[arg(long)]
     pub numjobs: Option<u32>,
     /// smallfile: directories x files each (default 50x100, 10x50 with --quick).

@@ -507,7 +507,8 @@ fn workloads(args: &Args, work: &Path) -> Result<Vec<Workload>> {
     };
     if args.preset == Some(Preset::SeqReadMatrix) {
         let size = args.fio_size.clone().unwrap_or_else(|| (if q { "64m" } else { "256m" }).into());
-        return Ok([1, 2, 4].iter().map(|nj| fio(*nj, &size)).collect());
+        let njs = args.numjobs.map_or(vec![1, 2, 4], |n| vec![n]);
+        return Ok(njs.iter().map(|nj| fio(*nj, &size)).collect());
     }
     let mut v = Vec::new();
     for w in &args.workloads {
