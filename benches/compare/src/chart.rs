@@ -42,12 +42,15 @@ pub fn draw(samples: &[Sample], systems: &[String], title: &str, path: &Path) ->
     let cols = n.clamp(1, 4);
     let rows = n.div_ceil(cols);
     let panel_w = (120 + 60 * systems.len() as u32).clamp(360, 720);
-    let (w, h) = (panel_w * cols as u32, 330 * rows as u32 + 50);
-    let root = BitMapBackend::new(path, (w, h)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let root = root.titled(title, ("sans-serif", 24))?;
+    let panel_h = if systems.len() > 4 { 480 } else { 330 };
+    let (w, h) = (panel_w * cols as u32, panel_h * rows as u32 + 50);
+    let full = BitMapBackend::new(path, (w, h)).into_drawing_area();
+    full.fill(&WHITE)?;
+    let root = full.titled(title, ("sans-serif", 24))?;
     let panels = root.split_evenly((rows, cols));
     let nsys = systems.len() as i32;
+    // Many columns: their names turned a quarter, or they would overlap.
+    let many = systems.len() > 4;
     for (li, ((label, unit, _), area)) in g.labels.iter().zip(panels.iter()).enumerate() {
         let rates: Vec<_> = systems.iter().map(|s| g.rate(li, s)).collect();
         let top = rates.iter().flatten().map(|s| s.max).fold(0.0f64, f64::max);
@@ -55,7 +58,7 @@ pub fn draw(samples: &[Sample], systems: &[String], title: &str, path: &Path) ->
         let mut chart = ChartBuilder::on(area)
             .caption(format!("{label} ({unit})"), ("sans-serif", 16))
             .margin(8)
-            .x_label_area_size(if systems.len() > 4 { 60 } else { 30 })
+            .x_label_area_size(if many { 185 } else { 30 })
             .y_label_area_size(55)
             .build_cartesian_2d((0..nsys - 1).into_segmented(), 0f64..top)?;
         let names = systems.to_vec();
@@ -63,16 +66,23 @@ pub fn draw(samples: &[Sample], systems: &[String], title: &str, path: &Path) ->
             .configure_mesh()
             .disable_x_mesh()
             .x_labels(systems.len())
-            .x_label_style(("sans-serif", if systems.len() > 4 { 10 } else { 13 }))
+            .x_label_style(("sans-serif", 13))
             .x_label_formatter(&|v| match v {
-                SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => {
+                SegmentValue::CenterOf(i) | SegmentValue::Exact(i) if !many => {
                     names.get(*i as usize).cloned().unwrap_or_default()
                 }
-                SegmentValue::Last => String::new(),
+                _ => String::new(),
             })
             .y_label_style(("sans-serif", 12))
             .y_label_formatter(&|v| crate::report::num(*v))
             .draw()?;
+        if many {
+            for (i, name) in systems.iter().enumerate() {
+                let (x, y) = chart.backend_coord(&(SegmentValue::CenterOf(i as i32), 0.0));
+                let style = ("sans-serif", 12).into_font().transform(FontTransform::Rotate90).color(&BLACK);
+                full.draw(&Text::new(name.clone(), (x + 6, y + 8), style))?;
+            }
+        }
         for (i, r) in rates.iter().enumerate() {
             let Some(r) = r else { continue };
             let color = Palette99::pick(i).to_rgba();
@@ -117,6 +127,7 @@ mod tests {
             cpu: None,
             cpu_client_s: 0.0,
             cpu_bricks_s: 0.0,
+            fops: Default::default(),
         };
         let samples = vec![mk("xlfs", "create n=10", 10.0), mk("ext4", "create n=10", 30.0), mk("xlfs", "stat", 5.0)];
         let dir = std::env::temp_dir().join(format!("xlfs-bench-chart-{}", std::process::id()));

@@ -30,6 +30,10 @@ pub enum Preset {
     /// io-threads off/on x numjobs 1/2/4, on xlfs and on GlusterFS with the
     /// matching `gluster volume set` options.
     SeqReadMatrix,
+    /// pgbench with each of replicate's lock-contention policies (fd-count,
+    /// inodelk-count, notify, and each --lock-plugin) as an xlfs column,
+    /// with the INODELK and XATTROP calls each sent per transaction.
+    LockPolicy,
 }
 
 /// xlfs side by side with GlusterFS 10.3 and a local directory: one table, one chart.
@@ -72,6 +76,10 @@ pub struct Args {
     /// Run a named experiment instead of the standard comparison.
     #[arg(long, value_enum)]
     pub preset: Option<Preset>,
+    /// lock-policy: a policy plugin as one more column, as
+    /// `wasm:/abs/path/policy.wasm` or `dylib:/abs/path/libpolicy.so`; repeatable.
+    #[arg(long, value_name = "SPEC")]
+    pub lock_plugin: Vec<String>,
     /// fio-seq: size of each job's file (default 512m, 128m with --quick).
     #[arg(long)]
     pub fio_size: Option<String>,

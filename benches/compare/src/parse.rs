@@ -119,9 +119,69 @@ pub fn parse_line(line: &str) -> Option<Phase> {
     Some(Phase { label: label.to_string(), value, unit, work })
 }
 
+/// The lock and changelog fops a client sent to its bricks, from
+/// `xlfs profile --json MOUNT`: calls of the mount's protocol/client
+/// translators summed over the bricks, as `INODELK+FINODELK` and
+/// `XATTROP+FXATTROP`. A protocol/client shows as its own row, as its
+/// `network+queue` row (the wire), or both, with the same calls: each
+/// client is counted once.
+pub fn lock_fops(json: &str) -> Option<std::collections::BTreeMap<String, f64>> {
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    let mut per_client: std::collections::BTreeMap<(&str, String), f64> = std::collections::BTreeMap::new();
+    for fop in v.get("fops")?.as_array()? {
+        let key = match fop.get("fop")?.as_str()? {
+            "INODELK" | "FINODELK" => "INODELK+FINODELK",
+            "XATTROP" | "FXATTROP" => "XATTROP+FXATTROP",
+            _ => continue,
+        };
+        let mut this_fop: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
+        for r in fop.get("rows")?.as_array()? {
+            let s = |k: &str| r.get(k).and_then(|t| t.as_str()).unwrap_or("");
+            if s("type") == "protocol/client" && s("where") == "mount" {
+                let name = s("translator").trim_end_matches(" network+queue").to_string();
+                let calls = r.get("calls").and_then(|c| c.as_f64()).unwrap_or(0.0);
+                let e = this_fop.entry(name).or_default();
+                *e = e.max(calls);
+            }
+        }
+        for (client, calls) in this_fop {
+            *per_client.entry((key, client)).or_default() += calls;
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for key in ["INODELK+FINODELK", "XATTROP+FXATTROP"] {
+        out.insert(key.to_string(), per_client.iter().filter(|((k, _), _)| *k == key).map(|(_, c)| c).sum());
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lock_fop_counts() {
+        let row = |t: &str, ty: &str, w: &str, calls: u64| {
+            format!(
+                r#"{{"translator":"{t}","type":"{ty}","where":"{w}","calls":{calls},"self_ns":1,"self_per_call_ns":1,"estimated":false,"note":null}}"#
+            )
+        };
+        let json = format!(
+            r#"{{"graph":"xlfs","window_ms":5,"bricks":[],"fops":[{{"fop":"FINODELK","entry_calls":0,"entry_total_ns":0,"rows":[{},{},{},{}]}},{{"fop":"INODELK","entry_calls":0,"entry_total_ns":0,"rows":[{}]}},{{"fop":"FXATTROP","entry_calls":0,"entry_total_ns":0,"rows":[{}]}},{{"fop":"WRITE","entry_calls":9,"entry_total_ns":0,"rows":[{}]}}]}}"#,
+            row("xlfs-client-0 network+queue", "protocol/client", "mount", 10),
+            row("xlfs-client-0", "protocol/client", "mount", 10),
+            row("xlfs-client-1", "protocol/client", "mount", 12),
+            row("b0-locks", "features/locks", "brick 127.0.0.1:1", 10),
+            row("xlfs-client-2", "protocol/client", "mount", 3),
+            row("xlfs-client-2", "protocol/client", "mount", 7),
+            row("xlfs-client-2", "protocol/client", "mount", 99),
+        );
+        let m = lock_fops(&json).expect("parsed");
+        // client-0 once (10), client-1 (12), and client-2's INODELK (3).
+        assert_eq!(m.get("INODELK+FINODELK"), Some(&25.0));
+        assert_eq!(m.get("XATTROP+FXATTROP"), Some(&7.0));
+        assert_eq!(lock_fops("not json"), None);
+    }
 
     #[test]
     fn fio_line() {

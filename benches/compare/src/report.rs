@@ -24,6 +24,11 @@ pub struct Sample {
     pub cpu_client_s: f64,
     /// CPU seconds of the brick processes during the phase.
     pub cpu_bricks_s: f64,
+    /// Fops the client sent to the bricks per unit of work, by name
+    /// (`--preset lock-policy`: INODELK+FINODELK and XATTROP+FXATTROP per
+    /// transaction, from `xlfs profile`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fops: BTreeMap<String, f64>,
 }
 
 /// Median, min, max and count of some values.
@@ -88,9 +93,17 @@ pub fn is_reference(system: &str) -> bool {
 }
 
 /// The GlusterFS column that `system` is compared with: the tmpfs one for
-/// a tmpfs column, else `glusterfs`, else the first GlusterFS column.
+/// a tmpfs column, the one with the matching read-ahead and io-threads
+/// settings in the seq-read matrix (`xlfs ra=tolerant iot=on` with
+/// `glusterfs ra=on iot=on`), else `glusterfs`, else the first GlusterFS column.
 pub fn gluster_ref<'a>(system: &str, systems: &'a [String]) -> Option<&'a str> {
     let find = |name: &str| systems.iter().find(|s| *s == name).map(String::as_str);
+    let token = |key: &str| system.split_whitespace().find_map(|w| w.strip_prefix(key));
+    if let (Some(ra), Some(iot)) = (token("ra="), token("iot="))
+        && let Some(t) = find(&format!("glusterfs ra={} iot={iot}", if ra == "off" { "off" } else { "on" }))
+    {
+        return Some(t);
+    }
     if system.ends_with("-tmpfs")
         && let Some(t) = find("glusterfs-tmpfs")
     {
@@ -156,6 +169,43 @@ impl<'a> Grouped<'a> {
             .collect();
         summarize(&shares).map(|s| s.median)
     }
+}
+
+/// The fops sent per unit of work (lock-policy), one row per phase and fop.
+fn fops_table(g: &Grouped) -> String {
+    let mut keys: Vec<(usize, String)> = Vec::new();
+    let mut cols: Vec<&String> = Vec::new();
+    for li in 0..g.labels.len() {
+        for s in &g.systems {
+            for x in g.samples(li, s) {
+                for k in x.fops.keys() {
+                    if !keys.contains(&(li, k.clone())) {
+                        keys.push((li, k.clone()));
+                    }
+                    if !cols.contains(&s) {
+                        cols.push(s);
+                    }
+                }
+            }
+        }
+    }
+    if keys.is_empty() {
+        return String::new();
+    }
+    let mut head: Vec<String> = vec!["workload".into(), "fops sent per unit".into()];
+    head.extend(cols.iter().map(|s| s.to_string()));
+    let mut out = format!("\n{}{}", row(&head), rule(head.len()));
+    for (li, k) in &keys {
+        let mut r = vec![g.labels[*li].0.clone(), k.clone()];
+        for s in &cols {
+            let v: Vec<f64> = g.samples(*li, s).iter().filter_map(|x| x.fops.get(k).copied()).collect();
+            r.push(cell(summarize(&v)));
+        }
+        out += &row(&r);
+    }
+    out += "\nCalls the client's protocol/client translators sent to the bricks (all three), per transaction, \
+            from `xlfs profile` around the pgbench run; median (min-max, n=rounds).\n";
+    out
 }
 
 fn row(cells: &[String]) -> String {
@@ -225,6 +275,7 @@ pub fn render(samples: &[Sample], systems: &[String], wide: usize) -> String {
             out += "\nCPU of the client and brick processes (utime+stime from /proc) per unit of work, \
                     median (min-max, n=rounds), with the client's share; lower is better.\n";
         }
+        out += &fops_table(&g);
     } else {
         let mut head: Vec<String> = vec!["system".into()];
         head.extend(g.labels.iter().map(|(l, u, _)| format!("{l} ({u})")));
@@ -237,7 +288,8 @@ pub fn render(samples: &[Sample], systems: &[String], wide: usize) -> String {
                 if !is_reference(s)
                     && let Some(gl) = gluster_ref(s, systems)
                 {
-                    c += &format!(", {} GlusterFS", ratio(g.rate(li, s), g.rate(li, gl)));
+                    let of = if gl == "glusterfs" { "GlusterFS" } else { gl };
+                    c += &format!(", {} {of}", ratio(g.rate(li, s), g.rate(li, gl)));
                 }
                 if let Some(cpu) = g.cpu(li, s) {
                     c += &format!(", {} {}", num(cpu.median), g.labels[li].2.as_deref().unwrap_or("CPU"));
@@ -248,6 +300,7 @@ pub fn render(samples: &[Sample], systems: &[String], wide: usize) -> String {
         }
         out += "\nmedian (min-max, n=rounds), higher is better; the xlfs columns' ratio to GlusterFS; \
                 the median CPU of the client and brick processes per unit of work.\n";
+        out += &fops_table(&g);
     }
     out
 }
@@ -266,6 +319,7 @@ mod tests {
             cpu: cpu.map(|c| (c, "CPU ms/file".to_string())),
             cpu_client_s: cpu.map_or(0.0, |_| 1.0),
             cpu_bricks_s: cpu.map_or(0.0, |_| 3.0),
+            fops: BTreeMap::new(),
         }
     }
 
@@ -293,6 +347,12 @@ mod tests {
         assert_eq!(gluster_ref("xlfs-tmpfs", &sys), Some("glusterfs-tmpfs"));
         let m: Vec<String> = ["xlfs ra-off", "glusterfs ra-on"].iter().map(|s| s.to_string()).collect();
         assert_eq!(gluster_ref("xlfs ra-off", &m), Some("glusterfs ra-on"));
+        let m: Vec<String> = ["xlfs ra=gluster-strict iot=on", "glusterfs ra=off iot=on", "glusterfs ra=on iot=on"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(gluster_ref("xlfs ra=gluster-strict iot=on", &m), Some("glusterfs ra=on iot=on"));
+        assert_eq!(gluster_ref("xlfs ra=off iot=on", &m), Some("glusterfs ra=off iot=on"));
         assert!(is_reference("ext4") && is_reference("glusterfs ra-on") && !is_reference("xlfs"));
     }
 
@@ -322,5 +382,15 @@ mod tests {
         assert!(t.starts_with("| system | create n=100 (files/s) |\n|---|---|\n"), "{t}");
         assert!(t.contains("| xlfs | 950 (900-1000, n=2), 3.80x GlusterFS, 0.600 CPU ms/file |"), "{t}");
         assert!(t.contains("| ext4 | 5500 (5000-6000, n=2) |"), "{t}");
+        assert!(!t.contains("fops sent"), "{t}");
+    }
+
+    #[test]
+    fn fops() {
+        let mut a = s(1, "xlfs", "pgbench", 500.0, Some(1.0));
+        a.fops.insert("INODELK+FINODELK".into(), 4.0);
+        let b = s(1, "glusterfs", "pgbench", 400.0, Some(1.0));
+        let t = render(&[a, b], &["xlfs".into(), "glusterfs".into()], 5);
+        assert!(t.contains("| workload | fops sent per unit | xlfs |\n|---|---|---|\n| pgbench | INODELK+FINODELK | 4.00 (4.00-4.00, n=1) |"), "{t}");
     }
 }

@@ -110,6 +110,8 @@ struct Ctx {
     glusterd_before: bool,
     gluster_pids_before: Vec<u32>,
     pg_port: u16,
+    /// lock-policy: count the lock fops of the xlfs columns' pgbench runs.
+    count_locks: bool,
 }
 
 fn gluster_pids() -> Vec<u32> {
@@ -132,8 +134,11 @@ impl Ctx {
                 let x = self.xlfs.to_string_lossy().into_owned();
                 let vol = s.dir.join("client.vol");
                 let opts = args.iter().position(|a| a == "-o").and_then(|i| args.get(i + 1));
+                // `xlfs umount` can return before the old mount process has
+                // let go of its control socket; the new mount is retried
+                // for up to 10 s.
                 let remount = format!(
-                    "{x} umount {m} && {x} mount --volfile {v} --log-file {l}{o} {m} >/dev/null",
+                    "{x} umount {m} && for i in $(seq 20); do {x} mount --volfile {v} --log-file {l}{o} {m} >/dev/null 2>&1 && exit 0; sleep 0.5; done; {x} mount --volfile {v} --log-file {l}{o} {m} >/dev/null",
                     x = sq(&x),
                     m = sq(&mnt.to_string_lossy()),
                     v = sq(&vol.to_string_lossy()),
@@ -150,6 +155,9 @@ impl Ctx {
                             "    type performance/read-ahead\n",
                             &format!("    type performance/read-ahead\n    option policy {p}\n"),
                         );
+                        if !patched.contains(&format!("option policy {p}")) {
+                            bail!("{}: no performance/read-ahead volume to set policy {p} on", vol.display());
+                        }
                         std::fs::write(&vol, patched)?;
                         setup_cmd(Command::new("bash").arg("-c").arg(&remount), &mut self.log)?;
                     }
@@ -239,7 +247,20 @@ impl Ctx {
             if tail.len() > 5 {
                 tail.remove(0);
             }
+            let profiled = self.count_locks && matches!(s.kind, Kind::Xlfs { .. });
+            if profiled && line.starts_with("pgbench-init") {
+                // Count from here: the run, not initdb and the table load.
+                let _ = Command::new(&self.xlfs).args(["profile", "--reset"]).arg(&mnt).output();
+            }
             let Some(p) = parse_line(&line) else { continue };
+            let mut fops = std::collections::BTreeMap::new();
+            if let (true, Some(crate::parse::Work::Txns(n))) = (profiled, p.work) {
+                let out = Command::new(&self.xlfs).args(["profile", "--json"]).arg(&mnt).output()?;
+                match crate::parse::lock_fops(&String::from_utf8_lossy(&out.stdout)) {
+                    Some(m) => fops = m.into_iter().map(|(k, v)| (k, v / n)).collect(),
+                    None => pb.suspend(|| eprintln!("xlfs-bench: `xlfs profile --json` gave no lock counts")),
+                }
+            }
             let now = meter.as_ref().map(Meter::snapshot).unwrap_or_default();
             let (dc, db) = (now.0 - prev.0, now.1 - prev.1);
             prev = now;
@@ -258,6 +279,7 @@ impl Ctx {
                 cpu,
                 cpu_client_s: dc,
                 cpu_bricks_s: db,
+                fops,
             });
         }
         let status = child.wait()?;
@@ -444,6 +466,36 @@ fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>> {
         v.push(ext4());
         return Ok(v);
     }
+    if args.preset == Some(Preset::LockPolicy) {
+        let mut policies: Vec<(String, String)> =
+            ["fd-count", "inodelk-count", "notify"].iter().map(|p| (p.to_string(), p.to_string())).collect();
+        for spec in &args.lock_plugin {
+            let stem = Path::new(spec.split_once(':').map_or(spec.as_str(), |(_, p)| p))
+                .file_stem()
+                .map_or("plugin".into(), |s| s.to_string_lossy().into_owned());
+            policies.push((format!("plugin:{stem}"), spec.clone()));
+        }
+        for (name, spec) in policies {
+            let dir = work.join(format!("xl{}", v.len()));
+            v.push(System {
+                name: format!("xlfs lock={name}"),
+                kind: Kind::Xlfs {
+                    args: vec!["--afr".into(), format!("lock-contention-policy={spec}")],
+                    ra_policy: None,
+                },
+                dir,
+                fresh: true,
+            });
+        }
+        // The references the --systems list names (default: both).
+        if args.systems.iter().any(|s| s == "glusterfs") {
+            v.push(gluster("glusterfs", work.join("gl"), vol.into()));
+        }
+        if args.systems.iter().any(|s| s == "ext4") {
+            v.push(ext4());
+        }
+        return Ok(v);
+    }
     for s in &args.systems {
         match s.as_str() {
             "xlfs" => {
@@ -505,6 +557,14 @@ fn workloads(args: &Args, work: &Path) -> Result<Vec<Workload>> {
         args: vec![size.into(), nj.to_string(), "1".into()],
         env: Vec::new(),
     };
+    if args.preset == Some(Preset::LockPolicy) {
+        return Ok(vec![Workload {
+            name: "pgbench".into(),
+            script: "pgbench.sh",
+            args: vec!["1".into()],
+            env: vec![("TXNS".into(), args.txns.unwrap_or(if q { 250 } else { 2000 }).to_string())],
+        }]);
+    }
     if args.preset == Some(Preset::SeqReadMatrix) {
         let size = args.fio_size.clone().unwrap_or_else(|| (if q { "64m" } else { "256m" }).into());
         let njs = args.numjobs.map_or(vec![1, 2, 4], |n| vec![n]);
@@ -655,6 +715,7 @@ pub fn main(args: Args) -> Result<u8> {
             .any(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "glusterd")),
         gluster_pids_before: gluster_pids(),
         pg_port: args.pg_port,
+        count_locks: args.preset == Some(Preset::LockPolicy),
     };
     let started = chrono_now();
     let result = run_all(&args, &mut ctx, &systems, rounds);
@@ -671,6 +732,7 @@ pub fn main(args: Args) -> Result<u8> {
         "# xlfs-bench: {}\n\n{} {}, {rounds} round(s){}; `{}`.\n\n",
         match args.preset {
             Some(Preset::SeqReadMatrix) => "sequential read matrix",
+            Some(Preset::LockPolicy) => "lock-contention policies under pgbench",
             None => "xlfs, GlusterFS and a local disk",
         },
         started,
