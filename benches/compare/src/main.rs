@@ -66,7 +66,8 @@ pub struct Args {
     /// The standard columns, comma-separated (any of xlfs, glusterfs, ext4).
     #[arg(long, value_delimiter = ',', default_value = "xlfs,glusterfs,ext4")]
     pub systems: Vec<String>,
-    /// Also xlfs and GlusterFS with their bricks on tmpfs (the CPU-bound case).
+    /// Also xlfs and GlusterFS with their bricks on tmpfs (the CPU-bound
+    /// case), and a tmpfs directory as their local reference.
     #[arg(long)]
     pub tmpfs: bool,
     /// One more xlfs column: NAME='xlfs up arguments', e.g. wb='-o writeback-cache'

@@ -89,7 +89,19 @@ fn ratio(a: Option<Summary>, b: Option<Summary>) -> String {
 /// Whether a column is a reference (GlusterFS or the local disk) rather
 /// than one of the xlfs columns being compared.
 pub fn is_reference(system: &str) -> bool {
-    system.starts_with("glusterfs") || system.starts_with("ext4")
+    system.starts_with("glusterfs") || system.starts_with("ext4") || system == "tmpfs"
+}
+
+/// The local-disk column that `system` is compared with: `tmpfs` for a
+/// tmpfs column when there is one, else `ext4`.
+pub fn local_ref<'a>(system: &str, systems: &'a [String]) -> Option<&'a str> {
+    let find = |name: &str| systems.iter().find(|s| *s == name).map(String::as_str);
+    if system.ends_with("-tmpfs")
+        && let Some(t) = find("tmpfs")
+    {
+        return Some(t);
+    }
+    find("ext4")
 }
 
 /// The GlusterFS column that `system` is compared with: the tmpfs one for
@@ -217,7 +229,7 @@ fn rule(n: usize) -> String {
 }
 
 /// The Markdown tables: the rates (median, min-max, rounds, and each xlfs
-/// column's median over GlusterFS's and over ext4's), then the CPU cost of
+/// column's median over GlusterFS's and over the local disk's), then the CPU cost of
 /// the client and brick processes. With more than `wide` columns the tables
 /// are turned (one row per system) so they stay readable.
 pub fn render(samples: &[Sample], systems: &[String], wide: usize) -> String {
@@ -225,7 +237,6 @@ pub fn render(samples: &[Sample], systems: &[String], wide: usize) -> String {
     if g.labels.is_empty() {
         return "(no results)\n".into();
     }
-    let ext4 = systems.iter().find(|s| *s == "ext4").map(String::as_str);
     let compared: Vec<&String> = systems.iter().filter(|s| !is_reference(s)).collect();
     let mut out = String::new();
     if systems.len() <= wide {
@@ -235,8 +246,8 @@ pub fn render(samples: &[Sample], systems: &[String], wide: usize) -> String {
             if let Some(r) = gluster_ref(s, systems) {
                 head.push(format!("{s} / {}", if r == "glusterfs" { "GlusterFS" } else { r }));
             }
-            if ext4.is_some() {
-                head.push(format!("{s} / ext4"));
+            if let Some(l) = local_ref(s, systems) {
+                head.push(format!("{s} / {l}"));
             }
         }
         out += &row(&head);
@@ -248,7 +259,7 @@ pub fn render(samples: &[Sample], systems: &[String], wide: usize) -> String {
                 if let Some(gl) = gluster_ref(s, systems) {
                     r.push(ratio(g.rate(li, s), g.rate(li, gl)));
                 }
-                if let Some(e) = ext4 {
+                if let Some(e) = local_ref(s, systems) {
                     r.push(ratio(g.rate(li, s), g.rate(li, e)));
                 }
             }
@@ -353,6 +364,10 @@ mod tests {
             .collect();
         assert_eq!(gluster_ref("xlfs ra=gluster-strict iot=on", &m), Some("glusterfs ra=on iot=on"));
         assert_eq!(gluster_ref("xlfs ra=off iot=on", &m), Some("glusterfs ra=off iot=on"));
+        let t: Vec<String> = ["xlfs-tmpfs", "ext4", "tmpfs"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(local_ref("xlfs-tmpfs", &t), Some("tmpfs"));
+        assert_eq!(local_ref("xlfs", &t), Some("ext4"));
+        assert!(is_reference("tmpfs") && !is_reference("xlfs-tmpfs"));
         assert!(is_reference("ext4") && is_reference("glusterfs ra-on") && !is_reference("xlfs"));
     }
 

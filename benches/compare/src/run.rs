@@ -520,6 +520,9 @@ fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>> {
         let t = work.join("tmpfs");
         v.push(xlfs("xlfs-tmpfs", t.join("xlfs"), Vec::new()));
         v.push(gluster("glusterfs-tmpfs", t.join("gl"), format!("{vol}t")));
+        if args.systems.iter().any(|s| s == "ext4") {
+            v.push(System { name: "tmpfs".into(), kind: Kind::Local, dir: t.join("local"), fresh: false });
+        }
     }
     Ok(v)
 }
@@ -718,10 +721,15 @@ pub fn main(args: Args) -> Result<u8> {
         count_locks: args.preset == Some(Preset::LockPolicy),
     };
     let started = chrono_now();
-    let result = run_all(&args, &mut ctx, &systems, rounds);
+    // A panic still cleans up (then goes on unwinding).
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_all(&args, &mut ctx, &systems, rounds)));
     eprintln!("xlfs-bench: cleaning up {}", work.display());
     let left = ctx.cleanup();
     handle.close();
+    let result = match result {
+        Ok(r) => r,
+        Err(panic) => std::panic::resume_unwind(panic),
+    };
     if !left.is_empty() {
         eprintln!("xlfs-bench: warning: left after cleanup:\n  {}", left.join("\n  "));
     }
