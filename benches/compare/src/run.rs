@@ -1,0 +1,820 @@
+//! Bringing the systems up and down, running the workloads, cleaning up.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cpu::{self, Matcher, Meter};
+use crate::parse::parse_line;
+use crate::report::{self, Sample};
+use crate::{Args, Preset};
+
+/// Set by SIGINT or SIGTERM: stop after the running step and clean up.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// The process group of the running workload, for the signal thread to stop.
+static RUNNING: AtomicI32 = AtomicI32::new(0);
+
+/// How a system is provided.
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    /// `xlfs up DIR ARGS`, then, when set, read-ahead's `policy` option
+    /// written into the client volfile (and the client remounted).
+    Xlfs { args: Vec<String>, ra_policy: Option<String> },
+    /// gluster-ref.sh with this volume, then these `gluster volume set`
+    /// options (and the client remounted).
+    Gluster { vol: String, set: Vec<(String, String)> },
+    /// A directory.
+    Local,
+}
+
+/// One column of the table.
+#[derive(Debug, Clone)]
+struct System {
+    name: String,
+    kind: Kind,
+    /// Its directory under the work directory.
+    dir: PathBuf,
+    /// Brought down after each step (the matrix has many columns).
+    fresh: bool,
+}
+
+impl System {
+    fn matcher(&self) -> Option<Matcher> {
+        let d = self.dir.to_string_lossy().into_owned();
+        match self.kind {
+            Kind::Xlfs { .. } => Some(Matcher::Xlfs(d)),
+            Kind::Gluster { .. } => Some(Matcher::Gluster(d)),
+            Kind::Local => None,
+        }
+    }
+}
+
+/// One workload with its arguments after MOUNT and REMOUNT.
+#[derive(Debug, Clone)]
+struct Workload {
+    name: String,
+    script: &'static str,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+/// `'text'` for bash.
+fn sq(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Mount points in /proc/mounts.
+fn mounts() -> Vec<String> {
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1).map(|m| m.replace("\\040", " ")))
+        .collect()
+}
+
+fn is_mounted(p: &Path) -> bool {
+    let p = p.to_string_lossy();
+    mounts().iter().any(|m| *m == p)
+}
+
+/// Runs a setup command to its end (its own process group, so a Ctrl-C on
+/// the terminal reaches only us); its output goes to the raw log.
+fn setup_cmd(cmd: &mut Command, log: &mut File) -> Result<String> {
+    let what = format!("{cmd:?}");
+    let out = cmd.stdin(Stdio::null()).process_group(0).output().with_context(|| what.clone())?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let _ = writeln!(log, "$ {what}\n{stdout}{stderr}");
+    if !out.status.success() {
+        bail!("{what}: {}: {}", out.status, stderr.trim());
+    }
+    Ok(stdout)
+}
+
+struct Ctx {
+    xlfs: PathBuf,
+    bench: PathBuf,
+    work: PathBuf,
+    log: File,
+    systems: Vec<System>,
+    /// The gluster-ref.sh directories used, with their volume.
+    gluster_dirs: Vec<(PathBuf, String)>,
+    tmpfs: Option<PathBuf>,
+    glusterd_before: bool,
+    gluster_pids_before: Vec<u32>,
+    pg_port: u16,
+    /// lock-policy: count the lock fops of the xlfs columns' pgbench runs.
+    count_locks: bool,
+}
+
+fn gluster_pids() -> Vec<u32> {
+    cpu::pids()
+        .into_iter()
+        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.starts_with("gluster")))
+        .collect()
+}
+
+impl Ctx {
+    /// Brings `s` up if it is not, and returns its mount point and remount command.
+    fn up(&mut self, s: &System) -> Result<(PathBuf, String)> {
+        let (mnt, remount) = match &s.kind {
+            Kind::Local => {
+                std::fs::create_dir_all(&s.dir)?;
+                (s.dir.clone(), ":".to_string())
+            }
+            Kind::Xlfs { args, ra_policy } => {
+                let mnt = s.dir.join("mnt");
+                let x = self.xlfs.to_string_lossy().into_owned();
+                let vol = s.dir.join("client.vol");
+                let opts = args.iter().position(|a| a == "-o").and_then(|i| args.get(i + 1));
+                // `xlfs umount` can return before the old mount process has
+                // let go of its control socket; the new mount is retried
+                // for up to 10 s.
+                let remount = format!(
+                    "{x} umount {m} && for i in $(seq 20); do {x} mount --volfile {v} --log-file {l}{o} {m} >/dev/null 2>&1 && exit 0; sleep 0.5; done; {x} mount --volfile {v} --log-file {l}{o} {m} >/dev/null",
+                    x = sq(&x),
+                    m = sq(&mnt.to_string_lossy()),
+                    v = sq(&vol.to_string_lossy()),
+                    l = sq(&s.dir.join("logs/mount.log").to_string_lossy()),
+                    o = opts.map(|o| format!(" -o {}", sq(o))).unwrap_or_default(),
+                );
+                if !is_mounted(&mnt) {
+                    let _ = setup_cmd(Command::new(&self.xlfs).arg("down").arg(&s.dir), &mut self.log);
+                    setup_cmd(Command::new(&self.xlfs).arg("up").arg(&s.dir).args(args), &mut self.log)
+                        .with_context(|| format!("bringing up {}", s.name))?;
+                    if let Some(p) = ra_policy {
+                        let text = std::fs::read_to_string(&vol)?;
+                        let patched = text.replace(
+                            "    type performance/read-ahead\n",
+                            &format!("    type performance/read-ahead\n    option policy {p}\n"),
+                        );
+                        if !patched.contains(&format!("option policy {p}")) {
+                            bail!("{}: no performance/read-ahead volume to set policy {p} on", vol.display());
+                        }
+                        std::fs::write(&vol, patched)?;
+                        setup_cmd(Command::new("bash").arg("-c").arg(&remount), &mut self.log)?;
+                    }
+                }
+                (mnt, remount)
+            }
+            Kind::Gluster { vol, set } => {
+                if !self.gluster_dirs.iter().any(|(d, _)| *d == s.dir) {
+                    self.gluster_dirs.push((s.dir.clone(), vol.clone()));
+                }
+                let script = self.bench.join("gluster-ref.sh");
+                let out = setup_cmd(Command::new("bash").arg(&script).arg("up").arg(&s.dir).arg(vol), &mut self.log)
+                    .with_context(|| format!("bringing up {}", s.name))?;
+                let get = |k: &str| {
+                    out.lines()
+                        .find_map(|l| l.strip_prefix(k))
+                        .map(|v| v.trim_matches('\'').to_string())
+                        .with_context(|| format!("gluster-ref.sh printed no {k}: {out}"))
+                };
+                let (mnt, remount) = (PathBuf::from(get("MNT=")?), get("REMOUNT=")?);
+                if !set.is_empty() {
+                    for (k, v) in set {
+                        setup_cmd(
+                            Command::new("gluster").args(["--mode=script", "volume", "set", vol, k, v]),
+                            &mut self.log,
+                        )?;
+                    }
+                    setup_cmd(Command::new("bash").arg("-c").arg(&remount), &mut self.log)?;
+                }
+                (mnt, remount)
+            }
+        };
+        // The workloads run postgres as its own user.
+        let _ = Command::new("chmod").arg("755").arg(&mnt).status();
+        Ok((mnt, remount))
+    }
+
+    /// Takes an xlfs system down (GlusterFS ones are taken down at the end:
+    /// the matrix's GlusterFS columns share one volume).
+    fn down(&mut self, s: &System) {
+        if let Kind::Xlfs { .. } = s.kind {
+            let mnt = s.dir.join("mnt");
+            if is_mounted(&mnt) {
+                let _ = setup_cmd(Command::new(&self.xlfs).arg("umount").arg(&mnt), &mut self.log);
+            }
+            if s.dir.exists() {
+                let _ = setup_cmd(Command::new(&self.xlfs).arg("down").arg(&s.dir), &mut self.log);
+            }
+        }
+    }
+
+    /// One workload on one system: its phases as samples.
+    fn step(&mut self, s: &System, w: &Workload, round: u32, pb: &ProgressBar) -> Result<Vec<Sample>> {
+        let (mnt, remount) = self.up(s)?;
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            return Ok(Vec::new());
+        }
+        let meter = s.matcher().map(Meter::start);
+        let raw = self.work.join("raw");
+        std::fs::create_dir_all(&raw)?;
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c")
+            .arg(r#"exec bash "$0" "$@" 2>&1"#)
+            .arg(self.bench.join(w.script))
+            .arg(&mnt)
+            .arg(&remount)
+            .args(&w.args)
+            .env("RAW", &raw)
+            .env("PORT", self.pg_port.to_string())
+            .envs(w.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .process_group(0);
+        let mut child = cmd.spawn().with_context(|| format!("running {}", w.script))?;
+        RUNNING.store(child.id() as i32, Ordering::SeqCst);
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            // SAFETY: kill(2) of the process group we just made.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGTERM) };
+        }
+        let mut samples = Vec::new();
+        let mut prev = (0.0, 0.0);
+        let mut tail = Vec::new();
+        for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+            let Ok(line) = line else { break };
+            let _ = writeln!(self.log, "{} | {line}", s.name);
+            tail.push(line.clone());
+            if tail.len() > 5 {
+                tail.remove(0);
+            }
+            let profiled = self.count_locks && matches!(s.kind, Kind::Xlfs { .. });
+            if profiled && line.starts_with("pgbench-init") {
+                // Count from here: the run, not initdb and the table load.
+                let _ = Command::new(&self.xlfs).args(["profile", "--reset"]).arg(&mnt).output();
+            }
+            let Some(p) = parse_line(&line) else { continue };
+            let mut fops = std::collections::BTreeMap::new();
+            if let (true, Some(crate::parse::Work::Txns(n))) = (profiled, p.work) {
+                let out = Command::new(&self.xlfs).args(["profile", "--json"]).arg(&mnt).output()?;
+                match crate::parse::lock_fops(&String::from_utf8_lossy(&out.stdout)) {
+                    Some(m) => fops = m.into_iter().map(|(k, v)| (k, v / n)).collect(),
+                    None => pb.suspend(|| eprintln!("xlfs-bench: `xlfs profile --json` gave no lock counts")),
+                }
+            }
+            let now = meter.as_ref().map(Meter::snapshot).unwrap_or_default();
+            let (dc, db) = (now.0 - prev.0, now.1 - prev.1);
+            prev = now;
+            let cpu = match (&meter, p.work) {
+                (Some(_), Some(work)) => Some((work.cost(dc + db), work.cost_unit().to_string())),
+                _ => None,
+            };
+            let cpu_text = cpu.as_ref().map(|(c, u)| format!(", {} {u}", report::num(*c))).unwrap_or_default();
+            pb.suspend(|| eprintln!("  {:<12} {}: {} {}{cpu_text}", s.name, p.label, report::num(p.value), p.unit));
+            samples.push(Sample {
+                round,
+                system: s.name.clone(),
+                label: p.label,
+                unit: p.unit.to_string(),
+                value: p.value,
+                cpu,
+                cpu_client_s: dc,
+                cpu_bricks_s: db,
+                fops,
+            });
+        }
+        let status = child.wait()?;
+        RUNNING.store(0, Ordering::SeqCst);
+        if !status.success() && !INTERRUPTED.load(Ordering::SeqCst) {
+            bail!("{} on {} (round {round}): {status}; last output:\n{}", w.name, s.name, tail.join("\n"));
+        }
+        Ok(samples)
+    }
+
+    /// Stops every process whose command line names the work directory
+    /// (SIGTERM, then SIGKILL after `grace`), except this process and its
+    /// ancestors; with `keep_daemons`, not the xlfs and GlusterFS daemons
+    /// (they are stopped by their own commands first).
+    fn kill_strays(&self, keep_daemons: bool, grace: Duration) {
+        let work = self.work.to_string_lossy().into_owned();
+        let mut ancestors = vec![std::process::id()];
+        let mut p = std::process::id();
+        while let Some(pp) = std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<u32>().ok()))
+        {
+            if pp <= 1 {
+                break;
+            }
+            ancestors.push(pp);
+            p = pp;
+        }
+        let victims = || -> Vec<u32> {
+            cpu::pids()
+                .into_iter()
+                .filter(|p| !ancestors.contains(p))
+                .filter(|p| {
+                    let Some(args) = cpu::cmdline(*p) else { return false };
+                    if !args.iter().any(|a| a.contains(&work)) {
+                        return false;
+                    }
+                    let exe = args[0].rsplit('/').next().unwrap_or("");
+                    let daemon = exe.starts_with("gluster")
+                        || matches!(args.get(1).map(String::as_str), Some("mount" | "brick" | "heal"));
+                    !(keep_daemons && daemon)
+                })
+                .collect()
+        };
+        let first = victims();
+        if first.is_empty() {
+            return;
+        }
+        for p in &first {
+            // SAFETY: kill(2) of a process whose command line names our work directory.
+            unsafe { libc::kill(*p as i32, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline && !victims().is_empty() {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for p in victims() {
+            // SAFETY: as above; it did not exit on SIGTERM.
+            unsafe { libc::kill(p as i32, libc::SIGKILL) };
+        }
+    }
+
+    /// Stops and removes everything the run made; returns what is left, if anything.
+    fn cleanup(&mut self) -> Vec<String> {
+        let pg = RUNNING.swap(0, Ordering::SeqCst);
+        if pg > 0 {
+            // SAFETY: the process group of the workload we started.
+            unsafe { libc::kill(-pg, libc::SIGKILL) };
+        }
+        // Workload leftovers first (a postgres server, fio), so the mounts are not busy.
+        self.kill_strays(true, Duration::from_secs(15));
+        for s in self.systems.clone() {
+            self.down(&s);
+        }
+        for (d, vol) in self.gluster_dirs.clone() {
+            let script = self.bench.join("gluster-ref.sh");
+            let _ = setup_cmd(Command::new("bash").arg(&script).arg("down").arg(&d).arg(&vol), &mut self.log);
+        }
+        self.kill_strays(false, Duration::from_secs(10));
+        let work = self.work.to_string_lossy().into_owned();
+        let mut ours: Vec<String> = mounts().into_iter().filter(|m| m.starts_with(&work)).collect();
+        ours.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in &ours {
+            let _ = setup_cmd(Command::new("umount").arg("-l").arg(m), &mut self.log);
+        }
+        if let Some(t) = &self.tmpfs
+            && is_mounted(t)
+        {
+            let _ = setup_cmd(Command::new("umount").arg("-l").arg(t), &mut self.log);
+        }
+        // glusterd, if gluster-ref.sh started it, and what it started (the self-heal daemon).
+        if !self.glusterd_before && !self.gluster_dirs.is_empty() {
+            for p in gluster_pids() {
+                if !self.gluster_pids_before.contains(&p) {
+                    // SAFETY: a GlusterFS process that appeared during this run, whose glusterd we started.
+                    unsafe { libc::kill(p as i32, libc::SIGTERM) };
+                }
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && gluster_pids().iter().any(|p| !self.gluster_pids_before.contains(p)) {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.work);
+        let mut left: Vec<String> =
+            mounts().into_iter().filter(|m| m.starts_with(&work)).map(|m| format!("mount {m}")).collect();
+        for p in cpu::pids() {
+            if let Some(a) = cpu::cmdline(p)
+                && a.iter().any(|x| x.contains(&work))
+                && p != std::process::id()
+            {
+                left.push(format!("process {p}: {}", a.join(" ")));
+            }
+        }
+        if !self.glusterd_before && !self.gluster_dirs.is_empty() {
+            for p in gluster_pids() {
+                if !self.gluster_pids_before.contains(&p) {
+                    left.push(format!("GlusterFS process {p}"));
+                }
+            }
+        }
+        if self.work.exists() {
+            left.push(format!("directory {}", self.work.display()));
+        }
+        left
+    }
+}
+
+/// The systems of the standard comparison or of a preset.
+fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>> {
+    let mut v = Vec::new();
+    let xlfs = |name: &str, dir: PathBuf, args: Vec<String>| System {
+        name: name.into(),
+        kind: Kind::Xlfs { args, ra_policy: None },
+        dir,
+        fresh: false,
+    };
+    let gluster = |name: &str, dir: PathBuf, vol: String| System {
+        name: name.into(),
+        kind: Kind::Gluster { vol, set: Vec::new() },
+        dir,
+        fresh: false,
+    };
+    let ext4 = || System { name: "ext4".into(), kind: Kind::Local, dir: work.join("ext4"), fresh: false };
+    if args.preset == Some(Preset::SeqReadMatrix) {
+        // Where GlusterFS puts them: io-threads on top of the client's
+        // performance translators, read-ahead just above write-behind.
+        for iot in [false, true] {
+            for ra in [None, Some("tolerant"), Some("gluster-strict")] {
+                let mut perf = Vec::new();
+                if iot {
+                    perf.push("io-threads");
+                }
+                perf.extend(["md-cache", "quick-read", "open-behind", "readdir-ahead"]);
+                if ra.is_some() {
+                    perf.push("read-ahead");
+                }
+                perf.push("write-behind");
+                let name = format!("xlfs ra={} iot={}", ra.unwrap_or("off"), if iot { "on" } else { "off" });
+                v.push(System {
+                    dir: work.join(format!("xm{}", v.len())),
+                    name,
+                    kind: Kind::Xlfs { args: vec!["--perf".into(), perf.join(",")], ra_policy: ra.map(String::from) },
+                    fresh: true,
+                });
+            }
+        }
+        for iot in ["off", "on"] {
+            for ra in ["off", "on"] {
+                v.push(System {
+                    name: format!("glusterfs ra={ra} iot={iot}"),
+                    kind: Kind::Gluster {
+                        vol: vol.into(),
+                        set: vec![
+                            ("performance.read-ahead".into(), ra.into()),
+                            ("performance.client-io-threads".into(), iot.into()),
+                        ],
+                    },
+                    dir: work.join("gl"),
+                    fresh: false,
+                });
+            }
+        }
+        v.push(ext4());
+        return Ok(v);
+    }
+    if args.preset == Some(Preset::LockPolicy) {
+        let mut policies: Vec<(String, String)> =
+            ["fd-count", "inodelk-count", "notify"].iter().map(|p| (p.to_string(), p.to_string())).collect();
+        for spec in &args.lock_plugin {
+            let stem = Path::new(spec.split_once(':').map_or(spec.as_str(), |(_, p)| p))
+                .file_stem()
+                .map_or("plugin".into(), |s| s.to_string_lossy().into_owned());
+            policies.push((format!("plugin:{stem}"), spec.clone()));
+        }
+        for (name, spec) in policies {
+            let dir = work.join(format!("xl{}", v.len()));
+            v.push(System {
+                name: format!("xlfs lock={name}"),
+                kind: Kind::Xlfs {
+                    args: vec!["--afr".into(), format!("lock-contention-policy={spec}")],
+                    ra_policy: None,
+                },
+                dir,
+                fresh: true,
+            });
+        }
+        // The references the --systems list names (default: both).
+        if args.systems.iter().any(|s| s == "glusterfs") {
+            v.push(gluster("glusterfs", work.join("gl"), vol.into()));
+        }
+        if args.systems.iter().any(|s| s == "ext4") {
+            v.push(ext4());
+        }
+        return Ok(v);
+    }
+    for s in &args.systems {
+        match s.as_str() {
+            "xlfs" => {
+                v.push(xlfs("xlfs", work.join("xlfs"), Vec::new()));
+                for c in &args.xlfs_columns {
+                    let (name, a) =
+                        c.split_once('=').with_context(|| format!("--xlfs-column {c:?}: expected NAME=ARGS"))?;
+                    let name = name.trim();
+                    if name.is_empty() || report::is_reference(name) || v.iter().any(|x: &System| x.name == name) {
+                        bail!("--xlfs-column {c:?}: the name must be new and not start with glusterfs or ext4");
+                    }
+                    let dir = work.join(format!("xc{}", v.len()));
+                    v.push(xlfs(name, dir, a.split_whitespace().map(String::from).collect()));
+                }
+            }
+            "glusterfs" => v.push(gluster("glusterfs", work.join("gl"), vol.into())),
+            "ext4" => v.push(ext4()),
+            other => bail!("--systems: unknown system {other:?} (xlfs, glusterfs, ext4)"),
+        }
+    }
+    if args.tmpfs {
+        let t = work.join("tmpfs");
+        v.push(xlfs("xlfs-tmpfs", t.join("xlfs"), Vec::new()));
+        v.push(gluster("glusterfs-tmpfs", t.join("gl"), format!("{vol}t")));
+        if args.systems.iter().any(|s| s == "ext4") {
+            v.push(System { name: "tmpfs".into(), kind: Kind::Local, dir: t.join("local"), fresh: false });
+        }
+    }
+    Ok(v)
+}
+
+/// A small tarball for --quick's untar (smallfile.sh's default untars 3617
+/// entries, which alone takes half a minute on GlusterFS): 20 directories
+/// of 20 files of 1-8 KiB.
+fn quick_tarball(work: &Path) -> Result<PathBuf> {
+    let src = work.join("fixture/tree");
+    for d in 0..20 {
+        let dir = src.join(format!("pkg{d}"));
+        std::fs::create_dir_all(&dir)?;
+        for f in 0..20 {
+            let len = 1024 + (d * 20 + f) * 389 % 7168;
+            std::fs::write(dir.join(format!("mod{f}.py")), "x".repeat(len))?;
+        }
+    }
+    let tar = work.join("fixture/tree.tar");
+    let st = Command::new("tar").arg("cf").arg(&tar).arg("-C").arg(&src).arg(".").status()?;
+    if !st.success() {
+        bail!("tar cf {}: {st}", tar.display());
+    }
+    Ok(tar)
+}
+
+fn workloads(args: &Args, work: &Path) -> Result<Vec<Workload>> {
+    let q = args.quick;
+    let size = args.fio_size.clone().unwrap_or_else(|| (if q { "128m" } else { "512m" }).into());
+    if crate::parse::parse_size(&size).is_none() {
+        bail!("--fio-size {size:?}: expected e.g. 512m or 1g");
+    }
+    let fio = |nj: u32, size: &str| Workload {
+        name: format!("fio-seq nj={nj}"),
+        script: "fio-seq.sh",
+        args: vec![size.into(), nj.to_string(), "1".into()],
+        env: Vec::new(),
+    };
+    if args.preset == Some(Preset::LockPolicy) {
+        return Ok(vec![Workload {
+            name: "pgbench".into(),
+            script: "pgbench.sh",
+            args: vec!["1".into()],
+            env: vec![("TXNS".into(), args.txns.unwrap_or(if q { 250 } else { 2000 }).to_string())],
+        }]);
+    }
+    if args.preset == Some(Preset::SeqReadMatrix) {
+        let size = args.fio_size.clone().unwrap_or_else(|| (if q { "64m" } else { "256m" }).into());
+        let njs = args.numjobs.map_or(vec![1, 2, 4], |n| vec![n]);
+        return Ok(njs.iter().map(|nj| fio(*nj, &size)).collect());
+    }
+    let mut v = Vec::new();
+    for w in &args.workloads {
+        v.push(match w.as_str() {
+            "fio-seq" => fio(args.numjobs.unwrap_or(1), &size),
+            "smallfile" => {
+                let files = args.files.clone().unwrap_or_else(|| (if q { "10x50" } else { "50x100" }).into());
+                let (d, f) = files
+                    .split_once('x')
+                    .and_then(|(d, f)| Some((d.parse::<u32>().ok()?, f.parse::<u32>().ok()?)))
+                    .with_context(|| format!("--files {files:?}: expected DIRSxFILES, e.g. 50x100"))?;
+                let mut a = vec!["1".to_string()];
+                if q {
+                    a.push(quick_tarball(work)?.to_string_lossy().into_owned());
+                }
+                Workload {
+                    name: "smallfile".into(),
+                    script: "smallfile.sh",
+                    args: a,
+                    env: vec![("NDIRS".into(), d.to_string()), ("NFILES".into(), f.to_string())],
+                }
+            }
+            "pgbench" => Workload {
+                name: "pgbench".into(),
+                script: "pgbench.sh",
+                args: vec!["1".into()],
+                env: vec![("TXNS".into(), args.txns.unwrap_or(if q { 250 } else { 2000 }).to_string())],
+            },
+            other => bail!("--workloads: unknown workload {other:?} (fio-seq, smallfile, pgbench)"),
+        });
+    }
+    Ok(v)
+}
+
+fn find_bench_dir(args: &Args) -> Result<PathBuf> {
+    let candidates: Vec<PathBuf> = match &args.bench_dir {
+        Some(d) => vec![d.clone()],
+        None => {
+            vec![PathBuf::from("../shared/bench"), Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/bench")]
+        }
+    };
+    for c in &candidates {
+        if c.join("fio-seq.sh").exists() {
+            return Ok(std::fs::canonicalize(c)?);
+        }
+    }
+    bail!("the workload scripts (fio-seq.sh ...) are not in {candidates:?}; give --bench-dir")
+}
+
+/// results.md and results.png in `out` from the samples and the header.
+fn write_results(
+    out: &Path,
+    samples: &[Sample],
+    names: &[String],
+    header: &str,
+    failures: &[String],
+) -> Result<String> {
+    let mut md = header.to_string();
+    md += &report::render(samples, names, 5);
+    if !failures.is_empty() {
+        md += "\nFailed steps:\n\n";
+        for f in failures {
+            md += &format!("- {}\n", f.lines().next().unwrap_or(""));
+        }
+    }
+    let png = out.join("results.png");
+    match crate::chart::draw(samples, names, "median (whisker: min-max), higher is better", &png) {
+        Ok(()) => md += "\n![chart](results.png)\n",
+        Err(e) => eprintln!("xlfs-bench: no chart: {e:#}"),
+    }
+    std::fs::write(out.join("results.md"), &md)?;
+    Ok(md)
+}
+
+/// `--render`: the table and chart again from `out`/samples.json.
+fn render_only(out: &Path) -> Result<u8> {
+    let path = out.join("samples.json");
+    let samples: Vec<Sample> =
+        serde_json::from_str(&std::fs::read_to_string(&path).with_context(|| path.display().to_string())?)?;
+    let mut names: Vec<String> = Vec::new();
+    for s in &samples {
+        if !names.contains(&s.system) {
+            names.push(s.system.clone());
+        }
+    }
+    let header = format!("# xlfs-bench\n\nRe-rendered from {} on {}.\n\n", path.display(), chrono_now());
+    let md = write_results(out, &samples, &names, &header, &[])?;
+    let _ = writeln!(std::io::stdout(), "{md}");
+    Ok(0)
+}
+
+/// The whole run; the exit code.
+pub fn main(args: Args) -> Result<u8> {
+    if args.render {
+        return render_only(&args.out);
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("needs root (mount, drop_caches, runuser postgres)");
+    }
+    if !args.xlfs.exists() {
+        bail!("{}: missing: run `cargo build --release` first (or give --xlfs)", args.xlfs.display());
+    }
+    let xlfs = std::fs::canonicalize(&args.xlfs)?;
+    let bench = find_bench_dir(&args)?;
+    let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 });
+    let work = args.workdir.clone().unwrap_or_else(|| PathBuf::from(format!("/srv/xlfs-bench.{}", std::process::id())));
+    if work.exists() {
+        bail!("{}: exists; give a --workdir that does not (the run removes it at the end)", work.display());
+    }
+    std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
+    let out = std::fs::canonicalize(&args.out)?;
+    std::fs::create_dir_all(&work)?;
+    let work = std::fs::canonicalize(&work)?;
+    let log = File::create(out.join("raw.log"))?;
+
+    let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])?;
+    let handle = signals.handle();
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            if !INTERRUPTED.swap(true, Ordering::SeqCst) {
+                eprintln!("\nxlfs-bench: signal {sig}: stopping the running workload and cleaning up");
+            }
+            let pg = RUNNING.load(Ordering::SeqCst);
+            if pg > 0 {
+                // SAFETY: the process group of the workload we started.
+                unsafe { libc::kill(-pg, libc::SIGTERM) };
+            }
+        }
+    });
+
+    let vol = format!("xb{}", std::process::id());
+    let systems = systems(&args, &work, &vol)?;
+    let mut ctx = Ctx {
+        xlfs,
+        bench,
+        work: work.clone(),
+        log,
+        systems: systems.clone(),
+        gluster_dirs: Vec::new(),
+        tmpfs: None,
+        glusterd_before: gluster_pids()
+            .iter()
+            .any(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "glusterd")),
+        gluster_pids_before: gluster_pids(),
+        pg_port: args.pg_port,
+        count_locks: args.preset == Some(Preset::LockPolicy),
+    };
+    let started = chrono_now();
+    // A panic still cleans up (then goes on unwinding).
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_all(&args, &mut ctx, &systems, rounds)));
+    eprintln!("xlfs-bench: cleaning up {}", work.display());
+    let left = ctx.cleanup();
+    handle.close();
+    let result = match result {
+        Ok(r) => r,
+        Err(panic) => std::panic::resume_unwind(panic),
+    };
+    if !left.is_empty() {
+        eprintln!("xlfs-bench: warning: left after cleanup:\n  {}", left.join("\n  "));
+    }
+    let (samples, failures) = result?;
+    let names: Vec<String> = systems.iter().map(|s| s.name.clone()).collect();
+    let interrupted = INTERRUPTED.load(Ordering::SeqCst);
+    let header = format!(
+        "# xlfs-bench: {}\n\n{} {}, {rounds} round(s){}; `{}`.\n\n",
+        match args.preset {
+            Some(Preset::SeqReadMatrix) => "sequential read matrix",
+            Some(Preset::LockPolicy) => "lock-contention policies under pgbench",
+            None => "xlfs, GlusterFS and a local disk",
+        },
+        started,
+        if args.quick { "quick mode" } else { "full mode" },
+        if interrupted { " (interrupted: partial results)" } else { "" },
+        std::env::args().collect::<Vec<_>>().join(" "),
+    );
+    let md = write_results(&out, &samples, &names, &header, &failures)?;
+    std::fs::write(out.join("samples.json"), serde_json::to_string_pretty(&samples)?)?;
+    let _ = writeln!(std::io::stdout(), "{md}");
+    eprintln!("xlfs-bench: wrote {}/results.md, results.png, samples.json, raw.log", out.display());
+    Ok(if interrupted {
+        130
+    } else if failures.is_empty() && left.is_empty() {
+        0
+    } else {
+        1
+    })
+}
+
+/// The date and time now, UTC, from `date` (no date crate for one line).
+fn chrono_now() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn run_all(args: &Args, ctx: &mut Ctx, systems: &[System], rounds: u32) -> Result<(Vec<Sample>, Vec<String>)> {
+    if systems.iter().any(|s| s.dir.starts_with(ctx.work.join("tmpfs"))) {
+        let t = ctx.work.join("tmpfs");
+        std::fs::create_dir_all(&t)?;
+        setup_cmd(Command::new("mount").args(["-t", "tmpfs", "-o", "size=8g", "xlfs-bench"]).arg(&t), &mut ctx.log)?;
+        ctx.tmpfs = Some(t);
+    }
+    let wls = workloads(args, &ctx.work)?;
+    let steps = rounds as u64 * wls.len() as u64 * systems.len() as u64;
+    let pb = ProgressBar::new(steps);
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} (eta {eta}) {msg}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    pb.enable_steady_tick(Duration::from_millis(500));
+    let (mut samples, mut failures) = (Vec::new(), Vec::new());
+    'rounds: for r in 1..=rounds {
+        for w in &wls {
+            for s in systems {
+                if INTERRUPTED.load(Ordering::SeqCst) {
+                    break 'rounds;
+                }
+                pb.set_message(format!("round {r}/{rounds}: {} on {}", w.name, s.name));
+                pb.suspend(|| eprintln!("== round {r}/{rounds}: {} on {}", w.name, s.name));
+                match ctx.step(s, w, r, &pb) {
+                    Ok(mut v) => {
+                        if args.preset == Some(Preset::SeqReadMatrix) {
+                            v.retain(|x| x.label.starts_with("seq-read"));
+                        }
+                        samples.append(&mut v);
+                    }
+                    Err(e) => {
+                        pb.suspend(|| eprintln!("xlfs-bench: step failed: {e:#}"));
+                        failures.push(format!("{e:#}"));
+                    }
+                }
+                if s.fresh {
+                    ctx.down(s);
+                }
+                pb.inc(1);
+            }
+        }
+    }
+    pb.finish_and_clear();
+    Ok((samples, failures))
+}
