@@ -360,6 +360,18 @@ fn up_and_down_keep_the_data() {
         let copy = dir.join(format!("bricks/b{i}/kept"));
         assert_eq!(std::fs::read(&copy).expect("brick copy"), b"across up and down\n");
     }
+    // `xlfs umount` returns once the mount process let go of the mount
+    // point (its control socket included): mounting again at once works.
+    for round in 0..3 {
+        let umount = run_xlfs(&["umount".as_ref(), mnt.as_os_str()]);
+        assert!(umount.status.success(), "umount {round}: {}", String::from_utf8_lossy(&umount.stderr));
+        let status = run_xlfs(&["status".as_ref(), mnt.as_os_str()]);
+        assert!(!status.status.success(), "umount {round} returned while the mount process still answered");
+        let vol = dir.join("client.vol");
+        let mount = run_xlfs(&["mount".as_ref(), "--volfile".as_ref(), vol.as_os_str(), mnt.as_os_str()]);
+        assert!(mount.status.success(), "remount {round}: {}", String::from_utf8_lossy(&mount.stderr));
+        assert_eq!(std::fs::read(mnt.join("kept")).expect("read after remount"), b"across up and down\n");
+    }
     let again = run_xlfs(&["up".as_ref(), dir.as_os_str()]);
     assert!(!again.status.success(), "a second up refuses");
     assert!(String::from_utf8_lossy(&again.stderr).contains("already up"));

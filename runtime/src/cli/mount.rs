@@ -325,6 +325,9 @@ async fn shutdown(graph: Arc<Graph>) {
     let _ = tokio::task::spawn_blocking(move || graph.shutdown()).await;
 }
 
+/// How long `xlfs umount` waits for the mount process to exit.
+const UMOUNT_EXIT_WAIT: Duration = Duration::from_secs(30);
+
 impl UmountArgs {
     /// Asks the mount process to send what it delayed (queued writes,
     /// directory operations answered early), so that a mount made right
@@ -338,9 +341,24 @@ impl UmountArgs {
                 Err(e) => tracing::debug!("no mount process to drain: {e}"),
             }
         }
+        let control = super::reload::socket_path(&self.mountpoint);
         let flags = if self.lazy { libc::MNT_DETACH } else { 0 };
         crate::fuse::umount(&self.mountpoint, flags)
-            .map_err(|source| MountError::Umount { path: self.mountpoint, source }.into())
+            .map_err(|source| MountError::Umount { path: self.mountpoint.clone(), source })?;
+        if !self.lazy {
+            // The process shuts its graph down after the kernel lets go; a
+            // mount of the same point made before it is gone would find its
+            // control socket still answering. Wait for it to go.
+            let deadline = std::time::Instant::now() + UMOUNT_EXIT_WAIT;
+            while std::os::unix::net::UnixStream::connect(&control).is_ok() {
+                if std::time::Instant::now() >= deadline {
+                    tracing::warn!(mountpoint = %self.mountpoint.display(), "the mount process is still running");
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        Ok(())
     }
 }
 

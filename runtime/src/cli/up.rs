@@ -187,6 +187,16 @@ fn is_ours(pid: u32, dir: &Path) -> bool {
 
 /// True if `path` is a mount whose FUSE process is gone ("Transport
 /// endpoint is not connected").
+/// Whether something is mounted on `path` (its device differs from its
+/// parent's).
+fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(path), path.parent().map(std::fs::metadata)) {
+        (Ok(m), Some(Ok(p))) => m.dev() != p.dev(),
+        _ => false,
+    }
+}
+
 fn is_dead_mount(path: &Path) -> bool {
     std::fs::metadata(path).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN))
 }
@@ -474,8 +484,19 @@ impl DownArgs {
             .filter_map(|name| lay.running(&name).map(|pid| Started { name, pid }))
             .collect();
         let mnt = lay.mnt();
+        // Whatever serves the mount point goes first, also a mount made
+        // again by hand (`xlfs umount` then `xlfs mount`), which no pid file
+        // names: drained, unmounted, and its process waited for.
+        let mut unmounted = String::new();
+        if is_mount_point(&mnt) {
+            let umount = super::mount::UmountArgs { mountpoint: mnt.clone(), lazy: false };
+            match umount.run().await {
+                Ok(()) => unmounted = format!("xlfs down: unmounted {}\n", mnt.display()),
+                Err(e) => tracing::warn!("{e}"),
+            }
+        }
         let report = tokio::task::spawn_blocking(move || {
-            let mut report = String::new();
+            let mut report = unmounted;
             let dead = is_dead_mount(&mnt);
             if dead {
                 let _ = crate::fuse::lazy_unmount(&mnt);
@@ -483,6 +504,11 @@ impl DownArgs {
             }
             let names: Vec<String> = procs.iter().map(|p| format!("{} (pid {})", p.name, p.pid)).collect();
             let left = stop(&lay, &procs);
+            for name in Layout::names() {
+                if lay.running(&name).is_none() {
+                    let _ = std::fs::remove_file(lay.pid_file(&name));
+                }
+            }
             if !names.is_empty() {
                 report += &format!("xlfs down: stopped {}\n", names.join(", "));
             } else if !dead {
