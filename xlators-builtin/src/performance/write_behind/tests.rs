@@ -450,7 +450,9 @@ fn options_alias_and_bounds() {
     let o = Options::resolve(OPTIONS, [("cache-size", "512KB"), ("aggregate-size", "1MB")]).expect("options");
     assert!(conf(&o).is_err());
     let (xl, _file) = setup(&[]);
-    assert_eq!((dump(&xl, "cache-size"), dump(&xl, "aggregate-size")), (1 << 20, 128 << 10));
+    assert_eq!((dump(&xl, "cache-size"), dump(&xl, "aggregate-size")), (4 << 20, 1 << 20));
+    let o = Options::resolve(OPTIONS, [("cache-size", "512KB")]).expect("options");
+    assert_eq!(conf(&o).expect("a smaller window gets a smaller default aggregate").aggregate, 128 << 10);
     let o = Options::resolve(OPTIONS, [("cache-size", "4MB"), ("strict-write-ordering", "on")]).expect("options");
     xl.reconfigure(&o).expect("reconfigure");
     assert_eq!(dump(&xl, "cache-size"), 4 << 20);
