@@ -454,105 +454,53 @@ impl Reply {
     fn wrong(&self, expected: ReplyKind) -> WrongReply {
         WrongReply { expected, got: self.kind() }
     }
+}
 
+/// `Reply::into_*`: each unpacks one variant, or is a [`WrongReply`].
+macro_rules! reply_accessors {
+    ($($(#[doc = $doc:literal])* $fn:ident -> $ty:ty { $pat:pat => $out:expr } $kind:ident;)*) => {
+        impl Reply {
+            $(
+                $(#[doc = $doc])*
+                pub fn $fn(self) -> Result<$ty, WrongReply> {
+                    match self {
+                        $pat => Ok($out),
+                        r => Err(r.wrong(ReplyKind::$kind)),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+reply_accessors! {
     /// The new or found entry's attributes ([`Reply::Entry`]: lookup,
     /// mknod, mkdir, symlink, link, create).
-    pub fn into_entry(self) -> Result<Iatt, WrongReply> {
-        match self {
-            Reply::Entry { iatt, .. } => Ok(iatt),
-            r => Err(r.wrong(ReplyKind::Entry)),
-        }
-    }
-
+    into_entry -> Iatt { Reply::Entry { iatt, .. } => iatt } Entry;
     /// The attributes of [`Reply::Attr`] (stat, fstat).
-    pub fn into_attr(self) -> Result<Iatt, WrongReply> {
-        match self {
-            Reply::Attr(iatt) => Ok(iatt),
-            r => Err(r.wrong(ReplyKind::Attr)),
-        }
-    }
-
+    into_attr -> Iatt { Reply::Attr(iatt) => iatt } Attr;
     /// The attributes after the change ([`Reply::PrePost`]: setattr,
     /// truncate, writev, fsync, fallocate...).
-    pub fn into_post(self) -> Result<Iatt, WrongReply> {
-        match self {
-            Reply::PrePost { post, .. } => Ok(post),
-            r => Err(r.wrong(ReplyKind::PrePost)),
-        }
-    }
-
+    into_post -> Iatt { Reply::PrePost { post, .. } => post } PrePost;
     /// The data read ([`Reply::Read`]: readv).
-    pub fn into_read(self) -> Result<Bytes, WrongReply> {
-        match self {
-            Reply::Read { data, .. } => Ok(data),
-            r => Err(r.wrong(ReplyKind::Read)),
-        }
-    }
-
+    into_read -> Bytes { Reply::Read { data, .. } => data } Read;
     /// The symlink's target ([`Reply::Readlink`]).
-    pub fn into_readlink(self) -> Result<String, WrongReply> {
-        match self {
-            Reply::Readlink { target, .. } => Ok(target),
-            r => Err(r.wrong(ReplyKind::Readlink)),
-        }
-    }
-
+    into_readlink -> String { Reply::Readlink { target, .. } => target } Readlink;
     /// The entries ([`Reply::Dirents`]: readdir, readdirp).
-    pub fn into_dirents(self) -> Result<Vec<DirEntry>, WrongReply> {
-        match self {
-            Reply::Dirents(d) => Ok(d),
-            r => Err(r.wrong(ReplyKind::Dirents)),
-        }
-    }
-
+    into_dirents -> Vec<DirEntry> { Reply::Dirents(d) => d } Dirents;
     /// The statistics ([`Reply::Statfs`]).
-    pub fn into_statfs(self) -> Result<Statvfs, WrongReply> {
-        match self {
-            Reply::Statfs(s) => Ok(s),
-            r => Err(r.wrong(ReplyKind::Statfs)),
-        }
-    }
-
+    into_statfs -> Statvfs { Reply::Statfs(s) => s } Statfs;
     /// The xattrs ([`Reply::Xattrs`]: getxattr, fgetxattr, xattrop,
     /// fxattrop).
-    pub fn into_xattrs(self) -> Result<Dict, WrongReply> {
-        match self {
-            Reply::Xattrs(d) => Ok(d),
-            r => Err(r.wrong(ReplyKind::Xattrs)),
-        }
-    }
-
+    into_xattrs -> Dict { Reply::Xattrs(d) => d } Xattrs;
     /// The lock ([`Reply::Lock`]: lk).
-    pub fn into_lock(self) -> Result<Flock, WrongReply> {
-        match self {
-            Reply::Lock(l) => Ok(l),
-            r => Err(r.wrong(ReplyKind::Lock)),
-        }
-    }
-
+    into_lock -> Flock { Reply::Lock(l) => l } Lock;
     /// The offset found ([`Reply::Offset`]: seek).
-    pub fn into_offset(self) -> Result<u64, WrongReply> {
-        match self {
-            Reply::Offset(o) => Ok(o),
-            r => Err(r.wrong(ReplyKind::Offset)),
-        }
-    }
-
+    into_offset -> u64 { Reply::Offset(o) => o } Offset;
     /// The weak and strong checksums ([`Reply::Checksum`]: rchecksum).
-    pub fn into_checksum(self) -> Result<(u32, [u8; 32]), WrongReply> {
-        match self {
-            Reply::Checksum { weak, strong } => Ok((weak, strong)),
-            r => Err(r.wrong(ReplyKind::Checksum)),
-        }
-    }
-
+    into_checksum -> (u32, [u8; 32]) { Reply::Checksum { weak, strong } => (weak, strong) } Checksum;
     /// The bytes copied ([`Reply::Copied`]: copy_file_range).
-    pub fn into_copied(self) -> Result<u64, WrongReply> {
-        match self {
-            Reply::Copied { len, .. } => Ok(len),
-            r => Err(r.wrong(ReplyKind::Copied)),
-        }
-    }
+    into_copied -> u64 { Reply::Copied { len, .. } => len } Copied;
 }
 
 /// A fop on its way down, with its xdata.
