@@ -1,11 +1,12 @@
 //! The fop model: [`Fop`] (one variant per file operation, GlusterFS's set),
 //! [`Reply`] and the [`Request`]/[`Response`] pair a translator sees.
 //!
-//! Every fact about a fop is written once, in the table below (`fops!`): its ABI code and name, its fields, which of them are fds and
+//! Every fact about a fop is written once, in the table below (`fop_table!`): its ABI code and name, its fields, which of them are fds and
 //! locations, the [`ReplyKind`] it answers with and its [`FopFlags`].
 //! [`FopKind`], [`Fop`], [`Fop::kind`], [`Fop::fds`], [`Fop::loc`],
-//! [`FopKind::flags`] and [`FopKind::reply`] are generated from it; the wire
-//! codec (`abi/codec.rs`) and `sdk/ABI.md` are checked against it by tests.
+//! [`FopKind::flags`] and [`FopKind::reply`] are generated from it, and so
+//! is the wire codec of [`Fop`] (`abi/codec.rs`); tests check it against
+//! `sdk/ABI.md`.
 
 use bytes::Bytes;
 
@@ -90,9 +91,7 @@ macro_rules! first {
     };
 }
 
-/// The fop table: for each fop, its doc, `Kind = ABI code, "NAME"`, its
-/// fields in wire order, then which fields are fds and locations, the
-/// reply it answers with and its flags.
+/// Generates the fop model from [`fop_table!`].
 macro_rules! fops {
     ($(
         $(#[doc = $doc:literal])*
@@ -197,122 +196,133 @@ macro_rules! fops {
     };
 }
 
-fops! {
-    /// Resolve an entry (parent + name) or an inode (gfid); xdata may ask
-    /// for xattrs (key set to any value) to be returned in the reply xdata.
-    Lookup = 1, "LOOKUP" { loc: Loc } fds [] locs [loc] reply Entry flags [READ_ONLY];
-    /// Attributes by location.
-    Stat = 2, "STAT" { loc: Loc } fds [] locs [loc] reply Attr flags [READ_ONLY];
-    /// Attributes of an open fd.
-    Fstat = 3, "FSTAT" { fd: Fd } fds [fd] locs [] reply Attr flags [READ_ONLY];
-    /// Change attributes by location.
-    Setattr = 4, "SETATTR" { loc: Loc, attr: SetAttr } fds [] locs [loc] reply PrePost flags [MODIFYING];
-    /// Change attributes of an open fd.
-    Fsetattr = 5, "FSETATTR" { fd: Fd, attr: SetAttr } fds [fd] locs [] reply PrePost flags [MODIFYING];
-    /// Set a file's size.
-    Truncate = 6, "TRUNCATE" { loc: Loc, offset: u64 } fds [] locs [loc] reply PrePost flags [MODIFYING];
-    /// Set an open file's size.
-    Ftruncate = 7, "FTRUNCATE" { fd: Fd, offset: u64 } fds [fd] locs [] reply PrePost flags [MODIFYING];
-    /// Check permission (`R_OK` 4, `W_OK` 2, `X_OK` 1, `F_OK` 0).
-    Access = 8, "ACCESS" { loc: Loc, mask: u32 } fds [] locs [loc] reply Empty flags [READ_ONLY];
-    /// Read a symlink's target.
-    Readlink = 9, "READLINK" { loc: Loc, size: u32 } fds [] locs [loc] reply Readlink flags [READ_ONLY];
-    /// Create a device, fifo, socket or regular file.
-    Mknod = 10, "MKNOD" { loc: Loc, mode: u32, rdev: u64, umask: u32 } fds [] locs [loc] reply Entry flags [MODIFYING];
-    /// Create a directory.
-    Mkdir = 11, "MKDIR" { loc: Loc, mode: u32, umask: u32 } fds [] locs [loc] reply Entry flags [MODIFYING];
-    /// Remove a non-directory entry.
-    Unlink = 12, "UNLINK" { loc: Loc, flags: u32 } fds [] locs [loc] reply Parent flags [MODIFYING];
-    /// Remove an empty directory.
-    Rmdir = 13, "RMDIR" { loc: Loc, flags: u32 } fds [] locs [loc] reply Parent flags [MODIFYING];
-    /// Create a symlink at `loc` pointing to `target`.
-    Symlink = 14, "SYMLINK" { target: String, loc: Loc, umask: u32 } fds [] locs [loc] reply Entry flags [MODIFYING];
-    /// Rename `old` to `new`; `flags` from [`rename_flags`].
-    Rename = 15, "RENAME" { old: Loc, new: Loc, flags: u32 } fds [] locs [old, new] reply Rename flags [MODIFYING];
-    /// Make `new` a hard link to the inode at `old`.
-    Link = 16, "LINK" { old: Loc, new: Loc } fds [] locs [old, new] reply Entry flags [MODIFYING];
-    /// Create and open a regular file; the opener chose `fd`.
-    Create = 17, "CREATE" { loc: Loc, flags: u32, mode: u32, umask: u32, fd: FdId }
-        fds [] locs [loc] reply Entry flags [MODIFYING];
-    /// Open an existing file as `fd` with `O_*` flags.
-    Open = 18, "OPEN" { loc: Loc, flags: u32, fd: FdId } fds [] locs [loc] reply Empty flags [];
-    /// Read `size` bytes at `offset`.
-    Readv = 19, "READ" { fd: Fd, size: u32, offset: u64, flags: u32 } fds [fd] locs [] reply Read flags [READ_ONLY];
-    /// Write `data` at `offset`.
-    Writev = 20, "WRITE" { fd: Fd, data: Bytes, offset: u64, flags: u32 }
-        fds [fd] locs [] reply PrePost flags [MODIFYING, PAYLOAD];
-    /// Called on each close(2) of a descriptor of the fd.
-    Flush = 21, "FLUSH" { fd: Fd } fds [fd] locs [] reply Empty flags [];
-    /// Flush data (and metadata unless `datasync`) to stable storage.
-    Fsync = 22, "FSYNC" { fd: Fd, datasync: bool } fds [fd] locs [] reply PrePost flags [];
-    /// Open a directory as `fd`.
-    Opendir = 23, "OPENDIR" { loc: Loc, fd: FdId } fds [] locs [loc] reply Empty flags [];
-    /// List entries from `offset` (0 or a previous `d_off`), up to `size` bytes.
-    Readdir = 24, "READDIR" { fd: Fd, size: u32, offset: u64 } fds [fd] locs [] reply Dirents flags [READ_ONLY];
-    /// Like readdir, with each entry's attributes.
-    Readdirp = 25, "READDIRP" { fd: Fd, size: u32, offset: u64 } fds [fd] locs [] reply Dirents flags [READ_ONLY];
-    /// Sync a directory.
-    Fsyncdir = 26, "FSYNCDIR" { fd: Fd, datasync: bool } fds [fd] locs [] reply Empty flags [];
-    /// Filesystem statistics.
-    Statfs = 27, "STATFS" { loc: Loc } fds [] locs [loc] reply Statfs flags [READ_ONLY];
-    /// Set the xattrs in `xattrs` (byte values); `flags` from [`xattr_flags`].
-    Setxattr = 28, "SETXATTR" { loc: Loc, xattrs: Dict, flags: u32 } fds [] locs [loc] reply Empty flags [MODIFYING];
-    /// Get one xattr by name, or all when `name` is empty.
-    Getxattr = 29, "GETXATTR" { loc: Loc, name: String } fds [] locs [loc] reply Xattrs flags [READ_ONLY];
-    /// Remove one xattr.
-    Removexattr = 30, "REMOVEXATTR" { loc: Loc, name: String } fds [] locs [loc] reply Empty flags [MODIFYING];
-    /// Setxattr on an open fd.
-    Fsetxattr = 31, "FSETXATTR" { fd: Fd, xattrs: Dict, flags: u32 } fds [fd] locs [] reply Empty flags [MODIFYING];
-    /// Getxattr on an open fd.
-    Fgetxattr = 32, "FGETXATTR" { fd: Fd, name: String } fds [fd] locs [] reply Xattrs flags [READ_ONLY];
-    /// Removexattr on an open fd.
-    Fremovexattr = 33, "FREMOVEXATTR" { fd: Fd, name: String } fds [fd] locs [] reply Empty flags [MODIFYING];
-    /// POSIX (fcntl) byte-range lock on an fd.
-    Lk = 34, "LK" { fd: Fd, cmd: LkCmd, lock: Flock } fds [fd] locs [] reply Lock flags [];
-    /// Internal inode lock in a named domain (not visible to POSIX locks).
-    Inodelk = 35, "INODELK" { domain: String, loc: Loc, cmd: LkCmd, lock: Flock }
-        fds [] locs [loc] reply Empty flags [];
-    /// Inodelk by fd.
-    Finodelk = 36, "FINODELK" { domain: String, fd: Fd, cmd: LkCmd, lock: Flock }
-        fds [fd] locs [] reply Empty flags [];
-    /// Lock a name (or, with no name, the whole directory) in a directory.
-    Entrylk = 37, "ENTRYLK" { domain: String, loc: Loc, name: String, cmd: EntrylkCmd, ty: EntrylkType }
-        fds [] locs [loc] reply Empty flags [];
-    /// Entrylk by fd of the directory.
-    Fentrylk = 38, "FENTRYLK" { domain: String, fd: Fd, name: String, cmd: EntrylkCmd, ty: EntrylkType }
-        fds [fd] locs [] reply Empty flags [];
-    /// Atomically combine `xattrs` with the stored values (a missing xattr
-    /// counts as zeros); replies with the values after the change, as
-    /// GlusterFS does. A value of all zeros only reads (nothing is written).
-    Xattrop = 39, "XATTROP" { loc: Loc, op: XattropOp, xattrs: Dict } fds [] locs [loc] reply Xattrs flags [MODIFYING];
-    /// Xattrop by fd.
-    Fxattrop = 40, "FXATTROP" { fd: Fd, op: XattropOp, xattrs: Dict } fds [fd] locs [] reply Xattrs flags [MODIFYING];
-    /// Allocate space (`mode` as fallocate(2): keep-size 1, punch-hole 2).
-    Fallocate = 41, "FALLOCATE" { fd: Fd, mode: u32, offset: u64, len: u64 }
-        fds [fd] locs [] reply PrePost flags [MODIFYING];
-    /// Deallocate a range (punch a hole, keep the size).
-    Discard = 42, "DISCARD" { fd: Fd, offset: u64, len: u64 } fds [fd] locs [] reply PrePost flags [MODIFYING];
-    /// Write zeroes over a range.
-    Zerofill = 43, "ZEROFILL" { fd: Fd, offset: u64, len: u64 } fds [fd] locs [] reply PrePost flags [MODIFYING];
-    /// Find the next data or hole.
-    Seek = 44, "SEEK" { fd: Fd, offset: u64, what: SeekWhat } fds [fd] locs [] reply Offset flags [READ_ONLY];
-    /// Checksums of a range (for diff self-heal).
-    Rchecksum = 45, "RCHECKSUM" { fd: Fd, offset: u64, len: u32 } fds [fd] locs [] reply Checksum flags [READ_ONLY];
-    /// Acquire or release a lease.
-    Lease = 46, "LEASE" { loc: Loc, cmd: LeaseCmd, lease_id: [u8; 16] } fds [] locs [loc] reply Empty flags [];
-    /// A translator-to-translator message; `op` [`IPC_DRAIN`] is the one
-    /// every translator knows.
-    Ipc = 47, "IPC" { op: i32 } fds [] locs [] reply Empty flags [];
-    /// Copy a range between two open files.
-    CopyFileRange = 48, "COPY_FILE_RANGE" { fd_in: Fd, off_in: u64, fd_out: Fd, off_out: u64, len: u64, flags: u32 }
-        fds [fd_in, fd_out] locs [] reply Copied flags [MODIFYING];
-    /// The last reference to a file fd is gone; free what is kept for it.
-    Release = 49, "RELEASE" { fd: Fd } fds [fd] locs [] reply Empty flags [];
-    /// The last reference to a directory fd is gone.
-    Releasedir = 50, "RELEASEDIR" { fd: Fd } fds [fd] locs [] reply Empty flags [];
-    /// The caller forgets an inode; translators drop their context for it.
-    Forget = 51, "FORGET" { gfid: Gfid } fds [] locs [] reply Empty flags [];
+/// The fop table itself, handed to `$each` (a macro taking the table's
+/// syntax): `fops` here, `fop_codec` in `abi/codec.rs`. Each row: the fop's
+/// doc, `Kind = ABI code, "NAME"`, its fields in wire order, then which
+/// fields are fds and locations, the reply it answers with and its flags.
+macro_rules! fop_table {
+    ($each:ident) => {
+        $each! {
+            /// Resolve an entry (parent + name) or an inode (gfid); xdata may ask
+            /// for xattrs (key set to any value) to be returned in the reply xdata.
+            Lookup = 1, "LOOKUP" { loc: Loc } fds [] locs [loc] reply Entry flags [READ_ONLY];
+            /// Attributes by location.
+            Stat = 2, "STAT" { loc: Loc } fds [] locs [loc] reply Attr flags [READ_ONLY];
+            /// Attributes of an open fd.
+            Fstat = 3, "FSTAT" { fd: Fd } fds [fd] locs [] reply Attr flags [READ_ONLY];
+            /// Change attributes by location.
+            Setattr = 4, "SETATTR" { loc: Loc, attr: SetAttr } fds [] locs [loc] reply PrePost flags [MODIFYING];
+            /// Change attributes of an open fd.
+            Fsetattr = 5, "FSETATTR" { fd: Fd, attr: SetAttr } fds [fd] locs [] reply PrePost flags [MODIFYING];
+            /// Set a file's size.
+            Truncate = 6, "TRUNCATE" { loc: Loc, offset: u64 } fds [] locs [loc] reply PrePost flags [MODIFYING];
+            /// Set an open file's size.
+            Ftruncate = 7, "FTRUNCATE" { fd: Fd, offset: u64 } fds [fd] locs [] reply PrePost flags [MODIFYING];
+            /// Check permission (`R_OK` 4, `W_OK` 2, `X_OK` 1, `F_OK` 0).
+            Access = 8, "ACCESS" { loc: Loc, mask: u32 } fds [] locs [loc] reply Empty flags [READ_ONLY];
+            /// Read a symlink's target.
+            Readlink = 9, "READLINK" { loc: Loc, size: u32 } fds [] locs [loc] reply Readlink flags [READ_ONLY];
+            /// Create a device, fifo, socket or regular file.
+            Mknod = 10, "MKNOD" { loc: Loc, mode: u32, rdev: u64, umask: u32 } fds [] locs [loc] reply Entry flags [MODIFYING];
+            /// Create a directory.
+            Mkdir = 11, "MKDIR" { loc: Loc, mode: u32, umask: u32 } fds [] locs [loc] reply Entry flags [MODIFYING];
+            /// Remove a non-directory entry.
+            Unlink = 12, "UNLINK" { loc: Loc, flags: u32 } fds [] locs [loc] reply Parent flags [MODIFYING];
+            /// Remove an empty directory.
+            Rmdir = 13, "RMDIR" { loc: Loc, flags: u32 } fds [] locs [loc] reply Parent flags [MODIFYING];
+            /// Create a symlink at `loc` pointing to `target`.
+            Symlink = 14, "SYMLINK" { target: String, loc: Loc, umask: u32 } fds [] locs [loc] reply Entry flags [MODIFYING];
+            /// Rename `old` to `new`; `flags` from [`rename_flags`].
+            Rename = 15, "RENAME" { old: Loc, new: Loc, flags: u32 } fds [] locs [old, new] reply Rename flags [MODIFYING];
+            /// Make `new` a hard link to the inode at `old`.
+            Link = 16, "LINK" { old: Loc, new: Loc } fds [] locs [old, new] reply Entry flags [MODIFYING];
+            /// Create and open a regular file; the opener chose `fd`.
+            Create = 17, "CREATE" { loc: Loc, flags: u32, mode: u32, umask: u32, fd: FdId }
+                fds [] locs [loc] reply Entry flags [MODIFYING];
+            /// Open an existing file as `fd` with `O_*` flags.
+            Open = 18, "OPEN" { loc: Loc, flags: u32, fd: FdId } fds [] locs [loc] reply Empty flags [];
+            /// Read `size` bytes at `offset`.
+            Readv = 19, "READ" { fd: Fd, size: u32, offset: u64, flags: u32 } fds [fd] locs [] reply Read flags [READ_ONLY];
+            /// Write `data` at `offset`.
+            Writev = 20, "WRITE" { fd: Fd, data: Bytes, offset: u64, flags: u32 }
+                fds [fd] locs [] reply PrePost flags [MODIFYING, PAYLOAD];
+            /// Called on each close(2) of a descriptor of the fd.
+            Flush = 21, "FLUSH" { fd: Fd } fds [fd] locs [] reply Empty flags [];
+            /// Flush data (and metadata unless `datasync`) to stable storage.
+            Fsync = 22, "FSYNC" { fd: Fd, datasync: bool } fds [fd] locs [] reply PrePost flags [];
+            /// Open a directory as `fd`.
+            Opendir = 23, "OPENDIR" { loc: Loc, fd: FdId } fds [] locs [loc] reply Empty flags [];
+            /// List entries from `offset` (0 or a previous `d_off`), up to `size` bytes.
+            Readdir = 24, "READDIR" { fd: Fd, size: u32, offset: u64 } fds [fd] locs [] reply Dirents flags [READ_ONLY];
+            /// Like readdir, with each entry's attributes.
+            Readdirp = 25, "READDIRP" { fd: Fd, size: u32, offset: u64 } fds [fd] locs [] reply Dirents flags [READ_ONLY];
+            /// Sync a directory.
+            Fsyncdir = 26, "FSYNCDIR" { fd: Fd, datasync: bool } fds [fd] locs [] reply Empty flags [];
+            /// Filesystem statistics.
+            Statfs = 27, "STATFS" { loc: Loc } fds [] locs [loc] reply Statfs flags [READ_ONLY];
+            /// Set the xattrs in `xattrs` (byte values); `flags` from [`xattr_flags`].
+            Setxattr = 28, "SETXATTR" { loc: Loc, xattrs: Dict, flags: u32 } fds [] locs [loc] reply Empty flags [MODIFYING];
+            /// Get one xattr by name, or all when `name` is empty.
+            Getxattr = 29, "GETXATTR" { loc: Loc, name: String } fds [] locs [loc] reply Xattrs flags [READ_ONLY];
+            /// Remove one xattr.
+            Removexattr = 30, "REMOVEXATTR" { loc: Loc, name: String } fds [] locs [loc] reply Empty flags [MODIFYING];
+            /// Setxattr on an open fd.
+            Fsetxattr = 31, "FSETXATTR" { fd: Fd, xattrs: Dict, flags: u32 } fds [fd] locs [] reply Empty flags [MODIFYING];
+            /// Getxattr on an open fd.
+            Fgetxattr = 32, "FGETXATTR" { fd: Fd, name: String } fds [fd] locs [] reply Xattrs flags [READ_ONLY];
+            /// Removexattr on an open fd.
+            Fremovexattr = 33, "FREMOVEXATTR" { fd: Fd, name: String } fds [fd] locs [] reply Empty flags [MODIFYING];
+            /// POSIX (fcntl) byte-range lock on an fd.
+            Lk = 34, "LK" { fd: Fd, cmd: LkCmd, lock: Flock } fds [fd] locs [] reply Lock flags [];
+            /// Internal inode lock in a named domain (not visible to POSIX locks).
+            Inodelk = 35, "INODELK" { domain: String, loc: Loc, cmd: LkCmd, lock: Flock }
+                fds [] locs [loc] reply Empty flags [];
+            /// Inodelk by fd.
+            Finodelk = 36, "FINODELK" { domain: String, fd: Fd, cmd: LkCmd, lock: Flock }
+                fds [fd] locs [] reply Empty flags [];
+            /// Lock a name (or, with no name, the whole directory) in a directory.
+            Entrylk = 37, "ENTRYLK" { domain: String, loc: Loc, name: String, cmd: EntrylkCmd, ty: EntrylkType }
+                fds [] locs [loc] reply Empty flags [];
+            /// Entrylk by fd of the directory.
+            Fentrylk = 38, "FENTRYLK" { domain: String, fd: Fd, name: String, cmd: EntrylkCmd, ty: EntrylkType }
+                fds [fd] locs [] reply Empty flags [];
+            /// Atomically combine `xattrs` with the stored values (a missing xattr
+            /// counts as zeros); replies with the values after the change, as
+            /// GlusterFS does. A value of all zeros only reads (nothing is written).
+            Xattrop = 39, "XATTROP" { loc: Loc, op: XattropOp, xattrs: Dict } fds [] locs [loc] reply Xattrs flags [MODIFYING];
+            /// Xattrop by fd.
+            Fxattrop = 40, "FXATTROP" { fd: Fd, op: XattropOp, xattrs: Dict } fds [fd] locs [] reply Xattrs flags [MODIFYING];
+            /// Allocate space (`mode` as fallocate(2): keep-size 1, punch-hole 2).
+            Fallocate = 41, "FALLOCATE" { fd: Fd, mode: u32, offset: u64, len: u64 }
+                fds [fd] locs [] reply PrePost flags [MODIFYING];
+            /// Deallocate a range (punch a hole, keep the size).
+            Discard = 42, "DISCARD" { fd: Fd, offset: u64, len: u64 } fds [fd] locs [] reply PrePost flags [MODIFYING];
+            /// Write zeroes over a range.
+            Zerofill = 43, "ZEROFILL" { fd: Fd, offset: u64, len: u64 } fds [fd] locs [] reply PrePost flags [MODIFYING];
+            /// Find the next data or hole.
+            Seek = 44, "SEEK" { fd: Fd, offset: u64, what: SeekWhat } fds [fd] locs [] reply Offset flags [READ_ONLY];
+            /// Checksums of a range (for diff self-heal).
+            Rchecksum = 45, "RCHECKSUM" { fd: Fd, offset: u64, len: u32 } fds [fd] locs [] reply Checksum flags [READ_ONLY];
+            /// Acquire or release a lease.
+            Lease = 46, "LEASE" { loc: Loc, cmd: LeaseCmd, lease_id: [u8; 16] } fds [] locs [loc] reply Empty flags [];
+            /// A translator-to-translator message; `op` [`IPC_DRAIN`] is the one
+            /// every translator knows.
+            Ipc = 47, "IPC" { op: i32 } fds [] locs [] reply Empty flags [];
+            /// Copy a range between two open files.
+            CopyFileRange = 48, "COPY_FILE_RANGE" { fd_in: Fd, off_in: u64, fd_out: Fd, off_out: u64, len: u64, flags: u32 }
+                fds [fd_in, fd_out] locs [] reply Copied flags [MODIFYING];
+            /// The last reference to a file fd is gone; free what is kept for it.
+            Release = 49, "RELEASE" { fd: Fd } fds [fd] locs [] reply Empty flags [];
+            /// The last reference to a directory fd is gone.
+            Releasedir = 50, "RELEASEDIR" { fd: Fd } fds [fd] locs [] reply Empty flags [];
+            /// The caller forgets an inode; translators drop their context for it.
+            Forget = 51, "FORGET" { gfid: Gfid } fds [] locs [] reply Empty flags [];
+        }
+    };
 }
+pub(crate) use fop_table;
+
+fop_table!(fops);
 
 impl FopKind {
     /// How many kinds there are: the length of a table indexed by
