@@ -82,17 +82,11 @@ impl Client {
     }
 
     async fn lookup_entry(&self, parent: Gfid, name: &str) -> Result<Iatt, Errno> {
-        match self.reply(Fop::Lookup { loc: Loc::entry(parent, name) }).await? {
-            Reply::Entry { iatt, .. } => Ok(iatt),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.reply(Fop::Lookup { loc: Loc::entry(parent, name) }).await?.into_entry()?)
     }
 
     async fn root_iatt(&self) -> Result<Iatt, Errno> {
-        match self.reply(Fop::Lookup { loc: Loc::root() }).await? {
-            Reply::Entry { iatt, .. } => Ok(iatt),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.reply(Fop::Lookup { loc: Loc::root() }).await?.into_entry()?)
     }
 
     /// Resolves a path; `/` and `` are the root.
@@ -153,10 +147,7 @@ impl Client {
     }
 
     async fn entry_reply(&self, fop: Fop) -> Result<Iatt, Errno> {
-        match self.call_x(fop, Self::new_entry_xdata()).await?.reply {
-            Reply::Entry { iatt, .. } => Ok(iatt),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.call_x(fop, Self::new_entry_xdata()).await?.reply.into_entry()?)
     }
 
     /// Attributes of a path (following nothing: a symlink's own attributes).
@@ -201,10 +192,7 @@ impl Client {
     pub async fn link(&self, existing: &str, new: &str) -> Result<Iatt, Errno> {
         let old = self.loc(existing).await?;
         let new = self.entry_loc(new).await?;
-        match self.reply(Fop::Link { old, new }).await? {
-            Reply::Entry { iatt, .. } => Ok(iatt),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.reply(Fop::Link { old, new }).await?.into_entry()?)
     }
 
     /// Creates a symlink at `path` pointing to `target`.
@@ -216,10 +204,7 @@ impl Client {
     /// Reads a symlink's target.
     pub async fn readlink(&self, path: &str) -> Result<String, Errno> {
         let loc = self.loc(path).await?;
-        match self.reply(Fop::Readlink { loc, size: 4096 }).await? {
-            Reply::Readlink { target, .. } => Ok(target),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.reply(Fop::Readlink { loc, size: 4096 }).await?.into_readlink()?)
     }
 
     /// Sets a file's size.
@@ -231,10 +216,7 @@ impl Client {
     /// Changes attributes.
     pub async fn setattr(&self, path: &str, attr: SetAttr) -> Result<Iatt, Errno> {
         let loc = self.loc(path).await?;
-        match self.reply(Fop::Setattr { loc, attr }).await? {
-            Reply::PrePost { post, .. } => Ok(post),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.reply(Fop::Setattr { loc, attr }).await?.into_post()?)
     }
 
     /// Sets one extended attribute (`flags` from [`xlfs_sdk::types::xattr_flags`]).
@@ -248,19 +230,17 @@ impl Client {
     /// Reads one extended attribute.
     pub async fn getxattr(&self, path: &str, name: &str) -> Result<Bytes, Errno> {
         let loc = self.loc(path).await?;
-        match self.reply(Fop::Getxattr { loc, name: name.to_string() }).await? {
-            Reply::Xattrs(d) => d.get_bytes(name).ok_or(Errno::ENODATA),
-            _ => Err(Errno::EIO),
-        }
+        self.reply(Fop::Getxattr { loc, name: name.to_string() })
+            .await?
+            .into_xattrs()?
+            .get_bytes(name)
+            .ok_or(Errno::ENODATA)
     }
 
     /// Lists the extended attributes (all names and values).
     pub async fn listxattr(&self, path: &str) -> Result<Dict, Errno> {
         let loc = self.loc(path).await?;
-        match self.reply(Fop::Getxattr { loc, name: String::new() }).await? {
-            Reply::Xattrs(d) => Ok(d),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.reply(Fop::Getxattr { loc, name: String::new() }).await?.into_xattrs()?)
     }
 
     /// Removes an extended attribute.
@@ -271,10 +251,7 @@ impl Client {
 
     /// Filesystem statistics.
     pub async fn statfs(&self) -> Result<Statvfs, Errno> {
-        match self.reply(Fop::Statfs { loc: Loc::root() }).await? {
-            Reply::Statfs(s) => Ok(s),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.reply(Fop::Statfs { loc: Loc::root() }).await?.into_statfs()?)
     }
 
     /// Creates (or, without `O_EXCL`, opens) a regular file.
@@ -283,8 +260,7 @@ impl Client {
         let id = self.new_fd();
         let fop = Fop::Create { loc, flags: (flags | libc::O_CREAT) as u32, mode, umask: 0, fd: id };
         match self.call_x(fop, Self::new_entry_xdata()).await {
-            Ok(Response { reply: Reply::Entry { iatt, .. }, .. }) => Ok(self.file(id, iatt.gfid, false)),
-            Ok(_) => Err(Errno::EIO),
+            Ok(r) => Ok(self.file(id, r.reply.into_entry()?.gfid, false)),
             Err(Errno::EEXIST) if flags & libc::O_EXCL == 0 => self.open(path, flags & !libc::O_CREAT).await,
             Err(e) => Err(e),
         }
@@ -363,26 +339,17 @@ impl File {
 
     /// Reads up to `size` bytes at `offset`; fewer at end of file.
     pub async fn read(&self, offset: u64, size: u32) -> Result<Bytes, Errno> {
-        match self.reply(Fop::Readv { fd: self.fd, size, offset, flags: 0 }).await? {
-            Reply::Read { data, .. } => Ok(data),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.reply(Fop::Readv { fd: self.fd, size, offset, flags: 0 }).await?.into_read()?)
     }
 
     /// Writes all of `data` at `offset`; returns the file's attributes after.
     pub async fn write(&self, offset: u64, data: impl Into<Bytes>) -> Result<Iatt, Errno> {
-        match self.reply(Fop::Writev { fd: self.fd, data: data.into(), offset, flags: 0 }).await? {
-            Reply::PrePost { post, .. } => Ok(post),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.reply(Fop::Writev { fd: self.fd, data: data.into(), offset, flags: 0 }).await?.into_post()?)
     }
 
     /// Attributes of the open file.
     pub async fn stat(&self) -> Result<Iatt, Errno> {
-        match self.reply(Fop::Fstat { fd: self.fd }).await? {
-            Reply::Attr(iatt) => Ok(iatt),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.reply(Fop::Fstat { fd: self.fd }).await?.into_attr()?)
     }
 
     /// Sets the size.
@@ -400,10 +367,7 @@ impl File {
     /// conflicting one (type Unlock if none).
     pub async fn lk(&self, cmd: LkCmd, mut lock: Flock) -> Result<Flock, Errno> {
         lock.owner = self.client.ctx.lk_owner;
-        match self.reply(Fop::Lk { fd: self.fd, cmd, lock }).await? {
-            Reply::Lock(l) => Ok(l),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.reply(Fop::Lk { fd: self.fd, cmd, lock }).await?.into_lock()?)
     }
 
     /// Sets xattrs on the open file.
@@ -415,10 +379,7 @@ impl File {
         let mut out = Vec::new();
         let mut offset = 0;
         loop {
-            let batch = match self.reply(Fop::Readdirp { fd: self.fd, size: 128 * 1024, offset }).await? {
-                Reply::Dirents(d) => d,
-                _ => return Err(Errno::EIO),
-            };
+            let batch = self.reply(Fop::Readdirp { fd: self.fd, size: 128 * 1024, offset }).await?.into_dirents()?;
             let Some(last) = batch.last() else { return Ok(out) };
             offset = last.d_off;
             out.extend(batch);

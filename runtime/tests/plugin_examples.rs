@@ -24,7 +24,7 @@ use bytes::Bytes;
 use xlfs_runtime::client::Client;
 use xlfs_runtime::graph::Graph;
 use xlfs_runtime::registry::Registry;
-use xlfs_sdk::Errno;
+use xlfs_sdk::{Dict, Errno, Fop, Loc, XattropOp};
 
 fn opts(module: &Path, more: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
     let mut o = vec![("module", module.display().to_string())];
@@ -157,6 +157,9 @@ async fn first_translator_walkthrough() {
         assert_eq!(c.mkdir("/d", 0o755).await.expect_err("read-only"), errno);
         assert_eq!(c.create("/new", libc::O_RDWR, 0o644).await.err(), Some(errno));
         assert_eq!(c.unlink("/hello.txt").await.expect_err("read-only"), errno);
+        // FopSet::MODIFYING covers every modifying fop, xattrop included.
+        let xattrop = Fop::Xattrop { loc: Loc::root(), op: XattropOp::AddArray, xattrs: Dict::new() };
+        assert_eq!(c.call(xattrop).await.err(), Some(errno));
         // Reads pass through.
         let names: Vec<String> = c.readdir("/").await.expect("readdir").into_iter().map(|e| e.name).collect();
         assert!(names.iter().any(|n| n == "hello.txt"), "{names:?}");

@@ -28,7 +28,7 @@ pub mod xlator;
 pub use ctx::CallCtx;
 pub use dict::{Dict, Value};
 pub use errno::Errno;
-pub use fop::{Fop, FopKind, FopResult, IPC_DRAIN, Reply, Request, Response};
+pub use fop::{Fop, FopFlags, FopKind, FopResult, IPC_DRAIN, Reply, ReplyKind, Request, Response, WrongReply};
 pub use options::{OptType, OptValue, OptionDecl, Options};
 pub use types::*;
 pub use xlator::{Child, Event, EventFrom, EventSink, FopFuture, InitCtx, InitError, Upcall, Xlator, XlatorType};

@@ -3,7 +3,7 @@
 //! EROFS, everything else passes through.
 
 use xlfs_sdk::guest::{Cx, FopSet, Host, Plugin};
-use xlfs_sdk::{Errno, FopKind::*, OptType, OptionDecl, Options, Request};
+use xlfs_sdk::{Errno, OptType, OptionDecl, Options, Request};
 
 /// The plugin: one instance per graph node.
 pub struct ReadOnly {
@@ -15,29 +15,7 @@ impl Plugin for ReadOnly {
     const NAME: &'static str = "first-translator";
     const DESCRIPTION: &'static str = "refuses every fop that changes the volume";
     // Only these fops enter the plugin; the host passes the rest on for free.
-    const FOPS: FopSet = FopSet::of(&[
-        Mknod,
-        Mkdir,
-        Unlink,
-        Rmdir,
-        Symlink,
-        Rename,
-        Link,
-        Truncate,
-        Ftruncate,
-        Writev,
-        Setxattr,
-        Fsetxattr,
-        Removexattr,
-        Fremovexattr,
-        Create,
-        Setattr,
-        Fsetattr,
-        Fallocate,
-        Discard,
-        Zerofill,
-        CopyFileRange,
-    ]);
+    const FOPS: FopSet = FopSet::MODIFYING;
     const OPTIONS: &'static [OptionDecl] =
         &[OptionDecl::new("quiet", OptType::Bool).default("off").desc("Fail with EPERM instead of EROFS.")];
 

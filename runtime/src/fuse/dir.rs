@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use fuser::{FileHandle, FopenFlags, INodeNo, ReplyDirectory, ReplyDirectoryPlus};
 use parking_lot::Mutex;
-use xlfs_sdk::{DirEntry, Errno, Fd, Fop, Loc, Reply};
+use xlfs_sdk::{DirEntry, Errno, Fd, Fop, Loc};
 
 use super::{Caller, Core, file_attr, fuse_errno, fuse_kind};
 
@@ -67,10 +67,7 @@ impl Core {
         {
             return Ok(left.entries);
         }
-        match self.call(self.ctx(who, 0, false), Fop::Readdirp { fd, size: BATCH, offset }).await? {
-            Reply::Dirents(v) => Ok(v.into()),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.call(self.ctx(who, 0, false), Fop::Readdirp { fd, size: BATCH, offset }).await?.into_dirents()?.into())
     }
 
     /// Keeps what did not fit for the next call.

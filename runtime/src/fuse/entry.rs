@@ -8,7 +8,7 @@ use bytes::Bytes;
 use fuser::{FileAttr, FileHandle, INodeNo, TimeOrNow};
 use xlfs_sdk::dict::keys::GFID_REQ;
 use xlfs_sdk::types::rename_flags;
-use xlfs_sdk::{Dict, Errno, Fop, Gfid, Loc, Reply, SetAttr, Statvfs, TimeSet, Value};
+use xlfs_sdk::{Dict, Errno, Fop, Gfid, Loc, SetAttr, Statvfs, TimeSet, Value};
 
 use super::{Caller, Core, timespec};
 
@@ -54,8 +54,7 @@ impl Core {
     ) -> Result<Option<FileAttr>, Errno> {
         let pg = self.gfid(parent)?;
         match self.call(self.ctx(who, 0, false), Fop::Lookup { loc: Loc::entry(pg, name.clone()) }).await {
-            Ok(Reply::Entry { iatt, .. }) => self.entry_attr(pg, &name, &iatt).map(Some),
-            Ok(_) => Err(Errno::EIO),
+            Ok(reply) => self.entry_attr(pg, &name, &reply.into_entry()?).map(Some),
             Err(Errno::ENOENT) => {
                 self.inodes.unlink(pg, &name);
                 if self.opts.negative_timeout.is_zero() { Err(Errno::ENOENT) } else { Ok(None) }
@@ -78,10 +77,7 @@ impl Core {
             Some(Ok(fd)) => self.call(ctx, Fop::Fstat { fd }).await?,
             _ => self.call(ctx, Fop::Stat { loc: Loc::gfid(gfid) }).await?,
         };
-        match reply {
-            Reply::Attr(iatt) => Ok(self.kernel_attr(&iatt, ino.0)),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.kernel_attr(&reply.into_attr()?, ino.0))
     }
 
     /// setattr: truncate first (by fd when the kernel gives one), then the
@@ -99,10 +95,7 @@ impl Core {
                 Some(fd) => Fop::Ftruncate { fd, offset: size },
                 None => Fop::Truncate { loc: Loc::gfid(gfid), offset: size },
             };
-            match self.call(ctx, fop).await? {
-                Reply::PrePost { post: p, .. } => post = Some(p),
-                _ => return Err(Errno::EIO),
-            }
+            post = Some(self.call(ctx, fop).await?.into_post()?);
         }
         let attr = SetAttr {
             mode: a.mode.map(|m| m & 0o7777),
@@ -117,27 +110,21 @@ impl Core {
                 Some(fd) => Fop::Fsetattr { fd, attr },
                 None => Fop::Setattr { loc: Loc::gfid(gfid), attr },
             };
-            match self.call(ctx, fop).await? {
-                Reply::PrePost { post: p, .. } => post = Some(p),
-                _ => return Err(Errno::EIO),
-            }
+            post = Some(self.call(ctx, fop).await?.into_post()?);
         }
         let iatt = match post {
             Some(p) => p,
-            None => match self.call(self.ctx(who, 0, false), Fop::Stat { loc: Loc::gfid(gfid) }).await? {
-                Reply::Attr(i) => i,
-                _ => return Err(Errno::EIO),
-            },
+            None => self.call(self.ctx(who, 0, false), Fop::Stat { loc: Loc::gfid(gfid) }).await?.into_attr()?,
         };
         Ok(self.kernel_attr(&iatt, ino.0))
     }
 
     pub(super) async fn readlink(self: Arc<Self>, who: Caller, ino: INodeNo) -> Result<String, Errno> {
         let loc = Loc::gfid(self.gfid(ino)?);
-        match self.call(self.ctx(who, 0, false), Fop::Readlink { loc, size: libc::PATH_MAX as u32 }).await? {
-            Reply::Readlink { target, .. } => Ok(target),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self
+            .call(self.ctx(who, 0, false), Fop::Readlink { loc, size: libc::PATH_MAX as u32 })
+            .await?
+            .into_readlink()?)
     }
 
     /// mknod, mkdir, symlink: `fop` builds the fop for the new entry's
@@ -152,10 +139,8 @@ impl Core {
     ) -> Result<FileAttr, Errno> {
         let pg = self.gfid(parent)?;
         let xdata = new_entry_xdata();
-        match self.call_x(self.ctx(who, 0, true), fop(Loc::entry(pg, name.clone())), xdata).await? {
-            Reply::Entry { iatt, .. } => self.entry_attr(pg, &name, &iatt),
-            _ => Err(Errno::EIO),
-        }
+        let iatt = self.call_x(self.ctx(who, 0, true), fop(Loc::entry(pg, name.clone())), xdata).await?.into_entry()?;
+        self.entry_attr(pg, &name, &iatt)
     }
 
     pub(super) async fn link(
@@ -167,10 +152,8 @@ impl Core {
     ) -> Result<FileAttr, Errno> {
         let (g, np) = (self.gfid(ino)?, self.gfid(newparent)?);
         let fop = Fop::Link { old: Loc::gfid(g), new: Loc::entry(np, name.clone()) };
-        match self.call(self.ctx(who, 0, true), fop).await? {
-            Reply::Entry { iatt, .. } => self.entry_attr(np, &name, &iatt),
-            _ => Err(Errno::EIO),
-        }
+        let iatt = self.call(self.ctx(who, 0, true), fop).await?.into_entry()?;
+        self.entry_attr(np, &name, &iatt)
     }
 
     /// unlink or rmdir.
@@ -222,10 +205,7 @@ impl Core {
 
     pub(super) async fn statfs(self: Arc<Self>, who: Caller, ino: INodeNo) -> Result<Statvfs, Errno> {
         let g = self.gfid(ino).unwrap_or(Gfid::ROOT);
-        match self.call(self.ctx(who, 0, false), Fop::Statfs { loc: Loc::gfid(g) }).await? {
-            Reply::Statfs(s) => Ok(s),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.call(self.ctx(who, 0, false), Fop::Statfs { loc: Loc::gfid(g) }).await?.into_statfs()?)
     }
 
     pub(super) async fn access(self: Arc<Self>, who: Caller, ino: INodeNo, mask: u32) -> Result<(), Errno> {
@@ -266,26 +246,20 @@ impl Core {
             return Err(Errno::EOPNOTSUPP);
         }
         let loc = Loc::gfid(self.gfid(ino)?);
-        match self.call(self.ctx(who, 0, true), Fop::Getxattr { loc, name: name.clone() }).await? {
-            Reply::Xattrs(d) => d.get(&name).map(value_bytes).ok_or(Errno::ENODATA),
-            _ => Err(Errno::EIO),
-        }
+        let d = self.call(self.ctx(who, 0, true), Fop::Getxattr { loc, name: name.clone() }).await?.into_xattrs()?;
+        d.get(&name).map(value_bytes).ok_or(Errno::ENODATA)
     }
 
     /// listxattr: the names, each NUL-terminated, without the bricks' own.
     pub(super) async fn listxattr(self: Arc<Self>, who: Caller, ino: INodeNo) -> Result<Vec<u8>, Errno> {
         let loc = Loc::gfid(self.gfid(ino)?);
-        match self.call(self.ctx(who, 0, true), Fop::Getxattr { loc, name: String::new() }).await? {
-            Reply::Xattrs(d) => {
-                let mut out = Vec::new();
-                for k in d.keys().filter(|k| !internal_xattr(k) && !unsupported_xattr(&self.opts, k)) {
-                    out.extend_from_slice(k.as_bytes());
-                    out.push(0);
-                }
-                Ok(out)
-            }
-            _ => Err(Errno::EIO),
+        let d = self.call(self.ctx(who, 0, true), Fop::Getxattr { loc, name: String::new() }).await?.into_xattrs()?;
+        let mut out = Vec::new();
+        for k in d.keys().filter(|k| !internal_xattr(k) && !unsupported_xattr(&self.opts, k)) {
+            out.extend_from_slice(k.as_bytes());
+            out.push(0);
         }
+        Ok(out)
     }
 
     pub(super) async fn removexattr(self: Arc<Self>, who: Caller, ino: INodeNo, name: String) -> Result<(), Errno> {

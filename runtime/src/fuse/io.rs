@@ -103,10 +103,7 @@ impl Core {
         size: u32,
     ) -> Result<Bytes, Errno> {
         let fd = self.fd(fh)?;
-        match self.call(self.ctx(who, owner, false), Fop::Readv { fd, size, offset, flags: 0 }).await? {
-            Reply::Read { data, .. } => Ok(data),
-            _ => Err(Errno::EIO),
-        }
+        Ok(self.call(self.ctx(who, owner, false), Fop::Readv { fd, size, offset, flags: 0 }).await?.into_read()?)
     }
 
     pub(super) async fn write(
@@ -190,10 +187,8 @@ impl Core {
             _ => return Err(Errno::EINVAL),
         };
         let offset = u64::try_from(offset).map_err(|_| Errno::ENXIO)?;
-        match self.call(self.ctx(who, 0, false), Fop::Seek { fd, offset, what }).await? {
-            Reply::Offset(o) => i64::try_from(o).map_err(|_| Errno::EOVERFLOW),
-            _ => Err(Errno::EIO),
-        }
+        let found = self.call(self.ctx(who, 0, false), Fop::Seek { fd, offset, what }).await?.into_offset()?;
+        i64::try_from(found).map_err(|_| Errno::EOVERFLOW)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -210,9 +205,7 @@ impl Core {
         let (fd_in, fd_out): (Fd, Fd) = (self.fd(fh_in)?, self.fd(fh_out)?);
         self.data.changing(fd_out.gfid);
         let fop = Fop::CopyFileRange { fd_in, off_in, fd_out, off_out, len: len.min(MAX_COPY), flags };
-        match self.call(self.ctx(who, 0, false), fop).await? {
-            Reply::Copied { len, .. } => u32::try_from(len).map_err(|_| Errno::EOVERFLOW),
-            _ => Err(Errno::EIO),
-        }
+        let copied = self.call(self.ctx(who, 0, false), fop).await?.into_copied()?;
+        u32::try_from(copied).map_err(|_| Errno::EOVERFLOW)
     }
 }

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use fuser::FileHandle;
 use parking_lot::Mutex;
-use xlfs_sdk::{CallCtx, Dict, Errno, Fd, FdId, Flock, Fop, Gfid, LkCmd, LockType, Reply};
+use xlfs_sdk::{CallCtx, Dict, Errno, Fd, FdId, Flock, Fop, Gfid, LkCmd, LockType};
 
 use super::switch::Active;
 use super::{Caller, Core};
@@ -228,11 +228,8 @@ impl Core {
         let fd = self.fd(fh)?;
         let lock = to_flock(&lk, owner)?;
         let _gate = self.lk_gate.read().await;
-        match self.call(self.ctx(who, owner, false), Fop::Lk { fd, cmd: LkCmd::GetLk, lock }).await? {
-            Reply::Lock(f) if f.ty == LockType::Unlock => Ok(FuseLock { typ: libc::F_UNLCK, pid: 0, ..lk }),
-            Reply::Lock(f) => Ok(from_flock(&f)),
-            _ => Err(Errno::EIO),
-        }
+        let f = self.call(self.ctx(who, owner, false), Fop::Lk { fd, cmd: LkCmd::GetLk, lock }).await?.into_lock()?;
+        if f.ty == LockType::Unlock { Ok(FuseLock { typ: libc::F_UNLCK, pid: 0, ..lk }) } else { Ok(from_flock(&f)) }
     }
 
     pub(super) async fn setlk(

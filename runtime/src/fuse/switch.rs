@@ -164,14 +164,6 @@ impl std::fmt::Display for SwitchReport {
     }
 }
 
-/// The fds a fop acts on.
-fn fop_fds(fop: &Fop) -> [Option<Fd>; 2] {
-    match fop {
-        Fop::CopyFileRange { fd_in, fd_out, .. } => [Some(*fd_in), Some(*fd_out)],
-        f => [f.fd().copied(), None],
-    }
-}
-
 impl Core {
     /// The active graph, with this fop counted in flight on it.
     pub(crate) fn enter(&self) -> Entered {
@@ -211,7 +203,7 @@ impl Core {
                 a.set_fd(*fd, FdOn { gfid: loc.gfid, dir, state: FdState::Opening });
             }
             _ => {
-                for fd in fop_fds(&fop).into_iter().flatten() {
+                for fd in fop.fds() {
                     self.ensure_open(a, fd).await?;
                 }
             }

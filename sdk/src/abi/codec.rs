@@ -543,10 +543,16 @@ enum_codec!(Upcall, "upcall", {
     (InvalidateFor { gfid, client } = 3),
 });
 
-/// [`Fop`]: the u16 [`FopKind`] code, then the variant's fields in order.
-/// Both matches are exhaustive, so no variant or code can be forgotten.
+/// [`Fop`]: the u16 [`FopKind`] code, then the variant's fields in the
+/// order of the fop table (`fop_table!` in `fop.rs`, the same as
+/// `sdk/ABI.md` section 4, which a test checks). Both matches are
+/// exhaustive, so no variant or code can be forgotten.
 macro_rules! fop_codec {
-    ($($var:ident { $($f:ident),* };)*) => {
+    ($(
+        $(#[doc = $doc:literal])*
+        $var:ident = $code:literal, $name:literal { $($f:ident: $ty:ty),* $(,)? }
+        fds [$($fd:ident),*] locs [$($loc:ident),*] reply $reply:ident flags [$($flag:ident),*];
+    )*) => {
         impl Codec for Fop {
             fn put(&self, w: &mut Writer<'_>) {
                 w.u16(self.kind() as u16);
@@ -565,56 +571,4 @@ macro_rules! fop_codec {
     };
 }
 
-fop_codec! {
-    Lookup { loc };
-    Stat { loc };
-    Fstat { fd };
-    Setattr { loc, attr };
-    Fsetattr { fd, attr };
-    Truncate { loc, offset };
-    Ftruncate { fd, offset };
-    Access { loc, mask };
-    Readlink { loc, size };
-    Mknod { loc, mode, rdev, umask };
-    Mkdir { loc, mode, umask };
-    Unlink { loc, flags };
-    Rmdir { loc, flags };
-    Symlink { target, loc, umask };
-    Rename { old, new, flags };
-    Link { old, new };
-    Create { loc, flags, mode, umask, fd };
-    Open { loc, flags, fd };
-    Readv { fd, size, offset, flags };
-    Writev { fd, data, offset, flags };
-    Flush { fd };
-    Fsync { fd, datasync };
-    Opendir { loc, fd };
-    Readdir { fd, size, offset };
-    Readdirp { fd, size, offset };
-    Fsyncdir { fd, datasync };
-    Statfs { loc };
-    Setxattr { loc, xattrs, flags };
-    Getxattr { loc, name };
-    Removexattr { loc, name };
-    Fsetxattr { fd, xattrs, flags };
-    Fgetxattr { fd, name };
-    Fremovexattr { fd, name };
-    Lk { fd, cmd, lock };
-    Inodelk { domain, loc, cmd, lock };
-    Finodelk { domain, fd, cmd, lock };
-    Entrylk { domain, loc, name, cmd, ty };
-    Fentrylk { domain, fd, name, cmd, ty };
-    Xattrop { loc, op, xattrs };
-    Fxattrop { fd, op, xattrs };
-    Fallocate { fd, mode, offset, len };
-    Discard { fd, offset, len };
-    Zerofill { fd, offset, len };
-    Seek { fd, offset, what };
-    Rchecksum { fd, offset, len };
-    Lease { loc, cmd, lease_id };
-    Ipc { op };
-    CopyFileRange { fd_in, off_in, fd_out, off_out, len, flags };
-    Release { fd };
-    Releasedir { fd };
-    Forget { gfid };
-}
+crate::fop::fop_table!(fop_codec);

@@ -14,7 +14,7 @@ use proptest::test_runner::{Config, TestRunner};
 use super::codec::IATT_SIZE;
 use super::*;
 use crate::types::*;
-use crate::{CallCtx, Dict, Errno, Event, Fop, FopKind, FopResult, Reply, Request, Response, Upcall, Value};
+use crate::{CallCtx, Dict, Errno, Event, Fop, FopFlags, FopKind, FopResult, Reply, Request, Response, Upcall, Value};
 
 // ---- allocation accounting: bytes allocated by the current thread ----
 
@@ -463,7 +463,12 @@ fn every_fop_kind_is_encodable_and_round_trips() {
                 prop_assert_eq!(fop.kind(), kind);
                 let (buf, payload) = enc(&fop);
                 prop_assert_eq!(&buf[..2], &(kind as u16).to_le_bytes()[..]);
-                prop_assert_eq!(payload.is_some(), kind == FopKind::Writev);
+                prop_assert_eq!(payload.is_some(), kind.flags().contains(FopFlags::PAYLOAD));
+                // The table's fd and loc fields are the ones the fop carries.
+                prop_assert_eq!(fop.fds().count(), kind.fd_fields().len());
+                prop_assert_eq!(fop.clone().fds_mut().count(), kind.fd_fields().len());
+                prop_assert_eq!(fop.fd().copied(), fop.fds().next());
+                prop_assert_eq!(fop.loc().is_some(), !kind.loc_fields().is_empty());
                 round_trip(&fop)
             })
             .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
@@ -482,6 +487,7 @@ fn every_reply_variant_round_trips_with_its_tag() {
             .run(&strategy, |reply| {
                 let (buf, payload) = enc(&reply);
                 prop_assert_eq!(buf[0] as usize, tag);
+                prop_assert_eq!(reply.kind() as usize, tag);
                 prop_assert_eq!(payload.is_some(), matches!(reply, Reply::Read { .. }));
                 round_trip(&reply)
             })

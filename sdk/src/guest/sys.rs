@@ -13,7 +13,7 @@ use crate::abi::{self, AbiVersion, DecodeError, Limits};
 use crate::options::{OptType, OptionDecl};
 use crate::policy::lock_contention::{Decision, Interest, LockView};
 use crate::policy::read_ahead::{Advice, Range};
-use crate::{CallCtx, Event, Fop, FopKind, FopResult, Reply, Request};
+use crate::{CallCtx, Event, Fop, FopFlags, FopKind, FopResult, Reply, Request};
 
 /// The WebAssembly import module of every host function.
 pub const IMPORT_MODULE: &str = "xlfs";
@@ -188,6 +188,23 @@ impl FopSet {
         }
         s
     };
+
+    /// Every fop that changes data, metadata or the namespace
+    /// ([`FopKind::is_modifying`]): what a read-only gate must see.
+    pub const MODIFYING: FopSet = FopSet::having(FopFlags::MODIFYING);
+
+    /// Every fop with all of `flags` ([`FopKind::flags`]).
+    pub const fn having(flags: FopFlags) -> FopSet {
+        let mut s = FopSet::NONE;
+        let mut i = 0;
+        while i < FopKind::ALL.len() {
+            if FopKind::ALL[i].flags().contains(flags) {
+                s = s.with(FopKind::ALL[i]);
+            }
+            i += 1;
+        }
+        s
+    }
 
     /// The kinds listed.
     pub const fn of(kinds: &[FopKind]) -> FopSet {
@@ -871,6 +888,10 @@ mod tests {
         assert!(s.contains(FopKind::Lookup) && s.contains(FopKind::Forget) && !s.contains(FopKind::Stat));
         assert!(!s.without(FopKind::Lookup).contains(FopKind::Lookup));
         assert!(FopKind::ALL.iter().all(|&k| FopSet::ALL.contains(k)));
+        for &k in FopKind::ALL {
+            assert_eq!(FopSet::MODIFYING.contains(k), k.is_modifying(), "{k:?}");
+        }
+        assert!(FopSet::MODIFYING.contains(FopKind::Xattrop) && FopSet::MODIFYING.contains(FopKind::Fxattrop));
         let e = EventSet::CHILD_UP.union(EventSet::CLIENT_GONE);
         assert!(e.contains(&Event::ChildUp) && e.contains(&Event::ClientGone { client_id: "c".into() }));
         assert!(!e.contains(&Event::ParentUp));

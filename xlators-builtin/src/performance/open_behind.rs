@@ -156,9 +156,9 @@ impl Inner {
     }
 
     /// Opens every deferred fd the fop uses, then winds it.
-    async fn with_fds_open(&self, ctx: CallCtx, req: Request, fds: [Option<FdId>; 2]) -> FopResult {
-        for id in fds.into_iter().flatten() {
-            if let Some(lf) = self.fds.get(&id) {
+    async fn with_fds_open(&self, ctx: CallCtx, req: Request) -> FopResult {
+        for fd in req.fop.fds() {
+            if let Some(lf) = self.fds.get(&fd.id) {
                 self.ensure_open(&lf).await?;
             }
         }
@@ -238,7 +238,7 @@ impl Inner {
             let stat = Request::with_xdata(Fop::Stat { loc: Loc::gfid(fd.gfid) }, req.xdata);
             return self.child.call(ctx, stat).await;
         }
-        self.with_fds_open(ctx, req, [Some(fd.id), None]).await
+        self.with_fds_open(ctx, req).await
     }
 }
 
@@ -280,12 +280,8 @@ impl Xlator for OpenBehind {
                 Box::pin(inner.fstat(ctx, req, fd))
             }
             fop => {
-                let fds = match fop {
-                    Fop::CopyFileRange { fd_in, fd_out, .. } => [Some(fd_in.id), Some(fd_out.id)],
-                    _ => [fop.fd().map(|f| f.id), None],
-                };
-                if fds.iter().flatten().any(|id| inner.fds.get(id).is_some()) {
-                    Box::pin(inner.with_fds_open(ctx, req, fds))
+                if fop.fds().any(|fd| inner.fds.get(&fd.id).is_some()) {
+                    Box::pin(inner.with_fds_open(ctx, req))
                 } else {
                     inner.child.call(ctx, req)
                 }

@@ -392,10 +392,7 @@ impl Inner {
             }
             fop => {
                 let mut gfids: Vec<Gfid> = fop.loc().map(|l| l.gfid).into_iter().collect();
-                gfids.extend(fop.fd().map(|f| f.gfid));
-                if let Fop::CopyFileRange { fd_out, .. } = fop {
-                    gfids.push(fd_out.gfid);
-                }
+                gfids.extend(fop.fds().map(|f| f.gfid));
                 if gfids.is_empty() { Wait::Nothing } else { Wait::On { gfids, dir: None, name: None } }
             }
         };

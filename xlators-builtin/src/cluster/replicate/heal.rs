@@ -291,10 +291,7 @@ fn healable_xattr(k: &str) -> bool {
 }
 
 fn xattrs_of(r: FopResult) -> Result<Dict, Errno> {
-    match r?.reply {
-        Reply::Xattrs(d) => Ok(d.into_iter().filter(|(k, _)| healable_xattr(k)).collect()),
-        _ => Err(Errno::EIO),
-    }
+    Ok(r?.reply.into_xattrs()?.into_iter().filter(|(k, _)| healable_xattr(k)).collect())
 }
 
 fn root_loc(loc: &Loc) -> bool {
@@ -815,10 +812,8 @@ impl Inner {
         let fop = match ty {
             FileType::Directory => Fop::Mkdir { loc, mode: e.iatt.mode & 0o7777, umask: 0 },
             FileType::Symlink => {
-                let target = match self.on(si, ctx, Fop::Readlink { loc: Loc::gfid(g), size: 4096 }).await?.reply {
-                    Reply::Readlink { target, .. } => target,
-                    _ => return Err(Errno::EIO),
-                };
+                let target =
+                    self.on(si, ctx, Fop::Readlink { loc: Loc::gfid(g), size: 4096 }).await?.reply.into_readlink()?;
                 Fop::Symlink { target, loc, umask: 0 }
             }
             _ => Fop::Mknod { loc, mode: e.iatt.mode, rdev: e.iatt.rdev, umask: 0 },

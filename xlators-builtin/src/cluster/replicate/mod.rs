@@ -70,8 +70,8 @@ use parking_lot::RwLock;
 use xlfs_sdk::policy::lock_contention::{self, LockContentionPolicy};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
-    CallCtx, Child, EntrylkCmd, Errno, Event, EventFrom, Fd, Fop, FopFuture, FopKind, FopResult, InitCtx, InitError,
-    LkCmd, LockType, OptType, OptionDecl, Options, Reply, Request, Response, Upcall, Xlator, XlatorType,
+    CallCtx, Child, EntrylkCmd, Errno, Event, EventFrom, Fd, Fop, FopFlags, FopFuture, FopKind, FopResult, InitCtx,
+    InitError, LkCmd, LockType, OptType, OptionDecl, Options, Reply, Request, Response, Upcall, Xlator, XlatorType,
 };
 
 use self::eager_lock::{Inodes, Why};
@@ -679,29 +679,8 @@ impl Inner {
 /// cancellable; see [`Inner::caller_lock`]).
 fn runs_detached(kind: FopKind) -> bool {
     use FopKind::*;
-    !matches!(
-        kind,
-        Lookup
-            | Stat
-            | Fstat
-            | Access
-            | Readlink
-            | Readv
-            | Readdir
-            | Readdirp
-            | Statfs
-            | Getxattr
-            | Fgetxattr
-            | Seek
-            | Rchecksum
-            | Lk
-            | Inodelk
-            | Finodelk
-            | Entrylk
-            | Fentrylk
-            | Lease
-            | Ipc
-    )
+    !(kind.flags().contains(FopFlags::READ_ONLY)
+        || matches!(kind, Lk | Inodelk | Finodelk | Entrylk | Fentrylk | Lease | Ipc))
 }
 
 /// Gives back the caller's locks taken so far if the caller stops waiting

@@ -371,14 +371,6 @@ impl Xlator for Client {
     }
 }
 
-/// The fds a fop names (both of copy_file_range's).
-fn fop_fds(fop: &Fop) -> [Option<Fd>; 2] {
-    match fop {
-        Fop::CopyFileRange { fd_in, fd_out, .. } => [Some(*fd_in), Some(*fd_out)],
-        f => [f.fd().copied(), None],
-    }
-}
-
 impl Inner {
     fn current(&self) -> Option<Arc<Conn>> {
         self.conn.lock().clone()
@@ -443,7 +435,7 @@ impl Inner {
                 }
             }
             _ => {
-                for fd in fop_fds(&req.fop).into_iter().flatten() {
+                for fd in req.fop.fds() {
                     self.ensure_open(&conn, &ctx, fd).await?;
                 }
             }

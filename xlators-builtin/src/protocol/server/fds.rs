@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use xlfs_sdk::{Errno, Fd, FdId, Fop, Gfid};
+use xlfs_sdk::{Errno, Fd, FdId, Gfid};
 
 /// An fd of the client's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,45 +95,8 @@ impl FdTable {
     }
 }
 
-/// The fds a fop names, for translation (both of copy_file_range's). Must
-/// list the same variants as [`Fop::fd`].
-pub(super) fn fds_mut(fop: &mut Fop) -> [Option<&mut Fd>; 2] {
-    use Fop::*;
-    match fop {
-        Fstat { fd }
-        | Fsetattr { fd, .. }
-        | Ftruncate { fd, .. }
-        | Readv { fd, .. }
-        | Writev { fd, .. }
-        | Flush { fd }
-        | Fsync { fd, .. }
-        | Readdir { fd, .. }
-        | Readdirp { fd, .. }
-        | Fsyncdir { fd, .. }
-        | Fsetxattr { fd, .. }
-        | Fgetxattr { fd, .. }
-        | Fremovexattr { fd, .. }
-        | Lk { fd, .. }
-        | Finodelk { fd, .. }
-        | Fentrylk { fd, .. }
-        | Fxattrop { fd, .. }
-        | Fallocate { fd, .. }
-        | Discard { fd, .. }
-        | Zerofill { fd, .. }
-        | Seek { fd, .. }
-        | Rchecksum { fd, .. }
-        | Release { fd }
-        | Releasedir { fd } => [Some(fd), None],
-        CopyFileRange { fd_in, fd_out, .. } => [Some(fd_in), Some(fd_out)],
-        _ => [None, None],
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-    use xlfs_sdk::{Flock, LkCmd, Loc, LockType};
-
     use super::*;
 
     #[test]
@@ -154,27 +117,5 @@ mod tests {
         let s = t.take(FdId(7)).expect("open");
         assert_eq!((s.brick, s.gfid), (FdId(100), g), "gfid learnt from a later fop");
         assert_eq!(t.take(FdId(7)), Err(Errno::EBADF));
-    }
-
-    #[test]
-    fn fds_mut_agrees_with_fop_fd() {
-        let fd = Fd { id: FdId(1), gfid: Gfid::ROOT };
-        let lock = Flock::whole(LockType::Write, 1);
-        let fops = [
-            Fop::Readv { fd, size: 1, offset: 0, flags: 0 },
-            Fop::Writev { fd, data: Bytes::new(), offset: 0, flags: 0 },
-            Fop::Lk { fd, cmd: LkCmd::SetLk, lock },
-            Fop::Finodelk { domain: "d".into(), fd, cmd: LkCmd::SetLk, lock },
-            Fop::Release { fd },
-            Fop::Lookup { loc: Loc::root() },
-            Fop::Inodelk { domain: "d".into(), loc: Loc::root(), cmd: LkCmd::SetLk, lock },
-            Fop::CopyFileRange { fd_in: fd, off_in: 0, fd_out: fd, off_out: 0, len: 1, flags: 0 },
-        ];
-        for mut f in fops {
-            let (has, kind) = (f.fd().is_some(), f.kind());
-            let [a, b] = fds_mut(&mut f);
-            assert_eq!(a.is_some(), has, "{kind:?}");
-            assert_eq!(b.is_some(), kind == xlfs_sdk::FopKind::CopyFileRange);
-        }
     }
 }

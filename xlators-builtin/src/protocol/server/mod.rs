@@ -78,7 +78,7 @@ use xlfs_sdk::{
 };
 
 use self::auth::Auth;
-use self::fds::{FdTable, fds_mut};
+use self::fds::FdTable;
 use super::rpc::{
     self, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, HelloReply, Link, Message, MessageError, OUT_QUEUE, Outgoing,
     SocketOptions, hello_keys, limits_for, with_transport_options,
@@ -282,7 +282,7 @@ impl Conn {
             fop => {
                 {
                     let mut table = self.fds.lock();
-                    for fd in fds_mut(fop).into_iter().flatten() {
+                    for fd in fop.fds_mut() {
                         table.translate(fd)?;
                     }
                 }
