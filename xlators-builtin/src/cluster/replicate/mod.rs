@@ -66,7 +66,7 @@ use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use xlfs_sdk::policy::lock_contention::{self, LockContentionPolicy};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
@@ -380,6 +380,9 @@ pub(crate) struct Inner {
     volume_id: Option<String>,
     cfg: RwLock<Arc<Config>>,
     up: AtomicU64,
+    /// Children that have said up or down at least once, and whether this
+    /// volume told its parents it is up (see `notify`).
+    announce: Mutex<(Mask, bool)>,
     local: AtomicU64,
     /// Bumped whenever a child comes up: staleness learned before is
     /// looked up again.
@@ -805,6 +808,7 @@ impl Replicate {
             volume_id: options.str("volume-id").map(str::to_string),
             cfg: RwLock::new(Arc::new(cfg)),
             up: AtomicU64::new(0),
+            announce: Mutex::new((0, false)),
             local: AtomicU64::new(0),
             generation: AtomicU64::new(1),
             inodes: Inodes::new(),
@@ -850,20 +854,39 @@ impl Xlator for Replicate {
             }
         };
         match event {
-            Event::ChildUp => {
-                let before = me.up.fetch_or(bit(i), Ordering::AcqRel);
-                if before & bit(i) == 0 {
-                    me.generation.fetch_add(1, Ordering::AcqRel);
-                    tracing::info!(volume = %me.name, child = %me.children[i].name, "child up");
+            // The volume says it is up once its children up make a quorum
+            // (so that a mount that waited for it can write at once), or,
+            // short of that, once every child has said up or down and one
+            // is up (reads work; writes are refused for quorum). It says
+            // down when the last child up goes.
+            Event::ChildUp | Event::ChildDown => {
+                let mut a = me.announce.lock();
+                let up = if event == Event::ChildUp {
+                    let before = me.up.fetch_or(bit(i), Ordering::AcqRel);
+                    if before & bit(i) == 0 {
+                        me.generation.fetch_add(1, Ordering::AcqRel);
+                        tracing::info!(volume = %me.name, child = %me.children[i].name, "child up");
+                    }
+                    before | bit(i)
+                } else {
+                    let before = me.up.fetch_and(!bit(i), Ordering::AcqRel);
+                    if before & bit(i) != 0 {
+                        tracing::warn!(volume = %me.name, child = %me.children[i].name, "child down");
+                    }
+                    before & !bit(i)
+                };
+                a.0 |= bit(i);
+                let n = me.children.len();
+                let ready = up != 0 && (me.cfg().quorum.met(up, n) || a.0 == all(n));
+                if !a.1 && ready {
+                    a.1 = true;
+                    Some(Event::ChildUp)
+                } else if a.1 && up == 0 {
+                    a.1 = false;
+                    Some(Event::ChildDown)
+                } else {
+                    None
                 }
-                (before == 0).then_some(Event::ChildUp)
-            }
-            Event::ChildDown => {
-                let before = me.up.fetch_and(!bit(i), Ordering::AcqRel);
-                if before & bit(i) != 0 {
-                    tracing::warn!(volume = %me.name, child = %me.children[i].name, "child down");
-                }
-                (before == bit(i)).then_some(Event::ChildDown)
             }
             Event::ChildConnecting => (me.up_mask() == 0).then_some(Event::ChildConnecting),
             Event::Upcall(Upcall::InodelkContention { gfid, domain, holder_client, holder_owner }) => {

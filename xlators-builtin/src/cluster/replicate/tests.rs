@@ -1313,3 +1313,30 @@ async fn full_heal_gives_every_child_a_name_only_one_has() {
         assert_eq!(c.gfid_on(i, "d/stray").as_deref(), Some(&g.0[..]), "stray on brick {i}");
     }
 }
+
+/// With quorum auto the volume says it is up once two of three children
+/// are, so a mount that waited for it can write at once; with only one
+/// child left to come, it says so once the others have said down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_is_announced_at_quorum_or_when_every_child_has_reported() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    let fresh = |name: &str| {
+        Replicate::new(InitCtx {
+            name: name.into(),
+            options: opts(TYPE.options, &[("quorum-type", "auto")]),
+            children: n.afr.inner.children.clone(),
+            events: EventSink::new(),
+        })
+        .expect("replicate")
+    };
+    let v = fresh("v");
+    assert_eq!(v.notify(Event::ChildUp, EventFrom::Child(0)), None, "one of three: no quorum yet");
+    assert_eq!(v.notify(Event::ChildUp, EventFrom::Child(2)), Some(Event::ChildUp), "quorum");
+    assert_eq!(v.notify(Event::ChildUp, EventFrom::Child(1)), None, "already up");
+    let w = fresh("w");
+    assert_eq!(w.notify(Event::ChildUp, EventFrom::Child(1)), None);
+    assert_eq!(w.notify(Event::ChildDown, EventFrom::Child(0)), None, "child 2 has not said yet");
+    assert_eq!(w.notify(Event::ChildDown, EventFrom::Child(2)), Some(Event::ChildUp), "all said: reads work");
+    assert_eq!(w.notify(Event::ChildDown, EventFrom::Child(1)), Some(Event::ChildDown), "none up");
+}
