@@ -15,10 +15,9 @@
 mod kit;
 mod plugin_kit;
 
-use plugin_kit::volume;
+use plugin_kit::{dump_value, volume};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use bytes::Bytes;
 use xlfs_runtime::client::Client;
@@ -32,21 +31,9 @@ fn opts(module: &Path, more: &[(&'static str, &str)]) -> Vec<(&'static str, Stri
     o
 }
 
+/// [`plugin_kit::up`] with the built-in registry.
 async fn up(volfile: &str) -> Graph {
-    let graph = Graph::from_str(volfile, "examples.vol", &Registry::builtin())
-        .unwrap_or_else(|e| panic!("graph builds: {e}\n{volfile}"));
-    graph.activate();
-    graph.wait_up(Duration::from_secs(20)).await.expect("graph comes up");
-    graph
-}
-
-fn dump_value(graph: &Graph, key: &str) -> String {
-    graph
-        .dump()
-        .into_iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v)
-        .unwrap_or_else(|| panic!("no {key} in {:?}", graph.dump()))
+    plugin_kit::up(volfile, &Registry::builtin()).await
 }
 
 /// posix on a fresh directory, then `plugin` on top (named `top`).

@@ -21,7 +21,7 @@ mod logs;
 mod plugin_kit;
 
 use logs::{capture_logs, log_lines};
-use plugin_kit::volume;
+use plugin_kit::{dump_value, up, volume};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -62,23 +62,6 @@ fn opts(module: &Path, more: &[(&str, &str)]) -> Vec<(&'static str, String)> {
         o.push((Box::leak(k.to_string().into_boxed_str()), v.to_string()));
     }
     o
-}
-
-async fn up(volfile: &str, registry: &Registry) -> Graph {
-    let graph =
-        Graph::from_str(volfile, "plugins.vol", registry).unwrap_or_else(|e| panic!("graph builds: {e}\n{volfile}"));
-    graph.activate();
-    graph.wait_up(Duration::from_secs(20)).await.expect("graph comes up");
-    graph
-}
-
-fn dump_value(graph: &Graph, key: &str) -> String {
-    graph
-        .dump()
-        .into_iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v)
-        .unwrap_or_else(|| panic!("no {key} in {:?}", graph.dump()))
 }
 
 // ---- the foundation workload ---------------------------------------------

@@ -42,12 +42,9 @@ fn policy_value(kind: &str, name: &str) -> String {
     format!("{kind}:{}", module(kind, name).display())
 }
 
+/// [`plugin_kit::up`] with the built-in registry.
 async fn up(volfile: &str) -> Graph {
-    let graph = Graph::from_str(volfile, "policy.vol", &Registry::builtin())
-        .unwrap_or_else(|e| panic!("graph builds: {e}\n{volfile}"));
-    graph.activate();
-    graph.wait_up(Duration::from_secs(20)).await.expect("graph comes up");
-    graph
+    plugin_kit::up(volfile, &Registry::builtin()).await
 }
 
 use workload::dump_value;

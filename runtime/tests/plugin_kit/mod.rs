@@ -14,7 +14,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use xlfs_runtime::graph::Graph;
+use xlfs_runtime::registry::Registry;
 
 /// The text of one volfile volume: `type`, options and subvolumes.
 pub fn volume(name: &str, ty: &str, options: &[(&str, String)], subvolumes: &[&str]) -> String {
@@ -109,4 +112,24 @@ pub fn dylib(name: &str) -> PathBuf {
     let p = target_dir().join("release").join(file);
     assert!(p.is_file(), "{} was not built", p.display());
     p
+}
+
+/// Builds the graph in `volfile` with `registry`, activates it and waits
+/// until it is up (panics, showing the volfile, when it does not build).
+pub async fn up(volfile: &str, registry: &Registry) -> Graph {
+    let graph =
+        Graph::from_str(volfile, "plugins.vol", registry).unwrap_or_else(|e| panic!("graph builds: {e}\n{volfile}"));
+    graph.activate();
+    graph.wait_up(Duration::from_secs(20)).await.expect("graph comes up");
+    graph
+}
+
+/// The value of `key` in the graph's dump; panics, listing the dump, when
+/// it is not there.
+pub fn dump_value(graph: &Graph, key: &str) -> String {
+    let dump = graph.dump();
+    match dump.iter().find(|(k, _)| k == key) {
+        Some((_, v)) => v.clone(),
+        None => panic!("no {key} in {dump:?}"),
+    }
 }
