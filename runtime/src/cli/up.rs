@@ -59,6 +59,10 @@ pub struct UpArgs {
     /// KEY=VALUE (e.g. lock-contention-policy=inodelk-count); repeatable.
     #[arg(long = "afr", value_name = "KEY=VALUE")]
     pub afr: Vec<String>,
+    /// storage/posix options for every brick, as KEY=VALUE (e.g.
+    /// o-direct-min-size=0); repeatable.
+    #[arg(long = "posix", value_name = "KEY=VALUE")]
+    pub posix: Vec<String>,
     /// Do not start the self-heal daemon.
     #[arg(long)]
     pub no_shd: bool,
@@ -106,9 +110,14 @@ pub enum UpError {
         /// What runs.
         running: String,
     },
-    /// A `--afr` value is not KEY=VALUE.
-    #[error("--afr {0:?}: expected KEY=VALUE with no whitespace")]
-    BadOption(String),
+    /// A `--afr` or `--posix` value is not KEY=VALUE.
+    #[error("{flag} {value:?}: expected KEY=VALUE with no whitespace")]
+    BadOption {
+        /// The flag.
+        flag: &'static str,
+        /// The value given.
+        value: String,
+    },
     /// Some processes did not stop.
     #[error("still running after {STOP_TIMEOUT:?}: {0}")]
     NotStopped(String),
@@ -209,16 +218,8 @@ struct Started {
 
 impl UpArgs {
     pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
-        let afr = self
-            .afr
-            .iter()
-            .map(|kv| match kv.split_once('=') {
-                Some((k, v)) if !k.is_empty() && !v.is_empty() && !kv.contains(char::is_whitespace) => {
-                    Ok((k.to_string(), v.to_string()))
-                }
-                _ => Err(UpError::BadOption(kv.clone())),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let afr = key_values("--afr", &self.afr)?;
+        let posix = key_values("--posix", &self.posix)?;
         let lay = Layout::new(&self.dir)?;
         let running: Vec<String> =
             Layout::names().iter().filter_map(|n| lay.running(n).map(|p| format!("{n} pid {p}"))).collect();
@@ -238,7 +239,7 @@ impl UpArgs {
         let (no_shd, options) = (self.no_shd, self.options);
         let report = tokio::task::spawn_blocking(move || {
             let mut started = Vec::new();
-            match start_all(&lay, &afr, &perf, no_shd, options.as_deref(), &mut started) {
+            match start_all(&lay, &afr, &posix, &perf, no_shd, options.as_deref(), &mut started) {
                 Ok(lines) => Ok(lines),
                 Err(e) => {
                     stop(&lay, &started);
@@ -254,10 +255,23 @@ impl UpArgs {
     }
 }
 
+/// Parses repeated `flag KEY=VALUE` arguments.
+fn key_values(flag: &'static str, list: &[String]) -> Result<Vec<(String, String)>, UpError> {
+    list.iter()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) if !k.is_empty() && !v.is_empty() && !kv.contains(char::is_whitespace) => {
+                Ok((k.to_string(), v.to_string()))
+            }
+            _ => Err(UpError::BadOption { flag, value: kv.clone() }),
+        })
+        .collect()
+}
+
 /// Starts the bricks, the heal daemon and the mount; returns the report.
 fn start_all(
     lay: &Layout,
     afr: &[(String, String)],
+    posix: &[(String, String)],
     perf: &[String],
     no_shd: bool,
     options: Option<&str>,
@@ -276,6 +290,9 @@ fn start_all(
         let mut cmd = Command::new(&exe);
         cmd.arg("brick").arg("--dir").arg(&dir).args(["--port", "0", "--host", "127.0.0.1", "--allow", "127.0.0.1"]);
         cmd.arg("--log-file").arg(&log);
+        for (k, v) in posix {
+            cmd.arg("--posix").arg(format!("{k}={v}"));
+        }
         let (child, line) = spawn_daemon(cmd, &name, &log, |l| l.starts_with("xlfs brick: serving "))?;
         started.push(Started { name: name.clone(), pid: child.id() });
         lay.record(&name, child.id())?;

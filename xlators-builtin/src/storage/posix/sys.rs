@@ -441,6 +441,42 @@ pub(crate) fn chmod_at_nofollow(dir: BorrowedFd<'_>, path: &CStr, mode: u32) -> 
     chmod_fd_path(std::os::fd::AsFd::as_fd(&fd), mode)
 }
 
+/// Opens the file behind `fd` again with `flags` (no O_CREAT or O_TRUNC),
+/// through its `/proc/self/fd` link.
+pub(crate) fn reopen(fd: BorrowedFd<'_>, flags: i32) -> Sys<OwnedFd> {
+    let p = proc_path(fd.as_raw_fd(), b"")?;
+    let fd = sys!(libc::open(p.as_ptr(), (flags & !(libc::O_CREAT | libc::O_TRUNC)) | libc::O_CLOEXEC))?;
+    // SAFETY: `open` just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Most bytes of the per-thread aligned buffer [`with_aligned_copy`] keeps.
+const ALIGNED_KEPT: usize = 4 << 20;
+
+thread_local! {
+    static ALIGNED: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` on an [`ALIGN`]-aligned copy of `data`, in a buffer kept per
+/// thread (up to [`ALIGNED_KEPT`] bytes) so that a stream of large writes
+/// does not fault fresh pages in for every copy.
+pub(crate) fn with_aligned_copy<R>(data: &[u8], f: impl FnOnce(&[u8]) -> Sys<R>) -> Sys<R> {
+    if data.len() > ALIGNED_KEPT {
+        return f(AlignedBuf::copy_of(data)?.as_slice());
+    }
+    ALIGNED.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let mut buf = match slot.take() {
+            Some(b) if b.capacity() >= data.len() => b,
+            _ => AlignedBuf::zeroed(data.len().max(1 << 20))?,
+        };
+        buf.prefix_mut(data.len())?.copy_from_slice(data);
+        let r = f(&buf.as_slice()[..data.len()]);
+        *slot = Some(buf);
+        r
+    })
+}
+
 /// True when the process runs as root.
 pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -483,6 +519,21 @@ impl AlignedBuf {
     pub(crate) fn as_slice(&self) -> &[u8] {
         // SAFETY: `ptr` points to at least `len` initialised bytes we own.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Bytes allocated (at least `len`).
+    pub(crate) fn capacity(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// The first `n` bytes of the allocation, mutably (`n` ≤ capacity).
+    pub(crate) fn prefix_mut(&mut self, n: usize) -> Sys<&mut [u8]> {
+        if n > self.capacity() {
+            return Err(Errno::EINVAL);
+        }
+        self.len = self.len.max(n);
+        // SAFETY: the allocation holds `capacity` zero-initialised bytes we own.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), n) })
     }
 
     /// The bytes, mutably.

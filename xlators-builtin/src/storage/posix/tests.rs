@@ -1,6 +1,6 @@
 //! Tests of storage/posix against real directories.
 
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 
@@ -1421,4 +1421,72 @@ async fn lookup_returns_small_file_content_when_asked() {
     for f in [fd, bfd, efd] {
         e.release(f).await;
     }
+}
+
+/// Pages of `path` in the page cache (mincore over a shared mapping).
+fn resident_pages(path: &Path) -> usize {
+    let f = std::fs::File::open(path).expect("open");
+    let len = f.metadata().expect("stat").len() as usize;
+    if len == 0 {
+        return 0;
+    }
+    let page = 4096;
+    // SAFETY: a read-only shared mapping of an open file, unmapped below;
+    // mincore writes one byte per page into a vector of that many bytes.
+    unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0);
+        assert_ne!(p, libc::MAP_FAILED, "mmap");
+        let mut vec = vec![0u8; len.div_ceil(page)];
+        assert_eq!(libc::mincore(p, len, vec.as_mut_ptr()), 0, "mincore");
+        libc::munmap(p, len);
+        vec.iter().filter(|b| **b & 1 != 0).count()
+    }
+}
+
+#[tokio::test]
+async fn large_aligned_writes_go_around_the_page_cache() {
+    let mb = 1usize << 20;
+    let data: Vec<u8> = (0..mb).map(|i| (i % 251) as u8).collect();
+    // Off: every byte goes through the page cache.
+    let e = env_with(&[("o-direct-min-size", "0")]);
+    let (g, fd) = e.create(Gfid::ROOT, "buffered").await;
+    e.write(fd, 0, &data).await;
+    assert_eq!(resident_pages(&e.handle_path(g)), 256, "buffered 1 MiB write: every page cached");
+    // Default: a 1 MiB write at an aligned offset skips the cache (when the
+    // file system takes O_DIRECT at all: a probe decides), from an
+    // unaligned buffer too; smaller, unaligned and O_APPEND writes do not.
+    let e = env();
+    let probe = e.brick.join("probe");
+    let supported =
+        std::fs::OpenOptions::new().write(true).create(true).custom_flags(libc::O_DIRECT).open(&probe).is_ok_and(|f| {
+            let buf = sys::AlignedBuf::zeroed(4096).expect("buf");
+            // SAFETY: an aligned 4 KiB buffer written to an open fd.
+            unsafe { libc::pwrite(f.as_raw_fd(), buf.as_slice().as_ptr().cast(), 4096, 0) == 4096 }
+        });
+    std::fs::remove_file(&probe).expect("rm probe");
+    let (g, fd) = e.create(Gfid::ROOT, "direct").await;
+    let unaligned = Bytes::from([vec![0u8], data.clone()].concat()).slice(1..);
+    let r = e.reply(Fop::Writev { fd, data: unaligned, offset: mb as u64, flags: 0 }).await;
+    assert!(matches!(r, Ok(Reply::PrePost { post, .. }) if post.size == 2 * mb as u64), "{r:?}");
+    e.write(fd, 0, &data).await;
+    let path = e.handle_path(g);
+    if supported {
+        assert_eq!(resident_pages(&path), 0, "1 MiB aligned writes left pages cached");
+    }
+    e.write(fd, 3 * mb as u64 + 1, &data[..4096]).await; // unaligned offset: buffered
+    e.write(fd, 0, &data[..256 * 1024]).await; // below the threshold: buffered
+    if supported {
+        assert_eq!(resident_pages(&path), 2 + 64, "small and unaligned writes are buffered");
+    }
+    assert_eq!(e.read(fd, 0, mb as u32).await.expect("read"), data);
+    assert_eq!(e.read(fd, mb as u64, mb as u32).await.expect("read"), data);
+    assert_eq!(e.read(fd, 3 * mb as u64 + 1, 4096).await.expect("read"), &data[..4096]);
+    // An O_APPEND fd appends whatever the offset says: never through the twin.
+    let app = e.open(g, libc::O_WRONLY | libc::O_APPEND).await.expect("open append");
+    e.write(app, 0, &data).await;
+    let size = std::fs::metadata(&path).expect("stat").len();
+    assert_eq!(size, 3 * mb as u64 + 1 + 4096 + mb as u64, "the append went to the end");
+    assert_eq!(e.read(fd, size - mb as u64, mb as u32).await.expect("read"), data);
+    e.release(app).await;
+    e.release(fd).await;
 }
