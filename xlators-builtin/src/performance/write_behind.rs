@@ -94,6 +94,9 @@ pub const MAX_ENTRIES: usize = 1024;
 pub const MAX_IN_FLIGHT: usize = 16;
 /// Bytes queued over all inodes are bounded by this many `cache-size`s.
 pub const TOTAL_WINDOWS: u64 = 16;
+/// How long a partial write of an inode that fsyncs follow waits for that
+/// fsync before it is sent anyway (and the inode trickles again).
+pub const SYNC_HOLD: std::time::Duration = std::time::Duration::from_millis(1);
 
 const OPTIONS: &[OptionDecl] = &[
     OptionDecl::new("cache-size", OptType::Size).default("4MB").range(524288.0, 1073741824.0).desc(
@@ -241,6 +244,12 @@ struct InodeWb {
     drainers: u32,
     /// Background flushes not yet answered by the child.
     bg: u32,
+    /// Fsyncs follow this inode's writes (an fsync found writes queued or
+    /// in flight): a partial tail waits up to [`SYNC_HOLD`] for the fsync
+    /// to carry it instead of trickling ahead of it.
+    sync_heavy: bool,
+    /// A [`SYNC_HOLD`] timer is armed.
+    hold_timer: bool,
     last_used: u64,
     notify: Arc<Notify>,
 }
@@ -257,6 +266,8 @@ impl InodeWb {
             busy: 0,
             drainers: 0,
             bg: 0,
+            sync_heavy: false,
+            hold_timer: false,
             last_used: tick,
             notify: Arc::new(Notify::new()),
         }
@@ -363,6 +374,7 @@ struct Stats {
     retries: u64,
     evictions: u64,
     flushes_behind: u64,
+    fsyncs_merged: u64,
 }
 
 struct Table {
@@ -569,6 +581,7 @@ impl Inner {
         }
         let conf = t.conf;
         let mut sends = Vec::new();
+        let mut arm = false;
         {
             let Some(i) = t.inodes.get_mut(&gfid) else { return };
             let n = i.entries.len();
@@ -587,7 +600,9 @@ impl Inner {
                     break;
                 }
                 let partial_tail = idx + 1 == n && e.len < conf.aggregate;
-                if partial_tail && i.drainers == 0 && !(conf.trickling && in_flight == 0) {
+                let trickle = conf.trickling && in_flight == 0;
+                if partial_tail && i.drainers == 0 && !(trickle && !i.sync_heavy) {
+                    arm = trickle && !i.hold_timer;
                     break;
                 }
                 let e = &mut i.entries[idx];
@@ -596,6 +611,24 @@ impl Inner {
                 let fop = Fop::Writev { fd: e.fd, data: e.data(), offset: e.offset, flags: e.flags };
                 sends.push((e.seq, e.ctx.clone(), Request::with_xdata(fop, e.xdata.clone()), e.len));
             }
+            if arm {
+                i.hold_timer = true;
+            }
+        }
+        if arm {
+            let inner = self.clone();
+            self.spawn(t, async move {
+                tokio::time::sleep(SYNC_HOLD).await;
+                let mut t = inner.t.lock();
+                if let Some(i) = t.inodes.get_mut(&gfid) {
+                    i.hold_timer = false;
+                    // No fsync came for the held write: trickle again.
+                    if i.entries.iter().any(|e| e.state == State::Queued) {
+                        i.sync_heavy = false;
+                    }
+                }
+                inner.pump(&mut t, gfid);
+            });
         }
         for (seq, ctx, req, len) in sends {
             t.stats.batches_sent += 1;
@@ -902,8 +935,54 @@ impl Inner {
         self.forward(target, ctx, req).await
     }
 
+    /// Takes the inode's only queued write, when nothing else of it is
+    /// queued or in flight, to send it as the fsync's own write (with
+    /// O_DSYNC, or O_SYNC for a full fsync). Notes that fsyncs follow the
+    /// inode's writes when it has any.
+    fn take_for_fsync(&self, gfid: Gfid, datasync: bool) -> Option<(u64, CallCtx, Request)> {
+        let mut guard = self.t.lock();
+        let t = &mut *guard;
+        if t.closed || !have_runtime() {
+            return None;
+        }
+        let i = t.inodes.get_mut(&gfid)?;
+        if i.entries.is_empty() {
+            return None;
+        }
+        i.sync_heavy = true;
+        let [e] = i.entries.make_contiguous() else { return None };
+        if e.state != State::Queued {
+            return None;
+        }
+        e.state = State::InFlight;
+        let sync = if datasync { O_DSYNC } else { O_SYNC };
+        let fop = Fop::Writev { fd: e.fd, data: e.data(), offset: e.offset, flags: e.flags | sync };
+        let req = Request::with_xdata(fop, e.xdata.clone());
+        let (seq, ctx, len) = (e.seq, e.ctx.clone(), e.len);
+        t.stats.fsyncs_merged += 1;
+        t.stats.batches_sent += 1;
+        t.stats.bytes_sent += len;
+        Some((seq, ctx, req))
+    }
+
     async fn fsync(self: &Arc<Self>, ctx: CallCtx, req: Request) -> FopResult {
         let fd = req.fop.fd().copied().unwrap_or_default();
+        let datasync = matches!(req.fop, Fop::Fsync { datasync: true, .. });
+        // Write and fsync in one round: the brick fsyncs the file right
+        // after this write, and every other write of the inode has already
+        // completed there, so the fsync covers them too.
+        if let Some((seq, wctx, wreq)) = self.take_for_fsync(fd.gfid, datasync) {
+            let res = self.child.call(wctx, wreq).await;
+            let reply = res.as_ref().ok().map(|r| r.reply.clone());
+            self.landed(fd.gfid, seq, res);
+            if let Some(e) = self.t.lock().take_error(&fd) {
+                return Err(e);
+            }
+            return match reply {
+                Some(r @ Reply::PrePost { .. }) => Ok(Response::from(r)),
+                _ => Err(Errno::EIO),
+            };
+        }
         self.drain(fd.gfid, false).await;
         if let Some(e) = self.t.lock().take_error(&fd) {
             return Err(e);
@@ -1120,6 +1199,7 @@ impl Xlator for WriteBehind {
             ("retries", s.retries.to_string()),
             ("evictions", s.evictions.to_string()),
             ("flushes-behind", s.flushes_behind.to_string()),
+            ("fsyncs-merged", s.fsyncs_merged.to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use xlfs_sdk::dict::keys::INODELK_COUNT;
 use xlfs_sdk::policy::lock_contention::{Decision, LockEvent, LockView};
-use xlfs_sdk::{CallCtx, Errno, Fd, FopResult, Gfid, Request, Value};
+use xlfs_sdk::{CallCtx, Errno, Fd, Fop, FopResult, Gfid, Request, Value};
 
 use super::Inner;
 use super::lock::{Held, Target};
@@ -302,13 +302,20 @@ impl Inner {
         if cfg.policy.interest().inodelk_count && !asked_count {
             req.xdata.set(INODELK_COUNT, Value::Str(self.name.clone()));
         }
+        // An O_SYNC / O_DSYNC write fsyncs the file after it on each child
+        // (write-behind sends fsyncs that way): the writes finished before
+        // it are then durable wherever it succeeded.
+        let sync_mark =
+            matches!(&req.fop, Fop::Writev { flags, .. } if *flags as i32 & (libc::O_SYNC | libc::O_DSYNC) != 0)
+                .then(|| self.write_mark(gfid));
         let mut out = evaluate(self.fan(ctx, targets, &req).await);
         if out.ok != 0 {
             out.failed |= tok.members & !targets;
         }
         self.check_fop_quorum(&mut out);
+        let synced = sync_mark.filter(|_| out.failed == 0 && out.ok == all(self.children.len()));
         let (failed, count) = (out.failed, out.inodelk_count);
-        self.finish(tok, failed, count, out.ok != 0).await;
+        self.finish(tok, failed, count, out.ok != 0, synced).await;
         out.result
     }
 
@@ -470,8 +477,11 @@ impl Inner {
         Ok(members)
     }
 
-    /// Ends a transaction of the window.
-    async fn finish(self: &Arc<Self>, tok: Token, failed: Mask, inodelk_count: u32, wrote: bool) {
+    /// Ends a transaction of the window. `synced`: it was a write that
+    /// fsynced the file on every child after it, sent when
+    /// [`Inner::write_mark`] was this: those writes are durable, and so is
+    /// this one unless others finished while it ran.
+    async fn finish(self: &Arc<Self>, tok: Token, failed: Mask, inodelk_count: u32, wrote: bool, synced: Option<u64>) {
         let st = tok.st;
         let job = {
             let mut s = st.s.lock();
@@ -479,8 +489,12 @@ impl Inner {
             if let Some(p) = s.ranges.iter().position(|r| *r == tok.range) {
                 s.ranges.swap_remove(p);
             }
+            let alone = synced == Some(s.writes);
             if wrote {
                 s.writes += 1;
+            }
+            if let Some(mark) = synced {
+                s.synced = s.synced.max(if alone { s.writes } else { mark });
             }
             s.idle_since = Instant::now();
             let mut why = Why::Policy;

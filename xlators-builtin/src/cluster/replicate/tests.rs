@@ -1061,6 +1061,32 @@ async fn windows_ending_together_share_a_syncfs_per_child() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_write_makes_its_window_durable_without_another_fsync() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    // A plain write, then an O_DSYNC one (write-behind's fsync): the
+    // window ends without a sync of its own.
+    let fd = n.create("f").await.expect("create");
+    n.write(fd, 0, b"plain").await.expect("write");
+    let sync = Fop::Writev { fd, data: Bytes::from_static(b"+sync"), offset: 5, flags: libc::O_DSYNC as u32 };
+    n.call(sync).await.expect("sync write");
+    n.close(fd).await;
+    n.quiesce().await;
+    for i in 0..N {
+        assert_eq!(n.seen(i, &[FopKind::Fsync]), 0, "child {i}");
+        assert_eq!(c.read(i, "f"), b"plain+sync");
+    }
+    // Without it, the window's end syncs what it wrote.
+    let fd = n.create("g").await.expect("create");
+    n.write(fd, 0, b"plain").await.expect("write");
+    n.close(fd).await;
+    n.quiesce().await;
+    for i in 0..N {
+        assert_eq!(n.seen(i, &[FopKind::Fsync]), 1, "child {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookup_content_comes_only_from_a_copy_a_read_would_use() {
     use xlfs_sdk::Value;
     use xlfs_sdk::dict::keys::CONTENT;

@@ -16,6 +16,8 @@ const REG: u32 = 0o100644;
 struct MemFile {
     data: Mutex<Vec<u8>>,
     calls: Mutex<Vec<(FopKind, u64, u64)>>,
+    /// The flags of every write, in order.
+    write_flags: Mutex<Vec<u32>>,
     gate: Mutex<Option<Arc<Semaphore>>>,
     fail_writes: AtomicU32,
 }
@@ -52,7 +54,8 @@ impl Xlator for MemFile {
             };
             self.calls.lock().push((req.fop.kind(), off, len));
             let reply = match req.fop {
-                Fop::Writev { data, offset, .. } => {
+                Fop::Writev { data, offset, flags, .. } => {
+                    self.write_flags.lock().push(flags);
                     let gate = self.gate.lock().clone();
                     if let Some(g) = gate {
                         g.acquire().await.map_err(|_| Errno::EIO)?.forget();
@@ -547,4 +550,49 @@ fn the_inode_table_is_bounded_by_evicting_idle_inodes() {
         i.busy = 1;
     }
     assert!(t.slot(gfid(MAX_INODES * 3)).is_none());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_fsync_carries_the_write_before_it_and_a_held_write_goes_out_anyway() {
+    let (xl, file) = setup(&[]);
+    open(&xl, 1, 0).await;
+    // The first write trickles ahead; the fsync that finds it still in
+    // flight marks the file as one that fsyncs follow.
+    write_ok(&xl, fd(1), 0, vec![1; 100]).await;
+    fsync(&xl, fd(1)).await.expect("fsync");
+    assert_eq!(file.kinds().iter().filter(|k| **k == FopKind::Fsync).count(), 1);
+    assert_eq!(dump(&xl, "fsyncs-merged"), 0);
+
+    // Now a partial write waits for its fsync, which sends it with O_SYNC
+    // (O_DSYNC for fdatasync) instead of a write and then an fsync.
+    for (round, datasync, sync) in [(1u8, false, O_SYNC), (2, true, O_DSYNC)] {
+        let before = file.calls().len();
+        write_ok(&xl, fd(1), 100 * u64::from(round), vec![round + 1; 100]).await;
+        settle().await;
+        assert_eq!(file.calls().len(), before, "the write is held for the fsync");
+        xl.call(ctx(), Request::new(Fop::Fsync { fd: fd(1), datasync })).await.expect("fsync");
+        assert_eq!(file.kinds()[before..], [FopKind::Writev], "one write, no separate fsync");
+        assert_eq!(file.write_flags.lock().last().copied(), Some(sync));
+        assert_eq!(dump(&xl, "fsyncs-merged"), u64::from(round));
+    }
+    assert_eq!(*file.data.lock(), [vec![1u8; 100], vec![2; 100], vec![3; 100]].concat());
+
+    // A merged write that fails fails its fsync, once.
+    file.fail_writes.store(1, Ordering::SeqCst);
+    write_ok(&xl, fd(1), 300, vec![4; 100]).await;
+    assert_eq!(fsync(&xl, fd(1)).await, Err(Errno::EIO));
+    fsync(&xl, fd(1)).await.expect("the error was reported once");
+
+    // With no fsync coming, the held write goes out after SYNC_HOLD and
+    // the file trickles again.
+    write_ok(&xl, fd(1), 300, vec![5; 100]).await;
+    settle().await;
+    assert_eq!(file.data.lock().len(), 300, "held");
+    tokio::time::sleep(SYNC_HOLD * 2).await;
+    settle().await;
+    assert_eq!(file.data.lock()[300..], [5; 100]);
+    let before = file.calls().len();
+    write_ok(&xl, fd(1), 400, vec![6; 100]).await;
+    settle().await;
+    assert_eq!(file.kinds()[before..], [FopKind::Writev], "trickled at once");
 }

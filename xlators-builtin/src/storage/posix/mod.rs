@@ -1476,7 +1476,10 @@ const INLINE_MAX: usize = 128 * 1024;
 fn inline_ok(fop: &Fop) -> bool {
     match fop {
         Fop::Readv { size, .. } => (*size as usize) <= INLINE_MAX,
-        Fop::Writev { data, .. } => data.len() <= INLINE_MAX,
+        // An O_SYNC / O_DSYNC write fsyncs: the pool, like fsync.
+        Fop::Writev { data, flags, .. } => {
+            data.len() <= INLINE_MAX && *flags as i32 & (libc::O_SYNC | libc::O_DSYNC) == 0
+        }
         Fop::Stat { .. }
         | Fop::Fstat { .. }
         | Fop::Lookup { .. }
