@@ -601,7 +601,7 @@ impl Inner {
                 }
                 let partial_tail = idx + 1 == n && e.len < conf.aggregate;
                 let trickle = conf.trickling && in_flight == 0;
-                if partial_tail && i.drainers == 0 && !(trickle && !i.sync_heavy) {
+                if partial_tail && i.drainers == 0 && (!trickle || i.sync_heavy) {
                     arm = trickle && !i.hold_timer;
                     break;
                 }
