@@ -326,8 +326,14 @@ fn locks_conflict_wait_and_interrupt() {
     // A waiting SETLKW is granted when the holder unlocks.
     let b = Arc::new(b);
     let b2 = b.clone();
-    let waiter = std::thread::spawn(move || fcntl_lock(&b2, libc::F_OFD_SETLKW, libc::F_WRLCK, 0, 5).map(drop));
-    std::thread::sleep(Duration::from_millis(300));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        tx.send(unsafe { libc::gettid() }).expect("send");
+        fcntl_lock(&b2, libc::F_OFD_SETLKW, libc::F_WRLCK, 0, 5).map(drop)
+    });
+    wait_in_syscall(rx.recv().expect("tid"), libc::SYS_fcntl);
+    std::thread::sleep(Duration::from_millis(100));
     assert!(!waiter.is_finished(), "b waits for a");
     fcntl_lock(&a, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 5).expect("a unlocks");
     waiter.join().expect("joins").expect("b granted after a unlocked");
@@ -347,12 +353,13 @@ fn locks_conflict_wait_and_interrupt() {
     let b2 = b.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let waiter = std::thread::spawn(move || {
-        // SAFETY: pthread_self has no preconditions.
-        tx.send(unsafe { libc::pthread_self() }).expect("send");
+        // SAFETY: pthread_self and gettid have no preconditions.
+        tx.send(unsafe { (libc::pthread_self(), libc::gettid()) }).expect("send");
         fcntl_lock(&b2, libc::F_OFD_SETLKW, libc::F_WRLCK, 0, 0).map(drop)
     });
-    let thread = rx.recv().expect("thread id");
-    std::thread::sleep(Duration::from_millis(300));
+    let (thread, tid) = rx.recv().expect("thread id");
+    // The signal must find the thread inside fcntl, not before it.
+    wait_in_syscall(tid, libc::SYS_fcntl);
     assert!(!waiter.is_finished(), "b waits");
     // SAFETY: the thread is alive (it has not finished).
     assert_eq!(unsafe { libc::pthread_kill(thread, libc::SIGUSR1) }, 0);
@@ -399,6 +406,17 @@ fn locks_conflict_wait_and_interrupt() {
 }
 
 /// Waits until `ok` holds (a hang guard of 10 s, not a timing assertion).
+/// Waits until thread `tid` of this process sits in system call `nr`
+/// (`/proc/self/task/TID/syscall` names it while the thread is blocked).
+fn wait_in_syscall(tid: libc::pid_t, nr: libc::c_long) {
+    eventually("the thread is blocked in the system call", || {
+        std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse::<libc::c_long>().ok()))
+            == Some(nr)
+    });
+}
+
 fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !ok() {

@@ -216,7 +216,7 @@ async fn killed_brick_fails_fops_with_enotconn_and_the_client_recovers_on_restar
     let fb = b.open("/before", libc::O_RDWR).await.expect("open b");
     fa.lk(LkCmd::SetLk, Flock::whole(LockType::Write, 0)).await.expect("a locks");
     let blocked = tokio::spawn(async move { fb.lk(LkCmd::SetLkw, Flock::whole(LockType::Write, 0)).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_blocked(&m).await;
     assert!(!blocked.is_finished(), "b waits for a's lock");
 
     brick.kill();
@@ -493,6 +493,17 @@ async fn sigterm_and_sigint_stop_the_brick_with_exit_0() {
     assert!(status.success(), "SIGINT: {status}");
 }
 
+/// Waits until the mount's one call in flight (a lock request that must
+/// wait) has been sent and stays unanswered, then a little longer.
+async fn wait_blocked(m: &Mount) {
+    let deadline = std::time::Instant::now() + GUARD;
+    while m.graph.dump().iter().find(|(k, _)| k.ends_with(".inflight")).map(|(_, v)| v.as_str()) != Some("1") {
+        assert!(std::time::Instant::now() < deadline, "the lock request never went out");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
 /// A brick with one client whose SetLkw is blocked behind the same
 /// client's other lock owner: a call in flight that cannot finish by itself.
 async fn brick_with_a_blocked_waiter() -> (Brick, Mount, JoinHandle<Result<Flock, Errno>>) {
@@ -508,7 +519,7 @@ async fn brick_with_a_blocked_waiter() -> (Brick, Mount, JoinHandle<Result<Flock
         drop(fa);
         r
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_blocked(&m).await;
     assert!(!blocked.is_finished(), "b waits");
     (brick, m, blocked)
 }

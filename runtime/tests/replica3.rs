@@ -263,15 +263,11 @@ async fn pgbench_like(c: &Cluster, policy: &str) -> (u64, u64) {
     g.wait_up(kit::UP_TIMEOUT).await.expect("client up");
     let cl = Client::new(g.top());
     kit::workload::pgbench_like(&cl, &format!("/table-{policy}")).await;
-    let dump = |k: &str| -> u64 {
-        g.dump()
-            .into_iter()
-            .find(|(key, _)| key == &format!("rep3-replicate-0.sent.{k}"))
-            .and_then(|(_, v)| v.parse().ok())
-            .unwrap_or(0)
+    let dump = |k: &str| {
+        kit::workload::dump_value(&g, &format!("rep3-replicate-0.sent.{k}")).and_then(|v| v.parse().ok()).unwrap_or(0)
     };
-    // Let the last eager-lock window end (post-op delay 1 s).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The last eager-lock window ends after the post-op delay (1 s).
+    kit::workload::quiesce(&g).await;
     let r = (dump("INODELK") + dump("FINODELK"), dump("XATTROP") + dump("FXATTROP"));
     g.shutdown();
     r

@@ -81,12 +81,15 @@ pub struct Args {
     /// `wasm:/abs/path/policy.wasm` or `dylib:/abs/path/libpolicy.so`; repeatable.
     #[arg(long, value_name = "SPEC")]
     pub lock_plugin: Vec<String>,
-    /// fio-seq: size of each job's file (default 512m, 128m with --quick).
+    /// fio-seq: size of each job's file (default 512m with one job, 256m
+    /// with more; 128m with --quick).
     #[arg(long)]
     pub fio_size: Option<String>,
-    /// fio-seq: jobs (default 1; seq-read-matrix: 1, 2 and 4, or only this).
-    #[arg(long)]
-    pub numjobs: Option<u32>,
+    /// fio-seq: jobs, one or a comma-separated list run as separate
+    /// workloads (e.g. 1,4; default 1; seq-read-matrix: 1, 2 and 4, or
+    /// these).
+    #[arg(long, value_delimiter = ',')]
+    pub numjobs: Vec<u32>,
     /// smallfile: directories x files each (default 50x100, 10x50 with --quick).
     #[arg(long)]
     pub files: Option<String>,

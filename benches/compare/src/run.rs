@@ -550,10 +550,27 @@ fn quick_tarball(work: &Path) -> Result<PathBuf> {
 
 fn workloads(args: &Args, work: &Path) -> Result<Vec<Workload>> {
     let q = args.quick;
-    let size = args.fio_size.clone().unwrap_or_else(|| (if q { "128m" } else { "512m" }).into());
-    if crate::parse::parse_size(&size).is_none() {
+    if let Some(size) = &args.fio_size
+        && crate::parse::parse_size(size).is_none()
+    {
         bail!("--fio-size {size:?}: expected e.g. 512m or 1g");
     }
+    if args.numjobs.contains(&0) {
+        bail!("--numjobs: a job count must be at least 1");
+    }
+    // Each job's file: the 512 MiB for one job, 4 x 256 MiB for more.
+    let size_for = |nj: u32| {
+        args.fio_size.clone().unwrap_or_else(|| {
+            (if q {
+                "128m"
+            } else if nj > 1 {
+                "256m"
+            } else {
+                "512m"
+            })
+            .into()
+        })
+    };
     let fio = |nj: u32, size: &str| Workload {
         name: format!("fio-seq nj={nj}"),
         script: "fio-seq.sh",
@@ -570,13 +587,17 @@ fn workloads(args: &Args, work: &Path) -> Result<Vec<Workload>> {
     }
     if args.preset == Some(Preset::SeqReadMatrix) {
         let size = args.fio_size.clone().unwrap_or_else(|| (if q { "64m" } else { "256m" }).into());
-        let njs = args.numjobs.map_or(vec![1, 2, 4], |n| vec![n]);
+        let njs = if args.numjobs.is_empty() { vec![1, 2, 4] } else { args.numjobs.clone() };
         return Ok(njs.iter().map(|nj| fio(*nj, &size)).collect());
     }
     let mut v = Vec::new();
     for w in &args.workloads {
         v.push(match w.as_str() {
-            "fio-seq" => fio(args.numjobs.unwrap_or(1), &size),
+            "fio-seq" => {
+                let njs = if args.numjobs.is_empty() { vec![1] } else { args.numjobs.clone() };
+                v.extend(njs.iter().map(|nj| fio(*nj, &size_for(*nj))));
+                continue;
+            }
             "smallfile" => {
                 let files = args.files.clone().unwrap_or_else(|| (if q { "10x50" } else { "50x100" }).into());
                 let (d, f) = files

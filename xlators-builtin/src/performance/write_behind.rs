@@ -48,6 +48,16 @@
 //! sent after the queue drains; release waits for those background flushes
 //! too, so the brick never sees a release before the fd's writes and flush.
 //!
+//! **Fsync in one round.** An fsync that finds its inode's only queued
+//! write not yet sent (and nothing in flight) sends that write with
+//! `O_DSYNC` (`O_SYNC` for a full fsync) and answers with its reply: the
+//! child writes and then fsyncs the file, and every other write of the
+//! inode has already completed there, so one round does what a write
+//! round and an fsync round did. An fsync that finds writes queued or in
+//! flight marks the inode as one that fsyncs follow; its partial tail then
+//! waits up to [`SYNC_HOLD`] for the fsync instead of trickling ahead (if
+//! none comes, it is sent and the inode trickles again).
+//!
 //! **Writes not delayed.** Writes with `O_SYNC`/`O_DSYNC` (in the write's
 //! flags or the fd's open flags, recorded from open and create), on
 //! `O_APPEND` fds (the brick chooses their offset) and, with

@@ -109,8 +109,9 @@ const OPTIONS: &[OptionDecl] = &[
          aggregated 1MB writes), go around the brick's page cache (O_DIRECT through a second descriptor): the \
          brick copies no data into memory it then has to write back, which was 40% of the CPU of a sequential \
          write on a replica-3 volume on one machine. Smaller or unaligned writes, O_APPEND fds and file systems \
-         without O_DIRECT stay buffered. Reads of such data come from the disk, not the brick's cache. 0: off \
-         (GlusterFS's behaviour).",
+         without O_DIRECT stay buffered, and so does everything on a tmpfs or ramfs brick (its pages are the \
+         store: nothing to go around, and the aligned copy would only cost). Reads of such data come from the disk, not the \
+         brick's cache. 0: off (GlusterFS's behaviour).",
     ),
 ];
 
@@ -249,6 +250,8 @@ struct Inner {
     inline: AtomicBool,
     /// `o-direct-min-size` (0: off).
     direct_min: AtomicU64,
+    /// The brick is on tmpfs or ramfs: `o-direct-min-size` does not apply.
+    in_memory: bool,
     fds: FdSlots<Arc<OpenFd>>,
     nfds: AtomicUsize,
     /// Open fds per inode (entries exist only while some fd is open).
@@ -270,6 +273,7 @@ impl Posix {
             max_fds: AtomicUsize::new(max),
             inline: AtomicBool::new(o.bool("inline-fops").unwrap_or(true)),
             direct_min: AtomicU64::new(o.size("o-direct-min-size").unwrap_or(DIRECT_MIN_DEFAULT)),
+            in_memory: sys::in_memory(brick.root_fd()),
             shared: AtomicU64::new(o.int("shared-brick-count").and_then(|v| u64::try_from(v).ok()).unwrap_or(1).max(1)),
             // The counter bounds the total; the slot map's own capacity only
             // backs it up (it is per shard).
@@ -682,7 +686,8 @@ impl Inner {
                 let file = f.file()?;
                 let pre = f.iatt()?;
                 let min = self.direct_min.load(Ordering::Relaxed);
-                let around = min != 0 && data.len() as u64 >= min && direct_aligned(offset, data.len());
+                let around =
+                    min != 0 && !self.in_memory && data.len() as u64 >= min && direct_aligned(offset, data.len());
                 match around.then(|| f.bypass()).flatten() {
                     Some(twin) => write_direct(twin, file, &data, offset)?,
                     None if f.direct => write_direct(file, file, &data, offset)?,

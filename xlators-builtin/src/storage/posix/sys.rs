@@ -103,6 +103,21 @@ pub(crate) fn fstat(fd: BorrowedFd<'_>) -> Sys<libc::stat> {
     Ok(unsafe { st.assume_init() })
 }
 
+/// True when `fd` is on a file system kept in memory (tmpfs, ramfs), where
+/// going around the page cache saves nothing: the pages are the store.
+pub(crate) fn in_memory(fd: BorrowedFd<'_>) -> bool {
+    let mut st = MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: a valid fd and a buffer of the right type.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: fstatfs succeeded and filled the buffer.
+    let t = unsafe { st.assume_init() }.f_type;
+    // ramfs's magic number (linux/magic.h); libc does not export it.
+    const RAMFS_MAGIC: libc::__fsword_t = 0x8584_58f6;
+    t == libc::TMPFS_MAGIC || t == RAMFS_MAGIC
+}
+
 /// `fstatvfs`.
 pub(crate) fn fstatvfs(fd: BorrowedFd<'_>) -> Sys<libc::statvfs> {
     let mut st = MaybeUninit::<libc::statvfs>::uninit();
