@@ -624,6 +624,29 @@ pub fn run_xlfs<S: AsRef<OsStr>>(args: &[S]) -> Output {
     Output { status, stdout: out_t.join().expect("stdout reader"), stderr: err_t.join().expect("stderr reader") }
 }
 
+/// A tmpfs of a given size mounted on a directory for one test (root only:
+/// `None` otherwise), detached when dropped.
+pub struct SmallTmpfs(PathBuf);
+
+impl SmallTmpfs {
+    /// Mounts a tmpfs of `size` (e.g. `48m`) on the existing directory `at`.
+    pub fn mount(at: &Path, size: &str) -> Option<SmallTmpfs> {
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallTmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 /// This test binary run again as a separate process that plays a role:
 /// the test `test_name` (marked `#[ignore]`, so that it only runs when
 /// asked) reads its role from the environment variable [`ROLE_VAR`],

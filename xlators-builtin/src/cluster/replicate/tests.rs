@@ -1061,6 +1061,18 @@ async fn windows_ending_together_share_a_syncfs_per_child() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_a_majority_refuses_fails_with_their_error() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    let fd = n.create("f").await.expect("create");
+    // Two full bricks out of three: quorum is lost, and the writer learns
+    // why (ENOSPC), not ENOTCONN.
+    n.fail(1, &[FopKind::Writev], Errno::ENOSPC);
+    n.fail(2, &[FopKind::Writev], Errno::ENOSPC);
+    assert_eq!(n.write(fd, 0, b"x").await.err(), Some(Errno::ENOSPC));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sync_write_makes_its_window_durable_without_another_fsync() {
     let c = Cluster::new();
     let n = c.node("client-a", &[]);

@@ -55,6 +55,8 @@ pub struct Outcome {
     pub result: FopResult,
     /// The highest inodelk count in the replies.
     pub inodelk_count: u32,
+    /// The error of the children that failed (ENOTCONN only if no other).
+    pub error: Option<Errno>,
 }
 
 /// Sums up the children's answers to a fop sent to `targets`.
@@ -86,7 +88,7 @@ pub fn evaluate(results: Vec<(usize, FopResult)>) -> Outcome {
         Some(r) => Ok(r),
         None => Err(err.unwrap_or(Errno::ENOTCONN)),
     };
-    Outcome { ok, failed, result, inodelk_count }
+    Outcome { ok, failed, result, inodelk_count, error: err }
 }
 
 impl Inner {
@@ -173,11 +175,15 @@ impl Inner {
         self.cfg().quorum.met(m, self.children.len())
     }
 
-    /// Fails an outcome whose successes do not make a quorum.
+    /// Fails an outcome whose successes do not make a quorum, with the
+    /// error the other children gave (ENOSPC from full bricks reaches the
+    /// writer as ENOSPC), else the quorum errno (as GlusterFS's
+    /// `afr_handle_quorum`).
     pub fn check_fop_quorum(&self, out: &mut Outcome) {
         if out.ok != 0 && self.cfg().quorum.enabled() && !self.has_quorum(out.ok) {
-            tracing::warn!(volume = %self.name, ok = out.ok, "failing fop: it succeeded on too few children for quorum");
-            out.result = Err(QUORUM_ERRNO);
+            let e = out.error.filter(|e| *e != Errno::ENOTCONN).unwrap_or(QUORUM_ERRNO);
+            tracing::warn!(volume = %self.name, ok = out.ok, error = %e, "failing fop: it succeeded on too few children for quorum");
+            out.result = Err(e);
         }
     }
 
@@ -205,7 +211,7 @@ impl Inner {
         fd: Option<Fd>,
         req: Request,
     ) -> (Outcome, Mask) {
-        let fail = |e| (Outcome { ok: 0, failed: 0, result: Err(e), inodelk_count: 0 }, 0);
+        let fail = |e| (Outcome { ok: 0, failed: 0, result: Err(e), inodelk_count: 0, error: Some(e) }, 0);
         let up = match self.require_quorum() {
             Ok(up) => up,
             Err(e) => return fail(e),

@@ -42,6 +42,7 @@
 //! - Reads, rchecksum and similar buffers are bounded by [`MAX_IO`].
 
 mod handle;
+mod reserve;
 mod sys;
 #[cfg(test)]
 mod tests;
@@ -103,6 +104,14 @@ const OPTIONS: &[OptionDecl] = &[
          each to the blocking thread pool: two thread hand-offs fewer per fop, about 14% more pgbench TPS on a \
          replica-3 mount on 2 cores. fsync, directory and namespace fops always use the pool. Off: every fop \
          on the pool (GlusterFS's io-threads model), for disks where a page-cache miss is slow.",
+    ),
+    OptionDecl::new("reserve", OptType::Str).default(RESERVE_DEFAULT).desc(
+        "Space the brick keeps free (GlusterFS's storage.reserve): a percentage of its file system (a bare \
+         number or N%, 0 to 100; 0 turns it off) or a size (40MB). While less is available, writes, fallocate, \
+         zero-fill, copy_file_range and the fops that make inodes fail with ENOSPC before changing anything; \
+         deletes, truncation, renames and xattr fops (replicate's changelog) still work, and writes go through \
+         again once space is freed. Checked on each such fop: statfs at most every 100 ms while more than twice \
+         the reserve is left, on every such fop closer to it (bricks sharing a file system see each other).",
     ),
     OptionDecl::new("o-direct-min-size", OptType::Size).default("512KB").desc(
         "Writes of at least this many bytes, at a 4 KiB-aligned offset and of a 4 KiB multiple (write-behind's \
@@ -173,6 +182,8 @@ enum SetupError {
     Brick(#[from] BrickError),
     #[error("option 'volume-id': '{0}' is not a uuid")]
     BadVolumeId(String),
+    #[error("option 'reserve': '{0}' is neither a percentage (0 to 100, e.g. 1 or 2.5%) nor a size (e.g. 40MB)")]
+    BadReserve(String),
     #[error(
         "option 'volume-id' is {configured} but brick {path} has {VOLUME_ID_XATTR} {found}: \
          this directory belongs to another volume"
@@ -186,6 +197,14 @@ fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
     let name = init.name.clone();
     Posix::new(init).map(|p| Arc::new(p) as Arc<dyn Xlator>).map_err(|e| InitError::new(format!("{name}: {e}")))
 }
+
+fn parse_reserve(o: &Options) -> Result<reserve::Spec, SetupError> {
+    let raw = o.str("reserve").unwrap_or(RESERVE_DEFAULT);
+    reserve::Spec::parse(raw).ok_or_else(|| SetupError::BadReserve(raw.to_string()))
+}
+
+/// `reserve` when the option is not given (GlusterFS's default).
+const RESERVE_DEFAULT: &str = "1";
 
 fn parse_volume_id(o: &Options) -> Result<Option<Gfid>, SetupError> {
     o.str("volume-id").map(|s| Gfid::parse(s.trim()).ok_or_else(|| SetupError::BadVolumeId(s.to_string()))).transpose()
@@ -252,6 +271,8 @@ struct Inner {
     direct_min: AtomicU64,
     /// The brick is on tmpfs or ramfs: `o-direct-min-size` does not apply.
     in_memory: bool,
+    /// `reserve`.
+    reserve: reserve::Reserve,
     fds: FdSlots<Arc<OpenFd>>,
     nfds: AtomicUsize,
     /// Open fds per inode (entries exist only while some fd is open).
@@ -274,6 +295,7 @@ impl Posix {
             inline: AtomicBool::new(o.bool("inline-fops").unwrap_or(true)),
             direct_min: AtomicU64::new(o.size("o-direct-min-size").unwrap_or(DIRECT_MIN_DEFAULT)),
             in_memory: sys::in_memory(brick.root_fd()),
+            reserve: reserve::Reserve::new(parse_reserve(o)?),
             shared: AtomicU64::new(o.int("shared-brick-count").and_then(|v| u64::try_from(v).ok()).unwrap_or(1).max(1)),
             // The counter bounds the total; the slot map's own capacity only
             // backs it up (it is per shard).
@@ -570,6 +592,8 @@ impl Inner {
 
     fn dispatch(&self, ctx: &CallCtx, req: Request) -> FopResult {
         let Request { fop, xdata } = req;
+        // Held until the fop has finished: its bytes count as pending.
+        let _space = takes_space(&fop).map(|grow| self.reserve.admit(self.brick.root_fd(), grow)).transpose()?;
         match fop {
             Fop::Lookup { loc } => self.lookup(&loc, &xdata),
             Fop::Stat { loc } => {
@@ -1387,6 +1411,21 @@ fn access_ok(st: &libc::stat, ctx: &CallCtx, mask: u32) -> bool {
     bits & mask == mask
 }
 
+/// About how many bytes `fop` takes on the brick's file system, for the
+/// fops the reserve may refuse (None: never refused).
+fn takes_space(fop: &Fop) -> Option<u64> {
+    const INODE: u64 = 4096;
+    match fop {
+        Fop::Writev { data, .. } => Some(data.len() as u64),
+        Fop::Fallocate { len, mode, .. } if mode & libc::FALLOC_FL_PUNCH_HOLE as u32 == 0 => Some(*len),
+        Fop::Zerofill { len, .. } | Fop::CopyFileRange { len, .. } => Some(*len),
+        Fop::Create { .. } | Fop::Mknod { .. } | Fop::Mkdir { .. } | Fop::Symlink { .. } | Fop::Link { .. } => {
+            Some(INODE)
+        }
+        _ => None,
+    }
+}
+
 /// `o-direct-min-size` when the option is not given.
 const DIRECT_MIN_DEFAULT: u64 = 512 * 1024;
 
@@ -1584,6 +1623,7 @@ impl Xlator for Posix {
         }
         self.inner.inline.store(o.bool("inline-fops").unwrap_or(true), Ordering::Relaxed);
         self.inner.direct_min.store(o.size("o-direct-min-size").unwrap_or(DIRECT_MIN_DEFAULT), Ordering::Relaxed);
+        self.inner.reserve.set(parse_reserve(o).map_err(|e| ReconfigureError::Invalid(e.to_string()))?);
         Ok(())
     }
 

@@ -1490,3 +1490,94 @@ async fn large_aligned_writes_go_around_the_page_cache() {
     e.release(app).await;
     e.release(fd).await;
 }
+
+/// A tmpfs of a given size mounted for one test (root only), detached on
+/// every exit path.
+struct SmallFs {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    fn mount(size: &str) -> Option<SmallFs> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let c = |s: &str| CString::new(s).expect("cstr");
+        let (src, at, data) = (c("tmpfs"), c(dir.path().to_str().expect("utf-8")), c(&format!("size={size}")));
+        // SAFETY: valid strings; mounting over our own empty temp dir.
+        let r = unsafe { libc::mount(src.as_ptr(), at.as_ptr(), src.as_ptr(), 0, data.as_ptr().cast()) };
+        (r == 0).then_some(SmallFs { dir })
+    }
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let at = CString::new(self.dir.path().to_str().unwrap_or_default()).unwrap_or_default();
+        // SAFETY: detaching the mount this value made.
+        unsafe { libc::umount2(at.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+fn available(path: &Path) -> u64 {
+    let f = std::fs::File::open(path).expect("open");
+    let v = sys::fstatvfs(f.as_fd()).expect("statvfs");
+    v.f_bavail * v.f_frsize
+}
+
+#[tokio::test]
+async fn the_reserve_refuses_what_takes_space_and_lets_writes_resume() {
+    let Some(fs) = SmallFs::mount("16m") else {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let brick = fs.path().join("brick");
+    std::fs::create_dir(&brick).expect("brick");
+    let mut e = env_with(&[]);
+    e.xl = Arc::new(Posix::new(init(&brick, &[("reserve", "25%")])).expect("posix"));
+    e.brick = brick.clone();
+    let (g, fd) = e.create(Gfid::ROOT, "f").await;
+    let mb = 1usize << 20;
+    let mut written = 0u64;
+    let refused = loop {
+        let chunk = vec![(written >> 20) as u8; mb];
+        match e.reply(Fop::Writev { fd, data: Bytes::from(chunk), offset: written, flags: 0 }).await {
+            Ok(_) => written += mb as u64,
+            Err(err) => break err,
+        }
+        assert!(written < 16 * mb as u64, "the reserve never refused a write");
+    };
+    assert_eq!(refused, Errno::ENOSPC);
+    let left = available(&brick);
+    assert!(left >= 3 * mb as u64, "the reserve (4 MiB) is kept: {left} bytes available");
+    assert!(written >= 8 * mb as u64, "writes went on until the reserve: {written}");
+    // What was written is intact; what makes inodes is refused too; what
+    // replicate's changelog needs and deletes are not.
+    let last = written - mb as u64;
+    assert_eq!(e.read(fd, last, mb as u32).await.expect("read"), vec![(last >> 20) as u8; mb]);
+    assert_eq!(e.try_create(Gfid::ROOT, "g", Dict::new()).await.err(), Some(Errno::ENOSPC));
+    let mkdir = e.entry_of(Fop::Mkdir { loc: Loc::entry(Gfid::ROOT, "d"), mode: 0o755, umask: 0 }, Dict::new()).await;
+    assert_eq!(mkdir.err(), Some(Errno::ENOSPC));
+    let changelog = e.xattrop(g, XattropOp::AddArray, "trusted.afr.v-client-0", &be32(&[1, 0, 0])).await;
+    assert!(changelog.is_ok(), "a changelog xattrop is never refused: {changelog:?}");
+    // Freeing space lets writes through at once.
+    assert!(e.reply(Fop::Ftruncate { fd, offset: 2 * mb as u64 }).await.is_ok());
+    e.write(fd, 2 * mb as u64, &vec![9u8; mb]).await;
+    // Off: writes go until the file system itself is full.
+    e.xl.reconfigure(&options(&brick, &[("reserve", "0")])).expect("reconfigure");
+    let mut at = 3 * mb as u64;
+    let full = loop {
+        match e.reply(Fop::Writev { fd, data: Bytes::from(vec![1u8; mb]), offset: at, flags: 0 }).await {
+            Ok(_) => at += mb as u64,
+            Err(err) => break err,
+        }
+        assert!(at < 32 * mb as u64, "a 16 MiB file system never filled");
+    };
+    assert_eq!(full, Errno::ENOSPC);
+    assert!(available(&brick) < mb as u64, "with no reserve the file system fills");
+    assert!(matches!(
+        e.xl.reconfigure(&options(&brick, &[("reserve", "lots")])),
+        Err(ReconfigureError::Invalid(m)) if m.contains("'reserve'")
+    ));
+    e.release(fd).await;
+}
