@@ -168,8 +168,15 @@ impl BrickArgs {
             return Ok(Plan { text, origin: file.display().to_string() });
         }
         let Some(dir) = &self.dir else { unreachable!("clap requires --volfile or --dir") };
-        let abs = std::fs::canonicalize(dir).map_err(|source| BrickError::Dir { dir: dir.clone(), source })?;
-        if !abs.is_dir() {
+        // Printing the volfile serves nothing: the directory need not exist yet.
+        let abs = match std::fs::canonicalize(dir) {
+            Ok(abs) => abs,
+            Err(_) if self.print_volfile => {
+                std::path::absolute(dir).map_err(|source| BrickError::Dir { dir: dir.clone(), source })?
+            }
+            Err(source) => return Err(BrickError::Dir { dir: dir.clone(), source }.into()),
+        };
+        if !self.print_volfile && !abs.is_dir() {
             return Err(BrickError::NotDir(dir.clone()).into());
         }
         let name = match &self.volume {
@@ -410,6 +417,12 @@ mod tests {
         let mut out = Vec::new();
         b.run(&mut out).await.expect("prints");
         assert_eq!(String::from_utf8(out).expect("utf-8"), expected);
+        // A directory not made yet: printing does not need it; serving does.
+        let later = tmp.path().join("not-yet");
+        let dir = later.to_str().expect("utf-8");
+        let text = brick_args(&["--dir", dir, "--print-volfile"]).expect("args").plan().expect("plan").text;
+        assert!(text.contains(&format!("option directory {dir}\n")), "{text}");
+        assert!(brick_args(&["--dir", dir]).expect("args").plan().is_err(), "serving a missing directory");
     }
 
     #[tokio::test]

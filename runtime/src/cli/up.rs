@@ -255,6 +255,17 @@ impl UpArgs {
     }
 }
 
+/// How the user can run this binary again: `xlfs` when that name on PATH
+/// is this binary, else its full path (a build from source, not installed).
+fn command_name(exe: &Path) -> String {
+    let on_path = std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|d| {
+            std::fs::canonicalize(d.join("xlfs")).ok().zip(std::fs::canonicalize(exe).ok()).is_some_and(|(a, b)| a == b)
+        })
+    });
+    if on_path { "xlfs".to_string() } else { exe.display().to_string() }
+}
+
 /// Parses repeated `flag KEY=VALUE` arguments.
 fn key_values(flag: &'static str, list: &[String]) -> Result<Vec<(String, String)>, UpError> {
     list.iter()
@@ -349,10 +360,11 @@ fn start_all(
     lay.record("mount", pid)?;
     report += &format!(
         "xlfs up: replica-3 volume '{VOLUME}' ({}) mounted on {} (pid {pid}, log {})\n\
-         Stop it with: xlfs down {}\n",
+         Stop it with: {} down {}\n",
         volfile.display(),
         lay.mnt().display(),
         log.display(),
+        command_name(&exe),
         lay.dir.display()
     );
     Ok(report)
