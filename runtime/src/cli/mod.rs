@@ -135,10 +135,14 @@ impl Cli {
 
     /// The log filter when neither `XLFS_LOG` nor `RUST_LOG` sets one: a
     /// brick is a server and logs what it does (`info`, like GlusterFS's
-    /// bricks); one-shot commands only warn.
+    /// bricks); one-shot commands only warn. A mount leaves out fuser's
+    /// session warning, which only says that fuser's own unmount at the end
+    /// found the mount already gone (the bridge unmounts first, after
+    /// draining).
     pub fn default_log_filter(&self) -> &'static str {
         match &self.command {
-            Command::Brick(_) | Command::Mount(_) => "info",
+            Command::Mount(_) => "info,fuser::session=error",
+            Command::Brick(_) => "info",
             Command::Heal(h) if h.is_daemon() => "info",
             _ => "warn",
         }
