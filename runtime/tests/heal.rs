@@ -242,7 +242,7 @@ async fn heal_repairs_data_metadata_and_entries_a_down_child_missed() {
     let g = b.graph(&[], &[NO_INLINE.as_slice(), &[("data-self-heal-algorithm", "full")]].concat()).await;
     let c = Client::new(g.top());
     let text = info(&c).await;
-    assert!(text.contains("child rep3-client-0 up") && text.contains("data"), "{text}");
+    assert!(text.contains("rep3-client-0: up, ") && text.contains("data"), "{text}");
     assert!(!text.contains("split-brain"), "{text}");
     let x = heal(&c, "xlfs.heal.run", "index").await;
     let [healed, failed, split, remaining] = counts(&x);
@@ -492,7 +492,10 @@ async fn xlfs_heal_heals_lists_and_resolves() {
 
     let (out, r) = xlfs_heal(&["--volfile", vol, "info"]).await;
     r.expect("info");
-    assert!(out.contains("child rep3-client-0 up 2") && out.contains("child rep3-client-2 up 1"), "{out}");
+    assert!(
+        out.contains("rep3-client-0: up, 2 entries to heal") && out.contains("rep3-client-2: up, 1 entry to heal"),
+        "{out}"
+    );
     assert!(out.contains(" data split-brain data") && out.lines().any(|l| l.ends_with(" data")), "{out}");
 
     let (out, r) = xlfs_heal(&["--volfile", vol]).await;

@@ -47,8 +47,8 @@
 //!   [`REPORT_KEY`]: one line per inode not healed, `<gfid> failed <errno>`
 //!   or `<gfid> split-brain <kinds>`.
 //! - getxattr on the root, [`INFO_KEY`]: per child a line
-//!   `child <name> up <n>` (n: gfids its index lists) or
-//!   `child <name> down`, then one line per listed gfid (at most
+//!   `<name>: up, <n> entries to heal` (n: gfids its index lists; `1
+//!   entry`) or `<name>: down`, then one line per listed gfid (at most
 //!   [`INFO_MAX`] per child): `  <gfid> <kinds needing heal or "-">`, with
 //!   ` split-brain <kinds>` appended for split-brain ones, or
 //!   `  <gfid> gone` when no copy exists any more.
@@ -988,11 +988,12 @@ impl Inner {
         let mut out = String::new();
         for (i, c) in self.children.iter().enumerate() {
             if up & bit(i) == 0 {
-                out += &format!("child {} down\n", c.name);
+                out += &format!("{}: down\n", c.name);
                 continue;
             }
             let total = self.index_page(ctx, i, None).await.map_or(0, |(_, n)| n);
-            out += &format!("child {} up {total}\n", c.name);
+            let entries = if total == 1 { "entry" } else { "entries" };
+            out += &format!("{}: up, {total} {entries} to heal\n", c.name);
             for g in &per[i] {
                 match self.status(ctx, *g).await {
                     None => out += &format!("  {g} gone\n"),
