@@ -769,7 +769,8 @@ async fn contention_upcalls_reach_the_holder_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_answers_calls_in_flight_then_says_goodbye() {
     let (gate, chain) = gate_server(&[]);
-    let c = Arc::new(TestClient::up(listen_addr(chain.top()), &[("reconnect-min", "1s")]).await);
+    let addr = listen_addr(chain.top());
+    let c = Arc::new(TestClient::up(addr, &[("reconnect-min", "1s")]).await);
     let t = {
         let c = c.clone();
         tokio::spawn(async move { c.run(Fop::Stat { loc: Loc::gfid(g(1)) }).await })
@@ -778,7 +779,9 @@ async fn stopping_answers_calls_in_flight_then_says_goodbye() {
     let server = chain.top().xl.clone();
     assert_eq!(server.notify(Event::ParentDown, EventFrom::Graph), None);
     let fini = tokio::task::spawn_blocking(move || server.fini());
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // fini has begun once the listener is gone; it then waits for the call.
+    wait_until("fini closes the listener", || std::net::TcpStream::connect(addr).is_err()).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(!fini.is_finished(), "fini waits for the call in flight");
     gate.release(g(1));
     assert!(within("the answer", t).await.expect("join").is_ok(), "the call in flight is answered");
