@@ -226,6 +226,14 @@ impl Entry {
     fn overlaps(&self, other: &Entry) -> bool {
         self.offset < other.end() && other.offset < self.end()
     }
+    /// Marks the entry in flight and makes its child write, with `sync`
+    /// (O_SYNC / O_DSYNC or 0) added to its flags: (seq, caller, request).
+    fn send(&mut self, sync: u32) -> (u64, CallCtx, Request) {
+        self.state = State::InFlight;
+        let fop = Fop::Writev { fd: self.fd, data: self.data(), offset: self.offset, flags: self.flags | sync };
+        (self.seq, self.ctx.clone(), Request::with_xdata(fop, self.xdata.clone()))
+    }
+
     fn data(&mut self) -> Bytes {
         if self.chunks.len() != 1 {
             let mut b = BytesMut::with_capacity(self.len as usize);
@@ -616,10 +624,10 @@ impl Inner {
                     break;
                 }
                 let e = &mut i.entries[idx];
-                e.state = State::InFlight;
                 in_flight += 1;
-                let fop = Fop::Writev { fd: e.fd, data: e.data(), offset: e.offset, flags: e.flags };
-                sends.push((e.seq, e.ctx.clone(), Request::with_xdata(fop, e.xdata.clone()), e.len));
+                let len = e.len;
+                let (seq, ctx, req) = e.send(0);
+                sends.push((seq, ctx, req, len));
             }
             if arm {
                 i.hold_timer = true;
@@ -964,15 +972,12 @@ impl Inner {
         if e.state != State::Queued {
             return None;
         }
-        e.state = State::InFlight;
-        let sync = if datasync { O_DSYNC } else { O_SYNC };
-        let fop = Fop::Writev { fd: e.fd, data: e.data(), offset: e.offset, flags: e.flags | sync };
-        let req = Request::with_xdata(fop, e.xdata.clone());
-        let (seq, ctx, len) = (e.seq, e.ctx.clone(), e.len);
+        let len = e.len;
+        let sent = e.send(if datasync { O_DSYNC } else { O_SYNC });
         t.stats.fsyncs_merged += 1;
         t.stats.batches_sent += 1;
         t.stats.bytes_sent += len;
-        Some((seq, ctx, req))
+        Some(sent)
     }
 
     async fn fsync(self: &Arc<Self>, ctx: CallCtx, req: Request) -> FopResult {

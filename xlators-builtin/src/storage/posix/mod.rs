@@ -203,6 +203,11 @@ fn parse_reserve(o: &Options) -> Result<reserve::Spec, SetupError> {
     reserve::Spec::parse(raw).ok_or_else(|| SetupError::BadReserve(raw.to_string()))
 }
 
+/// `o-direct-min-size` (0: off).
+fn direct_min(o: &Options) -> u64 {
+    o.size("o-direct-min-size").unwrap_or(DIRECT_MIN_DEFAULT)
+}
+
 /// `reserve` when the option is not given (GlusterFS's default).
 const RESERVE_DEFAULT: &str = "1";
 
@@ -293,7 +298,7 @@ impl Posix {
             volume_id,
             max_fds: AtomicUsize::new(max),
             inline: AtomicBool::new(o.bool("inline-fops").unwrap_or(true)),
-            direct_min: AtomicU64::new(o.size("o-direct-min-size").unwrap_or(DIRECT_MIN_DEFAULT)),
+            direct_min: AtomicU64::new(direct_min(o)),
             in_memory: sys::in_memory(brick.root_fd()),
             reserve: reserve::Reserve::new(parse_reserve(o)?),
             shared: AtomicU64::new(o.int("shared-brick-count").and_then(|v| u64::try_from(v).ok()).unwrap_or(1).max(1)),
@@ -1622,7 +1627,7 @@ impl Xlator for Posix {
             self.inner.shared.store(n.max(1), Ordering::Relaxed);
         }
         self.inner.inline.store(o.bool("inline-fops").unwrap_or(true), Ordering::Relaxed);
-        self.inner.direct_min.store(o.size("o-direct-min-size").unwrap_or(DIRECT_MIN_DEFAULT), Ordering::Relaxed);
+        self.inner.direct_min.store(direct_min(o), Ordering::Relaxed);
         self.inner.reserve.set(parse_reserve(o).map_err(|e| ReconfigureError::Invalid(e.to_string()))?);
         Ok(())
     }

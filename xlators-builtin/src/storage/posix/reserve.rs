@@ -62,8 +62,9 @@ impl Spec {
     }
 }
 
-#[derive(Default)]
 struct Reading {
+    /// The reserve.
+    spec: Spec,
     /// Bytes available (to unprivileged users) when read.
     free: u64,
     /// The file system's size.
@@ -81,9 +82,9 @@ impl Reading {
     }
 }
 
-/// The reserve of one brick.
+/// The reserve of one brick: its spec and the last reading, under one
+/// lock (taken once per space-taking fop).
 pub struct Reserve {
-    spec: Mutex<Spec>,
     reading: Mutex<Reading>,
 }
 
@@ -105,13 +106,14 @@ impl Drop for Admitted<'_> {
 impl Reserve {
     /// A reserve of `spec`.
     pub fn new(spec: Spec) -> Reserve {
-        Reserve { spec: Mutex::new(spec), reading: Mutex::new(Reading::default()) }
+        Reserve { reading: Mutex::new(Reading { spec, free: 0, total: 0, taken: 0, pending: 0, at: None }) }
     }
 
     /// Changes the reserve (reconfigure).
     pub fn set(&self, spec: Spec) {
-        *self.spec.lock() = spec;
-        self.reading.lock().at = None;
+        let mut r = self.reading.lock();
+        r.spec = spec;
+        r.at = None;
     }
 
     /// Admits a fop that takes about `grow` bytes on the file system of
@@ -119,11 +121,11 @@ impl Reserve {
     /// than the reserve available (counting the fops admitted and not
     /// finished yet).
     pub fn admit(&self, fd: BorrowedFd<'_>, grow: u64) -> Sys<Admitted<'_>> {
-        let spec = *self.spec.lock();
+        let mut r = self.reading.lock();
+        let spec = r.spec;
         if spec.off() {
             return Ok(Admitted { reserve: self, grow: 0 });
         }
-        let mut r = self.reading.lock();
         let stale = r.at.is_none_or(|t| t.elapsed() >= REFRESH);
         if stale || r.left() < spec.bytes(r.total).saturating_mul(2) {
             let v = sys::fstatvfs(fd)?;
