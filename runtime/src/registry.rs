@@ -113,6 +113,7 @@ mod tests {
         assert_eq!(r.names().len(), builtin.len() + 2, "duplicate built-in type names");
         for ty in builtin {
             assert_eq!(r.get(ty.name).map(|t| t.name), Some(ty.name));
+            xlfs_sdk::options::check_decls(ty.options).unwrap_or_else(|e| panic!("{}: {e}", ty.name));
             assert!(r.specializer(ty.name).is_none());
         }
         assert!(r.names().contains(&"storage/posix"));

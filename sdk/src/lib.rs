@@ -22,6 +22,8 @@ pub mod profile;
 #[cfg(not(all(target_family = "wasm", target_os = "unknown")))]
 mod rand;
 pub mod slots;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod types;
 pub mod xlator;
 

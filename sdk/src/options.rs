@@ -5,7 +5,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The type of an option's value.
@@ -410,6 +411,210 @@ impl Options {
     }
 }
 
+/// A typed handle on one declared option: name, type, default, range and
+/// description are written once, in the handle, and a translator reads the
+/// value with [`Opt::get`], which knows the type and falls back to the
+/// declared default, so no read restates it. The handle's
+/// [`decl`](Opt::decl) goes into the translator's option list.
+///
+/// ```
+/// use xlfs_sdk::options::{Opt, Options, kind};
+/// const WINDOW: Opt<kind::Size> = Opt::size("cache-size", "4MB").desc("Bytes queued per file.");
+/// let o = Options::resolve(&[WINDOW.decl], [("cache-size", "1MB")]).unwrap();
+/// assert_eq!(WINDOW.get(&o), 1 << 20);
+/// assert_eq!(WINDOW.get(&Options::default()), 4 << 20);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Opt<K> {
+    /// The declaration, for the translator's option list.
+    pub decl: OptionDecl,
+    kind: PhantomData<fn() -> K>,
+}
+
+/// The value kinds of [`Opt`] handles: each names what [`Opt::get`]
+/// returns.
+pub mod kind {
+    use super::{Duration, OptValue, Path};
+
+    /// How a kind reads its value out of an [`OptValue`] and out of the
+    /// declared default's text.
+    pub trait Kind: sealed::Sealed {
+        /// What [`super::Opt::get`] returns.
+        type Out<'a>;
+        /// The declared type of an option of this kind.
+        const TY: super::OptType;
+        /// The value, when it has this kind.
+        fn read<'a>(v: &'a OptValue) -> Option<Self::Out<'a>>;
+        /// The value of the declared default (`raw`, already checked by
+        /// the declaration test), or the kind's zero without one.
+        fn default<'a>(raw: Option<&'static str>) -> Self::Out<'a>;
+    }
+    mod sealed {
+        pub trait Sealed {}
+    }
+    macro_rules! kinds {
+        ($($(#[$m:meta])* $name:ident: $ty:ident => $out:ty, |$v:ident| $read:expr, |$raw:ident| $def:expr;)*) => {$(
+            $(#[$m])*
+            #[derive(Clone, Copy, Debug, PartialEq)]
+            pub struct $name;
+            impl sealed::Sealed for $name {}
+            impl Kind for $name {
+                type Out<'a> = $out;
+                const TY: super::OptType = super::OptType::$ty;
+                fn read<'a>($v: &'a OptValue) -> Option<Self::Out<'a>> {
+                    $read
+                }
+                fn default<'a>($raw: Option<&'static str>) -> Self::Out<'a> {
+                    $def
+                }
+            }
+        )*};
+    }
+    kinds! {
+        /// A boolean.
+        Bool: Bool => bool, |v| match v { OptValue::Bool(b) => Some(*b), _ => None },
+            |raw| raw.and_then(super::parse_bool).unwrap_or(false);
+        /// A signed integer.
+        Int: Int => i64, |v| match v { OptValue::Int(i) => Some(*i), _ => None },
+            |raw| raw.and_then(|r| r.trim().parse().ok()).unwrap_or(0);
+        /// A size in bytes.
+        Size: Size => u64, |v| match v { OptValue::Size(s) => Some(*s), _ => None },
+            |raw| raw.and_then(super::parse_size).unwrap_or(0);
+        /// A duration.
+        Time: Time => Duration, |v| match v { OptValue::Time(t) => Some(*t), _ => None },
+            |raw| raw.and_then(super::parse_time).unwrap_or_default();
+        /// A percentage.
+        Percent: Percent => f64, |v| match v { OptValue::Percent(p) => Some(*p), _ => None },
+            |raw| raw.and_then(super::parse_percent).unwrap_or(0.0);
+        /// A string, or an enumeration's word in its declared spelling.
+        Str: Str => &'a str, |v| match v { OptValue::Str(s) => Some(s.as_str()), _ => None },
+            |raw| raw.unwrap_or("");
+        /// An absolute path; `None` when neither given nor defaulted.
+        PathKind: Path => Option<&'a Path>, |v| match v { OptValue::Path(p) => Some(Some(p.as_path())), _ => None },
+            |raw| raw.map(Path::new);
+    }
+    /// A comma-separated list.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub struct List;
+    impl sealed::Sealed for List {}
+    impl Kind for List {
+        type Out<'a> = Vec<&'a str>;
+        const TY: super::OptType = super::OptType::List;
+        fn read<'a>(v: &'a OptValue) -> Option<Self::Out<'a>> {
+            match v {
+                OptValue::List(l) => Some(l.iter().map(String::as_str).collect()),
+                _ => None,
+            }
+        }
+        fn default<'a>(raw: Option<&'static str>) -> Self::Out<'a> {
+            raw.map(|r| r.split(',').map(str::trim).filter(|s| !s.is_empty()).collect()).unwrap_or_default()
+        }
+    }
+}
+
+impl<K: kind::Kind> Opt<K> {
+    const fn of(name: &'static str, ty: OptType, default: Option<&'static str>) -> Opt<K> {
+        Opt { decl: OptionDecl { name, ty, default, range: None, description: "" }, kind: PhantomData }
+    }
+    /// An option without a default: [`Opt::get`] reads the kind's zero
+    /// when it is not given; [`Opt::given`] tells the two apart.
+    pub const fn optional(name: &'static str) -> Opt<K> {
+        Opt::of(name, K::TY, None)
+    }
+    /// Sets the inclusive range.
+    pub const fn range(mut self, min: f64, max: f64) -> Opt<K> {
+        self.decl.range = Some((min, max));
+        self
+    }
+    /// Sets the description.
+    pub const fn desc(mut self, d: &'static str) -> Opt<K> {
+        self.decl.description = d;
+        self
+    }
+    /// The option's name.
+    pub const fn name(&self) -> &'static str {
+        self.decl.name
+    }
+    /// The value: as given, else the declared default (also when `o` was
+    /// not resolved against this declaration).
+    pub fn get<'a>(&self, o: &'a Options) -> K::Out<'a> {
+        o.get(self.decl.name).and_then(K::read).unwrap_or_else(|| K::default(self.decl.default))
+    }
+    /// The value only when it was given explicitly in the volfile.
+    pub fn given<'a>(&self, o: &'a Options) -> Option<K::Out<'a>> {
+        if o.is_set(self.decl.name) { o.get(self.decl.name).and_then(K::read) } else { None }
+    }
+}
+
+impl Opt<kind::Bool> {
+    /// A boolean option with its default.
+    pub const fn bool(name: &'static str, default: bool) -> Self {
+        Opt::of(name, OptType::Bool, Some(if default { "on" } else { "off" }))
+    }
+}
+impl Opt<kind::Int> {
+    /// An integer option with its default.
+    pub const fn int(name: &'static str, default: &'static str) -> Self {
+        Opt::of(name, OptType::Int, Some(default))
+    }
+    /// The value as a count or size in memory (declare a range that starts
+    /// at 0 or above; a negative value reads as 0).
+    pub fn count(&self, o: &Options) -> usize {
+        usize::try_from(self.get(o)).unwrap_or(0)
+    }
+}
+impl Opt<kind::Size> {
+    /// A size option with its default (`4MB`).
+    pub const fn size(name: &'static str, default: &'static str) -> Self {
+        Opt::of(name, OptType::Size, Some(default))
+    }
+}
+impl Opt<kind::Time> {
+    /// A time option with its default (`600s`, `100ms`).
+    pub const fn time(name: &'static str, default: &'static str) -> Self {
+        Opt::of(name, OptType::Time, Some(default))
+    }
+}
+impl Opt<kind::Percent> {
+    /// A percentage option with its default.
+    pub const fn percent(name: &'static str, default: &'static str) -> Self {
+        Opt::of(name, OptType::Percent, Some(default))
+    }
+}
+impl Opt<kind::Str> {
+    /// A string option with its default.
+    pub const fn str(name: &'static str, default: &'static str) -> Self {
+        Opt::of(name, OptType::Str, Some(default))
+    }
+    /// One of `words` (matched without case, read in the declared
+    /// spelling), with its default.
+    pub const fn one_of(name: &'static str, words: &'static [&'static str], default: &'static str) -> Self {
+        Opt::of(name, OptType::Enum(words), Some(default))
+    }
+}
+impl Opt<kind::List> {
+    /// A comma-separated list with its default.
+    pub const fn list(name: &'static str, default: &'static str) -> Self {
+        Opt::of(name, OptType::List, Some(default))
+    }
+}
+
+/// Checks a translator's declarations: every default parses as its type
+/// and lies in its range, and no name is declared twice. Each translator's
+/// tests call it (through the registry's test) so a bad default is a
+/// failing test, not a silent zero from [`Opt::get`].
+pub fn check_decls(decls: &[OptionDecl]) -> Result<(), String> {
+    for (i, d) in decls.iter().enumerate() {
+        if let Some(raw) = d.default {
+            d.parse(raw).map_err(|e| format!("option '{}': default: {e}", d.name))?;
+        }
+        if decls[..i].iter().any(|e| e.name == d.name) {
+            return Err(format!("option '{}' declared twice", d.name));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,5 +686,34 @@ mod tests {
             let v = d.parse(raw).expect("parses");
             assert_eq!(d.parse(&v.to_string()).expect("reparses"), v);
         }
+    }
+
+    #[test]
+    fn typed_handles_read_given_values_and_declared_defaults() {
+        const WINDOW: Opt<kind::Size> = Opt::size("cache-size", "4MB");
+        const ON: Opt<kind::Bool> = Opt::bool("flush-behind", true);
+        const MODE: Opt<kind::Str> = Opt::one_of("quorum-type", &["none", "auto", "fixed"], "auto");
+        const WATCH: Opt<kind::List> = Opt::list("watchlist", "trusted.afr.,trusted.ec.");
+        const DIR: Opt<kind::PathKind> = Opt::optional("directory");
+        const SEED: Opt<kind::Int> = Opt::optional("seed");
+        let decls = [WINDOW.decl, ON.decl, MODE.decl, WATCH.decl, DIR.decl, SEED.decl];
+        check_decls(&decls).expect("valid declarations");
+        let o = Options::resolve(&decls, [("cache-size", "1MB"), ("quorum-type", "FIXED")]).expect("valid");
+        assert_eq!((WINDOW.get(&o), WINDOW.given(&o)), (1 << 20, Some(1 << 20)));
+        assert_eq!((ON.get(&o), ON.given(&o)), (true, None));
+        assert_eq!(MODE.get(&o), "fixed");
+        assert_eq!(WATCH.get(&o), ["trusted.afr.", "trusted.ec."]);
+        assert_eq!((DIR.get(&o), SEED.get(&o), SEED.given(&o)), (None, 0, None));
+        // Options not resolved against the declarations still read the defaults.
+        let none = Options::default();
+        assert_eq!((WINDOW.get(&none), ON.get(&none), MODE.get(&none)), (4 << 20, true, "auto"));
+        assert_eq!(WATCH.get(&none), ["trusted.afr.", "trusted.ec."]);
+    }
+
+    #[test]
+    fn bad_declarations_are_found() {
+        assert!(check_decls(&[Opt::size("a", "4 parsecs").decl]).unwrap_err().contains("'a'"));
+        assert!(check_decls(&[Opt::int("b", "9").range(0.0, 5.0).decl]).is_err());
+        assert!(check_decls(&[Opt::bool("c", true).decl, Opt::bool("c", false).decl]).unwrap_err().contains("twice"));
     }
 }

@@ -17,8 +17,9 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use xlfs_sdk::options::{Opt, kind};
 use xlfs_sdk::{
-    CallCtx, Child, Errno, FopFuture, FopKind, InitCtx, InitError, OptType, OptionDecl, Request, Xlator, XlatorType,
+    CallCtx, Child, Errno, FopFuture, FopKind, InitCtx, InitError, OptionDecl, Request, Xlator, XlatorType,
 };
 
 /// The translator type.
@@ -31,24 +32,25 @@ pub const TYPE: XlatorType = XlatorType {
     build: |init| Ok(Arc::new(ErrorGen::new(init)?)),
 };
 
-const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("failure", OptType::Percent).default("0").desc("Percentage of enabled fops to fail."),
-    OptionDecl::new("error-no", OptType::Str).default("").desc(
-        "The errno to fail with, by name (ENOSPC, EIO, ...); empty: for each failure, one the fop can \
-         plausibly return, picked at random.",
-    ),
-    OptionDecl::new("enable", OptType::List).desc(
-        "Comma-separated fops that may fail, by GlusterFS name (LOOKUP, WRITE, READ, FINODELK, ...) or xlfs \
-         name (writev, readv), any case. Default: all.",
-    ),
-    OptionDecl::new("error-fops", OptType::List).desc("Another name for 'enable' (GlusterFS accepts both)."),
-    OptionDecl::new("random-failure", OptType::Bool).default("off").desc(
-        "Ignore 'failure' and fail one enabled fop every 3 to 44 fops, the gap chosen at random after each \
-         failure (GlusterFS's random-failure).",
-    ),
-    OptionDecl::new("seed", OptType::Int)
-        .desc("Seed of the pseudo-random generator, for reproducible runs (xlfs addition). Default: from the OS."),
-];
+const FAILURE: Opt<kind::Percent> = Opt::percent("failure", "0").desc("Percentage of enabled fops to fail.");
+const ERROR_NO: Opt<kind::Str> = Opt::str("error-no", "").desc(
+    "The errno to fail with, by name (ENOSPC, EIO, ...); empty: for each failure, one the fop can \
+     plausibly return, picked at random.",
+);
+const ENABLE: Opt<kind::List> = Opt::optional("enable").desc(
+    "Comma-separated fops that may fail, by GlusterFS name (LOOKUP, WRITE, READ, FINODELK, ...) or xlfs \
+     name (writev, readv), any case. Default: all.",
+);
+const ERROR_FOPS: Opt<kind::List> =
+    Opt::optional("error-fops").desc("Another name for 'enable' (GlusterFS accepts both).");
+const RANDOM: Opt<kind::Bool> = Opt::bool("random-failure", false).desc(
+    "Ignore 'failure' and fail one enabled fop every 3 to 44 fops, the gap chosen at random after each \
+     failure (GlusterFS's random-failure).",
+);
+const SEED: Opt<kind::Int> = Opt::optional("seed")
+    .desc("Seed of the pseudo-random generator, for reproducible runs (xlfs addition). Default: from the OS.");
+
+const OPTIONS: &[OptionDecl] = &[FAILURE.decl, ERROR_NO.decl, ENABLE.decl, ERROR_FOPS.decl, RANDOM.decl, SEED.decl];
 
 /// SplitMix64: one atomic add per draw, so it is shared without a lock.
 struct Rng(AtomicU64);
@@ -99,7 +101,7 @@ impl ErrorGen {
                 children.len()
             )));
         }
-        let errno = match options.str("error-no").unwrap_or("").trim() {
+        let errno = match ERROR_NO.get(&options).trim() {
             "" => None,
             e => Some(Errno::from_name(&e.to_ascii_uppercase()).ok_or_else(|| {
                 InitError::new(format!("{name}: error-no '{e}' is not an errno name xlfs knows (e.g. ENOSPC, EIO)"))
@@ -107,7 +109,7 @@ impl ErrorGen {
         };
         let slots = FopKind::ALL.iter().map(|k| *k as usize + 1).max().unwrap_or(0);
         let mut enabled = vec![false; slots];
-        match options.list("enable").or_else(|| options.list("error-fops")) {
+        match ENABLE.given(&options).or_else(|| ERROR_FOPS.given(&options)) {
             None => FopKind::ALL.iter().for_each(|k| enabled[*k as usize] = true),
             Some(names) => {
                 for n in names {
@@ -121,7 +123,7 @@ impl ErrorGen {
         for k in [FopKind::Release, FopKind::Releasedir, FopKind::Forget] {
             enabled[k as usize] = false;
         }
-        let seed = match options.int("seed") {
+        let seed = match SEED.given(&options) {
             Some(s) => s as u64,
             None => {
                 let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -132,10 +134,10 @@ impl ErrorGen {
             }
         };
         let rng = Rng(AtomicU64::new(seed));
-        let rate = if options.bool("random-failure") == Some(true) {
+        let rate = if RANDOM.get(&options) {
             Rate::EveryFew { ops: AtomicU64::new(0), next: AtomicU64::new(gap(&rng)) }
         } else {
-            let p = options.percent("failure").unwrap_or(0.0);
+            let p = FAILURE.get(&options);
             Rate::Share(if p >= 100.0 { u64::MAX } else { (p / 100.0 * 18_446_744_073_709_551_616.0) as u64 })
         };
         Ok(ErrorGen { child: children.remove(0), enabled, errno, rate, rng, failed: AtomicU64::new(0) })

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use xlfs_sdk::options::{Opt, kind};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
     CallCtx, Child, Fop, FopFuture, FopKind, FopResult, InitCtx, InitError, OptType, OptionDecl, Options, Reply,
@@ -37,14 +38,16 @@ pub const TYPE: XlatorType = XlatorType {
 
 const LOG_LEVELS: &[&str] = &["DEBUG", "WARNING", "ERROR", "INFO", "CRITICAL", "NONE", "TRACE"];
 
+const LATENCY: Opt<kind::Bool> = Opt::bool("latency-measurement", true).desc(
+    "Measure each fop's latency. On by default (GlusterFS defaults to off): it costs two clock reads and a \
+     few relaxed atomic adds, about 50 ns per fop measured on a KVM guest, small beside any fop.",
+);
+const COUNT: Opt<kind::Bool> =
+    Opt::bool("count-fop-hits", true).desc("Count calls, errors and bytes read and written per fop.");
+
 const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("latency-measurement", OptType::Bool).default("on").desc(
-        "Measure each fop's latency. On by default (GlusterFS defaults to off): it costs two clock reads and a \
-         few relaxed atomic adds, about 50 ns per fop measured on a KVM guest, small beside any fop.",
-    ),
-    OptionDecl::new("count-fop-hits", OptType::Bool)
-        .default("on")
-        .desc("Count calls, errors and bytes read and written per fop."),
+    LATENCY.decl,
+    COUNT.decl,
     OptionDecl::new("log-level", OptType::Enum(LOG_LEVELS)).desc(
         "Accepted for GlusterFS volfiles (there it sets the process's log level); xlfs's logging is set \
          for the whole process (RUST_LOG), so this has no effect.",
@@ -282,8 +285,8 @@ impl IoStats {
     }
 
     fn apply_options(&self, o: &Options) {
-        self.count.store(o.bool("count-fop-hits").unwrap_or(true), Ordering::Relaxed);
-        self.latency.store(o.bool("latency-measurement").unwrap_or(true), Ordering::Relaxed);
+        self.count.store(COUNT.get(o), Ordering::Relaxed);
+        self.latency.store(LATENCY.get(o), Ordering::Relaxed);
     }
 
     /// The statistics so far. Counters are read one by one while fops may

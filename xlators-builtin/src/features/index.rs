@@ -34,9 +34,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
+use xlfs_sdk::options::{Opt, kind};
 use xlfs_sdk::{
-    CallCtx, Child, Dict, Errno, Fop, FopFuture, FopResult, Gfid, InitCtx, InitError, Loc, OptType, OptionDecl, Reply,
-    Request, Response, Value, Xlator, XlatorType,
+    CallCtx, Child, Dict, Errno, Fop, FopFuture, FopResult, Gfid, InitCtx, InitError, Loc, OptionDecl, Reply, Request,
+    Response, Value, Xlator, XlatorType,
 };
 
 /// The translator type.
@@ -49,26 +50,24 @@ pub const TYPE: XlatorType = XlatorType {
     build,
 };
 
-const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("index-base", OptType::Path).desc(
-        "Directory holding the index on disk (GlusterFS: <brick>/.glusterfs/indices); recorded gfids are empty \
-         files in its 'xattrop' subdirectory and survive restarts. Not set: the index is kept in memory only.",
-    ),
-    OptionDecl::new("xattrop-pending-watchlist", OptType::List).default("trusted.afr.").desc(
-        "Xattr name prefixes whose xattrop values are watched (GlusterFS gives trusted.afr.<volume>-); a gfid is \
-         recorded while any watched value of its inode is non-zero.",
-    ),
-    OptionDecl::new("xattrop-dirty-watchlist", OptType::List)
-        .default("trusted.afr.dirty")
-        .desc("More watched xattr name prefixes (GlusterFS's dirty counters), treated like the pending ones."),
-    OptionDecl::new("index-max-entries", OptType::Int).default("1048576").range(1.0, 67_108_864.0).desc(
-        "Most gfids recorded at once; beyond that new ones are not recorded (a full heal still finds them).",
-    ),
-    OptionDecl::new("index-list-max", OptType::Int)
-        .default("4096")
-        .range(1.0, 1_048_576.0)
-        .desc("Most gfids one getxattr of xlfs.index.xattrop returns (ask for the next page with xlfs.index.xattrop:<last gfid>)."),
-];
+const BASE: Opt<kind::PathKind> = Opt::optional("index-base").desc(
+    "Directory holding the index on disk (GlusterFS: <brick>/.glusterfs/indices); recorded gfids are empty \
+     files in its 'xattrop' subdirectory and survive restarts. Not set: the index is kept in memory only.",
+);
+const PENDING_WATCH: Opt<kind::List> = Opt::list("xattrop-pending-watchlist", "trusted.afr.").desc(
+    "Xattr name prefixes whose xattrop values are watched (GlusterFS gives trusted.afr.<volume>-); a gfid is \
+     recorded while any watched value of its inode is non-zero.",
+);
+const DIRTY_WATCH: Opt<kind::List> = Opt::list("xattrop-dirty-watchlist", "trusted.afr.dirty")
+    .desc("More watched xattr name prefixes (GlusterFS's dirty counters), treated like the pending ones.");
+const MAX_ENTRIES: Opt<kind::Int> = Opt::int("index-max-entries", "1048576")
+    .range(1.0, 67_108_864.0)
+    .desc("Most gfids recorded at once; beyond that new ones are not recorded (a full heal still finds them).");
+const LIST_MAX: Opt<kind::Int> = Opt::int("index-list-max", "4096")
+    .range(1.0, 1_048_576.0)
+    .desc("Most gfids one getxattr of xlfs.index.xattrop returns (ask for the next page with xlfs.index.xattrop:<last gfid>).");
+
+const OPTIONS: &[OptionDecl] = &[BASE.decl, PENDING_WATCH.decl, DIRTY_WATCH.decl, MAX_ENTRIES.decl, LIST_MAX.decl];
 
 /// Getxattr key on the root listing the recorded gfids.
 pub const XATTROP_KEY: &str = "xlfs.index.xattrop";
@@ -107,19 +106,17 @@ struct Index {
 fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
     let InitCtx { name, options, mut children, .. } = init;
     let child = children.pop().ok_or_else(|| InitError::new(format!("{name}: features/index needs one subvolume")))?;
-    let max = usize::try_from(options.int("index-max-entries").unwrap_or(1 << 20)).unwrap_or(1 << 20);
-    let list_max = usize::try_from(options.int("index-list-max").unwrap_or(4096)).unwrap_or(4096);
-    let dir = options.path("index-base").map(|p| p.join("xattrop"));
+    let max = MAX_ENTRIES.count(&options);
+    let list_max = LIST_MAX.count(&options);
+    let dir = BASE.get(&options).map(|p| p.join("xattrop"));
     let mut set = BTreeSet::new();
     if let Some(d) = &dir {
         std::fs::create_dir_all(d)
             .map_err(|e| InitError::new(format!("{name}: index directory {}: {e}", d.display())))?;
         set = load(d, max).map_err(|e| InitError::new(format!("{name}: reading {}: {e}", d.display())))?;
     }
-    let watch: Vec<String> = ["xattrop-pending-watchlist", "xattrop-dirty-watchlist"]
-        .iter()
-        .flat_map(|k| options.list(k).unwrap_or(&[]).iter().filter(|p| !p.is_empty()).cloned())
-        .collect();
+    let watch: Vec<String> =
+        [PENDING_WATCH, DIRTY_WATCH].iter().flat_map(|o| o.get(&options)).map(str::to_string).collect();
     Ok(Arc::new(Index {
         child,
         name,

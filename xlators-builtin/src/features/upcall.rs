@@ -26,10 +26,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
+use xlfs_sdk::options::{Opt, kind};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
-    CallCtx, Child, Event, EventSink, Fop, FopFuture, Gfid, InitCtx, InitError, OptType, OptionDecl, Options, Reply,
-    Request, Response, Upcall, Xlator, XlatorType,
+    CallCtx, Child, Event, EventSink, Fop, FopFuture, Gfid, InitCtx, InitError, OptionDecl, Options, Reply, Request,
+    Response, Upcall, Xlator, XlatorType,
 };
 
 /// The translator type.
@@ -42,21 +43,20 @@ pub const TYPE: XlatorType = XlatorType {
     build,
 };
 
-const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("cache-invalidation", OptType::Bool).default("on").desc(
-        "Send invalidations (GlusterFS: features.cache-invalidation, off there by default; on here so that client \
-         caches can keep entries long and stay true).",
-    ),
-    OptionDecl::new("cache-invalidation-timeout", OptType::Int).default("600").range(1.0, 3600.0).desc(
-        "Seconds a client stays interested in an inode after its last fop on it. Clients must not cache longer \
-         than this: 600 matches the md-cache-timeout the generated client graph uses (GlusterFS recommends \
-         setting both to 600; its own default here is 60).",
-    ),
-    OptionDecl::new("cache-invalidation-max-inodes", OptType::Int)
-        .default("262144")
-        .range(16.0, 16_777_216.0)
-        .desc("Most inodes tracked at once (about 100 bytes each plus 40 per client); the oldest are dropped first."),
-];
+const ON: Opt<kind::Bool> = Opt::bool("cache-invalidation", true).desc(
+    "Send invalidations (GlusterFS: features.cache-invalidation, off there by default; on here so that client \
+     caches can keep entries long and stay true).",
+);
+const TIMEOUT: Opt<kind::Int> = Opt::int("cache-invalidation-timeout", "600").range(1.0, 3600.0).desc(
+    "Seconds a client stays interested in an inode after its last fop on it. Clients must not cache longer \
+     than this: 600 matches the md-cache-timeout the generated client graph uses (GlusterFS recommends \
+     setting both to 600; its own default here is 60).",
+);
+const MAX_INODES: Opt<kind::Int> = Opt::int("cache-invalidation-max-inodes", "262144")
+    .range(16.0, 16_777_216.0)
+    .desc("Most inodes tracked at once (about 100 bytes each plus 40 per client); the oldest are dropped first.");
+
+const OPTIONS: &[OptionDecl] = &[ON.decl, TIMEOUT.decl, MAX_INODES.decl];
 
 /// Most clients remembered per inode; beyond, the least recent is dropped
 /// (it then misses invalidations only if it still caches past its own
@@ -71,11 +71,7 @@ struct Config {
 
 impl Config {
     fn from(o: &Options) -> Config {
-        Config {
-            on: o.bool("cache-invalidation").unwrap_or(true),
-            timeout: Duration::from_secs(o.int("cache-invalidation-timeout").unwrap_or(600).max(1) as u64),
-            max_inodes: o.int("cache-invalidation-max-inodes").unwrap_or(262_144).max(16) as usize,
-        }
+        Config { on: ON.get(o), timeout: Duration::from_secs(TIMEOUT.count(o) as u64), max_inodes: MAX_INODES.count(o) }
     }
 }
 

@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
+use xlfs_sdk::options::{Opt, kind};
 use xlfs_sdk::options::{OptType, OptionDecl};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{CallCtx, Child, FopFuture, FopKind, InitCtx, InitError, Options, Request, Xlator, XlatorType};
@@ -63,30 +64,31 @@ pub fn priority(ctx: &CallCtx, kind: FopKind) -> Option<Priority> {
     if ctx.pid >= LEAST_PRIORITY_PID { Some(Priority::Least) } else { Some(class) }
 }
 
+const THREADS: Opt<kind::Int> = Opt::int("thread-count", "16")
+    .range(1.0, 64.0)
+    .desc("Most fops doing blocking work below this translator at once (GlusterFS's worker threads).");
+const HIGH: Opt<kind::Int> = Opt::int("high-prio-threads", "16")
+    .range(1.0, 64.0)
+    .desc("Most high-priority fops (lookup, stat, open, readdir...) at once.");
+const NORMAL: Opt<kind::Int> = Opt::int("normal-prio-threads", "16")
+    .range(1.0, 64.0)
+    .desc("Most normal-priority fops (create, unlink, setattr, xattrs...) at once.");
+const LOW: Opt<kind::Int> = Opt::int("low-prio-threads", "16")
+    .range(1.0, 64.0)
+    .desc("Most low-priority fops (read, write, fsync, xattrop...) at once.");
+const LEAST: Opt<kind::Int> = Opt::int("least-prio-threads", "1")
+    .range(1.0, 64.0)
+    .desc("Most least-priority fops (internal background work such as self-heal) at once.");
+const LEAST_ENABLED: Opt<kind::Bool> = Opt::bool("enable-least-priority", true)
+    .desc("Schedule internal callers at least priority; off puts them in their fop's class.");
+
 const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("thread-count", OptType::Int)
-        .default("16")
-        .range(1.0, 64.0)
-        .desc("Most fops doing blocking work below this translator at once (GlusterFS's worker threads)."),
-    OptionDecl::new("high-prio-threads", OptType::Int)
-        .default("16")
-        .range(1.0, 64.0)
-        .desc("Most high-priority fops (lookup, stat, open, readdir...) at once."),
-    OptionDecl::new("normal-prio-threads", OptType::Int)
-        .default("16")
-        .range(1.0, 64.0)
-        .desc("Most normal-priority fops (create, unlink, setattr, xattrs...) at once."),
-    OptionDecl::new("low-prio-threads", OptType::Int)
-        .default("16")
-        .range(1.0, 64.0)
-        .desc("Most low-priority fops (read, write, fsync, xattrop...) at once."),
-    OptionDecl::new("least-prio-threads", OptType::Int)
-        .default("1")
-        .range(1.0, 64.0)
-        .desc("Most least-priority fops (internal background work such as self-heal) at once."),
-    OptionDecl::new("enable-least-priority", OptType::Bool)
-        .default("on")
-        .desc("Schedule internal callers at least priority; off puts them in their fop's class."),
+    THREADS.decl,
+    HIGH.decl,
+    NORMAL.decl,
+    LOW.decl,
+    LEAST.decl,
+    LEAST_ENABLED.decl,
     OptionDecl::new("idle-time", OptType::Time)
         .default("120s")
         .desc("Accepted for GlusterFS volfiles; permits have no idle threads to reap."),
@@ -111,16 +113,11 @@ struct Limits {
 
 impl Limits {
     fn from_options(o: &Options) -> Limits {
-        let n = |k: &str, d: i64| o.int(k).unwrap_or(d).max(1) as usize;
+        let n = |opt: Opt<kind::Int>| opt.count(o).max(1);
         Limits {
-            total: n("thread-count", 16),
-            per_class: [
-                n("high-prio-threads", 16),
-                n("normal-prio-threads", 16),
-                n("low-prio-threads", 16),
-                n("least-prio-threads", 1),
-            ],
-            least_enabled: o.bool("enable-least-priority").unwrap_or(true),
+            total: n(THREADS),
+            per_class: [n(HIGH), n(NORMAL), n(LOW), n(LEAST)],
+            least_enabled: LEAST_ENABLED.get(o),
         }
     }
 }

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use tokio::sync::OnceCell;
-use xlfs_sdk::options::{OptType, OptionDecl};
+use xlfs_sdk::options::{Opt, OptionDecl, kind};
 use xlfs_sdk::slots::FdSlots;
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
@@ -41,20 +41,20 @@ use xlfs_sdk::{
 /// Most fds tracked at once (deferred, or opened late and not released).
 pub const MAX_FDS: usize = 65536;
 
-const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("lazy-open", OptType::Bool).default("on").desc(
-        "Defer the open of a file opened read-only until a fop needs the open fd; a file only read from \
-         quick-read's cache, then closed, is never opened. Off: the open is sent at once in the background.",
-    ),
-    OptionDecl::new("read-after-open", OptType::Bool).default("yes").desc(
-        "A read on a deferred fd waits for the real open (GlusterFS's default). xlfs bricks have no anonymous \
-         fds, so reads always open first; 'no' is accepted for volfile compatibility and behaves as 'yes'.",
-    ),
-    OptionDecl::new("use-anonymous-fd", OptType::Bool).default("no").desc(
-        "Serve fops of deferred fds through anonymous fds. xlfs bricks have no anonymous fds: accepted for \
-         volfile compatibility, fops open the fd first either way.",
-    ),
-];
+const LAZY: Opt<kind::Bool> = Opt::bool("lazy-open", true).desc(
+    "Defer the open of a file opened read-only until a fop needs the open fd; a file only read from \
+     quick-read's cache, then closed, is never opened. Off: the open is sent at once in the background.",
+);
+const READ_AFTER_OPEN: Opt<kind::Bool> = Opt::bool("read-after-open", true).desc(
+    "A read on a deferred fd waits for the real open (GlusterFS's default). xlfs bricks have no anonymous \
+     fds, so reads always open first; 'no' is accepted for volfile compatibility and behaves as 'yes'.",
+);
+const ANONYMOUS: Opt<kind::Bool> = Opt::bool("use-anonymous-fd", false).desc(
+    "Serve fops of deferred fds through anonymous fds. xlfs bricks have no anonymous fds: accepted for \
+     volfile compatibility, fops open the fd first either way.",
+);
+
+const OPTIONS: &[OptionDecl] = &[LAZY.decl, READ_AFTER_OPEN.decl, ANONYMOUS.decl];
 
 /// The translator type.
 pub const TYPE: XlatorType = XlatorType {
@@ -250,9 +250,9 @@ impl OpenBehind {
             inner: Arc::new(Inner {
                 child,
                 fds: FdSlots::with_capacity(MAX_FDS),
-                lazy: AtomicBool::new(o.bool("lazy-open").unwrap_or(true)),
-                read_after_open: AtomicBool::new(o.bool("read-after-open").unwrap_or(true)),
-                anonymous: AtomicBool::new(o.bool("use-anonymous-fd").unwrap_or(false)),
+                lazy: AtomicBool::new(LAZY.get(o)),
+                read_after_open: AtomicBool::new(READ_AFTER_OPEN.get(o)),
+                anonymous: AtomicBool::new(ANONYMOUS.get(o)),
                 stats: Stats::default(),
             }),
         })
@@ -291,9 +291,9 @@ impl Xlator for OpenBehind {
 
     fn reconfigure(&self, o: &Options) -> Result<(), ReconfigureError> {
         let i = &self.inner;
-        i.lazy.store(o.bool("lazy-open").unwrap_or(true), Ordering::Relaxed);
-        i.read_after_open.store(o.bool("read-after-open").unwrap_or(true), Ordering::Relaxed);
-        i.anonymous.store(o.bool("use-anonymous-fd").unwrap_or(false), Ordering::Relaxed);
+        i.lazy.store(LAZY.get(o), Ordering::Relaxed);
+        i.read_after_open.store(READ_AFTER_OPEN.get(o), Ordering::Relaxed);
+        i.anonymous.store(ANONYMOUS.get(o), Ordering::Relaxed);
         Ok(())
     }
 

@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use xlfs_sdk::dict::keys::{self, CONTENT};
-use xlfs_sdk::options::{OptType, OptionDecl};
+use xlfs_sdk::options::{Opt, OptionDecl, kind};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
     CallCtx, Child, Event, EventFrom, FileType, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Loc, Options, Reply,
@@ -60,35 +60,39 @@ use xlfs_sdk::{
 /// Buckets of inodes for the invalidation sequence numbers.
 const BUCKETS: usize = 256;
 
-const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("max-file-size", OptType::Size)
-        .default("64KB")
+const MAX_FILE_SIZE: Opt<kind::Size> = Opt::size("max-file-size", "64KB")
         .range(0.0, 1048576.0)
-        .desc("Files up to this size are cached whole (fetched with their lookup); larger files are not cached. 0 disables caching."),
-    OptionDecl::new("cache-size", OptType::Size)
-        .default("128MB")
-        .range(0.0, 34359738368.0)
-        .desc("Bytes of file content cached in all; the least recently used files are evicted past it."),
-    OptionDecl::new("cache-timeout", OptType::Int)
-        .default("1")
-        .range(0.0, 60.0)
-        .desc("Seconds a cached file is trusted after a lookup or stat last validated it (unless cache-invalidation)."),
-    OptionDecl::new("cache-invalidation", OptType::Bool).default("off").desc(
-        "Trust cached content until an invalidation upcall, a forget or changed attributes drop it, ignoring \
+        .desc("Files up to this size are cached whole (fetched with their lookup); larger files are not cached. 0 disables caching.");
+const CACHE_SIZE: Opt<kind::Size> = Opt::size("cache-size", "128MB")
+    .range(0.0, 34359738368.0)
+    .desc("Bytes of file content cached in all; the least recently used files are evicted past it.");
+const CACHE_TIMEOUT: Opt<kind::Int> = Opt::int("cache-timeout", "1")
+    .range(0.0, 60.0)
+    .desc("Seconds a cached file is trusted after a lookup or stat last validated it (unless cache-invalidation).");
+const CACHE_INVALIDATION: Opt<kind::Bool> = Opt::bool("cache-invalidation", false).desc(
+    "Trust cached content until an invalidation upcall, a forget or changed attributes drop it, ignoring \
          cache-timeout (turn on only with upcalls from the bricks, features.cache-invalidation).",
-    ),
-    OptionDecl::new("fetch-on-read", OptType::Bool).default("off").desc(
-        "A read at offset 0 of a file not cached fetches its content with a lookup by gfid first and answers from \
+);
+const FETCH_ON_READ: Opt<kind::Bool> = Opt::bool("fetch-on-read", false).desc(
+    "A read at offset 0 of a file not cached fetches its content with a lookup by gfid first and answers from \
          it (one round trip instead of open, read, flush and release, with open-behind below). Useful when \
          md-cache above answers the lookups that would have brought the content; the generated client graph \
          turns it on. xlfs only.",
-    ),
-    OptionDecl::new("dir-prefetch-content", OptType::Bool).default("on").desc(
-        "When md-cache above reads a whole directory ahead of lookups (its dir-prefetch), ask for the content of \
+);
+const DIR_PREFETCH_CONTENT: Opt<kind::Bool> = Opt::bool("dir-prefetch-content", true).desc(
+    "When md-cache above reads a whole directory ahead of lookups (its dir-prefetch), ask for the content of \
          every regular entry up to max-file-size with it and cache it, as a lookup's would be: after a remount, \
          reading the small files of a directory that was listed or stat'ed costs no round trip. Costs the bricks \
          a read of those files in the background. xlfs only.",
-    ),
+);
+
+const OPTIONS: &[OptionDecl] = &[
+    MAX_FILE_SIZE.decl,
+    CACHE_SIZE.decl,
+    CACHE_TIMEOUT.decl,
+    CACHE_INVALIDATION.decl,
+    FETCH_ON_READ.decl,
+    DIR_PREFETCH_CONTENT.decl,
 ];
 
 /// The translator type.
@@ -113,12 +117,12 @@ struct Cfg {
 
 fn settings(o: &Options) -> Cfg {
     Cfg {
-        max_file_size: o.size("max-file-size").unwrap_or(64 * 1024),
-        cache_size: o.size("cache-size").unwrap_or(128 << 20),
-        timeout: Duration::from_secs(u64::try_from(o.int("cache-timeout").unwrap_or(1)).unwrap_or(1)),
-        invalidation: o.bool("cache-invalidation").unwrap_or(false),
-        fetch_on_read: o.bool("fetch-on-read").unwrap_or(false),
-        dir_content: o.bool("dir-prefetch-content").unwrap_or(true),
+        max_file_size: MAX_FILE_SIZE.get(o),
+        cache_size: CACHE_SIZE.get(o),
+        timeout: Duration::from_secs(CACHE_TIMEOUT.count(o) as u64),
+        invalidation: CACHE_INVALIDATION.get(o),
+        fetch_on_read: FETCH_ON_READ.get(o),
+        dir_content: DIR_PREFETCH_CONTENT.get(o),
     }
 }
 

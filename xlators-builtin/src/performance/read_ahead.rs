@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use xlfs_sdk::options::{OptType, OptionDecl};
+use xlfs_sdk::options::{Opt, OptionDecl, kind};
 use xlfs_sdk::policy::read_ahead::{self as policy, Advice, Geometry, ReadAheadPolicy, ReadAheadStream, ReadInfo};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
@@ -35,22 +35,20 @@ use xlfs_sdk::{
 /// Most fds with read-ahead state at once.
 pub const MAX_FDS: usize = 4096;
 
-const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("page-size", OptType::Size)
-        .default("128KB")
-        .range(4096.0, 16777216.0)
-        .desc("Bytes per cached page; each prefetch is one READ of this size."),
-    OptionDecl::new("page-count", OptType::Int)
-        .default("4")
-        .range(1.0, 16.0)
-        .desc("Pages kept prefetched ahead of a sequential reader, per fd (GlusterFS's default is 4)."),
-    OptionDecl::new("policy", OptType::Str).default(policy::DEFAULT).desc(
-        "The read-ahead policy: 'tolerant' (a sequential stream survives reordered requests), \
-         'gluster-strict' (GlusterFS's old rule: any read not at the previous read's end resets the window), \
-         or a policy plugin module (plugin ABI v1.1) as 'wasm:/abs/path/ra.wasm' or 'dylib:/abs/path/libra.so'; \
-         if the module fails, 'tolerant' decides for it.",
-    ),
-];
+const PAGE_SIZE: Opt<kind::Size> = Opt::size("page-size", "128KB")
+    .range(4096.0, 16777216.0)
+    .desc("Bytes per cached page; each prefetch is one READ of this size.");
+const PAGE_COUNT: Opt<kind::Int> = Opt::int("page-count", "4")
+    .range(1.0, 16.0)
+    .desc("Pages kept prefetched ahead of a sequential reader, per fd (GlusterFS's default is 4).");
+const POLICY: Opt<kind::Str> = Opt::str("policy", policy::DEFAULT).desc(
+    "The read-ahead policy: 'tolerant' (a sequential stream survives reordered requests), \
+     'gluster-strict' (GlusterFS's old rule: any read not at the previous read's end resets the window), \
+     or a policy plugin module (plugin ABI v1.1) as 'wasm:/abs/path/ra.wasm' or 'dylib:/abs/path/libra.so'; \
+     if the module fails, 'tolerant' decides for it.",
+);
+
+const OPTIONS: &[OptionDecl] = &[PAGE_SIZE.decl, PAGE_COUNT.decl, POLICY.decl];
 
 /// The translator type.
 pub const TYPE: XlatorType = XlatorType {
@@ -106,9 +104,9 @@ struct ReadAhead {
 }
 
 fn settings(options: &Options) -> Result<(Geometry, Arc<dyn ReadAheadPolicy>), String> {
-    let page_size = options.size("page-size").unwrap_or(128 * 1024);
-    let page_count = options.int("page-count").unwrap_or(4).clamp(1, 16) as u32;
-    let p = policy::resolve(options.str("policy").unwrap_or(policy::DEFAULT)).map_err(|e| e.to_string())?;
+    let page_size = PAGE_SIZE.get(options);
+    let page_count = PAGE_COUNT.get(options).clamp(1, 16) as u32;
+    let p = policy::resolve(POLICY.get(options)).map_err(|e| e.to_string())?;
     Ok((Geometry { page_size, page_count }, p))
 }
 
