@@ -534,7 +534,7 @@ end-volume
 
     #[test]
     fn parses_every_gluster_fixture() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/gluster-volfiles");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gluster-volfiles");
         let mut n = 0;
         for entry in std::fs::read_dir(&dir).expect("fixtures dir") {
             let path = entry.expect("entry").path();

@@ -43,7 +43,7 @@ fn fails_at(name: &str, line: usize, needles: &[&str]) {
 
 #[test]
 fn gluster_brick_volfile_names_first_type_not_built_in() {
-    let path = manifest().join("../../shared/fixtures/gluster-volfiles/replica3-brick.vol");
+    let path = manifest().join("tests/fixtures/gluster-volfiles/replica3-brick.vol");
     let (ok, _, stderr) = check(&path);
     assert!(!ok);
     assert!(stderr.contains(&format!("{}:10: ", path.display())), "{stderr}");
