@@ -183,6 +183,46 @@ pub mod keys {
     /// sends ahead, so the entries it serves carry them.
     pub const MDC_LOADED_KEY_NAMES: &str = "glusterfs.mdc.loaded.key.names";
 
+    /// Request xdata key on lookup and xattrop: storage/posix puts the
+    /// number of fds open on the inode in the reply xdata under it
+    /// (GlusterFS's `GLUSTERFS_OPEN_FD_COUNT`); cluster/replicate's eager
+    /// lock reads it.
+    pub const OPEN_FD_COUNT: &str = "glusterfs.open-fd-count";
+    /// Lookup xdata: cluster/replicate asks which child is on this host;
+    /// a child that knows answers a u64 (non-zero: local).
+    pub const IS_LOCAL: &str = "xlfs.is-local";
+
+    /// Getxattr key on a brick's root: features/index lists the gfids it
+    /// recorded (ask for the next page with `"{INDEX_XATTROP}:<last gfid>"`).
+    pub const INDEX_XATTROP: &str = "xlfs.index.xattrop";
+    /// features/index's reply key with the number of recorded gfids.
+    pub const INDEX_COUNT: &str = "xlfs.index.xattrop-count";
+    /// Setxattr key on a brick's root: features/index checks these gfids
+    /// again and drops the clean ones.
+    pub const INDEX_PURGE: &str = "xlfs.index.purge";
+
+    /// Setxattr key on the root, to cluster/replicate: heal what the
+    /// indices list (`index`) or the whole tree (`full`).
+    pub const HEAL_RUN: &str = "xlfs.heal.run";
+    /// Setxattr key on the root: heal the inode with this gfid.
+    pub const HEAL_GFID: &str = "xlfs.heal.gfid";
+    /// Getxattr key on the root: what needs heal, per child.
+    pub const HEAL_INFO: &str = "xlfs.heal.info";
+    /// Setxattr key on an inode: resolve its split-brain with a policy.
+    pub const SPLIT_BRAIN_RESOLVE: &str = "xlfs.split-brain.resolve";
+    /// Heal reply xdata: inodes healed.
+    pub const HEAL_HEALED: &str = "xlfs.heal.healed";
+    /// Heal reply xdata: inodes that could not be healed.
+    pub const HEAL_FAILED: &str = "xlfs.heal.failed";
+    /// Heal reply xdata: inodes left in split-brain.
+    pub const HEAL_SPLIT_BRAIN: &str = "xlfs.heal.split-brain";
+    /// Heal reply xdata: gfids still needing heal afterwards.
+    pub const HEAL_REMAINING: &str = "xlfs.heal.remaining";
+    /// Heal reply xdata: one line per inode not healed.
+    pub const HEAL_REPORT: &str = "xlfs.heal.report";
+    /// Reply xdata of a split-brain resolve: what became of it.
+    pub const HEAL_RESULT: &str = "xlfs.heal.result";
+
     /// The readdirp reply xdata key that carries the value of xattr `xattr`
     /// of the entry named `entry`: `"{entry}/{xattr}"`. Unambiguous because
     /// an entry name never contains `/`; see [`parse_dirent_xattr`].

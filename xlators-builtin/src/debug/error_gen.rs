@@ -236,11 +236,11 @@ mod tests {
     use xlfs_sdk::{Fd, FdId, Fop, Gfid, Loc};
 
     use super::*;
-    use crate::test_util::{Mock, ctx, init, now};
+    use xlfs_sdk::testing::{MockChild, ctx, init, now};
 
-    fn setup(opts: &[(&str, &str)]) -> Result<(ErrorGen, Arc<Mock>), InitError> {
-        let mock = Mock::new();
-        let (i, _) = init(OPTIONS, opts, &mock);
+    fn setup(opts: &[(&str, &str)]) -> Result<(ErrorGen, Arc<MockChild>), InitError> {
+        let mock = MockChild::new();
+        let (i, _) = init(OPTIONS, opts, &[mock.child()]);
         Ok((ErrorGen::new(i)?, mock))
     }
 

@@ -403,11 +403,11 @@ mod tests {
     use xlfs_sdk::{Errno, Fd, FdId, Gfid, Loc};
 
     use super::*;
-    use crate::test_util::{Mock, ctx, init, now};
+    use xlfs_sdk::testing::{MockChild, ctx, init, now};
 
-    fn setup(opts: &[(&str, &str)]) -> (IoStats, Arc<Mock>) {
-        let mock = Mock::new();
-        let (i, _) = init(OPTIONS, opts, &mock);
+    fn setup(opts: &[(&str, &str)]) -> (IoStats, Arc<MockChild>) {
+        let mock = MockChild::new();
+        let (i, _) = init(OPTIONS, opts, &[mock.child()]);
         (IoStats::new(i).expect("builds"), mock)
     }
 

@@ -69,12 +69,8 @@ const LIST_MAX: Opt<kind::Int> = Opt::int("index-list-max", "4096")
 
 const OPTIONS: &[OptionDecl] = &[BASE.decl, PENDING_WATCH.decl, DIRTY_WATCH.decl, MAX_ENTRIES.decl, LIST_MAX.decl];
 
-/// Getxattr key on the root listing the recorded gfids.
-pub const XATTROP_KEY: &str = "xlfs.index.xattrop";
-/// Reply key with the number of recorded gfids.
-pub const COUNT_KEY: &str = "xlfs.index.xattrop-count";
-/// Setxattr key on the root: check these gfids again and drop clean ones.
-pub const PURGE_KEY: &str = "xlfs.index.purge";
+// TODO(split merge): heal imports these; move it to sdk keys and drop this.
+pub use xlfs_sdk::dict::keys::{INDEX_COUNT as COUNT_KEY, INDEX_PURGE as PURGE_KEY, INDEX_XATTROP as XATTROP_KEY};
 
 /// Most gfids one purge request checks.
 const MAX_PURGE: usize = 65536;

@@ -286,49 +286,19 @@ impl Xlator for IoThreads {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
 
-    use xlfs_sdk::{Errno, Fd, Fop, Gfid, Loc, Reply, Response};
+    use xlfs_sdk::testing::{Gate, init, until};
+    use xlfs_sdk::{Fd, Fop, Gfid, Loc};
 
     use super::*;
 
-    /// A child that blocks each fop until released, counting how many run.
-    struct Gate {
-        running: AtomicUsize,
-        max_seen: AtomicUsize,
-        order: Mutex<Vec<FopKind>>,
-        release: tokio::sync::Semaphore,
-    }
-
-    impl Xlator for Gate {
-        fn call(&self, _ctx: CallCtx, req: Request) -> FopFuture<'_> {
-            Box::pin(async move {
-                let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
-                self.max_seen.fetch_max(now, Ordering::SeqCst);
-                self.order.lock().push(req.fop.kind());
-                let permit = self.release.acquire().await.map_err(|_| Errno::EIO)?;
-                permit.forget();
-                self.running.fetch_sub(1, Ordering::SeqCst);
-                Ok(Response::from(Reply::Empty))
-            })
-        }
-    }
+    const WITHIN: Duration = Duration::from_secs(10);
 
     fn setup(opts: &[(&str, &str)]) -> (Arc<Gate>, Arc<dyn Xlator>) {
-        let gate = Arc::new(Gate {
-            running: AtomicUsize::new(0),
-            max_seen: AtomicUsize::new(0),
-            order: Mutex::new(Vec::new()),
-            release: tokio::sync::Semaphore::new(0),
-        });
-        let options = Options::resolve(OPTIONS, opts.iter().copied()).expect("options");
-        let init = InitCtx {
-            name: "iot".into(),
-            options,
-            children: vec![Child { name: Arc::from("gate"), xl: gate.clone() }],
-            events: Default::default(),
-        };
-        (gate, build(init).expect("builds"))
+        let gate = Gate::over_null();
+        let (ictx, _) = init(OPTIONS, opts, &[gate.child()]);
+        (gate, build(ictx).expect("builds"))
     }
 
     fn fd() -> Fd {
@@ -352,19 +322,20 @@ mod tests {
                 xl.call(ctx, Fop::Readv { fd: fd(), size: 1, offset: i, flags: 0 }.into()).await
             }));
         }
+        until("two reads at the child", WITHIN, || gate.held() == 2).await;
         settle().await;
-        assert_eq!(gate.running.load(Ordering::SeqCst), 2, "only thread-count fops run");
+        assert_eq!(gate.held(), 2, "only thread-count fops run");
         let (xl2, ctx2) = (xl.clone(), ctx.clone());
         tasks.push(tokio::spawn(async move { xl2.call(ctx2, Fop::Stat { loc: Loc::root() }.into()).await }));
         settle().await;
-        gate.release.add_permits(1);
-        settle().await;
-        assert_eq!(gate.order.lock()[2], FopKind::Stat, "the queued stat overtakes queued reads");
-        gate.release.add_permits(10);
+        assert_eq!(gate.release(1), 1);
+        until("a third fop at the child", WITHIN, || gate.arrived().len() == 3).await;
+        assert_eq!(gate.arrived()[2], FopKind::Stat, "the queued stat overtakes queued reads");
+        gate.open();
         for t in tasks {
             t.await.expect("join").expect("fop ok");
         }
-        assert_eq!(gate.max_seen.load(Ordering::SeqCst), 2);
+        assert_eq!(gate.max_held(), 2);
     }
 
     #[tokio::test]
@@ -381,9 +352,9 @@ mod tests {
         };
         let (xl2, ctx2) = (xl.clone(), ctx.clone());
         let lock = tokio::spawn(async move { xl2.call(ctx2, lk.into()).await });
-        settle().await;
-        assert_eq!(gate.running.load(Ordering::SeqCst), 2, "the lock reached the child while the pool was full");
-        gate.release.add_permits(2);
+        until("the lock at the child while the pool is full", WITHIN, || gate.held() == 2).await;
+        assert_eq!(gate.arrived(), [FopKind::Fsync, FopKind::Lk]);
+        gate.open();
         held.await.expect("join").expect("ok");
         lock.await.expect("join").expect("ok");
     }
@@ -394,7 +365,7 @@ mod tests {
         let ctx = CallCtx::root("t");
         let (xl1, ctx1) = (xl.clone(), ctx.clone());
         let first = tokio::spawn(async move { xl1.call(ctx1, Fop::Stat { loc: Loc::root() }.into()).await });
-        settle().await;
+        until("the first stat at the child", WITHIN, || gate.held() == 1).await;
         let (xl2, ctx2) = (xl.clone(), ctx.clone());
         let cancelled = tokio::spawn(async move { xl2.call(ctx2, Fop::Stat { loc: Loc::root() }.into()).await });
         settle().await;
@@ -402,10 +373,10 @@ mod tests {
         let (xl3, ctx3) = (xl.clone(), ctx.clone());
         let third = tokio::spawn(async move { xl3.call(ctx3, Fop::Stat { loc: Loc::root() }.into()).await });
         settle().await;
-        gate.release.add_permits(2);
+        gate.open();
         first.await.expect("join").expect("ok");
         third.await.expect("join").expect("third runs after the cancelled one");
-        assert_eq!(gate.order.lock().len(), 2);
+        assert_eq!(gate.arrived().len(), 2);
         assert_eq!(xl.dump().iter().find(|(k, _)| k == "running").map(|(_, v)| v.as_str()), Some("0"));
     }
 

@@ -639,7 +639,7 @@ mod tests {
     fn hostile_reads_do_not_panic() {
         let (xl, _file) = setup(&opts("tolerant"), PS);
         for (off, size) in [(u64::MAX, u32::MAX), (u64::MAX - 1, 1), (0, 0), (u64::MAX - 4096, 4096)] {
-            let _ = crate::test_util::now(
+            let _ = xlfs_sdk::testing::now(
                 xl.call(CallCtx::root("t"), Request::new(Fop::Readv { fd: fd(1), size, offset: off, flags: 0 })),
             );
         }
