@@ -21,8 +21,9 @@
  * Panics and exceptions (PLUGIN-ABI.md section 8): nothing may unwind out
  * of an export. A C++ plugin declares its exports noexcept or catches
  * everything at the boundary (catch (...) { return XLFS_HANDLER_FAILED; });
- * an exception that escapes an export aborts the whole process
- * (std::terminate), whatever the host does. XLFS_HANDLER_FAILED is the way
+ * an exception that escapes an export aborts the whole process ("Rust
+ * cannot catch foreign exceptions", or std::terminate), whatever the host
+ * does. XLFS_HANDLER_FAILED is the way
  * to report a failure: the host treats it as a crashed instance (that
  * fop fails with EIO, the instance is made again, the mount stays up).
  */
