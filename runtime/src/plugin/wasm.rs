@@ -532,7 +532,9 @@ impl Guest for WasmGuest {
             if p == 0 {
                 return Err(Fault(format!("{} could not allocate {cap} bytes", exports::ALLOC)));
             }
-            let r = call(&mut self.store, &self.limits, |s| f.call(s, (inst, p, cap)));
+            // A trap names the export (a dump is not a fop: say what ran).
+            let r = call(&mut self.store, &self.limits, |s| f.call(s, (inst, p, cap)))
+                .map_err(|Fault(why)| Fault(format!("{}: {why}", node_exports::DUMP)));
             let n = self.handler(node_exports::DUMP, r);
             let mut out = Vec::new();
             if let Ok(n @ 0..) = n
@@ -561,7 +563,8 @@ impl Guest for WasmGuest {
         };
         let (p, n) = self.put(options)?;
         let inst = self.inst;
-        let r = call(&mut self.store, &self.limits, |s| f.call(s, (inst, p, n)));
+        let r = call(&mut self.store, &self.limits, |s| f.call(s, (inst, p, n)))
+            .map_err(|Fault(why)| Fault(format!("{}: {why}", node_exports::RECONFIGURE)));
         self.handler(node_exports::RECONFIGURE, r)
     }
 
