@@ -500,8 +500,11 @@ impl Core {
             Ok((code, said)) => Err(ReconfigureError::Invalid(said.unwrap_or_else(|| {
                 format!("{} refused them ({})", sys::node_exports::RECONFIGURE, Errno(code.saturating_neg()))
             }))),
+            // A disabled plugin stays so until its node is rebuilt: let
+            // the reload rebuild it with the new options.
+            Err(_) if self.slot.lock().disabled => Err(ReconfigureError::Unsupported),
             Err(e) => Err(ReconfigureError::Invalid(format!(
-                "{} failed ({e}): the plugin crashed or is disabled, see the log; its old options stay",
+                "{} failed ({e}): the plugin crashed, see the log; its old options stay",
                 sys::node_exports::RECONFIGURE
             ))),
         }
