@@ -2,7 +2,9 @@
 # Installs what the tests need and a fresh Debian machine lacks; does
 # nothing for what is there already. Needs root (apt-get).
 # - Debian packages: attr (getfattr/setfattr for on-disk checks), gcc
-#   (runtime/tests/plugin_examples.rs builds plugins/c-passthrough), fuse3,
+#   (runtime/tests/plugin_examples.rs builds plugins/c-passthrough), g++
+#   (runtime/tests/native_panics.rs builds plugins/c-passthrough/throwing.cpp),
+#   fuse3,
 #   git, util-linux's flock and postgresql (the FUSE mount tests in
 #   runtime/tests/fuse.rs and runtime/tests/postgres.rs), fio, jq, bc (the
 #   workload scripts in ../shared/bench);
@@ -13,7 +15,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
 need=()
-for pkg in attr gcc fuse3 git postgresql fio jq bc; do
+for pkg in attr gcc g++ fuse3 git postgresql fio jq bc; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

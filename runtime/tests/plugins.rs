@@ -10,7 +10,8 @@
 //! - Hostile plugins: one that loops forever, one that allocates without
 //!   bound, one that traps, one that unwinds garbage, one that winds to a
 //!   child that does not exist, one that never unwinds, one built for ABI
-//!   2.0, and a crash loop. Each gets a clear error, or EIO for the fops it
+//!   2.0, one that traps in its dump or reconfigure export (ABI v1.2), and
+//!   a crash loop. Each gets a clear error, or EIO for the fops it
 //!   touched, and the client keeps working.
 //! - A fop whose caller goes away while the plugin holds it is finished in
 //!   the background (the host drives frames in the fop's own task).
@@ -29,8 +30,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use xlfs_runtime::client::Client;
-use xlfs_runtime::graph::Graph;
+use xlfs_runtime::graph::{Graph, GraphSpec};
 use xlfs_runtime::registry::Registry;
+use xlfs_runtime::volfile::Volfile;
 use xlfs_sdk::{
     CallCtx, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, Gfid, Iatt, InitCtx, InitError, Reply,
     Request, Xlator, XlatorType,
@@ -95,8 +97,9 @@ async fn foundation_workload_through_wasm_passthrough_and_dylib_access_log() {
         assert!(entered > 50, "{node} entered {entered} fops");
         assert_eq!(dump_value(&graph, &format!("{node}.plugin.crashes")), "0");
     }
-    // A v1.0 plugin (a translator) on this v1.1 host.
-    assert_eq!(dump_value(&graph, "wl-pass.plugin.abi"), "v1.0");
+    // SDK-built translators are v1.2 (dump and reconfigure exports); the
+    // C plugin of plugin_examples.rs shows a v1.0 one still loads.
+    assert_eq!(dump_value(&graph, "wl-pass.plugin.abi"), "v1.2");
     // The access log logged the fops, with the per-inode counts the host
     // keeps for it, and the child's ChildUp it passed on.
     let write = wait_log(&["wl-alog", "access: WRITE", "-> ok"]).await;
@@ -263,7 +266,7 @@ fn a_plugin_built_for_abi_2_is_refused_naming_both_versions() {
             tmp.path(),
             volume("v2", &format!("plugin/{kind}"), &opts(&module(kind, "abi2"), &[]), &["v-posix"]),
         ));
-        assert!(e.contains("ABI major version mismatch: host speaks v1.1, peer was built for v2.0"), "{kind}: {e}");
+        assert!(e.contains("ABI major version mismatch: host speaks v1.2, peer was built for v2.0"), "{kind}: {e}");
     }
 }
 
@@ -274,6 +277,7 @@ struct Hostile {
     graph: Graph,
     c: Client,
     node: String,
+    volfile: String,
 }
 
 /// posix -> a hostile plugin -> io-stats, in `mode`.
@@ -291,7 +295,7 @@ async fn hostile(kind: &str, mode: &str, extra: &[(&str, &str)]) -> Hostile {
     .concat();
     let graph = up(&volfile, &Registry::builtin()).await;
     let c = Client::new(graph.top());
-    Hostile { _tmp: tmp, graph, c, node }
+    Hostile { _tmp: tmp, graph, c, node, volfile }
 }
 
 impl Hostile {
@@ -356,6 +360,48 @@ async fn dylib_plugin_that_panics_is_caught_and_restarted() {
     wait_log(&[&h.node, "plugin crashed", "xlfs_on_fop failed"]).await;
     h.works("after").await;
     assert_eq!(h.crashes(), "1");
+}
+
+/// The ABI v1.2 exports misbehaving: a panic (trap) in `xlfs_dump` is a
+/// crash that leaves the host's counters in the dump; one in
+/// `xlfs_reconfigure` refuses the reload (named) with the old options kept
+/// by the instance made again. The node serves throughout.
+async fn hostile_dump_and_reconfigure(kind: &str) {
+    let h = hostile(kind, "dump-trap", &[("trigger", "evil")]).await;
+    h.works("before").await;
+    let dump = h.graph.dump();
+    assert!(dump.iter().any(|(k, v)| *k == format!("{}.plugin.fops-entered", h.node) && v != "0"), "{dump:?}");
+    assert!(!dump.iter().any(|(k, _)| k.starts_with(&format!("{}.hostile.", h.node))), "{dump:?}");
+    assert_eq!(h.crashes(), "1");
+    wait_log(&[&h.node, "plugin crashed", "xlfs_dump"]).await;
+    h.works("after-dump").await;
+
+    let h = hostile(kind, "reconfigure-trap", &[("trigger", "evil")]).await;
+    let registry = Registry::builtin();
+    let changed = h.volfile.replace("option trigger evil", "option trigger other");
+    assert_ne!(changed, h.volfile);
+    let spec =
+        GraphSpec::validate(&Volfile::parse(&changed, "changed.vol").expect("parses"), &registry).expect("valid");
+    let e = h.graph.reconfigure(spec).expect_err("the plugin panics in reconfigure");
+    let e = e.to_string();
+    assert!(e.contains(&format!("volume '{}'", h.node)) && e.contains("trigger evil -> other"), "{e}");
+    assert!(e.contains("xlfs_reconfigure failed"), "{e}");
+    assert_eq!(h.crashes(), "1");
+    // The old options stay: the instance made again triggers on "evil".
+    h.trigger().await;
+    h.works("after-reconfigure").await;
+    assert_eq!(dump_value(&h.graph, &format!("{}.hostile.trigger", h.node)), "evil");
+    assert_eq!(dump_value(&h.graph, &format!("{}.plugin.reconfigures", h.node)), "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasm_plugin_that_traps_in_dump_or_reconfigure_is_a_crash_and_keeps_its_options() {
+    hostile_dump_and_reconfigure("wasm").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dylib_plugin_that_panics_in_dump_or_reconfigure_is_a_crash_and_keeps_its_options() {
+    hostile_dump_and_reconfigure("dylib").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,5 @@
 /*
- * xlfs plugin ABI v1.1 -- the C statement of sdk/PLUGIN-ABI.md.
+ * xlfs plugin ABI v1.2 -- the C statement of sdk/PLUGIN-ABI.md.
  *
  * One source builds as a core WebAssembly module (clang --target=wasm32,
  * -nostdlib -Wl,--no-entry -Wl,--export-dynamic) and as a native shared
@@ -14,7 +14,18 @@
  * marker XLFS_ABI_VERSION_MARKER (v1.0: a translator). A policy module
  * (v1.1, PLUGIN-ABI.md section 11) uses XLFS_ABI_VERSION_MARKER_1_1 instead
  * and defines, besides, every function of one or both groups under
- * "Policy exports".
+ * "Policy exports". A plugin that defines xlfs_dump and/or
+ * xlfs_reconfigure ("Dump and reconfigure exports", v1.2) uses
+ * XLFS_ABI_VERSION_MARKER_1_2 (which also allows the policy exports).
+ *
+ * Panics and exceptions (PLUGIN-ABI.md section 8): nothing may unwind out
+ * of an export. A C++ plugin declares its exports noexcept or catches
+ * everything at the boundary (catch (...) { return XLFS_HANDLER_FAILED; });
+ * an exception that escapes an export aborts the whole process ("Rust
+ * cannot catch foreign exceptions", or std::terminate), whatever the host
+ * does. XLFS_HANDLER_FAILED is the way
+ * to report a failure: the host treats it as a crashed instance (that
+ * fop fails with EIO, the instance is made again, the mount stays up).
  */
 #ifndef XLFS_PLUGIN_H
 #define XLFS_PLUGIN_H
@@ -26,17 +37,24 @@ extern "C" {
 #endif
 
 #define XLFS_ABI_MAJOR 1
-#define XLFS_ABI_MINOR 1
+#define XLFS_ABI_MINOR 2
 
 /* Defines the version marker export, xlfs_abi_version_1_0 (or, for a
- * module with policy exports, xlfs_abi_version_1_1). Use one, once. */
+ * module with policy exports, xlfs_abi_version_1_1; with dump or
+ * reconfigure exports, xlfs_abi_version_1_2). Use one, once. */
 #if defined(__wasm__)
 #define XLFS_EXPORT __attribute__((visibility("default"), used))
 #else
 #define XLFS_EXPORT __attribute__((visibility("default")))
 #endif
-#define XLFS_ABI_VERSION_MARKER XLFS_EXPORT void xlfs_abi_version_1_0(void) {}
-#define XLFS_ABI_VERSION_MARKER_1_1 XLFS_EXPORT void xlfs_abi_version_1_1(void) {}
+#ifdef __cplusplus
+#define XLFS_EXTERN_C extern "C"
+#else
+#define XLFS_EXTERN_C
+#endif
+#define XLFS_ABI_VERSION_MARKER XLFS_EXTERN_C XLFS_EXPORT void xlfs_abi_version_1_0(void) {}
+#define XLFS_ABI_VERSION_MARKER_1_1 XLFS_EXTERN_C XLFS_EXPORT void xlfs_abi_version_1_1(void) {}
+#define XLFS_ABI_VERSION_MARKER_1_2 XLFS_EXTERN_C XLFS_EXPORT void xlfs_abi_version_1_2(void) {}
 
 /* wind flag: the frame ends with this call (its result goes straight up). */
 #define XLFS_WIND_TAIL 1u
@@ -137,6 +155,26 @@ XLFS_EXPORT int32_t xlfs_lock_interest(xlfs_inst inst);
  * the encoded view (XLFS_LOCK_VIEW_LEN bytes or more): XLFS_LOCK_KEEP,
  * XLFS_LOCK_RELEASE_NOW, or n >= 2: release within n - 1 milliseconds. */
 XLFS_EXPORT int64_t xlfs_lock_decide(xlfs_inst inst, uint32_t event, const uint8_t *view, uint32_t len);
+
+/* ---- Dump and reconfigure exports (v1.2, PLUGIN-ABI.md section 12) ------
+ * Each optional; the host probes for it. */
+
+/* The instance's own state (counters, settings) for `xlfs status --dump`:
+ * an encoded Dict (sdk/ABI.md section 3) of Str values written to out.
+ * Returns the encoding's length; a length above cap means nothing was
+ * written and the host calls again with at least that much room (up to
+ * XLFS_MAX_DUMP). XLFS_HANDLER_FAILED is a crash; another negative errno
+ * means nothing to report. */
+XLFS_EXPORT int32_t xlfs_dump(xlfs_inst inst, uint8_t *out, uint32_t cap);
+/* New options for the running instance on a volfile reload, already
+ * validated against the declarations, encoded as xlfs_init gets them.
+ * 0: applied (all of them); XLFS_RECONFIGURE_UNSUPPORTED: cannot, the host
+ * makes a new instance with them instead; another negative errno: refused
+ * (log why at error level first, naming the option), the old options stay;
+ * XLFS_HANDLER_FAILED is a crash (the old options stay too). */
+XLFS_EXPORT int32_t xlfs_reconfigure(xlfs_inst inst, const uint8_t *opts, uint32_t len);
+#define XLFS_MAX_DUMP (1u << 20)
+#define XLFS_RECONFIGURE_UNSUPPORTED (-95) /* -EOPNOTSUPP */
 
 /* Advice: u8 reset (0/1); u32 n, n x (u64 offset, u64 len) to prefetch;
  * u32 m, m x (u64 offset, u64 len) to drop; little-endian. */

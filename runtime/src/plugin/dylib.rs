@@ -6,20 +6,33 @@
 //!
 //! A native plugin is trusted code in the process: nothing stops it from
 //! looping, allocating or corrupting memory. The host checks every pointer
-//! and length it is given, catches panics in its own functions, and treats
-//! a handler's failure code (the SDK's macro turns the plugin's panics into
-//! one) as a crash of the instance.
+//! and length it is given and treats a handler's failure code as a crash
+//! of the instance.
+//!
+//! **Panics.** The exports are `extern "C"` functions: nothing can unwind
+//! out of them into the host, so the host does not try to catch anything
+//! around them (a `catch_unwind` there would catch nothing). The guest
+//! SDK's `export_plugin!` catches a Rust plugin's panic inside the plugin
+//! and returns the failure code instead. A plugin built without it must
+//! not let a panic or a C++ exception out of an export: if one does, the
+//! process aborts (Rust's "panic in a function that cannot unwind"; for a
+//! C++ exception, "Rust cannot catch foreign exceptions" or
+//! `std::terminate`). The other way round, the host's own functions
+//! in the vtable ([`HostVtable`]), which the plugin calls, catch every
+//! panic of the host's and return `-EIO`, so nothing unwinds into the
+//! plugin either.
 
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use super::Described;
 use std::path::Path;
 use std::sync::Arc;
 
 use libloading::Library;
 use object::{Object, ObjectSymbol};
 use xlfs_sdk::Errno;
-use xlfs_sdk::abi::AbiVersion;
-use xlfs_sdk::guest::sys::{self, Descriptor, HostVtable, PolicyExports, exports, policy_exports};
+use xlfs_sdk::guest::sys::{self, HostVtable, NodeExports, PolicyExports, exports, node_exports, policy_exports};
 
 use super::node::{Fault, Guest, GuestLimits, HostCtx, Module, PolicyCall};
 use super::{PluginError, check_version, decode_descriptor};
@@ -37,6 +50,8 @@ type RaResetFn = unsafe extern "C" fn(usize, u64, u64, u32) -> i32;
 type RaCloseFn = unsafe extern "C" fn(usize, u64) -> i32;
 type LockInterestFn = unsafe extern "C" fn(usize) -> i32;
 type LockDecideFn = unsafe extern "C" fn(usize, u32, *const u8, u32) -> i64;
+type DumpFn = unsafe extern "C" fn(usize, *mut u8, u32) -> i32;
+type ReconfigureFn = unsafe extern "C" fn(usize, *const u8, u32) -> i32;
 
 /// The read-ahead policy exports (ABI v1.1).
 #[derive(Clone, Copy)]
@@ -65,6 +80,10 @@ struct Syms {
     fini: FiniFn,
     ra: Option<RaSyms>,
     lock: Option<LockSyms>,
+    /// `xlfs_dump` (ABI v1.2, optional).
+    dump: Option<DumpFn>,
+    /// `xlfs_reconfigure` (ABI v1.2, optional).
+    reconfigure: Option<ReconfigureFn>,
 }
 
 /// A loaded library. Nodes hold it (through the loader's `Loaded`) so it
@@ -86,14 +105,12 @@ fn exported_names(bytes: &[u8]) -> Result<Vec<String>, String> {
         .collect())
 }
 
-pub(super) fn load(
-    path: &Path,
-    bytes: &[u8],
-) -> Result<(AbiVersion, Descriptor, PolicyExports, Box<dyn Module>), PluginError> {
+pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<Described, PluginError> {
     let fail = |reason: String| PluginError::Load { path: path.into(), reason };
     let names = exported_names(bytes).map_err(|reason| PluginError::NotAPlugin { path: path.into(), reason })?;
     let version = check_version(path, names.iter().map(String::as_str))?;
     let policies = PolicyExports::probe(version, names.iter().map(String::as_str));
+    let node_exports = NodeExports::probe(version, names.iter().map(String::as_str));
     // SAFETY: loading runs the library's initializers: a native plugin is
     // trusted code (see the module docs). Its version was checked above.
     let lib = unsafe { Library::new(path) }.map_err(|e| fail(format!("cannot load: {e}")))?;
@@ -113,7 +130,15 @@ pub(super) fn load(
         fini: sym!(FiniFn, exports::FINI),
         ra: None,
         lock: None,
+        dump: None,
+        reconfigure: None,
     };
+    if node_exports.dump {
+        syms.dump = Some(sym!(DumpFn, node_exports::DUMP));
+    }
+    if node_exports.reconfigure {
+        syms.reconfigure = Some(sym!(ReconfigureFn, node_exports::RECONFIGURE));
+    }
     if policies.read_ahead {
         syms.ra = Some(RaSyms {
             open: sym!(RaOpenFn, policy_exports::RA_OPEN),
@@ -130,15 +155,14 @@ pub(super) fn load(
     }
     let ctx = HostCtx::describing(path.display().to_string());
     let vt = vtable(&ctx);
-    // SAFETY: the vtable and its ctx outlive the call.
-    let code = catch_unwind(AssertUnwindSafe(|| unsafe { describe(&vt) }));
-    match code {
-        Ok(sys::HANDLER_OK) => {}
-        Ok(code) => return Err(fail(ctx.with_last_error(format!("{} returned {code}", exports::DESCRIBE)))),
-        Err(_) => return Err(fail(format!("{} panicked", exports::DESCRIBE))),
+    // SAFETY: the vtable and its ctx outlive the call. (No catch_unwind:
+    // nothing unwinds out of an `extern "C"` function; see the module docs.)
+    match unsafe { describe(&vt) } {
+        sys::HANDLER_OK => {}
+        code => return Err(fail(ctx.with_last_error(format!("{} returned {code}", exports::DESCRIBE)))),
     }
     let desc = decode_descriptor(path, ctx.take_declared())?;
-    Ok((version, desc, policies, Box::new(DylibModule { syms, _lib: lib })))
+    Ok(Described { version, desc, policies, node_exports, module: Box::new(DylibModule { syms, _lib: lib }) })
 }
 
 /// One node's instance.
@@ -165,8 +189,7 @@ impl Module for DylibModule {
         let init = self.syms.init;
         // SAFETY: the vtable is boxed and kept with the instance; the
         // options are valid for the call.
-        let inst = catch_unwind(AssertUnwindSafe(|| unsafe { init(&*vt, options.as_ptr(), len) }))
-            .map_err(|_| Fault(format!("{} panicked", exports::INIT)))?;
+        let inst = unsafe { init(&*vt, options.as_ptr(), len) };
         if inst == 0 {
             return Err(Fault(format!("{} returned no instance", exports::INIT)));
         }
@@ -175,27 +198,19 @@ impl Module for DylibModule {
 }
 
 impl DylibGuest {
-    /// Runs a handler; a panic that escapes or the failure code is a fault.
+    /// Runs a handler (an `extern "C"` call: nothing to catch, see the
+    /// module docs); the failure code is a fault.
     fn handler(&self, name: &str, f: impl FnOnce() -> i32) -> Result<i32, Fault> {
-        // SAFETY: `ctx` points into `_ctx`, alive as long as `self`.
-        let ctx = unsafe { &*self.ctx };
-        match catch_unwind(AssertUnwindSafe(f)) {
-            Ok(sys::HANDLER_FAILED) => Err(Fault(ctx.with_last_error(format!("{name} failed")))),
-            Ok(code) => Ok(code),
-            Err(_) => Err(Fault(format!("{name} panicked"))),
-        }
+        self.handler64(name, || i64::from(f())).map(|r| r as i32)
     }
-}
 
-impl DylibGuest {
     /// [`DylibGuest::handler`] for the exports that return an `int64_t`.
     fn handler64(&self, name: &str, f: impl FnOnce() -> i64) -> Result<i64, Fault> {
         // SAFETY: `ctx` points into `_ctx`, alive as long as `self`.
         let ctx = unsafe { &*self.ctx };
-        match catch_unwind(AssertUnwindSafe(f)) {
-            Ok(r) if r == i64::from(sys::HANDLER_FAILED) => Err(Fault(ctx.with_last_error(format!("{name} failed")))),
-            Ok(r) => Ok(r),
-            Err(_) => Err(Fault(format!("{name} panicked"))),
+        match f() {
+            r if r == i64::from(sys::HANDLER_FAILED) => Err(Fault(ctx.with_last_error(format!("{name} failed")))),
+            r => Ok(r),
         }
     }
 }
@@ -270,14 +285,41 @@ impl Guest for DylibGuest {
         }
     }
 
+    fn dump(&mut self) -> Result<Option<Vec<u8>>, Fault> {
+        let f = self.syms.dump.ok_or_else(|| Fault(format!("the module exports no {}", node_exports::DUMP)))?;
+        let inst = self.inst;
+        let mut out = vec![0u8; 4096];
+        loop {
+            let (p, cap) = (out.as_mut_ptr(), out.len() as u32);
+            // SAFETY: `out` is writable for `cap` bytes during the call.
+            let n = self.handler(node_exports::DUMP, || unsafe { f(inst, p, cap) })?;
+            let Ok(n) = usize::try_from(n) else { return Ok(None) };
+            if n <= out.len() {
+                out.truncate(n);
+                return Ok(Some(out));
+            }
+            if n > sys::MAX_DUMP || out.len() >= n {
+                return Ok(None);
+            }
+            out.resize(n, 0);
+        }
+    }
+
+    fn reconfigure(&mut self, options: &[u8]) -> Result<i32, Fault> {
+        let f = self
+            .syms
+            .reconfigure
+            .ok_or_else(|| Fault(format!("the module exports no {}", node_exports::RECONFIGURE)))?;
+        let (inst, n) = (self.inst, len32(options)?);
+        // SAFETY: the ABI's contract: `options` is valid for the call.
+        self.handler(node_exports::RECONFIGURE, || unsafe { f(inst, options.as_ptr(), n) })
+    }
+
     fn fini(&mut self) {
         let (f, inst) = (self.syms.fini, std::mem::take(&mut self.inst));
         if inst != 0 {
             // SAFETY: `inst` came from init and is not used again.
-            let _ = self.handler(exports::FINI, || {
-                unsafe { f(inst) };
-                sys::HANDLER_OK
-            });
+            unsafe { f(inst) };
         }
     }
 }

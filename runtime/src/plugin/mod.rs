@@ -1,7 +1,7 @@
 //! Plugin hosts: translators loaded at run time, as a WebAssembly module
 //! (`type plugin/wasm`, run by wasmtime) or as a native shared library
 //! (`type plugin/dylib`, loaded with libloading), both speaking the plugin
-//! ABI v1.1 (`sdk/PLUGIN-ABI.md`; v1.0 plugins load too) and both adapted into the native [`Xlator`]
+//! ABI v1.2 (`sdk/PLUGIN-ABI.md`; v1.0 and v1.1 plugins load too) and both adapted into the native [`Xlator`]
 //! trait, so a plugin can sit anywhere in a graph:
 //!
 //! ```text
@@ -27,8 +27,8 @@
 //!   does not want pass to child 0 without entering it; a fop that enters
 //!   it is driven in its own task (wound calls polled there, replies handed
 //!   to the guest as they come), with no task spawn or channel per fop.
-//! - Faults: a trap, a missed call deadline, a failed handler (a caught
-//!   panic in a native plugin) fail that node's fops in flight with EIO, are
+//! - Faults: a trap, a missed call deadline, a failed handler (the SDK's
+//!   failure code, as for a caught panic in a native plugin) fail that node's fops in flight with EIO, are
 //!   logged with the reason, and drop the instance; the next call makes a new
 //!   one. `crash-loop-limit` crashes within `crash-loop-window` disable the
 //!   plugin: its fops then fail with EIO (fail closed), logged, until the
@@ -39,10 +39,19 @@
 //!   `policy` and cluster/replicate's `lock-contention-policy` when they are
 //!   set to `wasm:<path>` or `dylib:<path>`; [`register`] registers those
 //!   loaders. A failing policy call falls back to the built-in default.
+//! - Dump and reconfigure (`node.rs`, plugin ABI v1.2, optional exports):
+//!   a node's dump adds the plugin's own pairs (`xlfs_dump`) to the host's
+//!   counters; an options-only reload hands a node its new plugin options
+//!   in place (`xlfs_reconfigure`, validated against the declarations
+//!   first), keeping the instance; a module without it is rebuilt, and a
+//!   refusal fails the reload with the old options kept.
 //! - A native plugin runs in the process: it is trusted code. The host
-//!   checks what crosses the boundary and catches panics on its side; the
-//!   SDK's export macro catches the plugin's own. It cannot be interrupted
-//!   or memory-limited: use WebAssembly for untrusted plugins.
+//!   checks what crosses the boundary; its vtable functions catch the
+//!   host's own panics. Nothing can unwind out of the plugin's `extern "C"`
+//!   exports: the SDK's export macro catches a Rust plugin's panics and
+//!   returns the failure code, and a plugin built without it that unwinds
+//!   aborts the process (`dylib.rs`). It cannot be interrupted or
+//!   memory-limited: use WebAssembly for untrusted plugins.
 //!
 //! [`Xlator`]: xlfs_sdk::Xlator
 
@@ -54,8 +63,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use xlfs_sdk::abi::{self, AbiVersion, VersionError};
-use xlfs_sdk::guest::sys::{self, DeclaredOption, DeclaredType, Descriptor, PolicyExports};
-use xlfs_sdk::{Dict, InitCtx, InitError, OptType, OptionDecl, Options, Xlator, XlatorType};
+use xlfs_sdk::guest::sys::{self, DeclaredOption, DeclaredType, Descriptor, NodeExports, PolicyExports};
+use xlfs_sdk::{InitCtx, InitError, OptType, OptionDecl, Options, Xlator, XlatorType};
 
 use crate::registry::{Registry, RegistryError};
 
@@ -218,6 +227,8 @@ pub(crate) struct Loaded {
     pub(crate) desc: Descriptor,
     /// The policies it exports (ABI v1.1).
     pub(crate) policies: PolicyExports,
+    /// Which of `xlfs_dump` and `xlfs_reconfigure` it exports (ABI v1.2).
+    pub(crate) node_exports: NodeExports,
     /// The host's options, then the module's (leaked once per module
     /// content: an [`XlatorType`] holds `'static` declarations).
     pub(crate) decls: &'static [OptionDecl],
@@ -225,6 +236,15 @@ pub(crate) struct Loaded {
 }
 
 type Key = (Kind, [u8; 32]);
+
+/// What an engine found in a module it loaded.
+pub(crate) struct Described {
+    pub(crate) version: AbiVersion,
+    pub(crate) desc: Descriptor,
+    pub(crate) policies: PolicyExports,
+    pub(crate) node_exports: NodeExports,
+    pub(crate) module: Box<dyn Module>,
+}
 
 struct Cache {
     loaded: HashMap<Key, Arc<Loaded>>,
@@ -259,7 +279,7 @@ pub(crate) fn load(kind: Kind, path: &Path) -> Result<Arc<Loaded>, PluginError> 
         }
     }
     let started = std::time::Instant::now();
-    let (version, desc, policies, module) = match kind {
+    let Described { version, desc, policies, node_exports, module } = match kind {
         Kind::Wasm => wasm::load(path, &bytes)?,
         Kind::Dylib => dylib::load(path, &bytes)?,
     };
@@ -276,7 +296,8 @@ pub(crate) fn load(kind: Kind, path: &Path) -> Result<Arc<Loaded>, PluginError> 
     }
     let mut c = cache().lock();
     let decls = *c.decls.entry(key).or_insert_with(|| leak_decls(kind.host_options(), &desc.options));
-    let loaded = Arc::new(Loaded { kind, path: path.to_path_buf(), version, desc, policies, decls, module });
+    let loaded =
+        Arc::new(Loaded { kind, path: path.to_path_buf(), version, desc, policies, node_exports, decls, module });
     let loaded = c.loaded.entry(key).or_insert(loaded).clone();
     c.lru.retain(|k| *k != key);
     c.lru.push(key);
@@ -419,21 +440,13 @@ fn build(kind: Kind, init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
         init.options.iter().filter(|(_, _, set)| *set).map(|(k, v, _)| (k.to_string(), v.to_string())).collect();
     Options::resolve(l.decls, given.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .map_err(|e| InitError::new(format!("{}: {e}", path.display())))?;
-    let mut mine = Dict::new();
-    for (k, v) in &given {
-        if !kind.host_options().iter().any(|h| h.matches(k)) {
-            mine.set_str(k.clone(), v.clone());
-        }
-    }
-    let mut init_msg = Vec::new();
-    abi::encode(&mine, &mut init_msg);
     let limits = node_limits(&init.options);
     let guest_limits = GuestLimits {
         memory: usize::try_from(init.options.size("plugin-memory-limit").unwrap_or(64 << 20)).unwrap_or(usize::MAX),
         call_timeout: init.options.time("plugin-call-timeout").unwrap_or(Duration::from_secs(1)),
     };
     let name = init.name.clone();
-    let core = Core::new(init.name, init.children, init.events, limits, guest_limits, init_msg, l);
+    let core = Core::new(init.name, init.children, init.events, limits, guest_limits, init.options, l);
     core.start().map_err(|why| InitError::new(format!("plugin {} ({}): init failed: {why}", name, path.display())))?;
     Ok(Arc::new(PluginXlator { core }))
 }
@@ -451,9 +464,10 @@ mod tests {
         );
         assert_eq!(check_version(p, ["xlfs_abi_version_1_1"].into_iter()).expect("v1.1"), AbiVersion::new(1, 1));
         let e = check_version(p, ["xlfs_abi_version_2_0"].into_iter()).expect_err("major");
-        assert_eq!(e.to_string(), "/m.wasm: ABI major version mismatch: host speaks v1.1, peer was built for v2.0");
+        assert_eq!(e.to_string(), "/m.wasm: ABI major version mismatch: host speaks v1.2, peer was built for v2.0");
+        assert_eq!(check_version(p, ["xlfs_abi_version_1_2"].into_iter()).expect("v1.2"), AbiVersion::new(1, 2));
         let e = check_version(p, ["xlfs_abi_version_1_7"].into_iter()).expect_err("newer minor");
-        assert!(e.to_string().contains("v1.7") && e.to_string().contains("v1.1"), "{e}");
+        assert!(e.to_string().contains("v1.7") && e.to_string().contains("v1.2"), "{e}");
         let e = check_version(p, ["xlfs_init"].into_iter()).expect_err("no marker");
         assert!(e.to_string().contains("no xlfs_abi_version_<major>_<minor> version marker"), "{e}");
         let e = check_version(p, ["xlfs_abi_version_1_0", "xlfs_abi_version_1_1"].into_iter()).expect_err("two");

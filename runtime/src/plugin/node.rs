@@ -38,8 +38,10 @@ use tokio::task::AbortHandle;
 use xlfs_sdk::abi::{self, Limits};
 use xlfs_sdk::guest::sys::{self, Descriptor};
 use xlfs_sdk::slots::Slots;
+use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
-    CallCtx, Child, Errno, Event, EventFrom, EventSink, FdId, Fop, FopFuture, FopKind, FopResult, Gfid, Request, Xlator,
+    CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, FdId, Fop, FopFuture, FopKind, FopResult, Gfid, Options,
+    Request, Xlator,
 };
 
 use super::Loaded;
@@ -70,6 +72,13 @@ pub(crate) trait Guest: Send {
     /// A policy call (the ABI v1.1 policy exports); a fault if the module
     /// does not export it.
     fn policy(&mut self, call: PolicyCall<'_>) -> Result<i64, Fault>;
+    /// The instance's own state (`xlfs_dump`, ABI v1.2): an encoded Dict,
+    /// or `None` when it reports nothing (a negative errno, or more than
+    /// [`sys::MAX_DUMP`] bytes). A fault if the module lacks the export.
+    fn dump(&mut self) -> Result<Option<Vec<u8>>, Fault>;
+    /// New options (`xlfs_reconfigure`, ABI v1.2): the export's result, `0`
+    /// or a negative errno. A fault if the module lacks the export.
+    fn reconfigure(&mut self, options: &[u8]) -> Result<i32, Fault>;
     /// The instance is done (`xlfs_fini`).
     fn fini(&mut self);
 }
@@ -358,7 +367,15 @@ pub(crate) struct Core {
     generation: AtomicU64,
     rt: OnceLock<Handle>,
     node_ctx: CallCtx,
-    init_msg: Vec<u8>,
+    /// The options an instance is made with (the plugin's own, encoded):
+    /// the volfile's, or the last ones `xlfs_reconfigure` accepted.
+    init_msg: Mutex<Vec<u8>>,
+    /// The node's options as the graph gave them (host's and plugin's).
+    options: Mutex<Options>,
+    /// Instances made (the first, and each restart after a crash).
+    instances: AtomicU64,
+    /// Option changes applied in place.
+    reconfigures: AtomicU64,
     guest_limits: GuestLimits,
     host: Arc<HostCtx>,
     loaded: Arc<Loaded>,
@@ -375,9 +392,10 @@ impl Core {
         sink: EventSink,
         limits: NodeLimits,
         guest_limits: GuestLimits,
-        init_msg: Vec<u8>,
+        options: Options,
         loaded: Arc<Loaded>,
     ) -> Arc<Core> {
+        let init_msg = plugin_options(loaded.kind, &options);
         Arc::new_cyclic(|me: &Weak<Core>| Core {
             me: me.clone(),
             node_ctx: CallCtx::root(format!("plugin:{name}")),
@@ -406,7 +424,10 @@ impl Core {
             passed: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             rt: OnceLock::new(),
-            init_msg,
+            init_msg: Mutex::new(init_msg),
+            options: Mutex::new(options),
+            instances: AtomicU64::new(0),
+            reconfigures: AtomicU64::new(0),
             guest_limits,
             loaded,
         })
@@ -420,12 +441,102 @@ impl Core {
     /// fails the graph build with its reason.
     pub(crate) fn start(&self) -> Result<(), String> {
         let mut slot = self.slot.lock();
-        match self.loaded.module.instantiate(&self.host, &self.init_msg, &self.guest_limits) {
+        match self.instantiate() {
             Ok(g) => {
                 slot.guest = Some(g);
                 Ok(())
             }
             Err(Fault(why)) => Err(self.host.with_last_error(why)),
+        }
+    }
+
+    /// A new instance with the current options.
+    fn instantiate(&self) -> Result<Box<dyn Guest>, Fault> {
+        let msg = self.init_msg.lock().clone();
+        let g = self.loaded.module.instantiate(&self.host, &msg, &self.guest_limits)?;
+        self.instances.fetch_add(1, Ordering::Relaxed);
+        Ok(g)
+    }
+
+    /// New options for the node ([`Xlator::reconfigure`]): given in place
+    /// to the instance through `xlfs_reconfigure` (ABI v1.2) when only the
+    /// plugin's own options changed and the module exports it; otherwise
+    /// [`ReconfigureError::Unsupported`] (the graph builds a new node).
+    /// Checked against the module's declarations first, as at init. A
+    /// refusal (or a crash) leaves the old options in force: a restarted
+    /// instance gets them too.
+    fn reconfigure(&self, new: &Options) -> Result<(), ReconfigureError> {
+        if !self.loaded.node_exports.reconfigure {
+            return Err(ReconfigureError::Unsupported);
+        }
+        {
+            let old = self.options.lock();
+            if self.loaded.kind.host_options().iter().any(|h| old.get(h.name) != new.get(h.name)) {
+                // module, limits: the host's own options need a new node.
+                return Err(ReconfigureError::Unsupported);
+            }
+        }
+        let given: Vec<(String, String)> =
+            new.iter().filter(|(_, _, set)| *set).map(|(k, v, _)| (k.to_string(), v.to_string())).collect();
+        Options::resolve(self.loaded.decls, given.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .map_err(|e| ReconfigureError::Invalid(e.to_string()))?;
+        let msg = plugin_options(self.loaded.kind, new);
+        let r = self.with_guest(None, |g, _| {
+            let code = g.reconfigure(&msg)?;
+            // The plugin logs why before refusing (under the slot lock,
+            // so this is this call's line).
+            let said = if code < 0 { self.host.last_error.lock().take() } else { None };
+            Ok((code, said))
+        });
+        match r {
+            Ok((sys::HANDLER_OK, _)) => {
+                *self.init_msg.lock() = msg;
+                *self.options.lock() = new.clone();
+                self.reconfigures.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(target: "xlfs::plugin", node = %self.name, "plugin took its new options in place");
+                Ok(())
+            }
+            Ok((sys::RECONFIGURE_UNSUPPORTED, _)) => Err(ReconfigureError::Unsupported),
+            Ok((code, said)) => Err(ReconfigureError::Invalid(said.unwrap_or_else(|| {
+                format!("{} refused them ({})", sys::node_exports::RECONFIGURE, Errno(code.saturating_neg()))
+            }))),
+            // A disabled plugin stays so until its node is rebuilt: let
+            // the reload rebuild it with the new options.
+            Err(_) if self.slot.lock().disabled => Err(ReconfigureError::Unsupported),
+            Err(e) => Err(ReconfigureError::Invalid(format!(
+                "{} failed ({e}): the plugin crashed, see the log; its old options stay",
+                sys::node_exports::RECONFIGURE
+            ))),
+        }
+    }
+
+    /// The instance's own dump pairs (ABI v1.2), if it runs and reports
+    /// any. A crash while dumping is handled as any other.
+    fn guest_dump(&self) -> Vec<(String, String)> {
+        if !self.loaded.node_exports.dump {
+            return Vec::new();
+        }
+        let mut slot = self.slot.lock();
+        if slot.shut || slot.disabled {
+            return Vec::new();
+        }
+        let Some(guest) = slot.guest.as_mut() else { return Vec::new() };
+        self.host.last_error.lock().take();
+        let bytes = match guest.dump() {
+            Ok(Some(b)) => b,
+            Ok(None) => return Vec::new(),
+            Err(fault) => {
+                self.crash(&mut slot, fault);
+                return Vec::new();
+            }
+        };
+        drop(slot);
+        match sys::decode_dump(&bytes) {
+            Ok(pairs) => pairs,
+            Err(e) => {
+                tracing::warn!(target: "xlfs::plugin", node = %self.name, "plugin dumped garbage ({e}): left out");
+                Vec::new()
+            }
         }
     }
 
@@ -459,7 +570,7 @@ impl Core {
             return Err(Errno::EIO);
         }
         if slot.guest.is_none() {
-            match self.loaded.module.instantiate(&self.host, &self.init_msg, &self.guest_limits) {
+            match self.instantiate() {
                 Ok(g) => {
                     tracing::info!(target: "xlfs::plugin", node = %self.name, "plugin instance restarted");
                     slot.guest = Some(g);
@@ -929,6 +1040,20 @@ impl HostCtx {
     }
 }
 
+/// The plugin's own options in `options` (those the volfile sets, not the
+/// host's), as the Dict of Str values `xlfs_init` and `xlfs_reconfigure` get.
+pub(crate) fn plugin_options(kind: super::Kind, options: &Options) -> Vec<u8> {
+    let mut mine = Dict::new();
+    for (k, v, set) in options.iter() {
+        if set && !kind.host_options().iter().any(|h| h.matches(k)) {
+            mine.set_str(k.to_string(), v.to_string());
+        }
+    }
+    let mut msg = Vec::new();
+    abi::encode(&mine, &mut msg);
+    msg
+}
+
 /// A plugin node as the graph sees it.
 pub(crate) struct PluginXlator {
     pub(crate) core: Arc<Core>,
@@ -991,11 +1116,17 @@ impl Xlator for PluginXlator {
         }
     }
 
+    fn reconfigure(&self, options: &Options) -> Result<(), ReconfigureError> {
+        self.core.reconfigure(options)
+    }
+
+    /// The host's counters for the node, then the plugin's own pairs
+    /// (ABI v1.2 `xlfs_dump`), each key prefixed with the plugin's name.
     fn dump(&self) -> Vec<(String, String)> {
         let core = &self.core;
         let slot = core.slot.lock();
         let l = &core.loaded;
-        vec![
+        let mut out = vec![
             ("plugin.module".into(), l.path.display().to_string()),
             ("plugin.engine".into(), l.kind.type_name().into()),
             ("plugin.name".into(), l.desc.name.clone()),
@@ -1006,7 +1137,13 @@ impl Xlator for PluginXlator {
             ("plugin.fops-passed-through".into(), core.passed.load(Ordering::Relaxed).to_string()),
             ("plugin.crashes".into(), slot.total_crashes.to_string()),
             ("plugin.disabled".into(), slot.disabled.to_string()),
-        ]
+            ("plugin.instances".into(), core.instances.load(Ordering::Relaxed).to_string()),
+            ("plugin.reconfigures".into(), core.reconfigures.load(Ordering::Relaxed).to_string()),
+        ];
+        drop(slot);
+        let name = &l.desc.name;
+        out.extend(core.guest_dump().into_iter().map(|(k, v)| (format!("{name}.{k}"), v)));
+        out
     }
 
     fn fini(&self) {

@@ -13,11 +13,10 @@ use wasmtime::{
     TypedFunc,
 };
 use xlfs_sdk::Errno;
-use xlfs_sdk::abi::AbiVersion;
-use xlfs_sdk::guest::sys::{self, Descriptor, PolicyExports, exports, imports, policy_exports};
+use xlfs_sdk::guest::sys::{self, NodeExports, PolicyExports, exports, imports, node_exports, policy_exports};
 
 use super::node::{Fault, Guest, GuestLimits, HostCtx, Module, PolicyCall};
-use super::{PluginError, check_version, decode_descriptor};
+use super::{Described, PluginError, check_version, decode_descriptor};
 
 /// How often the epoch advances: the granularity of `plugin-call-timeout`.
 pub(crate) const TICK: Duration = Duration::from_millis(10);
@@ -200,13 +199,11 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
 struct WasmModule {
     pre: InstancePre<HostState>,
     policies: PolicyExports,
+    node_exports: NodeExports,
 }
 
 /// Compiles, checks and describes the module in `bytes`.
-pub(super) fn load(
-    path: &Path,
-    bytes: &[u8],
-) -> Result<(AbiVersion, Descriptor, PolicyExports, Box<dyn Module>), PluginError> {
+pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<Described, PluginError> {
     let fail = |reason: String| PluginError::Load { path: path.into(), reason };
     let engine = engine().map_err(fail)?;
     let code = WasmModuleCode::new(engine, bytes).map_err(|e| PluginError::NotAPlugin {
@@ -217,11 +214,12 @@ pub(super) fn load(
     // functions this host does not have, and must be named for its version.
     let version = check_version(path, code.exports().map(|e| e.name()))?;
     let policies = PolicyExports::probe(version, code.exports().map(|e| e.name()));
+    let node_exports = NodeExports::probe(version, code.exports().map(|e| e.name()));
     let pre = linker()
         .map_err(fail)?
         .instantiate_pre(&code)
         .map_err(|e| fail(format!("it needs host functions this host (ABI {}) lacks: {e:#}", sys::PLUGIN_ABI)))?;
-    let module = WasmModule { pre, policies };
+    let module = WasmModule { pre, policies, node_exports };
     let ctx = HostCtx::describing(path.display().to_string());
     let mut store = module.store(&ctx, &DESCRIBE_LIMITS);
     let describe = module
@@ -237,7 +235,7 @@ pub(super) fn load(
         Err(Fault(why)) => return Err(fail(ctx.with_last_error(format!("{} failed: {why}", exports::DESCRIBE)))),
     }
     let desc = decode_descriptor(path, ctx.take_declared())?;
-    Ok((version, desc, policies, Box::new(module)))
+    Ok(Described { version, desc, policies, node_exports, module: Box::new(module) })
 }
 
 impl WasmModule {
@@ -299,6 +297,10 @@ struct Funcs {
     fini: TypedFunc<u32, ()>,
     ra: Option<RaFuncs>,
     lock: Option<LockFuncs>,
+    /// `xlfs_dump` (ABI v1.2, optional): instance, out, cap.
+    dump: Option<TypedFunc<(u32, u32, u32), i32>>,
+    /// `xlfs_reconfigure` (ABI v1.2, optional): instance, options, length.
+    reconfigure: Option<TypedFunc<(u32, u32, u32), i32>>,
 }
 
 /// `xlfs_ra_read`'s parameters: instance, stream, offset, size, at_ns, out, cap.
@@ -350,7 +352,15 @@ impl Module for WasmModule {
             fini: func!(exports::FINI),
             ra: None,
             lock: None,
+            dump: None,
+            reconfigure: None,
         };
+        if self.node_exports.dump {
+            f.dump = Some(func!(node_exports::DUMP));
+        }
+        if self.node_exports.reconfigure {
+            f.reconfigure = Some(func!(node_exports::RECONFIGURE));
+        }
         if self.policies.read_ahead {
             f.ra = Some(RaFuncs {
                 open: func!(policy_exports::RA_OPEN),
@@ -508,6 +518,54 @@ impl Guest for WasmGuest {
                 self.handler64(policy_exports::LOCK_DECIDE, r)
             }
         }
+    }
+
+    fn dump(&mut self) -> Result<Option<Vec<u8>>, Fault> {
+        let Some(f) = self.f.dump.clone() else {
+            return Err(Fault(format!("the module exports no {}", node_exports::DUMP)));
+        };
+        let inst = self.inst;
+        let mut cap = 4096u32;
+        loop {
+            let alloc = &self.f.alloc;
+            let p = call(&mut self.store, &self.limits, |s| alloc.call(s, cap))?;
+            if p == 0 {
+                return Err(Fault(format!("{} could not allocate {cap} bytes", exports::ALLOC)));
+            }
+            // A trap names the export (a dump is not a fop: say what ran).
+            let r = call(&mut self.store, &self.limits, |s| f.call(s, (inst, p, cap)))
+                .map_err(|Fault(why)| Fault(format!("{}: {why}", node_exports::DUMP)));
+            let n = self.handler(node_exports::DUMP, r);
+            let mut out = Vec::new();
+            if let Ok(n @ 0..) = n
+                && n as u32 <= cap
+            {
+                let mem = self.store.data().memory.ok_or_else(|| Fault("no memory".into()))?;
+                out.resize(n as usize, 0);
+                mem.read(&self.store, p as usize, &mut out).map_err(|_| Fault("dump outside memory".into()))?;
+            }
+            let free = &self.f.free;
+            call(&mut self.store, &self.limits, |s| free.call(s, (p, cap)))?;
+            let Ok(n) = u32::try_from(n?) else { return Ok(None) };
+            if n <= cap {
+                return Ok(Some(out));
+            }
+            if n as usize > sys::MAX_DUMP {
+                return Ok(None);
+            }
+            cap = n;
+        }
+    }
+
+    fn reconfigure(&mut self, options: &[u8]) -> Result<i32, Fault> {
+        let Some(f) = self.f.reconfigure.clone() else {
+            return Err(Fault(format!("the module exports no {}", node_exports::RECONFIGURE)));
+        };
+        let (p, n) = self.put(options)?;
+        let inst = self.inst;
+        let r = call(&mut self.store, &self.limits, |s| f.call(s, (inst, p, n)))
+            .map_err(|Fault(why)| Fault(format!("{}: {why}", node_exports::RECONFIGURE)));
+        self.handler(node_exports::RECONFIGURE, r)
     }
 
     fn fini(&mut self) {

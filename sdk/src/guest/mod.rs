@@ -52,21 +52,27 @@ pub use sys::{EventSet, FopSet};
 #[doc(hidden)]
 pub mod __rt {
     pub use super::policy::{lock_decide, lock_interest, ra_close, ra_open, ra_read, ra_reset};
-    pub use super::rt::{alloc, describe, fini, free, init, on_event, on_fop, on_reply, on_timer};
+    pub use super::rt::{alloc, describe, dump, fini, free, init, on_event, on_fop, on_reply, on_timer, reconfigure};
 }
 
-// The export macros spell the version markers out; they must follow the ABI.
-// A translator needs only v1.0 (so it loads on v1.0 hosts too); a policy
-// module needs v1.1.
+// The export macros spell the version marker out; it must follow the ABI.
+// Every module they make exports xlfs_dump and xlfs_reconfigure, so it is
+// v1.2 (a v1.0 or v1.1 host refuses it, naming both versions).
 const _: () =
     assert!(crate::abi::ABI_MAJOR == 1 && crate::abi::ABI_MINOR == 0, "update export_plugin!'s version marker");
-const _: () =
-    assert!(sys::PLUGIN_ABI.major == 1 && sys::PLUGIN_ABI.minor == 1, "update export_policy!'s version marker");
+const _: () = assert!(
+    sys::PLUGIN_ABI.major == 1 && sys::PLUGIN_ABI.minor == 2,
+    "update the version marker of export_plugin! and export_policy!"
+);
 
 /// Exports a [`Plugin`] type through the plugin ABI: the version marker
-/// `xlfs_abi_version_1_0`, `xlfs_alloc`/`xlfs_free`, `xlfs_describe`,
-/// `xlfs_init`, the `xlfs_on_*` handlers and `xlfs_fini`. Use it once, at
-/// the crate root of a `cdylib` crate.
+/// `xlfs_abi_version_1_2`, `xlfs_alloc`/`xlfs_free`, `xlfs_describe`,
+/// `xlfs_init`, the `xlfs_on_*` handlers, `xlfs_fini`, and (v1.2)
+/// `xlfs_dump` and `xlfs_reconfigure` (whose defaults report nothing and
+/// leave reconfiguring to a new instance). Every handler is guarded: a
+/// panic inside the plugin is caught (natively; on WebAssembly it traps),
+/// logged, and returned as the failure code, which the host treats as a
+/// crashed instance. Use it once, at the crate root of a `cdylib` crate.
 #[cfg(feature = "guest")]
 #[macro_export]
 macro_rules! export_plugin {
@@ -155,11 +161,29 @@ macro_rules! export_plugin {
         pub unsafe extern "C" fn xlfs_fini(inst: usize) {
             unsafe { $crate::guest::__rt::fini::<$plugin>(inst) }
         }
+
+        /// The instance's state for the host's dump (ABI v1.2).
+        ///
+        /// # Safety
+        /// Arguments as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_dump(inst: usize, out: *mut u8, cap: u32) -> i32 {
+            unsafe { $crate::guest::__rt::dump::<$plugin>(inst, out, cap) }
+        }
+
+        /// New options for the running instance (ABI v1.2).
+        ///
+        /// # Safety
+        /// Arguments as the plugin ABI specifies.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn xlfs_reconfigure(inst: usize, opts: *const u8, len: u32) -> i32 {
+            unsafe { $crate::guest::__rt::reconfigure::<$plugin>(inst, opts, len) }
+        }
     };
     ($plugin:ty) => {
-        /// The plugin ABI version marker (v1.0).
+        /// The plugin ABI version marker (v1.2).
         #[unsafe(no_mangle)]
-        pub extern "C" fn xlfs_abi_version_1_0() {}
+        pub extern "C" fn xlfs_abi_version_1_2() {}
         $crate::export_plugin!(@common $plugin);
     };
 }
@@ -168,7 +192,7 @@ macro_rules! export_plugin {
 /// section 11): a read-ahead policy (a [`ReadAheadPolicy`] type), a
 /// lock-contention policy (a [`LockContentionPolicy`] type), or both, each
 /// made with `Default` when the host makes an instance. The module gets the
-/// version marker `xlfs_abi_version_1_1`, every v1.0 export (as a
+/// version marker `xlfs_abi_version_1_2`, every translator export (as a
 /// translator it passes fops on: [`policy::Policies`]) and the exports of
 /// the policies given. Use it once, at the crate root of a `cdylib` crate:
 ///
@@ -197,9 +221,10 @@ macro_rules! export_policy {
         $crate::export_policy!(@lock $ra, $lock);
     };
     (@module $ra:ty, $lock:ty) => {
-        /// The plugin ABI version marker (v1.1: policy exports).
+        /// The plugin ABI version marker (v1.2: policy exports since v1.1,
+        /// dump and reconfigure since v1.2).
         #[unsafe(no_mangle)]
-        pub extern "C" fn xlfs_abi_version_1_1() {}
+        pub extern "C" fn xlfs_abi_version_1_2() {}
         $crate::export_plugin!(@common $crate::guest::policy::Policies<$ra, $lock>);
     };
     (@ra $ra:ty, $lock:ty) => {

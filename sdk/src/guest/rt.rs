@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use crate::abi::{self, Limits};
 use crate::errno::Errno;
 use crate::options::{OptionDecl, Options};
+use crate::xlator::ReconfigureError;
 use crate::{CallCtx, Dict, Event, EventFrom, FopResult, Request, Value};
 
 use super::host::{Buf, Host};
@@ -84,6 +85,27 @@ pub trait Plugin: Sized + 'static {
     /// The node is going away.
     fn fini(&mut self, host: Host) {
         let _ = host;
+    }
+
+    /// The instance's own state for `xlfs status --dump` (ABI v1.2):
+    /// push `(key, value)` pairs (counters, settings). The host shows them
+    /// beside its own counters for the node, as `VOLUME.NAME.key` where
+    /// `NAME` is [`Plugin::NAME`]. The default reports nothing.
+    fn dump(&self, out: &mut Vec<(String, String)>) {
+        let _ = out;
+    }
+
+    /// New options on a live volfile reload (ABI v1.2), validated against
+    /// [`Plugin::OPTIONS`] with the defaults filled, as [`Plugin::init`]
+    /// gets them; the instance keeps its state and its frames in flight.
+    /// Apply all or nothing: `Err(ReconfigureError::Invalid(why))` refuses
+    /// them (name the option in `why`: the reload reports it and the old
+    /// options stay in force). The default,
+    /// `Err(ReconfigureError::Unsupported)`, makes the host build a new
+    /// instance with the new options instead.
+    fn reconfigure(&mut self, options: &Options) -> Result<(), ReconfigureError> {
+        let _ = options;
+        Err(ReconfigureError::Unsupported)
     }
 }
 
@@ -491,27 +513,7 @@ pub unsafe fn init<P: Plugin>(host: *const HostVtable, opts: *const u8, len: u32
     // SAFETY: the host's message.
     let msg = unsafe { bytes(opts, len) };
     guard(host, 0, || {
-        let given = match abi::decode::<Dict>(msg, None, &Limits::DEFAULT) {
-            Ok(d) => d,
-            Err(e) => {
-                host.error(&format!("{}: options message: {e}", P::NAME));
-                return 0;
-            }
-        };
-        let pairs: Vec<(&str, &str)> = given
-            .iter()
-            .filter_map(|(k, v)| match v {
-                Value::Str(s) => Some((k.as_str(), s.as_str())),
-                _ => None,
-            })
-            .collect();
-        let options = match Options::resolve(P::OPTIONS, pairs) {
-            Ok(o) => o,
-            Err(e) => {
-                host.error(&format!("{}: {e}", P::NAME));
-                return 0;
-            }
-        };
+        let Some(options) = options_of::<P>(host, msg) else { return 0 };
         match P::init(host, &options) {
             Ok(plugin) => {
                 let inst = Instance::<P> { host, plugin, frames: BTreeMap::new(), scratch: Vec::new() };
@@ -636,6 +638,79 @@ pub unsafe fn on_event<P: Plugin>(inst: usize, from: i32, msg: *const u8, len: u
         };
         let from = if from < 0 { EventFrom::Graph } else { EventFrom::Child(from as usize) };
         if i.plugin.event(host, &event, from) { sys::EVENT_PASS } else { sys::EVENT_STOP }
+    })
+}
+
+/// The options in an options message (`xlfs_init`, `xlfs_reconfigure`),
+/// resolved against `P`'s declarations; the error is logged.
+fn options_of<P: Plugin>(host: Host, msg: &[u8]) -> Option<Options> {
+    let given = match abi::decode::<Dict>(msg, None, &Limits::DEFAULT) {
+        Ok(d) => d,
+        Err(e) => {
+            host.error(&format!("{}: options message: {e}", P::NAME));
+            return None;
+        }
+    };
+    let pairs: Vec<(&str, &str)> = given
+        .iter()
+        .filter_map(|(k, v)| match v {
+            Value::Str(s) => Some((k.as_str(), s.as_str())),
+            _ => None,
+        })
+        .collect();
+    match Options::resolve(P::OPTIONS, pairs) {
+        Ok(o) => Some(o),
+        Err(e) => {
+            host.error(&format!("{}: {e}", P::NAME));
+            None
+        }
+    }
+}
+
+/// `xlfs_dump` (ABI v1.2).
+///
+/// # Safety
+/// Arguments as the ABI specifies: `out` writable for `cap` bytes.
+pub unsafe fn dump<P: Plugin>(inst: usize, out: *mut u8, cap: u32) -> i32 {
+    // SAFETY: the host's contract.
+    let Some(i) = (unsafe { instance::<P>(inst) }) else { return sys::HANDLER_FAILED };
+    let host = i.host;
+    let encoded = guard(host, None, || {
+        let mut pairs = Vec::new();
+        i.plugin.dump(&mut pairs);
+        let mut b = Vec::new();
+        sys::encode_dump(&pairs, &mut b);
+        Some(b)
+    });
+    let Some(b) = encoded else { return sys::HANDLER_FAILED };
+    let Ok(n) = i32::try_from(b.len()) else { return -Errno::E2BIG.0 };
+    if b.len() <= cap as usize && !out.is_null() {
+        // SAFETY: `out` is writable for `cap` >= `b.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), out, b.len()) };
+    }
+    n
+}
+
+/// `xlfs_reconfigure` (ABI v1.2).
+///
+/// # Safety
+/// Arguments as the ABI specifies.
+pub unsafe fn reconfigure<P: Plugin>(inst: usize, opts: *const u8, len: u32) -> i32 {
+    // SAFETY: the host's contract.
+    let (Some(i), msg) = (unsafe { instance::<P>(inst) }, unsafe { bytes(opts, len) }) else {
+        return sys::HANDLER_FAILED;
+    };
+    let host = i.host;
+    guard(host, sys::HANDLER_FAILED, || {
+        let Some(options) = options_of::<P>(host, msg) else { return -Errno::EINVAL.0 };
+        match i.plugin.reconfigure(&options) {
+            Ok(()) => sys::HANDLER_OK,
+            Err(ReconfigureError::Unsupported) => sys::RECONFIGURE_UNSUPPORTED,
+            Err(ReconfigureError::Invalid(why)) => {
+                host.error(&format!("{}: {why}", P::NAME));
+                -Errno::EINVAL.0
+            }
+        }
     })
 }
 
@@ -807,6 +882,100 @@ mod tests {
                 _ => panic!("boom"),
             }
         }
+    }
+
+    /// Counts fops; dumps its count and `n`; takes a new `n` in place but
+    /// refuses 7, and panics on 9.
+    struct R {
+        n: i64,
+        seen: u64,
+    }
+
+    impl Plugin for R {
+        type Frame = ();
+        const NAME: &'static str = "r";
+        const OPTIONS: &'static [OptionDecl] = &[OptionDecl::new("n", OptType::Int).default("1")];
+        fn init(_host: Host, options: &Options) -> Result<R, String> {
+            Ok(R { n: options.int("n").unwrap_or(1), seen: 0 })
+        }
+        fn fop(&mut self, cx: &mut Cx<'_, ()>, _req: Request) {
+            self.seen += 1;
+            cx.unwind(Err(Errno::ENOSYS));
+        }
+        fn dump(&self, out: &mut Vec<(String, String)>) {
+            out.push(("seen".into(), self.seen.to_string()));
+            out.push(("n".into(), self.n.to_string()));
+        }
+        fn reconfigure(&mut self, options: &Options) -> Result<(), ReconfigureError> {
+            match options.int("n") {
+                Some(7) => Err(ReconfigureError::Invalid("option 'n': 7 is unlucky".into())),
+                Some(9) => panic!("nine"),
+                n => {
+                    self.n = n.unwrap_or(1);
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// `xlfs_dump` through a buffer of `cap` bytes: its result and the pairs.
+    fn dump_with<P: Plugin>(inst: usize, cap: usize) -> (i32, Option<Vec<(String, String)>>) {
+        let mut out = vec![0u8; cap];
+        // SAFETY: `out` holds `cap` bytes.
+        let n = unsafe { dump::<P>(inst, out.as_mut_ptr(), cap as u32) };
+        let pairs = (n >= 0 && n as usize <= cap).then(|| sys::decode_dump(&out[..n as usize]).expect("decodes"));
+        (n, pairs)
+    }
+
+    #[test]
+    fn dump_and_reconfigure_through_a_native_host() {
+        take();
+        let o = opts(&[("n", "5")]);
+        // SAFETY (all calls below): the fake host and valid messages.
+        let inst = unsafe { init::<R>(&VT, o.as_ptr(), o.len() as u32) };
+        assert_ne!(inst, 0);
+        let m = msg(&Request::new(Fop::Stat { loc: Loc::root() }));
+        assert_eq!(unsafe { on_fop::<R>(inst, 1, m.as_ptr(), m.len() as u32, 0) }, sys::HANDLER_OK);
+        let pairs = vec![("n".to_string(), "5".to_string()), ("seen".to_string(), "1".to_string())];
+        // Too small a buffer: the length needed, nothing written.
+        let (need, none) = dump_with::<R>(inst, 4);
+        assert!(need > 4 && none.is_none(), "{need}");
+        assert_eq!(dump_with::<R>(inst, need as usize), (need, Some(pairs)));
+
+        // Applied in place: the count survives.
+        let o = opts(&[("n", "6")]);
+        assert_eq!(unsafe { reconfigure::<R>(inst, o.as_ptr(), o.len() as u32) }, sys::HANDLER_OK);
+        let (_, got) = dump_with::<R>(inst, 4096);
+        assert_eq!(got.expect("pairs")[..], [("n".into(), "6".into()), ("seen".into(), "1".into())]);
+        // An unset option goes back to its default.
+        let o = opts(&[]);
+        assert_eq!(unsafe { reconfigure::<R>(inst, o.as_ptr(), o.len() as u32) }, sys::HANDLER_OK);
+        assert_eq!(dump_with::<R>(inst, 4096).1.expect("pairs")[0], ("n".into(), "1".into()));
+        take();
+        // Refused with the reason logged; bad values and garbage too.
+        let o = opts(&[("n", "7")]);
+        assert_eq!(unsafe { reconfigure::<R>(inst, o.as_ptr(), o.len() as u32) }, -Errno::EINVAL.0);
+        assert!(matches!(&take()[..], [Call::Log(1, m)] if m == "r: option 'n': 7 is unlucky"));
+        let o = opts(&[("n", "x")]);
+        assert_eq!(unsafe { reconfigure::<R>(inst, o.as_ptr(), o.len() as u32) }, -Errno::EINVAL.0);
+        assert!(matches!(&take()[..], [Call::Log(1, m)] if m.contains("'n'")));
+        assert_eq!(unsafe { reconfigure::<R>(inst, [9u8].as_ptr(), 1) }, -Errno::EINVAL.0);
+        take();
+        // A panic is the failure code.
+        let o = opts(&[("n", "9")]);
+        assert_eq!(unsafe { reconfigure::<R>(inst, o.as_ptr(), o.len() as u32) }, sys::HANDLER_FAILED);
+        assert!(matches!(&take()[..], [Call::Log(1, m)] if m.starts_with("plugin panicked: nine")));
+        assert_eq!(dump_with::<R>(inst, 4096).1.expect("pairs")[0], ("n".into(), "1".into()));
+        unsafe { fini::<R>(inst) };
+
+        // A plugin that overrides neither: nothing to dump, cannot reconfigure.
+        let o = opts(&[]);
+        let inst = unsafe { init::<T>(&VT, o.as_ptr(), o.len() as u32) };
+        assert_ne!(inst, 0);
+        assert_eq!(dump_with::<T>(inst, 4096).1, Some(Vec::new()));
+        assert_eq!(unsafe { reconfigure::<T>(inst, o.as_ptr(), o.len() as u32) }, sys::RECONFIGURE_UNSUPPORTED);
+        unsafe { fini::<T>(inst) };
+        take();
     }
 
     fn msg(req: &Request) -> Vec<u8> {

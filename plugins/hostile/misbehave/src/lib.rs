@@ -3,11 +3,14 @@
 //! option `mode` says; every other fop passes through (tail wind), so the
 //! tests can check that the node keeps serving once the host has dealt with
 //! the fault. Mode `init-trap` panics (traps) in init already, so the node
-//! cannot be built at all.
+//! cannot be built at all. Modes `dump-trap` and `reconfigure-trap` panic
+//! in the ABI v1.2 exports instead (`xlfs_dump`, `xlfs_reconfigure`), and
+//! otherwise trap on a triggering fop.
 
 use std::hint::black_box;
 
 use xlfs_sdk::guest::{Cx, Host, Plugin};
+use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{OptType, OptionDecl, Options, Request};
 
 /// What to do on a triggering fop.
@@ -25,6 +28,10 @@ enum Mode {
     BadChild,
     /// Never unwind the frame.
     NoUnwind,
+    /// Panic in `dump` (and trap on a triggering fop).
+    DumpTrap,
+    /// Panic in `reconfigure` (and trap on a triggering fop).
+    ReconfigureTrap,
 }
 
 /// The plugin: one instance per graph node.
@@ -36,11 +43,23 @@ pub struct Hostile {
 const OPTIONS: &[OptionDecl] = &[
     OptionDecl::new(
         "mode",
-        OptType::Enum(&["loop", "alloc", "trap", "garbage", "bad-child", "no-unwind", "init-trap"]),
+        OptType::Enum(&[
+            "loop",
+            "alloc",
+            "trap",
+            "garbage",
+            "bad-child",
+            "no-unwind",
+            "init-trap",
+            "dump-trap",
+            "reconfigure-trap",
+        ]),
     )
     .default("trap")
-    .desc("How to misbehave on a triggering fop."),
-    OptionDecl::new("trigger", OptType::Str).default("evil").desc("Entry-name prefix that triggers the misbehaviour."),
+    .desc("How to misbehave on a triggering fop (or in init, dump, reconfigure). Changes in place on a reload."),
+    OptionDecl::new("trigger", OptType::Str)
+        .default("evil")
+        .desc("Entry-name prefix that triggers the misbehaviour. Changes in place on a reload."),
 ];
 
 impl Plugin for Hostile {
@@ -50,16 +69,26 @@ impl Plugin for Hostile {
     const OPTIONS: &'static [OptionDecl] = OPTIONS;
 
     fn init(_host: Host, options: &Options) -> Result<Self, String> {
-        let mode = match options.str("mode").unwrap_or("trap") {
-            "loop" => Mode::Loop,
-            "alloc" => Mode::Alloc,
-            "garbage" => Mode::Garbage,
-            "bad-child" => Mode::BadChild,
-            "no-unwind" => Mode::NoUnwind,
-            "init-trap" => panic!("hostile plugin: trap in init on purpose"),
-            _ => Mode::Trap,
-        };
-        Ok(Hostile { mode, trigger: options.str("trigger").unwrap_or("evil").to_string() })
+        if options.str("mode") == Some("init-trap") {
+            panic!("hostile plugin: trap in init on purpose");
+        }
+        Ok(Hostile { mode: mode(options), trigger: options.str("trigger").unwrap_or("evil").to_string() })
+    }
+
+    fn dump(&self, out: &mut Vec<(String, String)>) {
+        if self.mode == Mode::DumpTrap {
+            panic!("hostile plugin: trap in dump on purpose");
+        }
+        out.push(("trigger".into(), self.trigger.clone()));
+    }
+
+    fn reconfigure(&mut self, options: &Options) -> Result<(), ReconfigureError> {
+        if self.mode == Mode::ReconfigureTrap {
+            panic!("hostile plugin: trap in reconfigure on purpose");
+        }
+        self.mode = mode(options);
+        self.trigger = options.str("trigger").unwrap_or("evil").to_string();
+        Ok(())
     }
 
     fn fop(&mut self, cx: &mut Cx<'_, ()>, req: Request) {
@@ -83,7 +112,7 @@ impl Plugin for Hostile {
                     hoard.push(black_box(vec![0xa5; 1 << 20]));
                 }
             }
-            Mode::Trap => panic!("hostile plugin: trap on purpose"),
+            Mode::Trap | Mode::DumpTrap | Mode::ReconfigureTrap => panic!("hostile plugin: trap on purpose"),
             Mode::Garbage => {
                 // A result tag of 7 does not exist.
                 let _ = cx.unwind_encoded(&[7, 0xde, 0xad, 0xbe, 0xef], None);
@@ -94,6 +123,20 @@ impl Plugin for Hostile {
             }
             Mode::NoUnwind => {}
         }
+    }
+}
+
+/// The mode option (init-trap only matters at init).
+fn mode(options: &Options) -> Mode {
+    match options.str("mode").unwrap_or("trap") {
+        "loop" => Mode::Loop,
+        "alloc" => Mode::Alloc,
+        "garbage" => Mode::Garbage,
+        "bad-child" => Mode::BadChild,
+        "no-unwind" => Mode::NoUnwind,
+        "dump-trap" => Mode::DumpTrap,
+        "reconfigure-trap" => Mode::ReconfigureTrap,
+        _ => Mode::Trap,
     }
 }
 
