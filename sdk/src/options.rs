@@ -591,6 +591,12 @@ impl Opt<kind::Str> {
     pub const fn one_of(name: &'static str, words: &'static [&'static str], default: &'static str) -> Self {
         Opt::of(name, OptType::Enum(words), Some(default))
     }
+    /// Restricts the value to one of `words` (for an option without a
+    /// default: `Opt::optional(name).words(...)`).
+    pub const fn words(mut self, words: &'static [&'static str]) -> Self {
+        self.decl.ty = OptType::Enum(words);
+        self
+    }
 }
 impl Opt<kind::List> {
     /// A comma-separated list with its default.
