@@ -15,7 +15,7 @@
 //! module file contents) or in structure; [`Graph::reconfigure`] applies an
 //! options-only change to the running translators, all or nothing. A
 //! structural change needs a new graph built beside the old one (see
-//! [`crate::switch`]). [`live_graphs`] counts the graphs not yet dropped, so
+//! [`crate::reload`]). [`live_graphs`] counts the graphs not yet dropped, so
 //! a switch can show that the old ones are freed.
 
 use std::collections::HashMap;
