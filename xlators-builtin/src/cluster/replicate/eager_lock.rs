@@ -1,5 +1,5 @@
-//! Per-inode state, and the eager lock with delayed post-op for data
-//! transactions.
+//! Per-inode state (the `state` submodule, re-exported here), and the
+//! eager lock with delayed post-op for data transactions.
 //!
 //! The first data transaction on an inode takes the inodelk (whole file,
 //! AFR's domain) on the children and does the pre-op; it then keeps both:
