@@ -3,7 +3,7 @@
 //! The core runtime around the translators: the volfile parser
 //! ([`volfile`]), the translator registry ([`registry`]) and graph
 //! ([`graph`]), the inode and fd tables ([`inode`], [`fd`]), the FUSE bridge
-//! ([`fuse`]), live reload of a mount's graph ([`switch`]), and the
+//! ([`fuse`]), live reload of a mount's graph ([`reload`]), and the
 //! in-process client API ([`client`], like GlusterFS's libgfapi). The `xlfs` binary is in `main.rs`.
 #![deny(missing_docs)]
 
@@ -16,5 +16,5 @@ pub mod inode;
 pub mod plugin;
 pub mod profile;
 pub mod registry;
-pub mod switch;
+pub mod reload;
 pub mod volfile;

@@ -21,7 +21,7 @@
 //! on `xlfs reload MOUNTPOINT` (through its control socket, see
 //! [`super::reload`]), and when its watcher (a poll every
 //! `--watch-interval` seconds, 0 for none) sees the volfile or a module file
-//! it names change; see [`crate::switch`].
+//! it names change; see [`crate::reload`].
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -36,7 +36,7 @@ use super::CliError;
 use crate::fuse::{FuseError, Mount, MountOptions, OptionsError};
 use crate::graph::{Graph, GraphSpec, NotUp};
 use crate::registry::Registry;
-use crate::switch::Reloader;
+use crate::reload::Reloader;
 use crate::volfile::Volfile;
 
 /// How long fops in flight may take to finish after the unmount.

@@ -31,7 +31,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use super::CliError;
-use crate::switch::Reloader;
+use crate::reload::Reloader;
 
 /// `xlfs reload`.
 #[derive(Debug, Args)]

@@ -1,0 +1,267 @@
+//! What a run compares: the systems (xlfs with its variants, GlusterFS,
+//! the local disk) and the workloads, from the command line's preset.
+
+use super::*;
+
+/// How a system is provided.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Kind {
+    /// `xlfs up DIR ARGS`, then, when set, read-ahead's `policy` option
+    /// written into the client volfile (and the client remounted).
+    Xlfs { args: Vec<String>, ra_policy: Option<String> },
+    /// gluster-ref.sh with this volume, then these `gluster volume set`
+    /// options (and the client remounted).
+    Gluster { vol: String, set: Vec<(String, String)> },
+    /// A directory.
+    Local,
+}
+
+/// One column of the table.
+#[derive(Debug, Clone)]
+pub(super) struct System {
+    pub(super) name: String,
+    pub(super) kind: Kind,
+    /// Its directory under the work directory.
+    pub(super) dir: PathBuf,
+    /// Brought down after each step (the matrix has many columns).
+    pub(super) fresh: bool,
+}
+
+impl System {
+    pub(super) fn matcher(&self) -> Option<Matcher> {
+        let d = self.dir.to_string_lossy().into_owned();
+        match self.kind {
+            Kind::Xlfs { .. } => Some(Matcher::Xlfs(d)),
+            Kind::Gluster { .. } => Some(Matcher::Gluster(d)),
+            Kind::Local => None,
+        }
+    }
+}
+
+/// One workload with its arguments after MOUNT and REMOUNT.
+#[derive(Debug, Clone)]
+pub(super) struct Workload {
+    pub(super) name: String,
+    pub(super) script: &'static str,
+    pub(super) args: Vec<String>,
+    pub(super) env: Vec<(String, String)>,
+}
+
+/// The systems of the standard comparison or of a preset.
+pub(super) fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>> {
+    let mut v = Vec::new();
+    let xlfs = |name: &str, dir: PathBuf, args: Vec<String>| System {
+        name: name.into(),
+        kind: Kind::Xlfs { args, ra_policy: None },
+        dir,
+        fresh: false,
+    };
+    let gluster = |name: &str, dir: PathBuf, vol: String| System {
+        name: name.into(),
+        kind: Kind::Gluster { vol, set: Vec::new() },
+        dir,
+        fresh: false,
+    };
+    let ext4 = || System { name: "ext4".into(), kind: Kind::Local, dir: work.join("ext4"), fresh: false };
+    if args.preset == Some(Preset::SeqReadMatrix) {
+        // Where GlusterFS puts them: io-threads on top of the client's
+        // performance translators, read-ahead just above write-behind.
+        for iot in [false, true] {
+            for ra in [None, Some("tolerant"), Some("gluster-strict")] {
+                let mut perf = Vec::new();
+                if iot {
+                    perf.push("io-threads");
+                }
+                perf.extend(["md-cache", "quick-read", "open-behind", "readdir-ahead"]);
+                if ra.is_some() {
+                    perf.push("read-ahead");
+                }
+                perf.push("write-behind");
+                let name = format!("xlfs ra={} iot={}", ra.unwrap_or("off"), if iot { "on" } else { "off" });
+                v.push(System {
+                    dir: work.join(format!("xm{}", v.len())),
+                    name,
+                    kind: Kind::Xlfs { args: vec!["--perf".into(), perf.join(",")], ra_policy: ra.map(String::from) },
+                    fresh: true,
+                });
+            }
+        }
+        for iot in ["off", "on"] {
+            for ra in ["off", "on"] {
+                v.push(System {
+                    name: format!("glusterfs ra={ra} iot={iot}"),
+                    kind: Kind::Gluster {
+                        vol: vol.into(),
+                        set: vec![
+                            ("performance.read-ahead".into(), ra.into()),
+                            ("performance.client-io-threads".into(), iot.into()),
+                        ],
+                    },
+                    dir: work.join("gl"),
+                    fresh: false,
+                });
+            }
+        }
+        v.push(ext4());
+        return Ok(v);
+    }
+    if args.preset == Some(Preset::LockPolicy) {
+        let mut policies: Vec<(String, String)> =
+            ["fd-count", "inodelk-count", "notify"].iter().map(|p| (p.to_string(), p.to_string())).collect();
+        for spec in &args.lock_plugin {
+            let stem = Path::new(spec.split_once(':').map_or(spec.as_str(), |(_, p)| p))
+                .file_stem()
+                .map_or("plugin".into(), |s| s.to_string_lossy().into_owned());
+            policies.push((format!("plugin:{stem}"), spec.clone()));
+        }
+        for (name, spec) in policies {
+            let dir = work.join(format!("xl{}", v.len()));
+            v.push(System {
+                name: format!("xlfs lock={name}"),
+                kind: Kind::Xlfs {
+                    args: vec!["--afr".into(), format!("lock-contention-policy={spec}")],
+                    ra_policy: None,
+                },
+                dir,
+                fresh: true,
+            });
+        }
+        // The references the --systems list names (default: both).
+        if args.systems.iter().any(|s| s == "glusterfs") {
+            v.push(gluster("glusterfs", work.join("gl"), vol.into()));
+        }
+        if args.systems.iter().any(|s| s == "ext4") {
+            v.push(ext4());
+        }
+        return Ok(v);
+    }
+    for s in &args.systems {
+        match s.as_str() {
+            "xlfs" => {
+                v.push(xlfs("xlfs", work.join("xlfs"), Vec::new()));
+                for c in &args.xlfs_columns {
+                    let (name, a) =
+                        c.split_once('=').with_context(|| format!("--xlfs-column {c:?}: expected NAME=ARGS"))?;
+                    let name = name.trim();
+                    if name.is_empty() || report::is_reference(name) || v.iter().any(|x: &System| x.name == name) {
+                        bail!("--xlfs-column {c:?}: the name must be new and not start with glusterfs or ext4");
+                    }
+                    let dir = work.join(format!("xc{}", v.len()));
+                    v.push(xlfs(name, dir, a.split_whitespace().map(String::from).collect()));
+                }
+            }
+            "glusterfs" => v.push(gluster("glusterfs", work.join("gl"), vol.into())),
+            "ext4" => v.push(ext4()),
+            other => bail!("--systems: unknown system {other:?} (xlfs, glusterfs, ext4)"),
+        }
+    }
+    if args.tmpfs {
+        let t = work.join("tmpfs");
+        v.push(xlfs("xlfs-tmpfs", t.join("xlfs"), Vec::new()));
+        v.push(gluster("glusterfs-tmpfs", t.join("gl"), format!("{vol}t")));
+        if args.systems.iter().any(|s| s == "ext4") {
+            v.push(System { name: "tmpfs".into(), kind: Kind::Local, dir: t.join("local"), fresh: false });
+        }
+    }
+    Ok(v)
+}
+
+/// A small tarball for --quick's untar (smallfile.sh's default untars 3617
+/// entries, which alone takes half a minute on GlusterFS): 20 directories
+/// of 20 files of 1-8 KiB.
+pub(super) fn quick_tarball(work: &Path) -> Result<PathBuf> {
+    let src = work.join("fixture/tree");
+    for d in 0..20 {
+        let dir = src.join(format!("pkg{d}"));
+        std::fs::create_dir_all(&dir)?;
+        for f in 0..20 {
+            let len = 1024 + (d * 20 + f) * 389 % 7168;
+            std::fs::write(dir.join(format!("mod{f}.py")), "x".repeat(len))?;
+        }
+    }
+    let tar = work.join("fixture/tree.tar");
+    let st = Command::new("tar").arg("cf").arg(&tar).arg("-C").arg(&src).arg(".").status()?;
+    if !st.success() {
+        bail!("tar cf {}: {st}", tar.display());
+    }
+    Ok(tar)
+}
+
+pub(super) fn workloads(args: &Args, work: &Path) -> Result<Vec<Workload>> {
+    let q = args.quick;
+    if let Some(size) = &args.fio_size
+        && crate::parse::parse_size(size).is_none()
+    {
+        bail!("--fio-size {size:?}: expected e.g. 512m or 1g");
+    }
+    if args.numjobs.contains(&0) {
+        bail!("--numjobs: a job count must be at least 1");
+    }
+    // Each job's file: the 512 MiB for one job, 4 x 256 MiB for more.
+    let size_for = |nj: u32| {
+        args.fio_size.clone().unwrap_or_else(|| {
+            (if q {
+                "128m"
+            } else if nj > 1 {
+                "256m"
+            } else {
+                "512m"
+            })
+            .into()
+        })
+    };
+    let fio = |nj: u32, size: &str| Workload {
+        name: format!("fio-seq nj={nj}"),
+        script: "fio-seq.sh",
+        args: vec![size.into(), nj.to_string(), "1".into()],
+        env: Vec::new(),
+    };
+    if args.preset == Some(Preset::LockPolicy) {
+        return Ok(vec![Workload {
+            name: "pgbench".into(),
+            script: "pgbench.sh",
+            args: vec!["1".into()],
+            env: vec![("TXNS".into(), args.txns.unwrap_or(if q { 250 } else { 2000 }).to_string())],
+        }]);
+    }
+    if args.preset == Some(Preset::SeqReadMatrix) {
+        let size = args.fio_size.clone().unwrap_or_else(|| (if q { "64m" } else { "256m" }).into());
+        let njs = if args.numjobs.is_empty() { vec![1, 2, 4] } else { args.numjobs.clone() };
+        return Ok(njs.iter().map(|nj| fio(*nj, &size)).collect());
+    }
+    let mut v = Vec::new();
+    for w in &args.workloads {
+        v.push(match w.as_str() {
+            "fio-seq" => {
+                let njs = if args.numjobs.is_empty() { vec![1] } else { args.numjobs.clone() };
+                v.extend(njs.iter().map(|nj| fio(*nj, &size_for(*nj))));
+                continue;
+            }
+            "smallfile" => {
+                let files = args.files.clone().unwrap_or_else(|| (if q { "10x50" } else { "50x100" }).into());
+                let (d, f) = files
+                    .split_once('x')
+                    .and_then(|(d, f)| Some((d.parse::<u32>().ok()?, f.parse::<u32>().ok()?)))
+                    .with_context(|| format!("--files {files:?}: expected DIRSxFILES, e.g. 50x100"))?;
+                let mut a = vec!["1".to_string()];
+                if q {
+                    a.push(quick_tarball(work)?.to_string_lossy().into_owned());
+                }
+                Workload {
+                    name: "smallfile".into(),
+                    script: "smallfile.sh",
+                    args: a,
+                    env: vec![("NDIRS".into(), d.to_string()), ("NFILES".into(), f.to_string())],
+                }
+            }
+            "pgbench" => Workload {
+                name: "pgbench".into(),
+                script: "pgbench.sh",
+                args: vec!["1".into()],
+                env: vec![("TXNS".into(), args.txns.unwrap_or(if q { 250 } else { 2000 }).to_string())],
+            },
+            other => bail!("--workloads: unknown workload {other:?} (fio-seq, smallfile, pgbench)"),
+        });
+    }
+    Ok(v)
+}

@@ -1,0 +1,109 @@
+//! Data self-heal (GlusterFS's afr-self-heal-data.c): copies the source's
+//! contents to the sinks, whole or by differing blocks, then truncates them
+//! to its size.
+
+use super::*;
+
+impl Inner {
+    /// Copies the data of `src` to `sinks`; returns the sinks healed.
+    pub(super) async fn heal_data(
+        &self,
+        ctx: &CallCtx,
+        gfid: Gfid,
+        src: usize,
+        sinks: Mask,
+        copies: &[Option<ChildCopy>],
+    ) -> Mask {
+        let cfg = self.cfg();
+        let size = copies[src].as_ref().map_or(0, |c| c.iatt.size);
+        let src_iatt = copies[src].as_ref().map(|c| c.iatt).unwrap_or_default();
+        let diff = match cfg.heal_algo {
+            Algo::Full => false,
+            Algo::Diff => true,
+            Algo::Auto => members(sinks).any(|i| copies[i].as_ref().is_some_and(|c| c.iatt.size > 0)),
+        };
+        let fd = Fd { id: self.heal_fd(), gfid };
+        let open = |flags: i32| Fop::Open { loc: Loc::gfid(gfid), flags: flags as u32, fd: fd.id };
+        if self.on(src, ctx, open(libc::O_RDONLY)).await.is_err() {
+            tracing::warn!(volume = %self.name, %gfid, "data heal: cannot open the source");
+            return 0;
+        }
+        let mut live = 0;
+        for (i, r) in self.fan(ctx, sinks, &Request::new(open(libc::O_RDWR))).await {
+            if r.is_ok() {
+                live |= bit(i);
+            }
+        }
+        let opened = live;
+        let blocks = size.div_ceil(BLOCK);
+        let window = cfg.heal_window.max(1) as u64;
+        let mut b = 0;
+        while b < blocks && live != 0 {
+            let end = (b + window).min(blocks);
+            let futs =
+                (b..end).map(|k| self.copy_block(ctx, fd, src, live, k * BLOCK, BLOCK.min(size - k * BLOCK), diff));
+            for failed in join_all(futs.collect()).await {
+                live &= !failed;
+            }
+            b = end;
+        }
+        let times = SetAttr {
+            atime: Some(TimeSet::At(src_iatt.atime)),
+            mtime: Some(TimeSet::At(src_iatt.mtime)),
+            ..Default::default()
+        };
+        for fop in
+            [Fop::Ftruncate { fd, offset: size }, Fop::Fsync { fd, datasync: true }, Fop::Fsetattr { fd, attr: times }]
+        {
+            for (i, r) in self.fan(ctx, live, &Request::new(fop)).await {
+                if let Err(e) = r {
+                    tracing::warn!(volume = %self.name, %gfid, child = %self.children[i].name, %e, "data heal failed on a sink");
+                    live &= !bit(i);
+                }
+            }
+        }
+        self.fan(ctx, opened | bit(src), &Request::new(Fop::Release { fd })).await;
+        live
+    }
+
+    /// One block from `src` to those of `sinks` that need it; returns the
+    /// sinks that failed.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn copy_block(
+        &self,
+        ctx: &CallCtx,
+        fd: Fd,
+        src: usize,
+        sinks: Mask,
+        offset: u64,
+        len: u64,
+        diff: bool,
+    ) -> Mask {
+        let len32 = u32::try_from(len).unwrap_or(u32::MAX);
+        let need = if diff {
+            let sums = self.fan(ctx, sinks | bit(src), &Request::new(Fop::Rchecksum { fd, offset, len: len32 })).await;
+            let sum = |r: &FopResult| match r {
+                Ok(Response { reply: Reply::Checksum { weak, strong }, .. }) => Some((*weak, *strong)),
+                _ => None,
+            };
+            let want = sums.iter().find(|(i, _)| *i == src).and_then(|(_, r)| sum(r));
+            sums.iter()
+                .filter(|(i, r)| *i != src && (want.is_none() || sum(r) != want))
+                .fold(0, |m, (i, _)| m | bit(*i))
+        } else {
+            sinks
+        };
+        if need == 0 {
+            return 0;
+        }
+        let data: Bytes = match self.on(src, ctx, Fop::Readv { fd, size: len32, offset, flags: 0 }).await {
+            Ok(Response { reply: Reply::Read { data, .. }, .. }) => data,
+            _ => return need,
+        };
+        if data.is_empty() {
+            return 0;
+        }
+        let w = Request::new(Fop::Writev { fd, data, offset, flags: 0 });
+        self.fan(ctx, need, &w).await.into_iter().filter(|(_, r)| r.is_err()).fold(0, |m, (i, _)| m | bit(i))
+    }
+}

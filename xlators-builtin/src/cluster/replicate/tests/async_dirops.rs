@@ -1,0 +1,124 @@
+//! Tests of async dirops: entry fops answered early under a delegation.
+
+use super::*;
+
+/// A delegated directory with its names known: creates, mkdirs and unlinks
+/// there are answered before the bricks see them, with the attributes the
+/// bricks then give, and reach every brick in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entry_fops_answered_early_land_in_order_with_the_same_attributes() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("post-op-delay-secs", "3600")]);
+    let fd = n.create("first").await.expect("create");
+    n.close(fd).await;
+    until_listed(&n, "1").await;
+    let d = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d")).await);
+    let mut made = Vec::new();
+    for k in 0..20 {
+        let (fd, iatt) = create_in(&n, d, &format!("f{k}")).await.expect("create in the new directory");
+        assert_eq!((iatt.mode, iatt.nlink, iatt.size, iatt.uid), (libc::S_IFREG | 0o644, 1, 0, 0));
+        n.write(fd, 0, format!("data {k}").as_bytes()).await.expect("write to a file answered early");
+        made.push((fd, iatt));
+    }
+    for k in 0..5 {
+        n.call(Fop::Unlink { loc: Loc::entry(d, format!("f{k}")), flags: 0 }).await.expect("unlink");
+    }
+    assert!(n.dump("async-dirops.answered").parse::<u64>().unwrap_or(0) >= 25, "{:?}", n.afr.dump());
+    for (fd, _) in &made {
+        n.close(*fd).await;
+    }
+    drain(&n).await;
+    assert_eq!(n.dump("async-dirops.queued"), "0");
+    assert_eq!(n.dump("async-dirops.failed"), "0");
+    let mut want: Vec<String> = (5..20).map(|k| format!("f{k}")).collect();
+    want.sort();
+    for i in 0..N {
+        assert_eq!(names_on(&c, i, "d"), want, "brick {i}");
+        for (k, (_, iatt)) in made.iter().enumerate().skip(5) {
+            let p = c.bricks[i].dir.join(format!("d/f{k}"));
+            assert_eq!(c.gfid_on(i, &format!("d/f{k}")).as_deref(), Some(&iatt.gfid.0[..]), "gfid of f{k} on {i}");
+            let m = std::fs::metadata(&p).expect("on the brick");
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!((m.mode(), m.uid(), m.gid()), (iatt.mode, iatt.uid, iatt.gid), "attributes of f{k} on {i}");
+            assert_eq!(std::fs::read(&p).expect("read"), format!("data {k}").as_bytes());
+        }
+    }
+}
+
+/// An operation answered early that then fails on the bricks is not
+/// silent: the next fops on its inode and the next fsync of its directory
+/// return the error, and it is logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_early_create_is_reported_on_the_next_fops() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("post-op-delay-secs", "3600")]);
+    let d = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d")).await);
+    // The name is taken behind the volume's back (on every brick): the
+    // client believes it absent.
+    for b in &c.bricks {
+        std::fs::write(b.dir.join("d/taken"), b"old").expect("write on the brick");
+    }
+    let (fd, _) = create_in(&n, d, "taken").await.expect("answered early");
+    assert_eq!(n.dump("async-dirops.answered"), "1", "the create, in the directory just made: {:?}", n.afr.dump());
+    assert_eq!(n.fsync(fd).await.map(drop), Err(Errno::EEXIST), "fsync of the failed create");
+    assert_eq!(n.write(fd, 0, b"new").await.map(drop), Err(Errno::EEXIST), "write to the failed create");
+    // The failure made d's names unknown: the next create there waits for
+    // the bricks. In a new directory, ENOSPC comes after the answer.
+    let d2 = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d2")).await);
+    for i in 0..N {
+        n.fail(i, &[FopKind::Create], Errno::ENOSPC);
+    }
+    let (fd2, _) =
+        create_in(&n, d2, "full").await.map_err(|e| format!("{e} {:?}", n.afr.dump())).expect("answered early");
+    assert_eq!(n.fsync(fd2).await.map(drop), Err(Errno::ENOSPC), "fsync of the other one");
+    let dfd = Fd { id: n.fd_id(), gfid: d2 };
+    n.call(Fop::Opendir { loc: Loc::gfid(d2), fd: dfd.id }).await.expect("opendir");
+    assert_eq!(
+        n.call(Fop::Fsyncdir { fd: dfd, datasync: false }).await.map(drop),
+        Err(Errno::ENOSPC),
+        "fsyncdir reports it"
+    );
+    n.call(Fop::Fsyncdir { fd: dfd, datasync: false }).await.expect("once");
+    assert_eq!(n.dump("async-dirops.failed"), "2");
+    for i in 0..N {
+        n.heal_gate(i);
+    }
+    // Releases still clean up; the name that was there is untouched.
+    n.call(Fop::Release { fd }).await.expect("release");
+    n.call(Fop::Release { fd: fd2 }).await.expect("release");
+    for b in &c.bricks {
+        assert_eq!(std::fs::read(b.dir.join("d/taken")).expect("still there"), b"old");
+        assert!(!b.dir.join("d2/full").exists());
+    }
+    drain(&n).await;
+    assert_eq!(n.dump("async-dirops.queued"), "0");
+}
+
+/// create, write, rename and unlink of the same names in quick succession
+/// end as if each had waited for the bricks; another client sees the
+/// result once they are sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_successions_on_the_same_names_end_as_if_synchronous() {
+    let c = Cluster::new();
+    let a = c.node("client-a", &[("post-op-delay-secs", "3600")]);
+    let d = entry_gfid(a.call(mkdir_req(Gfid::ROOT, "d")).await);
+    for round in 0..5 {
+        let (fd, _) = create_in(&a, d, "x").await.expect("create x");
+        a.write(fd, 0, format!("round {round}").as_bytes()).await.expect("write");
+        a.close(fd).await;
+        let (old, new) = (Loc::entry(d, "x"), Loc::entry(d, "y"));
+        a.call(Fop::Rename { old, new, flags: 0 }).await.expect("rename x y");
+        let (fd, _) = create_in(&a, d, "x").await.expect("create x again");
+        a.close(fd).await;
+        a.call(Fop::Unlink { loc: Loc::entry(d, "x"), flags: 0 }).await.expect("unlink x");
+    }
+    drain(&a).await;
+    let b = c.node("client-b", &[]);
+    let y = b.call(Fop::Lookup { loc: Loc::entry(d, "y") }).await.expect("y seen by b");
+    let Reply::Entry { iatt, .. } = y.reply else { panic!() };
+    let fd = b.open(iatt.gfid).await;
+    assert_eq!(&b.read(fd, 0, 100).await.expect("read")[..], b"round 4");
+    for i in 0..N {
+        assert_eq!(names_on(&c, i, "d"), vec!["y".to_string()], "brick {i}");
+    }
+}

@@ -1,0 +1,109 @@
+//! Tests of reads: one child read and failed over, and the content a
+//! lookup or readdirp passes up only from copies nobody accuses.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_go_to_one_child_and_fail_over() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("read-hash-mode", "0")]);
+    let fd = n.create("f").await.expect("create");
+    n.write(fd, 0, b"content").await.expect("write");
+    n.fsync(fd).await.expect("fsync");
+    for _ in 0..5 {
+        assert_eq!(n.read(fd, 0, 7).await.expect("read"), Bytes::from_static(b"content"));
+    }
+    assert_eq!((n.seen(0, &[FopKind::Readv]), n.seen(1, &[FopKind::Readv]), n.seen(2, &[FopKind::Readv])), (5, 0, 0));
+    n.fail(0, &[FopKind::Readv], Errno::EIO);
+    assert_eq!(n.read(fd, 0, 7).await.expect("read fails over"), Bytes::from_static(b"content"));
+    assert_eq!(n.seen(1, &[FopKind::Readv]), 1);
+    assert_eq!(n.dump("read-failovers"), "1");
+    n.heal_gate(0);
+    n.down(0);
+    assert_eq!(n.read(fd, 0, 7).await.expect("read with child 0 down"), Bytes::from_static(b"content"));
+    assert_eq!(n.seen(1, &[FopKind::Readv]), 2);
+    // Hash mode 1: one child per file, the same for every read of it.
+    let h = c.node("client-h", &[("read-hash-mode", "1")]);
+    let before: Vec<u64> = (0..N).map(|i| h.seen(i, &[FopKind::Stat])).collect();
+    for _ in 0..4 {
+        h.call(Fop::Stat { loc: Loc::gfid(fd.gfid) }).await.expect("stat");
+    }
+    let per: Vec<u64> = (0..N).map(|i| h.seen(i, &[FopKind::Stat]) - before[i]).collect();
+    assert_eq!(per.iter().filter(|&&x| x == 4).count(), 1, "{per:?}");
+    n.close(fd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_content_comes_only_from_a_copy_a_read_would_use() {
+    use xlfs_sdk::Value;
+    use xlfs_sdk::dict::keys::CONTENT;
+    let c = Cluster::new();
+    let (n, fd) = child_2_missed_a_write(&c).await;
+    n.up(2);
+    assert_eq!(c.read(2, "f"), b"one");
+    let lookup =
+        |x: Dict| n.afr.call(n.ctx.clone(), Request::with_xdata(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") }, x));
+    let ask = Dict::new().with(CONTENT, Value::U64(1024));
+    let r = lookup(ask.clone()).await.expect("lookup");
+    assert_eq!(r.xdata.get_bytes(CONTENT).as_deref(), Some(&b"two"[..]), "content from a good copy, not the stale one");
+    assert!(!lookup(Dict::new()).await.expect("lookup").xdata.contains(CONTENT), "not asked, not given");
+    n.close(fd).await;
+    n.quiesce().await;
+    // A data split-brain (each copy blames the next): lookup still answers,
+    // without content, as a read would fail.
+    for i in 0..N {
+        let p = std::ffi::CString::new(c.bricks[i].dir.join("f").as_os_str().as_encoded_bytes()).expect("path");
+        for j in 0..N {
+            let v = pending::encode(if j == (i + 1) % N { [1, 0, 0] } else { [0, 0, 0] });
+            let name = std::ffi::CString::new(format!("trusted.afr.test-client-{j}")).expect("name");
+            // SAFETY: valid C strings and a value of the given length.
+            let rc = unsafe { libc::lsetxattr(p.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+            assert_eq!(rc, 0, "set pending on brick {i}");
+        }
+    }
+    let r = lookup(ask).await.expect("lookup answers in split-brain");
+    assert!(!r.xdata.contains(CONTENT), "no content from a split-brain: {:?}", r.xdata.keys().collect::<Vec<_>>());
+}
+
+/// A readdirp asking for the entries' content gets it only where no copy
+/// can be behind another: every child up and no child's index listing the
+/// inode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readdirp_content_passes_only_from_copies_nobody_accuses() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("async-dirops", "off")]);
+    let d = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d")).await);
+    for name in ["f", "g"] {
+        let (fd, _) = create_in(&n, d, name).await.expect("create");
+        n.write(fd, 0, name.as_bytes()).await.expect("write");
+        n.close(fd).await;
+    }
+    n.quiesce().await;
+    let both = content_listing(&n, d).await;
+    assert_eq!(both[0].as_deref(), Some(&b"f"[..]));
+    assert_eq!(both[1].as_deref(), Some(&b"g"[..]));
+    // f misses a write on child 2: the others' indices list it.
+    let f = entry_gfid(n.call(Fop::Lookup { loc: Loc::entry(d, "f") }).await);
+    let fd = n.open(f).await;
+    n.down(2);
+    n.write(fd, 0, b"F").await.expect("write with a child down");
+    n.close(fd).await;
+    n.quiesce().await;
+    assert!(content_listing(&n, d).await.iter().all(Option::is_none), "a child down: nothing can be vetted");
+    n.up(2);
+    let after = content_listing(&n, d).await;
+    assert_eq!(after[0], None, "f is listed in an index");
+    assert_eq!(after[1].as_deref(), Some(&b"g"[..]), "g is clean");
+}
+
+/// The content a readdirp asking for it brings for "f" and "g" in `d`.
+async fn content_listing(n: &Node, d: Gfid) -> [Option<Bytes>; 2] {
+    use xlfs_sdk::dict::keys;
+    let fd = Fd { id: n.fd_id(), gfid: d };
+    n.call(Fop::Opendir { loc: Loc::gfid(d), fd: fd.id }).await.expect("opendir");
+    let mut req = Request::new(Fop::Readdirp { fd, size: 64 << 10, offset: 0 });
+    req.xdata.set_u64(keys::READDIRP_CONTENT, 1000);
+    let rsp = n.afr.call(n.ctx.clone(), req).await.expect("readdirp");
+    n.call(Fop::Releasedir { fd }).await.expect("releasedir");
+    ["f", "g"].map(|name| rsp.xdata.get_bytes(&keys::dirent_xattr(name, keys::CONTENT)))
+}

@@ -1,0 +1,319 @@
+//! The queues (GlusterFS's wb_inode liabilities): per inode the writes
+//! acknowledged but not yet completed, in order, with what they make the
+//! inode look like to reads and stats; per fd its flags and pending error;
+//! the bounded table of both.
+
+use super::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum State {
+    /// Acknowledged, not sent yet.
+    Queued,
+    /// Sent, the child has not answered.
+    InFlight,
+    /// Failed, kept for a retry (resync-failed-syncs-after-fsync).
+    Parked,
+}
+
+pub(super) struct Entry {
+    pub(super) seq: u64,
+    pub(super) fd: Fd,
+    pub(super) ctx: CallCtx,
+    pub(super) flags: u32,
+    pub(super) xdata: Dict,
+    pub(super) offset: u64,
+    pub(super) len: u64,
+    pub(super) chunks: Vec<Bytes>,
+    pub(super) state: State,
+    /// A flush or release waits for it: do not park it again on failure.
+    pub(super) last_attempt: bool,
+}
+
+impl Entry {
+    pub(super) fn end(&self) -> u64 {
+        self.offset.saturating_add(self.len)
+    }
+
+    pub(super) fn overlaps(&self, other: &Entry) -> bool {
+        self.offset < other.end() && other.offset < self.end()
+    }
+
+    /// Marks the entry in flight and makes its child write, with `sync`
+    /// (O_SYNC / O_DSYNC or 0) added to its flags: (seq, caller, request).
+    pub(super) fn send(&mut self, sync: u32) -> (u64, CallCtx, Request) {
+        self.state = State::InFlight;
+        let fop = Fop::Writev { fd: self.fd, data: self.data(), offset: self.offset, flags: self.flags | sync };
+        (self.seq, self.ctx.clone(), Request::with_xdata(fop, self.xdata.clone()))
+    }
+
+    pub(super) fn data(&mut self) -> Bytes {
+        if self.chunks.len() != 1 {
+            let mut b = BytesMut::with_capacity(self.len as usize);
+            for c in &self.chunks {
+                b.extend_from_slice(c);
+            }
+            self.chunks = vec![b.freeze()];
+        }
+        self.chunks.first().cloned().unwrap_or_default()
+    }
+}
+
+pub(super) struct InodeWb {
+    /// The last attributes seen from the child.
+    pub(super) base: Option<Iatt>,
+    /// Bumped at each change of `base`, so that an overtaken reply is ignored.
+    pub(super) generation: u64,
+    /// When the last queued write was acknowledged (its mtime/ctime).
+    pub(super) synth: Option<Timespec>,
+    pub(super) entries: VecDeque<Entry>,
+    pub(super) bytes: u64,
+    pub(super) error: Option<Errno>,
+    /// Callers waiting on this inode and background flushes: not idle.
+    pub(super) busy: u32,
+    /// Callers that need the queue sent now (partial batches included).
+    pub(super) drainers: u32,
+    /// Background flushes not yet answered by the child.
+    pub(super) bg: u32,
+    /// Fsyncs follow this inode's writes (an fsync found writes queued or
+    /// in flight): a partial tail waits up to [`SYNC_HOLD`] for the fsync
+    /// to carry it instead of trickling ahead of it.
+    pub(super) sync_heavy: bool,
+    /// A [`SYNC_HOLD`] timer is armed.
+    pub(super) hold_timer: bool,
+    pub(super) last_used: u64,
+    pub(super) notify: Arc<Notify>,
+}
+
+impl InodeWb {
+    pub(super) fn new(tick: u64) -> InodeWb {
+        InodeWb {
+            base: None,
+            generation: 0,
+            synth: None,
+            entries: VecDeque::new(),
+            bytes: 0,
+            error: None,
+            busy: 0,
+            drainers: 0,
+            bg: 0,
+            sync_heavy: false,
+            hold_timer: false,
+            last_used: tick,
+            notify: Arc::new(Notify::new()),
+        }
+    }
+
+    pub(super) fn idle(&self) -> bool {
+        self.entries.is_empty() && self.error.is_none() && self.busy == 0 && self.bg == 0
+    }
+
+    /// The attributes as the application sees them: the child's, grown by
+    /// the queued writes.
+    pub(super) fn view(&self) -> Option<Iatt> {
+        let mut a = self.base?;
+        self.grow(&mut a);
+        Some(a)
+    }
+
+    /// Grows attributes by the queued writes: size, blocks, times.
+    pub(super) fn grow(&self, a: &mut Iatt) {
+        if let Some(end) = self.entries.iter().map(Entry::end).max() {
+            if end > a.size {
+                a.size = end;
+                a.blocks = a.blocks.max(end.div_ceil(512));
+            }
+            if let Some(t) = self.synth {
+                a.mtime = a.mtime.max(t);
+                a.ctime = a.ctime.max(t);
+            }
+        }
+    }
+
+    /// Takes attributes from a completed write: a write never shrinks a
+    /// file, so a reply overtaken by a later write does not either.
+    pub(super) fn absorb_write(&mut self, post: Iatt) {
+        let mut a = post;
+        if let Some(b) = self.base {
+            a.size = a.size.max(b.size);
+            a.blocks = a.blocks.max(b.blocks);
+            if a.gfid.is_null() {
+                a.gfid = b.gfid;
+            }
+        }
+        self.base = Some(a);
+        self.generation += 1;
+    }
+
+    /// The queued bytes of `[offset, end)`, if every byte is queued.
+    pub(super) fn serve(&self, offset: u64, end: u64) -> Option<Bytes> {
+        if end <= offset {
+            return None;
+        }
+        let mut ranges: Vec<(u64, u64)> = self
+            .entries
+            .iter()
+            .filter(|e| e.offset < end && e.end() > offset)
+            .map(|e| (e.offset.max(offset), e.end().min(end)))
+            .collect();
+        ranges.sort_unstable();
+        let mut covered = offset;
+        for (s, e) in ranges {
+            if s > covered {
+                return None;
+            }
+            covered = covered.max(e);
+        }
+        if covered < end {
+            return None;
+        }
+        let mut out = vec![0u8; (end - offset) as usize];
+        for e in self.entries.iter().filter(|e| e.offset < end && e.end() > offset) {
+            let mut pos = e.offset;
+            for c in &e.chunks {
+                let c_end = pos.saturating_add(c.len() as u64);
+                let (s, t) = (pos.max(offset), c_end.min(end));
+                if s < t {
+                    out[(s - offset) as usize..(t - offset) as usize]
+                        .copy_from_slice(&c[(s - pos) as usize..(t - pos) as usize]);
+                }
+                pos = c_end;
+            }
+        }
+        Some(Bytes::from(out))
+    }
+}
+
+pub(super) struct FdWb {
+    pub(super) flags: u32,
+    pub(super) error: Option<Errno>,
+}
+
+#[derive(Default, Clone, Copy)]
+pub(super) struct Stats {
+    pub(super) writes_queued: u64,
+    pub(super) writes_aggregated: u64,
+    pub(super) writes_sync: u64,
+    pub(super) bytes_queued: u64,
+    pub(super) batches_sent: u64,
+    pub(super) bytes_sent: u64,
+    pub(super) read_hits: u64,
+    pub(super) reads_drained: u64,
+    pub(super) errors_deferred: u64,
+    pub(super) errors_returned: u64,
+    pub(super) window_waits: u64,
+    pub(super) retries: u64,
+    pub(super) evictions: u64,
+    pub(super) flushes_behind: u64,
+    pub(super) fsyncs_merged: u64,
+}
+
+pub(super) struct Table {
+    pub(super) conf: Conf,
+    pub(super) inodes: HashMap<Gfid, InodeWb>,
+    pub(super) fds: HashMap<FdId, FdWb>,
+    /// Bytes queued over all inodes.
+    pub(super) total: u64,
+    /// Last sequence number given to a queue entry.
+    pub(super) seq: u64,
+    pub(super) tick: u64,
+    pub(super) tasks: HashMap<u64, AbortHandle>,
+    pub(super) next_task: u64,
+    pub(super) closed: bool,
+    pub(super) stats: Stats,
+}
+
+impl Table {
+    pub(super) fn new(conf: Conf) -> Table {
+        Table {
+            conf,
+            inodes: HashMap::new(),
+            fds: HashMap::new(),
+            total: 0,
+            seq: 0,
+            tick: 0,
+            tasks: HashMap::new(),
+            next_task: 0,
+            closed: false,
+            stats: Stats::default(),
+        }
+    }
+
+    /// The inode's state, created (evicting idle ones if the table is full)
+    /// when absent; None when the table is full of busy inodes.
+    pub(super) fn slot(&mut self, gfid: Gfid) -> Option<&mut InodeWb> {
+        self.tick += 1;
+        let tick = self.tick;
+        if !self.inodes.contains_key(&gfid) {
+            if gfid.is_null() {
+                return None;
+            }
+            if self.inodes.len() >= MAX_INODES {
+                self.evict();
+            }
+            if self.inodes.len() >= MAX_INODES {
+                return None;
+            }
+            self.inodes.insert(gfid, InodeWb::new(tick));
+        }
+        let i = self.inodes.get_mut(&gfid)?;
+        i.last_used = tick;
+        Some(i)
+    }
+
+    /// Drops the idle quarter of the table used longest ago.
+    pub(super) fn evict(&mut self) {
+        let mut idle: Vec<u64> = self.inodes.values().filter(|i| i.idle()).map(|i| i.last_used).collect();
+        if idle.is_empty() {
+            return;
+        }
+        let k = (MAX_INODES / 4).clamp(1, idle.len()) - 1;
+        let (_, cut, _) = idle.select_nth_unstable(k);
+        let cut = *cut;
+        let before = self.inodes.len();
+        self.inodes.retain(|_, i| !(i.idle() && i.last_used <= cut));
+        self.stats.evictions += (before - self.inodes.len()) as u64;
+    }
+
+    /// The deferred error to return on `fd` (its own first, else the
+    /// inode's), cleared.
+    pub(super) fn take_error(&mut self, fd: &Fd) -> Option<Errno> {
+        let own = self.fds.get_mut(&fd.id).and_then(|f| f.error.take());
+        let inode = self.inodes.get_mut(&fd.gfid).and_then(|i| i.error.take());
+        let e = own.or(inode);
+        if e.is_some() {
+            self.stats.errors_returned += 1;
+        }
+        e
+    }
+
+    pub(super) fn generation(&self, gfid: Gfid) -> u64 {
+        self.inodes.get(&gfid).map_or(0, |i| i.generation)
+    }
+
+    /// Attributes from a reply of a fop sent when the inode's generation
+    /// was `generation`: taken unless something newer arrived meanwhile.
+    pub(super) fn observe(&mut self, gfid: Gfid, generation: u64, iatt: Iatt, seed: bool) {
+        if gfid.is_null() || !matches!(iatt.file_type(), FileType::Regular | FileType::Unknown) {
+            return;
+        }
+        if !seed && !self.inodes.contains_key(&gfid) {
+            return;
+        }
+        if let Some(i) = self.slot(gfid)
+            && i.generation == generation
+        {
+            let mut a = iatt;
+            if a.gfid.is_null() {
+                a.gfid = gfid;
+            }
+            i.base = Some(a);
+            i.generation += 1;
+        }
+    }
+}
+
+pub(super) fn track_fd(t: &mut Table, fd: FdId, flags: u32) {
+    if t.fds.len() < MAX_FDS || t.fds.contains_key(&fd) {
+        t.fds.insert(fd, FdWb { flags, error: None });
+    }
+}

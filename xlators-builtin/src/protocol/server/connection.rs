@@ -1,0 +1,407 @@
+//! One client connection (GlusterFS's server-handshake.c and the rpc
+//! loop): accepting it, the HELLO handshake with its checks, the serve loop
+//! that runs each CALL and sends its REPLY, and what a disconnect releases.
+
+use super::*;
+
+pub(super) async fn accept_loop(sh: Arc<Shared>, listener: std::net::TcpListener, _guard: TaskGuard) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(server = %sh.name, error = %e, "cannot accept connections");
+            return;
+        }
+    };
+    let mut stop = sh.stop.subscribe();
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            r = listener.accept() => r,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                sh.counters.accepted.fetch_add(1, Ordering::Relaxed);
+                let open = sh.open.fetch_add(1, Ordering::AcqRel) + 1;
+                let guard = OpenGuard(sh.clone());
+                if open > sh.cfg.max_clients.saturating_mul(2) {
+                    tracing::warn!(server = %sh.name, %peer, open, "too many connections: closed at once");
+                    continue;
+                }
+                let task = TaskGuard::new(&sh);
+                tokio::spawn(connection(sh.clone(), stream, peer, guard, task));
+            }
+            Err(e) => {
+                tracing::warn!(server = %sh.name, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    tracing::debug!(server = %sh.name, "no longer accepting");
+}
+
+/// Counts an accepted connection while it lives.
+pub(super) struct OpenGuard(Arc<Shared>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Waits for a writer to send what is queued (bounded), else stops it.
+pub(super) async fn finish_writer(writer: JoinHandle<std::io::Result<()>>) {
+    let abort = writer.abort_handle();
+    if tokio::time::timeout(FLUSH_TIMEOUT, writer).await.is_err() {
+        abort.abort();
+    }
+}
+
+pub(super) async fn connection(
+    sh: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    _open: OpenGuard,
+    _task: TaskGuard,
+) {
+    if let Err(e) = sh.cfg.sock.apply(socket2::SockRef::from(&stream)) {
+        tracing::debug!(%peer, error = %e, "socket options not applied");
+    }
+    let (rd, wr) = stream.into_split();
+    let (link, writer) = Link::spawn(wr);
+    let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
+    let conn = match handshake(&sh, &mut reader, &link, peer).await {
+        Ok(conn) => conn,
+        Err(()) => {
+            link.close();
+            drop(link);
+            finish_writer(writer).await;
+            return;
+        }
+    };
+    reader.set_max_frame(sh.cfg.max_frame);
+    let (why, graceful) = serve(&sh, &conn, &mut reader).await;
+    drop(reader);
+    if graceful {
+        tracing::info!(client = %conn.client_id, %peer, "closing: {why}");
+        if !conn.drained(DRAIN_TIMEOUT).await {
+            tracing::warn!(client = %conn.client_id, "calls still running after {DRAIN_TIMEOUT:?}: cancelled");
+        }
+        conn.cancel.send_replace(Cancel::All);
+        if let Ok(f) = Message::Goodbye(why.clone()).to_frame(0) {
+            conn.send(f.into()).await;
+        }
+        conn.link.close();
+        finish_writer(writer).await;
+    } else {
+        tracing::info!(client = %conn.client_id, %peer, "disconnected: {why}");
+        writer.abort();
+        conn.link.abort();
+        conn.cancel.send_replace(Cancel::Locks);
+        if !conn.drained(DRAIN_TIMEOUT).await {
+            tracing::warn!(client = %conn.client_id, "calls still running after {DRAIN_TIMEOUT:?}: cancelled");
+        }
+        conn.cancel.send_replace(Cancel::All);
+    }
+    client_gone(&sh, &conn).await;
+}
+
+/// Releases what a gone client held: its fds, then (through the graph) its
+/// locks and anything else kept per client.
+pub(super) async fn client_gone(sh: &Shared, conn: &Arc<Conn>) {
+    sh.conns.lock().remove(&conn.client_id);
+    let slots = conn.fds.lock().drain();
+    let n = slots.len();
+    for s in slots {
+        let fd = Fd { id: s.brick, gfid: s.gfid };
+        let fop = if s.dir { Fop::Releasedir { fd } } else { Fop::Release { fd } };
+        let _ = conn.child.call(CallCtx::root(conn.client_id.clone()), Request::new(fop)).await;
+    }
+    sh.events.broadcast(Event::ClientGone { client_id: conn.client_id.to_string() });
+    tracing::debug!(client = %conn.client_id, fds = n, "client gone: fds released, ClientGone sent");
+}
+
+/// Refuses a client: says why in a HELLO_REPLY and logs it (the caller
+/// closes the link, so the connection ends once it is written).
+pub(super) async fn refuse(sh: &Shared, tx: &Link, id: u64, peer: SocketAddr, reason: String) {
+    sh.counters.refused.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(server = %sh.name, %peer, "client refused: {reason}");
+    if let Ok(f) = Message::HelloReply(HelloReply::refuse(reason)).to_frame(id) {
+        tx.send(f.into()).await;
+    }
+}
+
+/// Reads and checks the HELLO; on success the connection is registered and
+/// told its client id.
+pub(super) async fn handshake(
+    sh: &Arc<Shared>,
+    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    tx: &Link,
+    peer: SocketAddr,
+) -> Result<Arc<Conn>, ()> {
+    let frame = match tokio::time::timeout(HANDSHAKE_TIMEOUT, reader.next()).await {
+        Ok(Ok(Some(f))) => f,
+        Ok(Ok(None)) => {
+            tracing::debug!(%peer, "closed before its HELLO");
+            return Err(());
+        }
+        Ok(Err(e)) => {
+            sh.counters.closed_bad_input.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(server = %sh.name, %peer, "closing connection before the handshake: {e}");
+            return Err(());
+        }
+        Err(_) => {
+            tracing::warn!(server = %sh.name, %peer, "no HELLO within {HANDSHAKE_TIMEOUT:?}: closed");
+            return Err(());
+        }
+    };
+    let id = frame.id;
+    let checked = match frame.kind {
+        FrameKind::Hello => Message::from_frame(frame, &limits_for(HANDSHAKE_MAX_FRAME))
+            .map_err(|e| format!("malformed HELLO: {e}"))
+            .and_then(|m| match m {
+                Message::Hello(h) => check_hello(sh, &h.params, h.version, peer),
+                _ => Err("malformed HELLO".into()),
+            }),
+        other => Err(format!("expected HELLO as the first frame, got {other}")),
+    };
+    let (child, assigned) = match checked {
+        Ok(ok) => ok,
+        Err(reason) => {
+            refuse(sh, tx, id, peer, reason).await;
+            return Err(());
+        }
+    };
+    let (cancel, _) = watch::channel(Cancel::None);
+    let conn = Arc::new(Conn {
+        client_id: assigned.clone(),
+        peer,
+        child,
+        link: tx.clone(),
+        fds: Mutex::new(FdTable::new(sh.cfg.max_fds)),
+        inflight: Arc::new(Semaphore::new(sh.cfg.max_inflight)),
+        running: AtomicUsize::new(0),
+        idle: tokio::sync::Notify::new(),
+        cancel,
+    });
+    let full = {
+        let mut conns = sh.conns.lock();
+        let full = conns.len() >= sh.cfg.max_clients;
+        if !full {
+            conns.insert(assigned.clone(), conn.clone());
+        }
+        full
+    };
+    if full {
+        let reason = format!("too many clients: max-clients is {}", sh.cfg.max_clients);
+        refuse(sh, tx, id, peer, reason).await;
+        return Err(());
+    }
+    let info = Dict::new().with(hello_keys::ASSIGNED_CLIENT_ID, Value::Str(assigned.to_string()));
+    let reply = HelloReply { version: AbiVersion::CURRENT, accepted: true, reason: String::new(), info };
+    if let Ok(f) = Message::HelloReply(reply).to_frame(id) {
+        tx.send(f.into()).await;
+    }
+    tracing::info!(server = %sh.name, %peer, client = %assigned, subvolume = %conn.child.name, "client connected");
+    Ok(conn)
+}
+
+/// The subvolume and the connection's client id, or why the client is
+/// refused.
+pub(super) fn check_hello(
+    sh: &Shared,
+    p: &Dict,
+    version: AbiVersion,
+    peer: SocketAddr,
+) -> Result<(Child, Arc<str>), String> {
+    abi::check_compatible(AbiVersion::CURRENT, version).map_err(|e| e.to_string())?;
+    if *sh.stop.borrow() {
+        return Err("the server is shutting down".into());
+    }
+    let volume = p.get_str(hello_keys::VOLUME).filter(|v| !v.is_empty()).ok_or("the HELLO names no volume")?;
+    let child = sh.children.iter().find(|c| &*c.name == volume).ok_or_else(|| {
+        let names: Vec<&str> = sh.children.iter().map(|c| &*c.name).collect();
+        format!("no subvolume '{volume}' on this server (it serves: {})", names.join(", "))
+    })?;
+    let client_id = p.get_str(hello_keys::CLIENT_ID).unwrap_or_default();
+    if client_id.is_empty() || client_id.len() > MAX_CLIENT_ID {
+        return Err(format!("the HELLO needs a client-id of 1 to {MAX_CLIENT_ID} bytes"));
+    }
+    let ip = peer.ip().to_string();
+    sh.cfg.auth.check(volume, &ip, p.get_str(hello_keys::USERNAME), p.get_str(hello_keys::PASSWORD))?;
+    let seq = sh.next_conn.fetch_add(1, Ordering::Relaxed);
+    Ok((child.clone(), Arc::from(format!("{client_id}#{seq}"))))
+}
+
+/// Reads and runs calls until the connection ends; returns why, and
+/// whether it is the server stopping (graceful) rather than the client
+/// going or misbehaving.
+pub(super) async fn serve(
+    sh: &Arc<Shared>,
+    conn: &Arc<Conn>,
+    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+) -> (String, bool) {
+    let mut stop = sh.stop.subscribe();
+    let limits = limits_for(sh.cfg.max_frame);
+    let stopping = || ("the server is shutting down".to_string(), true);
+    // While more frames are already buffered, the socket is corked so the
+    // replies of calls answered at once go out together (one system call
+    // for up to CORK_FRAMES of them). The cork is never held across a
+    // wait: only reading a buffered frame happens under it.
+    let mut cork: Option<rpc::Cork<'_>> = None;
+    let mut corked = 0;
+    loop {
+        let permit = match conn.inflight.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(TryAcquireError::Closed) => return ("in-flight slots closed".into(), false),
+            Err(TryAcquireError::NoPermits) => {
+                // Slots come back as replies are written.
+                cork = None;
+                tokio::select! {
+                    _ = stop.wait_for(|s| *s) => return stopping(),
+                    p = conn.inflight.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => return ("in-flight slots closed".into(), false),
+                    },
+                }
+            }
+        };
+        if corked >= CORK_FRAMES || !reader.has_frame() {
+            cork = None;
+            corked = 0;
+        }
+        let frame = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return stopping(),
+            f = reader.next() => f,
+        };
+        let bad = |e: &dyn std::fmt::Display| {
+            sh.counters.closed_bad_input.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(server = %sh.name, client = %conn.client_id, peer = %conn.peer, "closing connection: {e}");
+            (e.to_string(), false)
+        };
+        let frame = match frame {
+            Ok(Some(f)) => f,
+            Ok(None) => return ("the client closed the connection".into(), false),
+            Err(rpc::RpcError::Io(e)) => return (format!("socket error: {e}"), false),
+            Err(e) => return bad(&e),
+        };
+        let id = frame.id;
+        match frame.kind {
+            FrameKind::Call => match Message::from_frame(frame, &limits) {
+                Ok(Message::Call { ctx, req }) => {
+                    sh.counters.calls.fetch_add(1, Ordering::Relaxed);
+                    let mut call = Box::pin(run_call(sh.clone(), Running::new(conn), id, ctx, req, permit));
+                    // Most fops (a stat, a write into the page cache) finish
+                    // on their first poll: run them here and write the reply
+                    // from this task, without a spawn and a wake-up. One that
+                    // would wait (a blocked lock, the blocking pool) goes on
+                    // in a task of its own, so the reader never waits for it.
+                    if poll_once(call.as_mut()).is_pending() {
+                        sh.counters.calls_spawned.fetch_add(1, Ordering::Relaxed);
+                        tokio::spawn(call);
+                    }
+                }
+                Err(MessageError { source: DecodeError::UnknownFop(code), .. }) => {
+                    tracing::debug!(client = %conn.client_id, code, "unknown fop code: ENOSYS");
+                    cork = None;
+                    send_reply(sh, conn, id, Err(Errno::ENOSYS), permit).await;
+                }
+                Ok(_) => return bad(&"CALL frame did not decode as a call"),
+                Err(e) => return bad(&e),
+            },
+            FrameKind::Ping => {
+                if let Ok(f) = Message::Pong.to_frame(id) {
+                    cork = None;
+                    conn.send(f.into()).await;
+                }
+            }
+            FrameKind::Pong => {}
+            FrameKind::Goodbye => {
+                let why = match Message::from_frame(frame, &limits) {
+                    Ok(Message::Goodbye(reason)) => format!("the client said goodbye: {reason}"),
+                    _ => "the client said goodbye".to_string(),
+                };
+                return (why, false);
+            }
+            other => return bad(&format!("unexpected {other} frame from a client")),
+        }
+        if cork.is_none() && reader.has_frame() {
+            cork = conn.link.cork();
+        }
+        corked += usize::from(cork.is_some());
+    }
+}
+
+/// Polls a future once, with a waker that does nothing: a future left
+/// pending is polled again by the task it is then spawned as (which
+/// registers that task's waker).
+pub(super) fn poll_once<F: std::future::Future + ?Sized>(f: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
+    f.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+}
+
+pub(super) fn is_lock_fop(kind: FopKind) -> bool {
+    use FopKind::*;
+    matches!(kind, Lk | Inodelk | Finodelk | Entrylk | Fentrylk | Lease)
+}
+
+/// Runs one call and queues its reply (unless the connection is closing
+/// and the call is cancelled).
+pub(super) async fn run_call(
+    sh: Arc<Shared>,
+    running: Running,
+    id: u64,
+    mut ctx: CallCtx,
+    req: Request,
+    permit: OwnedSemaphorePermit,
+) {
+    let conn = running.0.clone();
+    ctx.client_id = conn.client_id.clone();
+    let level = if is_lock_fop(req.fop.kind()) { Cancel::Locks } else { Cancel::All };
+    if let Some(reset) = profile_request(&req.fop) {
+        let res = profile_reply(&sh, reset);
+        send_reply(&sh, &conn, id, res, permit).await;
+        return;
+    }
+    let mut cancel = conn.cancel.subscribe();
+    let res = tokio::select! {
+        r = conn.dispatch(&sh.next_fd, ctx, req) => r,
+        _ = cancel.wait_for(|c| *c >= level) => return,
+    };
+    send_reply(&sh, &conn, id, res, permit).await;
+    drop(running);
+}
+
+/// `Some(reset)` for a brick profile request: a getxattr of
+/// [`PROFILE_KEY`] or [`PROFILE_RESET_KEY`] (on any inode), which the
+/// server answers itself, so it is not counted in the timings it reports.
+pub(super) fn profile_request(fop: &Fop) -> Option<bool> {
+    match fop {
+        Fop::Getxattr { name, .. } if name == PROFILE_KEY => Some(false),
+        Fop::Getxattr { name, .. } if name == PROFILE_RESET_KEY => Some(true),
+        _ => None,
+    }
+}
+
+/// The brick graph's fop timings as the value of the requested key.
+pub(super) fn profile_reply(sh: &Shared, reset: bool) -> FopResult {
+    let profile = sh.events.graph_profile(reset).ok_or(Errno::ENODATA)?;
+    tracing::debug!(server = %sh.name, reset, "profile requested");
+    let key = if reset { PROFILE_RESET_KEY } else { PROFILE_KEY };
+    let mut d = Dict::new();
+    d.set_bytes(key, profile.to_text().into_bytes());
+    Ok(Response { reply: Reply::Xattrs(d), xdata: Dict::new() })
+}
+
+pub(super) async fn send_reply(sh: &Shared, conn: &Conn, id: u64, res: FopResult, permit: OwnedSemaphorePermit) {
+    let frame = Message::Reply(res).to_frame(id).and_then(|f| f.check_size(sh.cfg.max_frame).map(|()| f));
+    let frame = match frame {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(client = %conn.client_id, id, "reply not sent ({e}): EINVAL instead");
+            match Message::Reply(Err(Errno::EINVAL)).to_frame(id) {
+                Ok(f) => f,
+                Err(_) => return,
+            }
+        }
+    };
+    conn.send(Outgoing { frame, guard: Some(permit) }).await;
+}

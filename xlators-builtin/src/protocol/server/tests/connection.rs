@@ -1,0 +1,220 @@
+//! Tests of a connection's life: handshakes refused with a reason, hostile
+//! input, a gone client's locks and fds, upcalls to the holder only, and
+//! stopping with calls in flight.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_are_refused_with_a_reason() {
+    let brick = Brick::start(&[
+        ("auth.login.brick.allow", "alice"),
+        ("auth.login.alice.password", "s3cret"),
+        ("auth.addr.brick.reject", "127.0.0.2"),
+    ]);
+    let addr = brick.addr();
+    type Login = Option<(&'static str, &'static str)>;
+    let cases: Vec<(AbiVersion, &str, Login, &str)> = vec![
+        (
+            AbiVersion::CURRENT,
+            "nope",
+            Some(("alice", "s3cret")),
+            "no subvolume 'nope' on this server (it serves: brick)",
+        ),
+        (AbiVersion::new(2, 0), SUBVOL, Some(("alice", "s3cret")), "host speaks v1.0, peer was built for v2.0"),
+        (AbiVersion::CURRENT, SUBVOL, Some(("alice", "wrong")), "wrong password for user 'alice'"),
+        (AbiVersion::CURRENT, SUBVOL, Some(("bob", "s3cret")), "user 'bob' is not allowed"),
+        (AbiVersion::CURRENT, SUBVOL, None, "no username"),
+    ];
+    for (version, volume, user, why) in cases {
+        let reply = blocking(move || {
+            let mut raw = Raw::connect(addr);
+            let r = raw.hello(version, volume, user);
+            assert!(raw.closed());
+            r
+        })
+        .await;
+        assert!(!reply.accepted, "{volume} {user:?}");
+        assert!(reply.reason.contains(why), "reason '{}' should say '{why}'", reply.reason);
+    }
+    let ok = blocking(move || Raw::connect(addr).hello(AbiVersion::CURRENT, SUBVOL, Some(("alice", "s3cret")))).await;
+    assert!(ok.accepted, "{ok:?}");
+    assert!(ok.info.get_str(hello_keys::ASSIGNED_CLIENT_ID).is_some_and(|id| id.starts_with("raw#")), "{ok:?}");
+
+    // auth.addr: a reject pattern matching loopback.
+    let rejecting = Brick::start(&[("auth.addr.brick.reject", "127.0.0.*")]);
+    let addr2 = rejecting.addr();
+    let r = blocking(move || Raw::connect(addr2).hello(AbiVersion::CURRENT, SUBVOL, None)).await;
+    assert!(!r.accepted && r.reason.contains("address 127.0.0.1 is rejected"), "{r:?}");
+    let allow_other = Brick::start(&[("auth.addr.brick.allow", "10.*")]);
+    let addr3 = allow_other.addr();
+    let r = blocking(move || Raw::connect(addr3).hello(AbiVersion::CURRENT, SUBVOL, None)).await;
+    assert!(!r.accepted && r.reason.contains("not allowed"), "{r:?}");
+
+    // A client with a wrong password stays down and shows the reason.
+    let c = TestClient::new(addr, &[("username", "alice"), ("password", "wrong")]);
+    c.start();
+    wait_until("the refusal", || c.dump("last-error").contains("wrong password for user 'alice'")).await;
+    c.wait_downs(1).await;
+    assert_eq!(c.count(&Event::ChildUp), 0);
+    assert_eq!(c.run(Fop::Stat { loc: Loc::root() }).await, Err(Errno::ENOTCONN));
+    c.stop();
+    let good = TestClient::up(addr, &[("username", "alice"), ("password", "s3cret")]).await;
+    good.run(Fop::Stat { loc: Loc::root() }).await.expect("logged in");
+    good.stop();
+    for b in [&brick, &rejecting, &allow_other] {
+        b.stop_server().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_input_closes_only_that_connection() {
+    let brick = Brick::start(&[("max-frame-size", "1MB")]);
+    let addr = brick.addr();
+    let good = TestClient::up(addr, &[]).await;
+    let hello = Message::Hello(Hello {
+        version: AbiVersion::CURRENT,
+        params: Dict::new()
+            .with(hello_keys::VOLUME, Value::Str(SUBVOL.into()))
+            .with(hello_keys::CLIENT_ID, Value::Str("evil".into())),
+    });
+    let mut ctx_bytes = Vec::new();
+    abi::encode(&CallCtx::root("evil"), &mut ctx_bytes);
+    let mut unknown_fop = ctx_bytes.clone();
+    unknown_fop.extend_from_slice(&999u16.to_le_bytes());
+    let mut bad_call = ctx_bytes.clone();
+    bad_call.extend_from_slice(&(FopKind::Stat as u16).to_le_bytes());
+    bad_call.extend_from_slice(&[1, 2, 3]);
+
+    let mut truncated = Message::Ping.to_frame(1).expect("ping").to_vec();
+    truncated.truncate(10);
+    let cases: Vec<(&str, bool, Vec<u8>)> = vec![
+        ("garbage", false, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+        ("a truncated frame", false, truncated),
+        ("a 0xFFFFFFFF length", false, vec![0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]),
+        ("a CALL before the HELLO", false, rpc::encode_raw_frame(FrameKind::Call as u8, 0, 0, 1, &unknown_fop, &[])),
+        ("a frame over max-frame-size", true, [&((2u32 << 20).to_le_bytes())[..], &[5, 0, 0, 0]].concat()),
+        ("an undecodable CALL", true, rpc::encode_raw_frame(FrameKind::Call as u8, 0, 0, 1, &bad_call, &[])),
+        ("an unknown frame kind", true, rpc::encode_raw_frame(0x77, 0, 0, 1, &[], &[])),
+        ("a REPLY from a client", true, Message::Reply(Err(Errno::EIO)).to_frame(3).expect("reply").to_vec()),
+    ];
+    for (what, after_hello, bytes) in cases {
+        let hello = hello.clone();
+        blocking(move || {
+            let mut raw = Raw::connect(addr);
+            if after_hello {
+                raw.send_msg(&hello, 0);
+                assert!(matches!(raw.recv(), Some(Message::HelloReply(r)) if r.accepted), "{what}");
+            }
+            raw.send(&bytes);
+            if what == "a truncated frame" {
+                let _ = raw.s.shutdown(std::net::Shutdown::Write);
+            }
+            assert!(raw.closed(), "{what}: the server closes the connection");
+        })
+        .await;
+        good.run(Fop::Stat { loc: Loc::root() }).await.unwrap_or_else(|e| panic!("after {what}: {e:?}"));
+    }
+    assert!(brick.chain.top().dump("closed-bad-input-total").parse::<u32>().expect("counter") >= 5);
+
+    // An unknown fop code is answered with ENOSYS; the connection stays.
+    blocking(move || {
+        let mut raw = Raw::connect(addr);
+        raw.send_msg(&hello, 0);
+        assert!(matches!(raw.recv(), Some(Message::HelloReply(r)) if r.accepted));
+        raw.send(&rpc::encode_raw_frame(FrameKind::Call as u8, 0, 0, 41, &unknown_fop, &[]));
+        raw.send_msg(&Message::Ping, 42);
+        assert_eq!(raw.recv(), Some(Message::Reply(Err(Errno::ENOSYS))));
+        assert_eq!(raw.recv(), Some(Message::Pong));
+    })
+    .await;
+    good.run(Fop::Stat { loc: Loc::root() }).await.expect("still served");
+    good.stop();
+    brick.stop_server().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_client_releases_its_locks_and_fds() {
+    let brick = Brick::start(&[]);
+    let a = TestClient::up(brick.addr(), &[]).await;
+    let b = Arc::new(TestClient::up(brick.addr(), &[]).await);
+    let lock =
+        |ty| Fop::Inodelk { domain: "dom".into(), loc: Loc::root(), cmd: LkCmd::SetLk, lock: Flock::whole(ty, 1) };
+    a.run(lock(LockType::Write)).await.expect("a locks");
+    a.run(create("held", 5)).await.expect("a opens");
+    assert_eq!(b.run(lock(LockType::Write)).await, Err(Errno::EAGAIN));
+    let waiting = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.run(Fop::Inodelk {
+                domain: "dom".into(),
+                loc: Loc::root(),
+                cmd: LkCmd::SetLkw,
+                lock: Flock::whole(LockType::Write, 2),
+            })
+            .await
+        })
+    };
+    wait_until("b's request queued at the lock server", || brick.locks.dump("locks") == "2").await;
+    assert!(!waiting.is_finished());
+    assert_eq!(brick.posix.dump("open-fds"), "1");
+    a.stop();
+    within("b's lock", waiting).await.expect("join").expect("b gets the lock once a is gone");
+    wait_until("a's fd released on the brick", || brick.posix.dump("open-fds") == "0").await;
+    assert_eq!(brick.chain.top().dump("clients"), "1");
+    b.stop();
+    brick.stop_server().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_upcalls_reach_the_holder_only() {
+    let brick = Brick::start(&[]);
+    let a = TestClient::up(brick.addr(), &[]).await;
+    let b = TestClient::up(brick.addr(), &[]).await;
+    let lock = |owner| Fop::Inodelk {
+        domain: "dom".into(),
+        loc: Loc::root(),
+        cmd: LkCmd::SetLk,
+        lock: Flock::whole(LockType::Write, owner),
+    };
+    a.run_as(CallCtx::root("a").with_lk_owner(7), lock(7)).await.expect("a locks");
+    assert_eq!(b.run(lock(8)).await, Err(Errno::EAGAIN));
+    wait_until("a's contention upcall", || !a.upcalls().is_empty()).await;
+    match &a.upcalls()[0] {
+        Upcall::InodelkContention { gfid, domain, holder_client, holder_owner } => {
+            assert_eq!((*gfid, domain.as_str(), *holder_owner), (Gfid::ROOT, "dom", 7));
+            assert_eq!(holder_client, &a.dump("server-client-id"));
+        }
+        other => panic!("{other:?}"),
+    }
+    // Anything queued for b before this reply would have arrived first.
+    b.run(Fop::Stat { loc: Loc::root() }).await.expect("stat");
+    assert!(b.upcalls().is_empty(), "{:?}", b.upcalls());
+    a.stop();
+    b.stop();
+    brick.stop_server().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_answers_calls_in_flight_then_says_goodbye() {
+    let (gate, chain) = gate_server(&[]);
+    let addr = listen_addr(chain.top());
+    let c = Arc::new(TestClient::up(addr, &[("reconnect-min", "1s")]).await);
+    let t = {
+        let c = c.clone();
+        tokio::spawn(async move { c.run(Fop::Stat { loc: Loc::gfid(g(1)) }).await })
+    };
+    wait_until("the call at the child", || gate.arrived() == 1).await;
+    let server = chain.top().xl.clone();
+    assert_eq!(server.notify(Event::ParentDown, EventFrom::Graph), None);
+    let fini = tokio::task::spawn_blocking(move || server.fini());
+    // fini has begun once the listener is gone; it then waits for the call.
+    wait_until("fini closes the listener", || std::net::TcpStream::connect(addr).is_err()).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!fini.is_finished(), "fini waits for the call in flight");
+    gate.release(g(1));
+    assert!(within("the answer", t).await.expect("join").is_ok(), "the call in flight is answered");
+    within("fini", fini).await.expect("fini returns");
+    c.wait_downs(1).await;
+    wait_until("the goodbye", || c.dump("last-error").contains("said goodbye: the server is shutting down")).await;
+    c.stop();
+}

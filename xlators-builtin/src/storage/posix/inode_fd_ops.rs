@@ -1,0 +1,204 @@
+//! Data I/O and inode attributes (GlusterFS's posix-inode-fd-ops.c): reads,
+//! O_DIRECT writes, zerofill, copy_file_range, checksums, a change through
+//! an fd answered with the attributes around it, set-user-ID dropping,
+//! setattr, access checks and statfs.
+
+use super::*;
+
+/// Takes set-user-ID (always) and set-group-ID (when group-executable)
+/// away from a regular file that a caller other than root wrote, truncated
+/// or allocated, as the kernel does for a caller without CAP_FSETID. The
+/// brick runs as root, so the kernel keeps those bits on its own writes;
+/// this does it for the caller instead. That is what lets the FUSE client
+/// hand the job over (FUSE_HANDLE_KILLPRIV_V2) and stop asking for
+/// `security.capability` before every write. (The capability xattr itself
+/// the brick's kernel removes on any write, whoever the caller.)
+pub(super) fn drop_privs(fd: BorrowedFd<'_>, mode: u32, ctx: &CallCtx) -> Sys<()> {
+    if ctx.uid == 0 || mode & libc::S_IFMT != libc::S_IFREG {
+        return Ok(());
+    }
+    let mut kill = mode & libc::S_ISUID;
+    if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+        kill |= libc::S_ISGID;
+    }
+    if kill == 0 { Ok(()) } else { sys::fchmod(fd, mode & 0o7777 & !kill) }
+}
+
+/// Adler-32.
+pub(super) fn adler32(data: &[u8]) -> u32 {
+    const MOD: u32 = 65521;
+    let (mut a, mut b) = (1u32, 0u32);
+    // 5552 is the most bytes that cannot overflow `b` before the modulo.
+    for chunk in data.chunks(5552) {
+        for &x in chunk {
+            a += u32::from(x);
+            b += a;
+        }
+        a %= MOD;
+        b %= MOD;
+    }
+    (b << 16) | a
+}
+
+impl Inner {
+    /// A change of a file's data through an fd: `op`, then what the caller
+    /// loses by it ([`drop_privs`]), answered with the attributes around it.
+    pub(super) fn prepost(&self, id: FdId, ctx: &CallCtx, op: impl FnOnce(BorrowedFd<'_>) -> Sys<()>) -> FopResult {
+        let f = self.fd(id)?;
+        let pre = f.iatt()?;
+        op(f.file()?)?;
+        drop_privs(f.file()?, pre.mode, ctx)?;
+        ok(Reply::PrePost { pre, post: f.iatt()? })
+    }
+
+    pub(super) fn statfs(&self) -> Sys<Statvfs> {
+        let v = sys::fstatvfs(self.brick.root_fd())?;
+        let shared = self.shared.load(Ordering::Relaxed).max(1);
+        #[allow(clippy::unnecessary_cast)]
+        Ok(Statvfs {
+            bsize: v.f_bsize as u64,
+            frsize: v.f_frsize as u64,
+            blocks: v.f_blocks as u64 / shared,
+            bfree: v.f_bfree as u64 / shared,
+            bavail: v.f_bavail as u64 / shared,
+            files: v.f_files as u64 / shared,
+            ffree: v.f_ffree as u64 / shared,
+            favail: v.f_favail as u64 / shared,
+            fsid: v.f_fsid as u64,
+            flag: v.f_flag as u64,
+            namemax: v.f_namemax as u64,
+        })
+    }
+}
+
+pub(super) fn apply_attr(t: Target<'_>, a: &SetAttr) -> Sys<()> {
+    if a.uid.is_some() || a.gid.is_some() {
+        t.chown(a.uid, a.gid)?;
+    }
+    if let Some(m) = a.mode {
+        match t {
+            Target::Fd(fd) => sys::fchmod(fd, m & 0o7777)?,
+            Target::At(d, p) => sys::chmod_at_nofollow(d, p, m & 0o7777)?,
+        }
+    }
+    if a.atime.is_some() || a.mtime.is_some() {
+        t.utimes(a.atime, a.mtime)?;
+    }
+    Ok(())
+}
+
+/// POSIX permission check of `mask` (`R_OK` 4, `W_OK` 2, `X_OK` 1) for the
+/// caller.
+pub(super) fn access_ok(st: &libc::stat, ctx: &CallCtx, mask: u32) -> bool {
+    let mask = mask & 7;
+    if mask == 0 {
+        return true;
+    }
+    let mode = st.st_mode;
+    if ctx.uid == 0 {
+        let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
+        return mask & 1 == 0 || is_dir || mode & 0o111 != 0;
+    }
+    let bits = if ctx.uid == st.st_uid {
+        mode >> 6
+    } else if ctx.gid == st.st_gid || ctx.groups.contains(&st.st_gid) {
+        mode >> 3
+    } else {
+        mode
+    } & 7;
+    bits & mask == mask
+}
+
+/// `o-direct-min-size` when the option is not given.
+pub(super) const DIRECT_MIN_DEFAULT: u64 = 512 * 1024;
+
+/// True when a write of `len` bytes at `offset` meets O_DIRECT's alignment.
+pub(super) fn direct_aligned(offset: u64, len: usize) -> bool {
+    offset.is_multiple_of(sys::ALIGN as u64) && len.is_multiple_of(sys::ALIGN)
+}
+
+/// Writes `data` through the `O_DIRECT` descriptor `direct` (from an
+/// aligned copy when the buffer itself is not aligned); falls back to the
+/// buffered `file` when the file system refuses the alignment (EINVAL
+/// comes before anything is written).
+pub(super) fn write_direct(direct: BorrowedFd<'_>, file: BorrowedFd<'_>, data: &[u8], offset: u64) -> Sys<()> {
+    let r = if (data.as_ptr() as usize).is_multiple_of(sys::ALIGN) {
+        sys::pwrite_all(direct, data, offset)
+    } else {
+        sys::with_aligned_copy(data, |buf| sys::pwrite_all(direct, buf, offset))
+    };
+    match r {
+        Err(Errno::EINVAL) if direct.as_raw_fd() != file.as_raw_fd() => sys::pwrite_all(file, data, offset),
+        r => r,
+    }
+}
+
+/// Reads up to `size` bytes at `offset` (fewer at end of file).
+pub(super) fn read_at(f: &OpenFd, size: usize, offset: u64) -> Sys<Vec<u8>> {
+    if size > MAX_IO {
+        return Err(Errno::EINVAL);
+    }
+    let file = f.file()?;
+    if f.direct {
+        let mut buf = sys::AlignedBuf::zeroed(size)?;
+        let n = sys::pread_full(file, buf.as_mut_slice(), offset)?;
+        return Ok(buf.as_slice()[..n].to_vec());
+    }
+    let mut buf = vec![0u8; size];
+    let n = sys::pread_full(file, &mut buf, offset)?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// Writes zeroes over a range (extending the file if needed).
+pub(super) fn zerofill(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Sys<()> {
+    match sys::fallocate(fd, libc::FALLOC_FL_ZERO_RANGE, offset, len) {
+        Err(Errno::EOPNOTSUPP | Errno::ENOSYS | Errno::EINVAL) => {}
+        r => return r,
+    }
+    let chunk = vec![0u8; (len.min(1 << 20)) as usize];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(chunk.len() as u64) as usize;
+        sys::pwrite_all(fd, &chunk[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// Copies up to `len` bytes; falls back to read + write where the kernel
+/// cannot copy between the two files.
+pub(super) fn copy_range(
+    fi: BorrowedFd<'_>,
+    off_in: u64,
+    fo: BorrowedFd<'_>,
+    off_out: u64,
+    len: u64,
+    flags: u32,
+) -> Sys<u64> {
+    let (mut oi, mut oo) = (sys::off(off_in)?, sys::off(off_out)?);
+    let mut done = 0u64;
+    while done < len {
+        let want = (len - done).min(1 << 30) as usize;
+        match sys::copy_file_range(fi, &mut oi, fo, &mut oo, want, flags) {
+            Ok(0) => return Ok(done),
+            Ok(n) => done += n as u64,
+            Err(Errno::EXDEV | Errno::ENOSYS | Errno::EOPNOTSUPP) if done == 0 && flags == 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    if done >= len {
+        return Ok(done);
+    }
+    let mut buf = vec![0u8; (len - done).min(1 << 20) as usize];
+    while done < len {
+        let want = (len - done).min(buf.len() as u64) as usize;
+        let n = sys::pread_full(fi, &mut buf[..want], off_in + done)?;
+        if n == 0 {
+            break;
+        }
+        sys::pwrite_all(fo, &buf[..n], off_out + done)?;
+        done += n as u64;
+    }
+    Ok(done)
+}
