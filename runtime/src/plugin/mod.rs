@@ -58,12 +58,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use xlfs_sdk::abi::{self, AbiVersion, VersionError};
 use xlfs_sdk::guest::sys::{self, DeclaredOption, DeclaredType, Descriptor, NodeExports, PolicyExports};
+use xlfs_sdk::options::{Opt, kind};
 use xlfs_sdk::{InitCtx, InitError, OptType, OptionDecl, Options, Xlator, XlatorType};
 
 use crate::registry::{Registry, RegistryError};
@@ -101,50 +101,45 @@ impl Kind {
     }
 }
 
-const FRAME_TIMEOUT: OptionDecl = OptionDecl::new("frame-timeout", OptType::Time)
-    .default("1800s")
+const FRAME_TIMEOUT: Opt<kind::Time> = Opt::time("frame-timeout", "1800s")
     .range(0.01, 86400.0)
     .desc("A fop the plugin has not unwound after this long fails with EIO (the plugin's later unwind is ignored).");
-const MAX_FRAMES: OptionDecl = OptionDecl::new("max-frames", OptType::Int)
-    .default("4096")
+const MAX_FRAMES: Opt<kind::Int> = Opt::int("max-frames", "4096")
     .range(1.0, 1048576.0)
     .desc("Most fops in the plugin at once; more wait for a slot. Calls it winds are bounded at four times this.");
-const CRASH_LIMIT: OptionDecl = OptionDecl::new("crash-loop-limit", OptType::Int).default("5").range(1.0, 1000.0).desc(
+const CRASH_LIMIT: Opt<kind::Int> = Opt::int("crash-loop-limit", "5").range(1.0, 1000.0).desc(
     "This many crashes (traps, missed deadlines, failed handlers) within crash-loop-window disable the plugin: \
-           its fops then fail with EIO until the graph is rebuilt.",
+     its fops then fail with EIO until the graph is rebuilt.",
 );
-const CRASH_WINDOW: OptionDecl = OptionDecl::new("crash-loop-window", OptType::Time)
-    .default("60s")
-    .range(0.001, 86400.0)
-    .desc("The window crash-loop-limit counts crashes in.");
+const CRASH_WINDOW: Opt<kind::Time> =
+    Opt::time("crash-loop-window", "60s").range(0.001, 86400.0).desc("The window crash-loop-limit counts crashes in.");
+const WASM_MODULE: Opt<kind::PathKind> = Opt::optional("module")
+    .desc("The plugin: a core WebAssembly module built for wasm32-unknown-unknown against xlfs-sdk (feature guest).");
+const DYLIB_MODULE: Opt<kind::PathKind> = Opt::optional("module").desc(
+    "The plugin: a native shared library (cdylib) built against xlfs-sdk (feature guest). It runs in the process \
+     and is trusted.",
+);
+const MEMORY_LIMIT: Opt<kind::Size> = Opt::size("plugin-memory-limit", "64MB").range(65536.0, 4294967296.0).desc(
+    "Most linear memory the plugin instance may grow to; an allocation past it fails inside the plugin (usually a trap).",
+);
+const CALL_TIMEOUT: Opt<kind::Time> = Opt::time("plugin-call-timeout", "1s").range(0.001, 600.0).desc(
+    "Longest one call into the plugin may run (checked every 10ms); past it the call traps and the instance restarts.",
+);
 
 /// The host's options of `plugin/wasm` (the module declares the rest).
 pub const WASM_OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("module", OptType::Path)
-        .desc("The plugin: a core WebAssembly module built for wasm32-unknown-unknown against xlfs-sdk (feature guest)."),
-    OptionDecl::new("plugin-memory-limit", OptType::Size)
-        .default("64MB")
-        .range(65536.0, 4294967296.0)
-        .desc("Most linear memory the plugin instance may grow to; an allocation past it fails inside the plugin (usually a trap)."),
-    OptionDecl::new("plugin-call-timeout", OptType::Time)
-        .default("1s")
-        .range(0.001, 600.0)
-        .desc("Longest one call into the plugin may run (checked every 10ms); past it the call traps and the instance restarts."),
-    FRAME_TIMEOUT,
-    MAX_FRAMES,
-    CRASH_LIMIT,
-    CRASH_WINDOW,
+    WASM_MODULE.decl,
+    MEMORY_LIMIT.decl,
+    CALL_TIMEOUT.decl,
+    FRAME_TIMEOUT.decl,
+    MAX_FRAMES.decl,
+    CRASH_LIMIT.decl,
+    CRASH_WINDOW.decl,
 ];
 
 /// The host's options of `plugin/dylib` (the module declares the rest).
-pub const DYLIB_OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("module", OptType::Path)
-        .desc("The plugin: a native shared library (cdylib) built against xlfs-sdk (feature guest). It runs in the process and is trusted."),
-    FRAME_TIMEOUT,
-    MAX_FRAMES,
-    CRASH_LIMIT,
-    CRASH_WINDOW,
-];
+pub const DYLIB_OPTIONS: &[OptionDecl] =
+    &[DYLIB_MODULE.decl, FRAME_TIMEOUT.decl, MAX_FRAMES.decl, CRASH_LIMIT.decl, CRASH_WINDOW.decl];
 
 /// `plugin/wasm` as the registry holds it; each volume gets its module's
 /// own type from `specialize_wasm`.
@@ -422,17 +417,17 @@ fn build_dylib(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
 
 /// The limits a node's options set (defaults when absent).
 fn node_limits(o: &Options) -> NodeLimits {
-    let int = |k: &str, d: i64| usize::try_from(o.int(k).unwrap_or(d)).unwrap_or(1).max(1);
     NodeLimits {
-        frame_timeout: o.time("frame-timeout").unwrap_or(Duration::from_secs(1800)),
-        max_frames: int("max-frames", 4096),
-        crash_limit: int("crash-loop-limit", 5),
-        crash_window: o.time("crash-loop-window").unwrap_or(Duration::from_secs(60)),
+        frame_timeout: FRAME_TIMEOUT.get(o),
+        max_frames: MAX_FRAMES.count(o).max(1),
+        crash_limit: CRASH_LIMIT.count(o).max(1),
+        crash_window: CRASH_WINDOW.get(o),
     }
 }
 
 fn build(kind: Kind, init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
-    let path = init.options.path("module").ok_or_else(|| InitError::new("option 'module' is required"))?.to_path_buf();
+    let path =
+        WASM_MODULE.get(&init.options).ok_or_else(|| InitError::new("option 'module' is required"))?.to_path_buf();
     let l = load(kind, &path).map_err(|e| InitError::new(e.to_string()))?;
     // The graph validated the options against the module it loaded then;
     // if the file changed since, check them against what it is now.
@@ -442,8 +437,8 @@ fn build(kind: Kind, init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
         .map_err(|e| InitError::new(format!("{}: {e}", path.display())))?;
     let limits = node_limits(&init.options);
     let guest_limits = GuestLimits {
-        memory: usize::try_from(init.options.size("plugin-memory-limit").unwrap_or(64 << 20)).unwrap_or(usize::MAX),
-        call_timeout: init.options.time("plugin-call-timeout").unwrap_or(Duration::from_secs(1)),
+        memory: usize::try_from(MEMORY_LIMIT.get(&init.options)).unwrap_or(usize::MAX),
+        call_timeout: CALL_TIMEOUT.get(&init.options),
     };
     let name = init.name.clone();
     let core = Core::new(init.name, init.children, init.events, limits, guest_limits, init.options, l);

@@ -57,14 +57,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use xlfs_sdk::options::{Opt, kind};
 
 use parking_lot::Mutex;
 use xlfs_sdk::dict::keys;
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
     CallCtx, Child, Dict, EntrylkCmd, EntrylkType, Errno, Event, EventFrom, EventSink, Fd, Flock, Fop, FopFuture,
-    FopKind, FopResult, Gfid, InitCtx, InitError, LkCmd, Loc, LockType, OptType, OptionDecl, Options, Reply, Request,
-    Response, Upcall, Value, Xlator, XlatorType,
+    FopKind, FopResult, Gfid, InitCtx, InitError, LkCmd, Loc, LockType, OptionDecl, Options, Reply, Request, Response,
+    Upcall, Value, Xlator, XlatorType,
 };
 
 use self::posix::{PosixLk, PosixLocks};
@@ -81,25 +82,28 @@ pub const TYPE: XlatorType = XlatorType {
     build,
 };
 
-const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("notify-contention", OptType::Bool).default("on").desc(
-        "When a lock request conflicts with a granted inodelk or entrylk, send the holder a contention upcall \
+const NOTIFY_CONTENTION: Opt<kind::Bool> = Opt::bool("notify-contention", true).desc(
+    "When a lock request conflicts with a granted inodelk or entrylk, send the holder a contention upcall \
          asking it to release the lock soon (drives eager-lock release).",
-    ),
-    OptionDecl::new("notify-contention-delay", OptType::Time)
-        .default("5")
-        .range(0.0, 60.0)
-        .desc("Least time between two contention upcalls about the same granted lock (0: every conflict)."),
-    OptionDecl::new("max-locks", OptType::Int)
-        .default("1000000")
-        .range(1.0, 1e12)
-        .desc("Most granted plus waiting locks (all kinds, all inodes); new lock requests beyond get ENOLCK."),
-    OptionDecl::new("enforce-mandatory-lock", OptType::Bool)
-        .default("off")
-        .desc("Accepted for GlusterFS volfiles; mandatory locking is not implemented, so 'on' is refused."),
-    OptionDecl::new("mandatory-locking", OptType::Enum(&["off", "file", "forced", "optimal"]))
-        .default("off")
-        .desc("Accepted for GlusterFS volfiles; mandatory locking is not implemented, so only 'off' is accepted."),
+);
+const NOTIFY_CONTENTION_DELAY: Opt<kind::Time> = Opt::time("notify-contention-delay", "5")
+    .range(0.0, 60.0)
+    .desc("Least time between two contention upcalls about the same granted lock (0: every conflict).");
+const MAX_LOCKS: Opt<kind::Int> = Opt::int("max-locks", "1000000")
+    .range(1.0, 1e12)
+    .desc("Most granted plus waiting locks (all kinds, all inodes); new lock requests beyond get ENOLCK.");
+const ENFORCE_MANDATORY_LOCK: Opt<kind::Bool> = Opt::bool("enforce-mandatory-lock", false)
+    .desc("Accepted for GlusterFS volfiles; mandatory locking is not implemented, so 'on' is refused.");
+const MANDATORY_LOCKING: Opt<kind::Str> =
+    Opt::one_of("mandatory-locking", &["off", "file", "forced", "optimal"], "off")
+        .desc("Accepted for GlusterFS volfiles; mandatory locking is not implemented, so only 'off' is accepted.");
+
+const OPTIONS: &[OptionDecl] = &[
+    NOTIFY_CONTENTION.decl,
+    NOTIFY_CONTENTION_DELAY.decl,
+    MAX_LOCKS.decl,
+    ENFORCE_MANDATORY_LOCK.decl,
+    MANDATORY_LOCKING.decl,
 ];
 
 /// Longest lock domain name accepted.
@@ -201,9 +205,7 @@ struct Locks {
 impl Locks {
     fn new(init: InitCtx) -> Result<Locks, InitError> {
         let InitCtx { name, options, mut children, events } = init;
-        if options.bool("enforce-mandatory-lock") == Some(true)
-            || options.str("mandatory-locking").is_some_and(|m| m != "off")
-        {
+        if ENFORCE_MANDATORY_LOCK.get(&options) || MANDATORY_LOCKING.get(&options) != "off" {
             return Err(InitError::new(format!(
                 "{name}: mandatory locking is not implemented; set 'enforce-mandatory-lock off' and 'mandatory-locking off'"
             )));
@@ -228,10 +230,10 @@ impl Locks {
     }
 
     fn apply_options(&self, o: &Options) {
-        self.notify.store(o.bool("notify-contention").unwrap_or(true), Ordering::Relaxed);
-        let delay = o.time("notify-contention-delay").unwrap_or(Duration::from_secs(5));
+        self.notify.store(NOTIFY_CONTENTION.get(o), Ordering::Relaxed);
+        let delay = NOTIFY_CONTENTION_DELAY.get(o);
         self.delay_ms.store(delay.as_millis().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
-        let max = o.int("max-locks").unwrap_or(1_000_000);
+        let max = MAX_LOCKS.get(o);
         self.max_locks.store(usize::try_from(max).unwrap_or(usize::MAX), Ordering::Relaxed);
     }
 
@@ -568,9 +570,7 @@ impl Xlator for Locks {
     }
 
     fn reconfigure(&self, options: &Options) -> Result<(), ReconfigureError> {
-        if options.bool("enforce-mandatory-lock") == Some(true)
-            || options.str("mandatory-locking").is_some_and(|m| m != "off")
-        {
+        if ENFORCE_MANDATORY_LOCK.get(options) || MANDATORY_LOCKING.get(options) != "off" {
             return Err(ReconfigureError::Invalid("mandatory locking is not implemented".into()));
         }
         self.apply_options(options);

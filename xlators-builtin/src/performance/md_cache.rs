@@ -71,7 +71,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use xlfs_sdk::dict::keys;
-use xlfs_sdk::options::{OptType, OptionDecl};
+use xlfs_sdk::options::{Opt, OptionDecl, kind};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
     CallCtx, Child, Dict, Errno, Event, EventFrom, Fd, FdId, Fop, FopFuture, FopResult, Gfid, Iatt, InitCtx, InitError,
@@ -103,58 +103,68 @@ const RECENT_ABSENT: usize = 4096;
 /// not given (GlusterFS's metadata-cache profile).
 const INVALIDATION_TIMEOUT: Duration = Duration::from_secs(600);
 
-const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("md-cache-timeout", OptType::Time).default("1").range(0.0, 600.0).desc(
-        "How long a cached attribute, xattr or directory entry is trusted after the reply that filled it \
+const MD_CACHE_TIMEOUT: Opt<kind::Time> = Opt::time("md-cache-timeout", "1").range(0.0, 600.0).desc(
+    "How long a cached attribute, xattr or directory entry is trusted after the reply that filled it \
          (seconds, or e.g. 500ms). 0 turns caching off. When cache-invalidation is on and this option is not \
          given, 600.",
-    ),
-    OptionDecl::new("cache-selinux", OptType::Bool).default("on").desc(
-        "Cache security.selinux, prefetched on lookup and readdirp: the kernel asks for it for every file \
-         `ls -l` shows, and the answer is nearly always 'none' (ENODATA).",
-    ),
-    OptionDecl::new("cache-capability-xattrs", OptType::Bool)
-        .default("on")
-        .desc("Cache security.capability (prefetched), which the kernel asks for around writes."),
-    OptionDecl::new("cache-posix-acl", OptType::Bool).default("on").desc(
-        "Cache system.posix_acl_access and system.posix_acl_default (prefetched); `ls -l` asks for the first \
-         for every file.",
-    ),
-    OptionDecl::new("cache-xattrs", OptType::Bool)
-        .default("on")
-        .desc("Also cache the user.* xattrs getxattr reads (not prefetched: their names are not known in advance)."),
-    OptionDecl::new("xattr-cache-list", OptType::List).desc(
-        "Further xattr names to prefetch on lookup and readdirp and answer getxattr from, comma-separated \
+);
+const CACHE_XATTRS: Opt<kind::Bool> = Opt::bool("cache-xattrs", true)
+    .desc("Also cache the user.* xattrs getxattr reads (not prefetched: their names are not known in advance).");
+const XATTR_CACHE_LIST: Opt<kind::List> = Opt::optional("xattr-cache-list").desc(
+    "Further xattr names to prefetch on lookup and readdirp and answer getxattr from, comma-separated \
          (e.g. user.swift.metadata,trusted.tag).",
-    ),
-    OptionDecl::new("cache-invalidation", OptType::Bool).default("off").desc(
-        "Say that the bricks send invalidation upcalls (features/upcall) when another client changes an inode, \
+);
+const CACHE_INVALIDATION: Opt<kind::Bool> = Opt::bool("cache-invalidation", false).desc(
+    "Say that the bricks send invalidation upcalls (features/upcall) when another client changes an inode, \
          so entries may be trusted until an invalidation arrives or md-cache-timeout passes: md-cache-timeout \
          then defaults to 600. Invalidations that arrive are honoured whatever this says.",
-    ),
-    OptionDecl::new("md-cache-statfs", OptType::Bool)
-        .default("off")
-        .desc("Cache statfs replies for md-cache-timeout (df on a busy mount)."),
-    OptionDecl::new("nl-cache", OptType::Bool).default("on").desc(
-        "Negative entry cache: remember that a name does not exist (a lookup's ENOENT; unlink, rmdir or rename \
+);
+const MD_CACHE_STATFS: Opt<kind::Bool> =
+    Opt::bool("md-cache-statfs", false).desc("Cache statfs replies for md-cache-timeout (df on a busy mount).");
+const NL_CACHE: Opt<kind::Bool> = Opt::bool("nl-cache", true).desc(
+    "Negative entry cache: remember that a name does not exist (a lookup's ENOENT; unlink, rmdir or rename \
          through this client) and answer a lookup of it with ENOENT while fresh. Dropped when this client \
          creates the name and when the directory is invalidated. Saves the lookups of search paths and of \
          create-after-lookup.",
-    ),
-    OptionDecl::new("nl-cache-timeout", OptType::Time)
-        .range(0.0, 600.0)
-        .desc("How long a negative entry is trusted; by default md-cache-timeout. 0 turns nl-cache off."),
-    OptionDecl::new("dir-prefetch", OptType::Bool).default("on").desc(
-        "With cache-invalidation on: the first lookup that misses in a directory not listed lately also reads \
+);
+const NL_CACHE_TIMEOUT: Opt<kind::Time> = Opt::optional("nl-cache-timeout")
+    .range(0.0, 600.0)
+    .desc("How long a negative entry is trusted; by default md-cache-timeout. 0 turns nl-cache off.");
+const DIR_PREFETCH: Opt<kind::Bool> = Opt::bool("dir-prefetch", true).desc(
+    "With cache-invalidation on: the first lookup that misses in a directory not listed lately also reads \
          the whole directory (readdirp with the cached xattrs, at most 8192 entries) in the background, so later \
          lookups there (`stat`, `ls -l`, a build's probes) are answered from the cache, and, once it is listed \
          whole, lookups of names it does not have are answered ENOENT. The bricks' invalidations keep it true. \
          xlfs only.",
-    ),
-    OptionDecl::new("md-cache-max-entries", OptType::Int)
-        .default("65536")
-        .range(16.0, 16_777_216.0)
-        .desc("Most inodes cached, and separately most directory entries; when full, the least recently filled go."),
+);
+const MD_CACHE_MAX_ENTRIES: Opt<kind::Int> = Opt::int("md-cache-max-entries", "65536")
+    .range(16.0, 16_777_216.0)
+    .desc("Most inodes cached, and separately most directory entries; when full, the least recently filled go.");
+
+const CACHE_SELINUX: Opt<kind::Bool> = Opt::bool("cache-selinux", true).desc(
+    "Cache security.selinux, prefetched on lookup and readdirp: the kernel asks for it for every file \
+     `ls -l` shows, and the answer is nearly always 'none' (ENODATA).",
+);
+const CACHE_CAPABILITY: Opt<kind::Bool> = Opt::bool("cache-capability-xattrs", true)
+    .desc("Cache security.capability (prefetched), which the kernel asks for around writes.");
+const CACHE_ACL: Opt<kind::Bool> = Opt::bool("cache-posix-acl", true).desc(
+    "Cache system.posix_acl_access and system.posix_acl_default (prefetched); `ls -l` asks for the first \
+     for every file.",
+);
+
+const OPTIONS: &[OptionDecl] = &[
+    MD_CACHE_TIMEOUT.decl,
+    CACHE_SELINUX.decl,
+    CACHE_CAPABILITY.decl,
+    CACHE_ACL.decl,
+    CACHE_XATTRS.decl,
+    XATTR_CACHE_LIST.decl,
+    CACHE_INVALIDATION.decl,
+    MD_CACHE_STATFS.decl,
+    NL_CACHE.decl,
+    NL_CACHE_TIMEOUT.decl,
+    DIR_PREFETCH.decl,
+    MD_CACHE_MAX_ENTRIES.decl,
 ];
 
 /// The translator type.
@@ -189,40 +199,38 @@ fn ns(d: Duration) -> u64 {
 }
 
 fn config(o: &Options) -> Config {
-    let invalidation = o.bool("cache-invalidation").unwrap_or(false);
-    let timeout = if invalidation && !o.is_set("md-cache-timeout") {
+    let invalidation = CACHE_INVALIDATION.get(o);
+    let timeout = if invalidation && MD_CACHE_TIMEOUT.given(o).is_none() {
         INVALIDATION_TIMEOUT
     } else {
-        o.time("md-cache-timeout").unwrap_or(Duration::from_secs(1))
+        MD_CACHE_TIMEOUT.get(o)
     };
-    let nl_timeout =
-        if o.bool("nl-cache").unwrap_or(true) { o.time("nl-cache-timeout").unwrap_or(timeout) } else { Duration::ZERO };
+    let nl_timeout = if NL_CACHE.get(o) { NL_CACHE_TIMEOUT.given(o).unwrap_or(timeout) } else { Duration::ZERO };
     let mut prefetch: Vec<String> = Vec::new();
-    let on = |k: &str| o.bool(k).unwrap_or(true);
-    if on("cache-selinux") {
+    if CACHE_SELINUX.get(o) {
         prefetch.push(SELINUX.into());
     }
-    if on("cache-capability-xattrs") {
+    if CACHE_CAPABILITY.get(o) {
         prefetch.push(CAPABILITY.into());
     }
-    if on("cache-posix-acl") {
+    if CACHE_ACL.get(o) {
         prefetch.push(ACL_ACCESS.into());
         prefetch.push(ACL_DEFAULT.into());
     }
-    for n in o.list("xattr-cache-list").unwrap_or(&[]) {
-        if !prefetch.contains(n) {
-            prefetch.push(n.clone());
+    for n in XATTR_CACHE_LIST.get(o) {
+        if !prefetch.iter().any(|p| p == n) {
+            prefetch.push(n.to_string());
         }
     }
     Config {
         timeout: ns(timeout),
         nl_timeout: ns(nl_timeout),
-        statfs: o.bool("md-cache-statfs").unwrap_or(false),
+        statfs: MD_CACHE_STATFS.get(o),
         invalidation,
-        user_xattrs: o.bool("cache-xattrs").unwrap_or(true),
+        user_xattrs: CACHE_XATTRS.get(o),
         prefetch: prefetch.into(),
-        max_entries: usize::try_from(o.int("md-cache-max-entries").unwrap_or(65536)).unwrap_or(65536).max(1),
-        dir_prefetch: invalidation && o.bool("dir-prefetch").unwrap_or(true),
+        max_entries: usize::try_from(MD_CACHE_MAX_ENTRIES.get(o)).unwrap_or(65536).max(1),
+        dir_prefetch: invalidation && DIR_PREFETCH.get(o),
     }
 }
 

@@ -76,7 +76,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use xlfs_sdk::dict::keys;
-use xlfs_sdk::options::{OptType, OptionDecl};
+use xlfs_sdk::options::{Opt, OptionDecl, kind};
 use xlfs_sdk::slots::FdSlots;
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
@@ -93,33 +93,38 @@ pub const MAX_FDS: usize = 65536;
 /// Most changed inodes remembered one by one (see the module docs).
 pub const MAX_RECENT: usize = 8192;
 
-const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("rda-request-size", OptType::Size).default("128KB").range(4096.0, 131072.0).desc(
-        "Size of the readdirp requests readdir-ahead sends (entries counted as the bricks count them: about 216 \
+const RDA_REQUEST_SIZE: Opt<kind::Size> = Opt::size("rda-request-size", "128KB").range(4096.0, 131072.0).desc(
+    "Size of the readdirp requests readdir-ahead sends (entries counted as the bricks count them: about 216 \
          bytes plus the name each, some 550 entries for 128KB).",
-    ),
-    OptionDecl::new("rda-low-wmark", OptType::Size)
-        .default("4096")
-        .range(0.0, 10485760.0)
-        .desc("When serving entries brings a directory's buffer down to this many bytes, the background fill resumes."),
-    OptionDecl::new("rda-high-wmark", OptType::Size)
-        .default("128KB")
-        .range(0.0, 104857600.0)
-        .desc("The background fill of a directory pauses once its buffer holds this many bytes of entries."),
-    OptionDecl::new("rda-cache-limit", OptType::Size).default("10MB").range(0.0, 1073741824.0).desc(
-        "Bytes of entries buffered across all directories; memory stays under it whatever the number and size \
+);
+const RDA_LOW_WMARK: Opt<kind::Size> = Opt::size("rda-low-wmark", "4096")
+    .range(0.0, 10485760.0)
+    .desc("When serving entries brings a directory's buffer down to this many bytes, the background fill resumes.");
+const RDA_HIGH_WMARK: Opt<kind::Size> = Opt::size("rda-high-wmark", "128KB")
+    .range(0.0, 104857600.0)
+    .desc("The background fill of a directory pauses once its buffer holds this many bytes of entries.");
+const RDA_CACHE_LIMIT: Opt<kind::Size> = Opt::size("rda-cache-limit", "10MB").range(0.0, 1073741824.0).desc(
+    "Bytes of entries buffered across all directories; memory stays under it whatever the number and size \
          of the directories listed. When it is reached, readdirps go to the bricks.",
-    ),
-    OptionDecl::new("parallel-readdir", OptType::Bool).default("off").desc(
-        "GlusterFS: list all of DHT's subvolumes in parallel. An xlfs volume has one subvolume below its caches: \
+);
+const PARALLEL_READDIR: Opt<kind::Bool> = Opt::bool("parallel-readdir", false).desc(
+    "GlusterFS: list all of DHT's subvolumes in parallel. An xlfs volume has one subvolume below its caches: \
          accepted for volfile compatibility, no effect.",
-    ),
-    OptionDecl::new("pass-through", OptType::Bool).default("off").desc(
-        "Pass every fop to the child, reading nothing ahead (GlusterFS's volume-set name: readdir-ahead-pass-through).",
-    ),
-    OptionDecl::new("readdir-ahead-pass-through", OptType::Bool)
-        .default("off")
-        .desc("The same as pass-through (either one on passes every fop through)."),
+);
+const PASS_THROUGH: Opt<kind::Bool> = Opt::bool("pass-through", false).desc(
+    "Pass every fop to the child, reading nothing ahead (GlusterFS's volume-set name: readdir-ahead-pass-through).",
+);
+const READDIR_AHEAD_PASS_THROUGH: Opt<kind::Bool> = Opt::bool("readdir-ahead-pass-through", false)
+    .desc("The same as pass-through (either one on passes every fop through).");
+
+const OPTIONS: &[OptionDecl] = &[
+    RDA_REQUEST_SIZE.decl,
+    RDA_LOW_WMARK.decl,
+    RDA_HIGH_WMARK.decl,
+    RDA_CACHE_LIMIT.decl,
+    PARALLEL_READDIR.decl,
+    PASS_THROUGH.decl,
+    READDIR_AHEAD_PASS_THROUGH.decl,
 ];
 
 /// The translator type.
@@ -144,12 +149,12 @@ struct Cfg {
 
 fn settings(o: &Options) -> Cfg {
     Cfg {
-        request_size: u32::try_from(o.size("rda-request-size").unwrap_or(128 << 10)).unwrap_or(128 << 10),
-        low: o.size("rda-low-wmark").unwrap_or(4096),
-        high: o.size("rda-high-wmark").unwrap_or(128 << 10),
-        limit: o.size("rda-cache-limit").unwrap_or(10 << 20),
-        parallel: o.bool("parallel-readdir").unwrap_or(false),
-        pass_through: o.bool("pass-through").unwrap_or(false) || o.bool("readdir-ahead-pass-through").unwrap_or(false),
+        request_size: u32::try_from(RDA_REQUEST_SIZE.get(o)).unwrap_or(128 << 10),
+        low: RDA_LOW_WMARK.get(o),
+        high: RDA_HIGH_WMARK.get(o),
+        limit: RDA_CACHE_LIMIT.get(o),
+        parallel: PARALLEL_READDIR.get(o),
+        pass_through: PASS_THROUGH.get(o) || READDIR_AHEAD_PASS_THROUGH.get(o),
     }
 }
 

@@ -93,7 +93,7 @@ use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
-use xlfs_sdk::options::{OptType, OptionDecl};
+use xlfs_sdk::options::{Opt, OptionDecl, kind};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
     CallCtx, Child, Dict, Errno, Event, EventFrom, Fd, FdId, FileType, Fop, FopFuture, FopResult, Gfid, Iatt, InitCtx,
@@ -116,44 +116,53 @@ pub const TOTAL_WINDOWS: u64 = 16;
 /// fsync before it is sent anyway (and the inode trickles again).
 pub const SYNC_HOLD: std::time::Duration = std::time::Duration::from_millis(1);
 
-const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("cache-size", OptType::Size).default("4MB").range(524288.0, 1073741824.0).desc(
-        "Size of the write-behind buffer of a single file (inode): bytes acknowledged to the application \
+const CACHE_SIZE: Opt<kind::Size> = Opt::size("cache-size", "4MB").range(524288.0, 1073741824.0).desc(
+    "Size of the write-behind buffer of a single file (inode): bytes acknowledged to the application \
          but not yet written by the child. A write that does not fit waits until earlier writes drain. \
          (GlusterFS's default is 1MB; 4MB keeps four 1MB child writes in flight, measured in \
          benches/RESULTS.md.)",
-    ),
-    OptionDecl::new("window-size", OptType::Size)
-        .range(524288.0, 1073741824.0)
-        .desc("Old name of cache-size (GlusterFS accepts both keys); cache-size wins when both are given."),
-    OptionDecl::new("aggregate-size", OptType::Size).default("1MB").range(4096.0, 1073741824.0).desc(
-        "Contiguous queued writes are merged into one child write of up to this many bytes; must not \
+);
+const WINDOW_SIZE: Opt<kind::Size> = Opt::optional("window-size")
+    .range(524288.0, 1073741824.0)
+    .desc("Old name of cache-size (GlusterFS accepts both keys); cache-size wins when both are given.");
+const AGGREGATE_SIZE: Opt<kind::Size> = Opt::size("aggregate-size", "1MB").range(4096.0, 1073741824.0).desc(
+    "Contiguous queued writes are merged into one child write of up to this many bytes; must not \
          exceed cache-size. When not set: 1MB, or a quarter of cache-size if that is smaller. (GlusterFS's \
          default is 128KB; 1MB child writes cost a sequential writer about 15 % less CPU per GiB over \
          replica 3.)",
-    ),
-    OptionDecl::new("flush-behind", OptType::Bool).default("on").desc(
-        "Answer flush (each close) at once, with the error of an earlier failed write if one is pending, \
+);
+const FLUSH_BEHIND: Opt<kind::Bool> = Opt::bool("flush-behind", true).desc(
+    "Answer flush (each close) at once, with the error of an earlier failed write if one is pending, \
          and send it to the child in the background after the file's queued writes.",
-    ),
-    OptionDecl::new("strict-O_DIRECT", OptType::Bool).default("on").desc(
-        "When on, writes on O_DIRECT fds (or with O_DIRECT in the write's flags) are not delayed: earlier \
+);
+const STRICT_O_DIRECT: Opt<kind::Bool> = Opt::bool("strict-O_DIRECT", true).desc(
+    "When on, writes on O_DIRECT fds (or with O_DIRECT in the write's flags) are not delayed: earlier \
          writes drain and the write is sent synchronously. When off, O_DIRECT is ignored, as GlusterFS's \
          default (off) does; xlfs defaults to on so that O_DIRECT writers get what they asked for. \
          O_SYNC and O_DSYNC writes are never delayed.",
-    ),
-    OptionDecl::new("strict-write-ordering", OptType::Bool)
-        .default("off")
-        .desc("Do not let later writes overtake earlier ones even when they do not overlap: one child write per file at a time."),
-    OptionDecl::new("trickling-writes", OptType::Bool).default("on").desc(
-        "Send a partial batch at once when nothing else of the file is in flight; when off, a partial \
+);
+const STRICT_WRITE_ORDERING: Opt<kind::Bool> = Opt::bool("strict-write-ordering", false).desc(
+    "Do not let later writes overtake earlier ones even when they do not overlap: one child write per file at a time.",
+);
+const TRICKLING_WRITES: Opt<kind::Bool> = Opt::bool("trickling-writes", true).desc(
+    "Send a partial batch at once when nothing else of the file is in flight; when off, a partial \
          batch waits until it reaches aggregate-size or something needs the queue drained (fsync, flush, \
          a read of it, a full window).",
-    ),
-    OptionDecl::new("resync-failed-syncs-after-fsync", OptType::Bool).default("off").desc(
-        "If background writes fail, keep them queued and retry them (at the next fsync, which still fails \
+);
+const RESYNC_FAILED_SYNCS_AFTER_FSYNC: Opt<kind::Bool> = Opt::bool("resync-failed-syncs-after-fsync", false).desc(
+    "If background writes fail, keep them queued and retry them (at the next fsync, which still fails \
          with the error, or drain) until a flush or a successful sync, instead of dropping them.",
-    ),
+);
+
+const OPTIONS: &[OptionDecl] = &[
+    CACHE_SIZE.decl,
+    WINDOW_SIZE.decl,
+    AGGREGATE_SIZE.decl,
+    FLUSH_BEHIND.decl,
+    STRICT_O_DIRECT.decl,
+    STRICT_WRITE_ORDERING.decl,
+    TRICKLING_WRITES.decl,
+    RESYNC_FAILED_SYNCS_AFTER_FSYNC.decl,
 ];
 
 /// The translator type.
@@ -184,22 +193,23 @@ struct Conf {
 }
 
 fn conf(o: &Options) -> Result<Conf, String> {
-    let window =
-        if o.is_set("window-size") && !o.is_set("cache-size") { o.size("window-size") } else { o.size("cache-size") }
-            .unwrap_or(4 << 20);
-    let aggregate = if o.is_set("aggregate-size") { o.size("aggregate-size") } else { None }
-        .unwrap_or_else(|| (1 << 20).min(window / 4));
+    // window-size is GlusterFS's older name; cache-size wins when both are given.
+    let window = match (CACHE_SIZE.given(o), WINDOW_SIZE.given(o)) {
+        (None, Some(w)) => w,
+        _ => CACHE_SIZE.get(o),
+    };
+    let aggregate = AGGREGATE_SIZE.given(o).unwrap_or_else(|| AGGREGATE_SIZE.get(o).min(window / 4));
     if window < aggregate {
         return Err(format!("cache-size ({window} bytes) is smaller than aggregate-size ({aggregate} bytes)"));
     }
     Ok(Conf {
         window,
         aggregate,
-        flush_behind: o.bool("flush-behind").unwrap_or(true),
-        strict_o_direct: o.bool("strict-O_DIRECT").unwrap_or(true),
-        strict_ordering: o.bool("strict-write-ordering").unwrap_or(false),
-        trickling: o.bool("trickling-writes").unwrap_or(true),
-        resync: o.bool("resync-failed-syncs-after-fsync").unwrap_or(false),
+        flush_behind: FLUSH_BEHIND.get(o),
+        strict_o_direct: STRICT_O_DIRECT.get(o),
+        strict_ordering: STRICT_WRITE_ORDERING.get(o),
+        trickling: TRICKLING_WRITES.get(o),
+        resync: RESYNC_FAILED_SYNCS_AFTER_FSYNC.get(o),
     })
 }
 

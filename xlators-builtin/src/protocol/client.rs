@@ -49,7 +49,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::task::JoinHandle;
 use xlfs_sdk::abi::{self, AbiVersion};
-use xlfs_sdk::options::{OptType, OptionDecl};
+use xlfs_sdk::options::{Opt, OptionDecl, kind};
 use xlfs_sdk::{
     CallCtx, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, FopKind, FopResult, Gfid, InitCtx,
     InitError, LkCmd, Loc, LockType, Reply, Request, Response, Xlator, XlatorType,
@@ -71,42 +71,47 @@ pub const TYPE: XlatorType = XlatorType {
     build,
 };
 
+const REMOTE_HOST: Opt<kind::Str> =
+    Opt::optional("remote-host").desc("Host name or IPv4 address of the brick's server (required).");
+const REMOTE_SUBVOLUME: Opt<kind::Str> =
+    Opt::optional("remote-subvolume").desc("The server's subvolume to use, usually the brick directory (required).");
+const PING_TIMEOUT: Opt<kind::Time> = Opt::time("ping-timeout", "42").range(0.0, 1013.0).desc(
+    "Declare the brick down when nothing has arrived from it for this long (pings keep an idle connection \
+     busy); 0 turns pings off.",
+);
+const FRAME_TIMEOUT: Opt<kind::Time> = Opt::time("frame-timeout", "1800")
+    .range(0.001, 604800.0)
+    .desc("Longest a fop waits for its reply; then it fails with ENOTCONN.");
+const RECONNECT_MIN: Opt<kind::Time> = Opt::time("reconnect-min", "100ms")
+    .range(0.001, 3600.0)
+    .desc("First wait before reconnecting; doubled after each failed attempt.");
+const RECONNECT_MAX: Opt<kind::Time> =
+    Opt::time("reconnect-max", "3s").range(0.001, 3600.0).desc("Longest wait between reconnect attempts.");
+const REMOTE_PORT: Opt<kind::Int> =
+    Opt::int("remote-port", "49152").range(1.0, 65535.0).desc("TCP port of the brick's server.");
+const USERNAME: Opt<kind::Str> = Opt::optional("username").desc("Login name sent in the handshake (for auth.login).");
+const PASSWORD: Opt<kind::Str> = Opt::optional("password").desc("Login password sent in the handshake.");
+const MAX_FRAME_SIZE: Opt<kind::Size> = Opt::size("max-frame-size", "128MB")
+    .range(1048576.0, 4294967295.0)
+    .desc("Largest frame sent or accepted; a bigger frame from the server closes the connection.");
+const SEND_GIDS: Opt<kind::Bool> =
+    Opt::bool("send-gids", true).desc("Send the caller's supplementary groups with each fop; off sends none.");
+const STRICT_LOCKS: Opt<kind::Bool> = Opt::bool("strict-locks", false)
+    .desc("After a reconnect, do not reopen fds that held POSIX locks (their locks are lost): they fail with EBADF.");
+
 const OPTIONS: &[OptionDecl] = with_transport_options![
-    OptionDecl::new("remote-host", OptType::Str).desc("Host name or IPv4 address of the brick's server (required)."),
-    OptionDecl::new("remote-port", OptType::Int)
-        .default("49152")
-        .range(1.0, 65535.0)
-        .desc("TCP port of the brick's server."),
-    OptionDecl::new("remote-subvolume", OptType::Str)
-        .desc("The server's subvolume to use, usually the brick directory (required)."),
-    OptionDecl::new("ping-timeout", OptType::Time).default("42").range(0.0, 1013.0).desc(
-        "Declare the brick down when nothing has arrived from it for this long (pings keep an idle connection \
-         busy); 0 turns pings off.",
-    ),
-    OptionDecl::new("frame-timeout", OptType::Time)
-        .default("1800")
-        .range(0.001, 604800.0)
-        .desc("Longest a fop waits for its reply; then it fails with ENOTCONN."),
-    OptionDecl::new("username", OptType::Str).desc("Login name sent in the handshake (for auth.login)."),
-    OptionDecl::new("password", OptType::Str).desc("Login password sent in the handshake."),
-    OptionDecl::new("max-frame-size", OptType::Size)
-        .default("128MB")
-        .range(1048576.0, 4294967295.0)
-        .desc("Largest frame sent or accepted; a bigger frame from the server closes the connection."),
-    OptionDecl::new("reconnect-min", OptType::Time)
-        .default("100ms")
-        .range(0.001, 3600.0)
-        .desc("First wait before reconnecting; doubled after each failed attempt."),
-    OptionDecl::new("reconnect-max", OptType::Time)
-        .default("3s")
-        .range(0.001, 3600.0)
-        .desc("Longest wait between reconnect attempts."),
-    OptionDecl::new("send-gids", OptType::Bool)
-        .default("on")
-        .desc("Send the caller's supplementary groups with each fop; off sends none."),
-    OptionDecl::new("strict-locks", OptType::Bool).default("off").desc(
-        "After a reconnect, do not reopen fds that held POSIX locks (their locks are lost): they fail with EBADF.",
-    ),
+    REMOTE_HOST.decl,
+    REMOTE_PORT.decl,
+    REMOTE_SUBVOLUME.decl,
+    PING_TIMEOUT.decl,
+    FRAME_TIMEOUT.decl,
+    USERNAME.decl,
+    PASSWORD.decl,
+    MAX_FRAME_SIZE.decl,
+    RECONNECT_MIN.decl,
+    RECONNECT_MAX.decl,
+    SEND_GIDS.decl,
+    STRICT_LOCKS.decl,
 ];
 
 /// Longest wait for the TCP connection and for the HELLO_REPLY.
@@ -255,27 +260,26 @@ impl Client {
         super::rpc::check_transport(&o)?;
         let rt =
             Handle::try_current().map_err(|_| "protocol/client must be built inside a tokio runtime".to_string())?;
-        let required = |k: &str| {
-            o.str(k)
+        let required = |opt: Opt<kind::Str>| {
+            opt.given(&o)
                 .filter(|v| !v.trim().is_empty())
                 .map(str::to_string)
-                .ok_or_else(|| format!("option '{k}' is required"))
+                .ok_or_else(|| format!("option '{}' is required", opt.name()))
         };
-        let time = |k: &str, d: Duration| o.time(k).unwrap_or(d);
-        let reconnect_min = time("reconnect-min", Duration::from_millis(100));
+        let reconnect_min = RECONNECT_MIN.get(&o);
         let cfg = Config {
-            host: required("remote-host")?,
-            port: o.int("remote-port").unwrap_or(49152).clamp(1, 65535) as u16,
-            subvolume: required("remote-subvolume")?,
-            ping_timeout: time("ping-timeout", Duration::from_secs(42)),
-            frame_timeout: time("frame-timeout", Duration::from_secs(1800)),
-            username: o.str("username").map(str::to_string),
-            password: o.str("password").map(str::to_string),
-            max_frame: o.size("max-frame-size").unwrap_or(128 << 20).min(u64::from(u32::MAX)) as usize,
+            host: required(REMOTE_HOST)?,
+            port: REMOTE_PORT.get(&o).clamp(1, 65535) as u16,
+            subvolume: required(REMOTE_SUBVOLUME)?,
+            ping_timeout: PING_TIMEOUT.get(&o),
+            frame_timeout: FRAME_TIMEOUT.get(&o),
+            username: USERNAME.given(&o).map(str::to_string),
+            password: PASSWORD.given(&o).map(str::to_string),
+            max_frame: MAX_FRAME_SIZE.get(&o).min(u64::from(u32::MAX)) as usize,
             reconnect_min,
-            reconnect_max: time("reconnect-max", Duration::from_secs(3)).max(reconnect_min),
-            send_gids: o.bool("send-gids").unwrap_or(true),
-            strict_locks: o.bool("strict-locks").unwrap_or(false),
+            reconnect_max: RECONNECT_MAX.get(&o).max(reconnect_min),
+            send_gids: SEND_GIDS.get(&o),
+            strict_locks: STRICT_LOCKS.get(&o),
             sock: SocketOptions::from_options(&o),
         };
         let client_id = format!("{}-{}-{}-{}", hostname(), std::process::id(), name, Gfid::random());

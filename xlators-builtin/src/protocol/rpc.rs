@@ -48,6 +48,42 @@ pub use frames::*;
 pub use messages::*;
 pub use socket::*;
 
+/// The GlusterFS transport options both protocol translators declare
+/// (through [`with_transport_options`]), read by
+/// [`SocketOptions::from_options`] and [`check_transport`].
+pub mod transport {
+    use xlfs_sdk::options::{Opt, kind};
+
+    /// `transport-type`.
+    pub const TYPE: Opt<kind::Str> = Opt::str("transport-type", "tcp").desc("The transport; only 'tcp' is supported.");
+    /// `transport.address-family`.
+    pub const FAMILY: Opt<kind::Str> =
+        Opt::one_of("transport.address-family", &["inet", "inet6", "unix", "inet-sdp"], "inet")
+            .desc("Address family; only 'inet' (IPv4) is supported, others are an init error.");
+    /// `transport.socket.ssl-enabled`.
+    pub const SSL: Opt<kind::Bool> = Opt::bool("transport.socket.ssl-enabled", false)
+        .desc("TLS on the connection; not supported yet, so 'on' is an init error.");
+    /// `transport.socket.keepalive`.
+    pub const KEEPALIVE: Opt<kind::Bool> = Opt::bool("transport.socket.keepalive", true)
+        .desc("TCP keepalive probes on every connection, so a dead peer is noticed while idle.");
+    /// `transport.socket.keepalive-time`.
+    pub const KEEPALIVE_TIME: Opt<kind::Int> = Opt::int("transport.socket.keepalive-time", "20")
+        .range(1.0, 86400.0)
+        .desc("Seconds of idleness before the first keepalive probe.");
+    /// `transport.socket.keepalive-interval`.
+    pub const KEEPALIVE_INTERVAL: Opt<kind::Int> = Opt::int("transport.socket.keepalive-interval", "2")
+        .range(1.0, 86400.0)
+        .desc("Seconds between keepalive probes.");
+    /// `transport.socket.keepalive-count`.
+    pub const KEEPALIVE_COUNT: Opt<kind::Int> = Opt::int("transport.socket.keepalive-count", "9")
+        .range(1.0, 127.0)
+        .desc("Unanswered keepalive probes before the connection is declared dead.");
+    /// `transport.tcp-user-timeout`.
+    pub const USER_TIMEOUT: Opt<kind::Time> = Opt::time("transport.tcp-user-timeout", "0")
+        .range(0.0, 86400.0)
+        .desc("Longest time sent data may stay unacknowledged before the connection is dropped (0: system default).");
+}
+
 /// TCP socket options from the `transport.socket.*` options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SocketOptions {
@@ -61,12 +97,13 @@ impl SocketOptions {
     /// Reads the shared transport options (`transport.socket.keepalive*`,
     /// `transport.tcp-user-timeout`).
     pub fn from_options(o: &xlfs_sdk::Options) -> SocketOptions {
-        let secs = |k: &str, d: i64| Duration::from_secs(o.int(k).unwrap_or(d).max(1) as u64);
-        let keepalive = o.bool("transport.socket.keepalive").unwrap_or(true).then(|| {
-            let count = o.int("transport.socket.keepalive-count").unwrap_or(9).clamp(1, 127) as u32;
-            (secs("transport.socket.keepalive-time", 20), secs("transport.socket.keepalive-interval", 2), count)
-        });
-        SocketOptions { keepalive, user_timeout: o.time("transport.tcp-user-timeout").unwrap_or_default() }
+        use transport::*;
+        let secs =
+            |opt: xlfs_sdk::options::Opt<xlfs_sdk::options::kind::Int>| Duration::from_secs(opt.count(o).max(1) as u64);
+        let keepalive = KEEPALIVE
+            .get(o)
+            .then(|| (secs(KEEPALIVE_TIME), secs(KEEPALIVE_INTERVAL), KEEPALIVE_COUNT.get(o).clamp(1, 127) as u32));
+        SocketOptions { keepalive, user_timeout: USER_TIMEOUT.get(o) }
     }
 
     /// Applies them to a socket.
@@ -87,51 +124,35 @@ impl SocketOptions {
 /// Checks the GlusterFS transport options both translators accept: only
 /// TCP over IPv4, without TLS.
 pub fn check_transport(o: &xlfs_sdk::Options) -> Result<(), String> {
-    if o.bool("transport.socket.ssl-enabled") == Some(true) {
+    use transport::*;
+    if SSL.get(o) {
         return Err("transport.socket.ssl-enabled on: TLS is not supported yet".into());
     }
-    if let Some(f) = o.str("transport.address-family").filter(|f| *f != "inet") {
-        return Err(format!("transport.address-family {f}: only inet is supported"));
+    match FAMILY.get(o) {
+        "inet" => {}
+        f => return Err(format!("transport.address-family {f}: only inet is supported")),
     }
-    if let Some(t) = o.str("transport-type").filter(|t| !t.eq_ignore_ascii_case("tcp")) {
-        return Err(format!("transport-type {t}: only tcp is supported"));
+    match TYPE.get(o) {
+        t if t.eq_ignore_ascii_case("tcp") => {}
+        t => return Err(format!("transport-type {t}: only tcp is supported")),
     }
     Ok(())
 }
 
 /// An option array: the given declarations, then the GlusterFS transport
-/// options both translators declare (read by [`SocketOptions::from_options`]
-/// and [`check_transport`]).
+/// options both translators declare ([`transport`]).
 macro_rules! with_transport_options {
     ($($decl:expr),* $(,)?) => {
         &[
             $($decl,)*
-            ::xlfs_sdk::options::OptionDecl::new("transport-type", ::xlfs_sdk::options::OptType::Str).default("tcp").desc("The transport; only 'tcp' is supported."),
-            ::xlfs_sdk::options::OptionDecl::new("transport.address-family", ::xlfs_sdk::options::OptType::Enum(&["inet", "inet6", "unix", "inet-sdp"]))
-                .default("inet")
-                .desc("Address family; only 'inet' (IPv4) is supported, others are an init error."),
-            ::xlfs_sdk::options::OptionDecl::new("transport.socket.ssl-enabled", ::xlfs_sdk::options::OptType::Bool)
-                .default("off")
-                .desc("TLS on the connection; not supported yet, so 'on' is an init error."),
-            ::xlfs_sdk::options::OptionDecl::new("transport.socket.keepalive", ::xlfs_sdk::options::OptType::Bool)
-                .default("on")
-                .desc("TCP keepalive probes on every connection, so a dead peer is noticed while idle."),
-            ::xlfs_sdk::options::OptionDecl::new("transport.socket.keepalive-time", ::xlfs_sdk::options::OptType::Int)
-                .default("20")
-                .range(1.0, 86400.0)
-                .desc("Seconds of idleness before the first keepalive probe."),
-            ::xlfs_sdk::options::OptionDecl::new("transport.socket.keepalive-interval", ::xlfs_sdk::options::OptType::Int)
-                .default("2")
-                .range(1.0, 86400.0)
-                .desc("Seconds between keepalive probes."),
-            ::xlfs_sdk::options::OptionDecl::new("transport.socket.keepalive-count", ::xlfs_sdk::options::OptType::Int)
-                .default("9")
-                .range(1.0, 127.0)
-                .desc("Unanswered keepalive probes before the connection is declared dead."),
-            ::xlfs_sdk::options::OptionDecl::new("transport.tcp-user-timeout", ::xlfs_sdk::options::OptType::Time)
-                .default("0")
-                .range(0.0, 86400.0)
-                .desc("Longest time sent data may stay unacknowledged before the connection is dropped (0: system default)."),
+            $crate::protocol::rpc::transport::TYPE.decl,
+            $crate::protocol::rpc::transport::FAMILY.decl,
+            $crate::protocol::rpc::transport::SSL.decl,
+            $crate::protocol::rpc::transport::KEEPALIVE.decl,
+            $crate::protocol::rpc::transport::KEEPALIVE_TIME.decl,
+            $crate::protocol::rpc::transport::KEEPALIVE_INTERVAL.decl,
+            $crate::protocol::rpc::transport::KEEPALIVE_COUNT.decl,
+            $crate::protocol::rpc::transport::USER_TIMEOUT.decl,
         ]
     };
 }

@@ -64,6 +64,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
+use xlfs_sdk::options::{Opt, kind};
 
 use parking_lot::{Condvar, Mutex};
 use tokio::net::{TcpListener, TcpStream};
@@ -96,18 +97,22 @@ pub const TYPE: XlatorType = XlatorType {
     build,
 };
 
+const TRANSPORT_SOCKET_LISTEN_PORT: Opt<kind::Int> = Opt::int("transport.socket.listen-port", "49152")
+    .range(0.0, 65535.0)
+    .desc("TCP port to listen on; 0 picks any free port (see the `listen` key of the dump).");
+const TRANSPORT_SOCKET_BIND_ADDRESS: Opt<kind::Str> =
+    Opt::str("transport.socket.bind-address", "0.0.0.0").desc("IPv4 address (or host name) to listen on.");
+const TRANSPORT_LISTEN_BACKLOG: Opt<kind::Int> = Opt::int("transport.listen-backlog", "1024")
+    .range(1.0, 65535.0)
+    .desc("Connections the kernel queues before they are accepted.");
+const MAX_FRAME_SIZE: Opt<kind::Size> = Opt::size("max-frame-size", "128MB")
+    .range(1048576.0, 4294967295.0)
+    .desc("Largest frame accepted or sent (header and data); a bigger frame from a client closes its connection.");
+
 const OPTIONS: &[OptionDecl] = with_transport_options![
-    OptionDecl::new("transport.socket.listen-port", OptType::Int)
-        .default("49152")
-        .range(0.0, 65535.0)
-        .desc("TCP port to listen on; 0 picks any free port (see the `listen` key of the dump)."),
-    OptionDecl::new("transport.socket.bind-address", OptType::Str)
-        .default("0.0.0.0")
-        .desc("IPv4 address (or host name) to listen on."),
-    OptionDecl::new("transport.listen-backlog", OptType::Int)
-        .default("1024")
-        .range(1.0, 65535.0)
-        .desc("Connections the kernel queues before they are accepted."),
+    TRANSPORT_SOCKET_LISTEN_PORT.decl,
+    TRANSPORT_SOCKET_BIND_ADDRESS.decl,
+    TRANSPORT_LISTEN_BACKLOG.decl,
     OptionDecl::new("auth.addr.*.allow", OptType::List).desc(
         "Per subvolume (the * part, e.g. auth.addr./srv/b1.allow): client IP address patterns allowed, `*` and `?` \
          wildcards (127.0.0.*). A subvolume with no allow option at all is open to every address.",
@@ -120,22 +125,21 @@ const OPTIONS: &[OptionDecl] = with_transport_options![
     ),
     OptionDecl::new("auth.login.*.password", OptType::Str).desc("The password of user * (auth.login.<user>.password)."),
     OptionDecl::new("auth-path", OptType::Str).desc("Accepted for GlusterFS volfiles; has no effect."),
-    OptionDecl::new("max-frame-size", OptType::Size)
-        .default("128MB")
-        .range(1048576.0, 4294967295.0)
-        .desc("Largest frame accepted or sent (header and data); a bigger frame from a client closes its connection."),
-    OptionDecl::new("max-inflight-per-client", OptType::Int).default("4096").range(1.0, 1048576.0).desc(
-        "Calls of one connection in flight at once; at the limit the connection is not read until one is answered."
-    ),
-    OptionDecl::new("max-clients", OptType::Int)
-        .default("1024")
-        .range(1.0, 1048576.0)
-        .desc("Connected clients at once; a client beyond is refused at the handshake."),
-    OptionDecl::new("max-fds-per-client", OptType::Int)
-        .default("65536")
-        .range(1.0, 16777216.0)
-        .desc("Fds one connection may have open; opens beyond fail with EMFILE."),
+    MAX_FRAME_SIZE.decl,
+    MAX_INFLIGHT.decl,
+    MAX_CLIENTS.decl,
+    MAX_FDS.decl,
 ];
+
+const MAX_INFLIGHT: Opt<kind::Int> = Opt::int("max-inflight-per-client", "4096")
+    .range(1.0, 1048576.0)
+    .desc("Calls of one connection in flight at once; at the limit the connection is not read until one is answered.");
+const MAX_CLIENTS: Opt<kind::Int> = Opt::int("max-clients", "1024")
+    .range(1.0, 1048576.0)
+    .desc("Connected clients at once; a client beyond is refused at the handshake.");
+const MAX_FDS: Opt<kind::Int> = Opt::int("max-fds-per-client", "65536")
+    .range(1.0, 16777216.0)
+    .desc("Fds one connection may have open; opens beyond fail with EMFILE.");
 
 /// Longest a connection may take to send its HELLO.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -358,18 +362,17 @@ impl Server {
             Handle::try_current().map_err(|_| "protocol/server must be built inside a tokio runtime".to_string())?;
         let names: Vec<&str> = children.iter().map(|c| &*c.name).collect();
         let auth = Auth::from_options(&o, &names)?;
-        let int = |k: &str, d: i64| o.int(k).unwrap_or(d).max(1) as usize;
         let cfg = Config {
-            max_frame: o.size("max-frame-size").unwrap_or(128 << 20).min(u64::from(u32::MAX)) as usize,
-            max_inflight: int("max-inflight-per-client", 4096).min(Semaphore::MAX_PERMITS),
-            max_clients: int("max-clients", 1024),
-            max_fds: int("max-fds-per-client", 65536),
+            max_frame: MAX_FRAME_SIZE.get(&o).min(u64::from(u32::MAX)) as usize,
+            max_inflight: MAX_INFLIGHT.count(&o).max(1).min(Semaphore::MAX_PERMITS),
+            max_clients: MAX_CLIENTS.count(&o).max(1),
+            max_fds: MAX_FDS.count(&o).max(1),
             sock: SocketOptions::from_options(&o),
             auth,
         };
-        let host = o.str("transport.socket.bind-address").unwrap_or("0.0.0.0");
-        let port = o.int("transport.socket.listen-port").unwrap_or(49152).clamp(0, 65535) as u16;
-        let listener = bind(host, port, o.int("transport.listen-backlog").unwrap_or(1024).clamp(1, 65535) as i32)?;
+        let host = TRANSPORT_SOCKET_BIND_ADDRESS.get(&o);
+        let port = TRANSPORT_SOCKET_LISTEN_PORT.get(&o).clamp(0, 65535) as u16;
+        let listener = bind(host, port, TRANSPORT_LISTEN_BACKLOG.get(&o).clamp(1, 65535) as i32)?;
         let local = listener.local_addr().map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
         tracing::info!(server = %name, listen = %local, subvolumes = %names.join(","), "listening");
         let (stop, _) = watch::channel(false);

@@ -57,6 +57,7 @@ use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use xlfs_sdk::options::{Opt, kind};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -88,41 +89,35 @@ pub const TYPE: XlatorType = XlatorType {
     build,
 };
 
-const OPTIONS: &[OptionDecl] = &[
-    OptionDecl::new("directory", OptType::Path)
-        .desc("The brick directory (required). Must exist; its root gets the root gfid and a .glusterfs handle store."),
-    OptionDecl::new("volume-id", OptType::Str).desc(
-        "The volume's uuid. The brick root's trusted.glusterfs.volume-id xattr must match it; a brick without \
+const DIRECTORY: Opt<kind::PathKind> = Opt::optional("directory")
+    .desc("The brick directory (required). Must exist; its root gets the root gfid and a .glusterfs handle store.");
+const VOLUME_ID: Opt<kind::Str> = Opt::optional("volume-id").desc(
+    "The volume's uuid. The brick root's trusted.glusterfs.volume-id xattr must match it; a brick without \
          the xattr gets it set.",
-    ),
-    OptionDecl::new("shared-brick-count", OptType::Int).default("1").range(1.0, 1_048_576.0).desc(
-        "How many bricks of the volume share this brick's file system; statfs sizes and inode counts are divided \
+);
+const SHARED_BRICK_COUNT: Opt<kind::Int> = Opt::int("shared-brick-count", "1").range(1.0, 1_048_576.0).desc(
+    "How many bricks of the volume share this brick's file system; statfs sizes and inode counts are divided \
          by it, as GlusterFS does.",
-    ),
-    OptionDecl::new("fips-mode-rchecksum", OptType::Bool).default("off").desc(
-        "Accepted for GlusterFS volfiles; has no effect: rchecksum's strong checksum is always SHA-256 \
-         (what GlusterFS uses in FIPS mode).",
-    ),
-    OptionDecl::new("max-open-fds", OptType::Int)
-        .default("65536")
-        .range(1.0, 16_777_216.0)
-        .desc("Most fds open at once on this brick; open, create and opendir beyond it fail with EMFILE."),
-    OptionDecl::new("inline-fops", OptType::Bool).default("on").desc(
-        "Run the fops that normally finish in the page cache (reads and writes up to 128 KiB, lookup, stat, \
+);
+const MAX_OPEN_FDS: Opt<kind::Int> = Opt::int("max-open-fds", "65536")
+    .range(1.0, 16_777_216.0)
+    .desc("Most fds open at once on this brick; open, create and opendir beyond it fail with EMFILE.");
+const INLINE_FOPS: Opt<kind::Bool> = Opt::bool("inline-fops", true).desc(
+    "Run the fops that normally finish in the page cache (reads and writes up to 128 KiB, lookup, stat, \
          xattr reads and xattrop, open, flush, release, seek, statfs) on the calling task instead of handing \
          each to the blocking thread pool: two thread hand-offs fewer per fop, about 14% more pgbench TPS on a \
          replica-3 mount on 2 cores. fsync, directory and namespace fops always use the pool. Off: every fop \
          on the pool (GlusterFS's io-threads model), for disks where a page-cache miss is slow.",
-    ),
-    OptionDecl::new("reserve", OptType::Str).default(RESERVE_DEFAULT).desc(
-        "Space the brick keeps free (GlusterFS's storage.reserve): a percentage of its file system (a bare \
+);
+const RESERVE: Opt<kind::Str> = Opt::str("reserve", "1").desc(
+    "Space the brick keeps free (GlusterFS's storage.reserve): a percentage of its file system (a bare \
          number or N%, 0 to 100; 0 turns it off) or a size (40MB). While less is available, writes, fallocate, \
          zero-fill, copy_file_range and the fops that make inodes fail with ENOSPC before changing anything; \
          deletes, truncation, renames and xattr fops (replicate's changelog) still work, and writes go through \
          again once space is freed. Checked on each such fop: statfs at most every 100 ms while more than twice \
          the reserve is left, on every such fop closer to it (bricks sharing a file system see each other).",
-    ),
-    OptionDecl::new("o-direct-min-size", OptType::Size).default("512KB").desc(
+);
+const O_DIRECT_MIN_SIZE: Opt<kind::Size> = Opt::size("o-direct-min-size", "512KB").desc(
         "Writes of at least this many bytes, at a 4 KiB-aligned offset and of a 4 KiB multiple (write-behind's \
          aggregated 1MB writes), go around the brick's page cache (O_DIRECT through a second descriptor): the \
          brick copies no data into memory it then has to write back, which was 40% of the CPU of a sequential \
@@ -130,7 +125,20 @@ const OPTIONS: &[OptionDecl] = &[
          without O_DIRECT stay buffered, and so does everything on a tmpfs or ramfs brick (its pages are the \
          store: nothing to go around, and the aligned copy would only cost). Reads of such data come from the disk, not the \
          brick's cache. 0: off (GlusterFS's behaviour).",
+    );
+
+const OPTIONS: &[OptionDecl] = &[
+    DIRECTORY.decl,
+    VOLUME_ID.decl,
+    SHARED_BRICK_COUNT.decl,
+    OptionDecl::new("fips-mode-rchecksum", OptType::Bool).default("off").desc(
+        "Accepted for GlusterFS volfiles; has no effect: rchecksum's strong checksum is always SHA-256 \
+         (what GlusterFS uses in FIPS mode).",
     ),
+    MAX_OPEN_FDS.decl,
+    INLINE_FOPS.decl,
+    RESERVE.decl,
+    O_DIRECT_MIN_SIZE.decl,
 ];
 
 /// Request xdata key on lookup and xattrop: the reply xdata carries the
@@ -183,20 +191,12 @@ fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
 }
 
 fn parse_reserve(o: &Options) -> Result<reserve::Spec, SetupError> {
-    let raw = o.str("reserve").unwrap_or(RESERVE_DEFAULT);
+    let raw = RESERVE.get(o);
     reserve::Spec::parse(raw).ok_or_else(|| SetupError::BadReserve(raw.to_string()))
 }
 
-/// `o-direct-min-size` (0: off).
-fn direct_min(o: &Options) -> u64 {
-    o.size("o-direct-min-size").unwrap_or(DIRECT_MIN_DEFAULT)
-}
-
-/// `reserve` when the option is not given (GlusterFS's default).
-const RESERVE_DEFAULT: &str = "1";
-
 fn parse_volume_id(o: &Options) -> Result<Option<Gfid>, SetupError> {
-    o.str("volume-id").map(|s| Gfid::parse(s.trim()).ok_or_else(|| SetupError::BadVolumeId(s.to_string()))).transpose()
+    VOLUME_ID.given(o).map(|s| Gfid::parse(s.trim()).ok_or_else(|| SetupError::BadVolumeId(s.to_string()))).transpose()
 }
 
 /// storage/posix.
@@ -227,21 +227,21 @@ struct Inner {
 impl Posix {
     fn new(init: InitCtx) -> Result<Posix, SetupError> {
         let o = &init.options;
-        let dir = o.path("directory").ok_or(SetupError::NoDirectory)?;
+        let dir = DIRECTORY.get(o).ok_or(SetupError::NoDirectory)?;
         let volume_id = parse_volume_id(o)?;
         let brick = Brick::open(dir)?;
         if let Some(want) = volume_id {
             check_volume_id(&brick, want)?;
         }
-        let max = usize::try_from(o.int("max-open-fds").unwrap_or(65536)).unwrap_or(65536).max(1);
+        let max = MAX_OPEN_FDS.count(o).max(1);
         let inner = Inner {
             volume_id,
             max_fds: AtomicUsize::new(max),
-            inline: AtomicBool::new(o.bool("inline-fops").unwrap_or(true)),
-            direct_min: AtomicU64::new(direct_min(o)),
+            inline: AtomicBool::new(INLINE_FOPS.get(o)),
+            direct_min: AtomicU64::new(O_DIRECT_MIN_SIZE.get(o)),
             in_memory: sys::in_memory(brick.root_fd()),
             reserve: reserve::Reserve::new(parse_reserve(o)?),
-            shared: AtomicU64::new(o.int("shared-brick-count").and_then(|v| u64::try_from(v).ok()).unwrap_or(1).max(1)),
+            shared: AtomicU64::new(SHARED_BRICK_COUNT.count(o).max(1) as u64),
             // The counter bounds the total; the slot map's own capacity only
             // backs it up (it is per shard).
             fds: FdSlots::with_capacity(max.max(65536).saturating_mul(16)),
@@ -710,17 +710,13 @@ impl Xlator for Posix {
 
     fn reconfigure(&self, o: &Options) -> Result<(), ReconfigureError> {
         let vid = parse_volume_id(o).map_err(|e| ReconfigureError::Invalid(e.to_string()))?;
-        if o.path("directory") != Some(self.inner.brick.path.as_path()) || vid != self.inner.volume_id {
+        if DIRECTORY.get(o) != Some(self.inner.brick.path.as_path()) || vid != self.inner.volume_id {
             return Err(ReconfigureError::Unsupported);
         }
-        if let Some(n) = o.int("max-open-fds").and_then(|v| usize::try_from(v).ok()) {
-            self.inner.max_fds.store(n.max(1), Ordering::Relaxed);
-        }
-        if let Some(n) = o.int("shared-brick-count").and_then(|v| u64::try_from(v).ok()) {
-            self.inner.shared.store(n.max(1), Ordering::Relaxed);
-        }
-        self.inner.inline.store(o.bool("inline-fops").unwrap_or(true), Ordering::Relaxed);
-        self.inner.direct_min.store(direct_min(o), Ordering::Relaxed);
+        self.inner.max_fds.store(MAX_OPEN_FDS.count(o).max(1), Ordering::Relaxed);
+        self.inner.shared.store(SHARED_BRICK_COUNT.count(o).max(1) as u64, Ordering::Relaxed);
+        self.inner.inline.store(INLINE_FOPS.get(o), Ordering::Relaxed);
+        self.inner.direct_min.store(O_DIRECT_MIN_SIZE.get(o), Ordering::Relaxed);
         self.inner.reserve.set(parse_reserve(o).map_err(|e| ReconfigureError::Invalid(e.to_string()))?);
         Ok(())
     }

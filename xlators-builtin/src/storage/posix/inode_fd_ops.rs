@@ -109,9 +109,6 @@ pub(super) fn access_ok(st: &libc::stat, ctx: &CallCtx, mask: u32) -> bool {
     bits & mask == mask
 }
 
-/// `o-direct-min-size` when the option is not given.
-pub(super) const DIRECT_MIN_DEFAULT: u64 = 512 * 1024;
-
 /// True when a write of `len` bytes at `offset` meets O_DIRECT's alignment.
 pub(super) fn direct_aligned(offset: u64, len: usize) -> bool {
     offset.is_multiple_of(sys::ALIGN as u64) && len.is_multiple_of(sys::ALIGN)
