@@ -29,10 +29,11 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 use tokio::signal::unix::{SignalKind, signal};
-use xlfs_sdk::{Dict, Errno, Fop, Loc, Reply, Response};
-use xlfs_xlators::cluster::replicate::heal::{
-    FAILED_KEY, GFID_KEY, HEALED_KEY, INFO_KEY, REMAINING_KEY, REPORT_KEY, RESOLVE_KEY, RESULT_KEY, RUN_KEY, SPLIT_KEY,
+use xlfs_sdk::dict::keys::{
+    HEAL_FAILED, HEAL_GFID, HEAL_HEALED, HEAL_INFO, HEAL_REMAINING, HEAL_REPORT, HEAL_RESULT, HEAL_RUN,
+    HEAL_SPLIT_BRAIN, SPLIT_BRAIN_RESOLVE,
 };
+use xlfs_sdk::{Dict, Errno, Fop, Loc, Reply, Response};
 
 use super::CliError;
 use crate::client::Client;
@@ -164,11 +165,11 @@ impl Counts {
     fn from_xdata(x: &Dict) -> Counts {
         let n = |k: &str| x.get_u64(k).unwrap_or(0);
         Counts {
-            healed: n(HEALED_KEY),
-            failed: n(FAILED_KEY),
-            split: n(SPLIT_KEY),
-            remaining: n(REMAINING_KEY),
-            report: x.get_str(REPORT_KEY).unwrap_or("").to_string(),
+            healed: n(HEAL_HEALED),
+            failed: n(HEAL_FAILED),
+            split: n(HEAL_SPLIT_BRAIN),
+            remaining: n(HEAL_REMAINING),
+            report: x.get_str(HEAL_REPORT).unwrap_or("").to_string(),
         }
     }
 
@@ -254,9 +255,9 @@ impl HealArgs {
 
     async fn heal_once(&self, client: &Client) -> Result<Counts, HealError> {
         let (key, value) = match (&self.gfid, self.full) {
-            (Some(g), _) => (GFID_KEY, g.clone()),
-            (None, true) => (RUN_KEY, "full".to_string()),
-            (None, false) => (RUN_KEY, "index".to_string()),
+            (Some(g), _) => (HEAL_GFID, g.clone()),
+            (None, true) => (HEAL_RUN, "full".to_string()),
+            (None, false) => (HEAL_RUN, "index".to_string()),
         };
         let rsp = set_root(client, key, &value).await?;
         Ok(Counts::from_xdata(&rsp.xdata))
@@ -348,9 +349,9 @@ async fn set_root(client: &Client, key: &str, value: &str) -> Result<Response, H
 }
 
 async fn info(client: &Client) -> Result<String, HealError> {
-    let what = || format!("getxattr {INFO_KEY}");
-    match client.call(Fop::Getxattr { loc: Loc::root(), name: INFO_KEY.into() }).await {
-        Ok(Response { reply: Reply::Xattrs(d), .. }) => Ok(d.get_str(INFO_KEY).unwrap_or("").to_string()),
+    let what = || format!("getxattr {HEAL_INFO}");
+    match client.call(Fop::Getxattr { loc: Loc::root(), name: HEAL_INFO.into() }).await {
+        Ok(Response { reply: Reply::Xattrs(d), .. }) => Ok(d.get_str(HEAL_INFO).unwrap_or("").to_string()),
         Ok(_) => Err(HealError::Request { what: what(), errno: Errno::EIO }),
         Err(errno) => Err(HealError::Request { what: what(), errno }),
     }
@@ -358,9 +359,15 @@ async fn info(client: &Client) -> Result<String, HealError> {
 
 async fn resolve(client: &Client, path: &str, policy: &str) -> Result<String, HealError> {
     let iatt = client.stat(path).await.map_err(|errno| HealError::Request { what: format!("stat {path}"), errno })?;
-    let rsp =
-        set_on(client, Loc::gfid(iatt.gfid), RESOLVE_KEY, policy, format!("{RESOLVE_KEY}={policy} on {path}")).await?;
-    let result = rsp.xdata.get_str(RESULT_KEY).unwrap_or("").to_string();
+    let rsp = set_on(
+        client,
+        Loc::gfid(iatt.gfid),
+        SPLIT_BRAIN_RESOLVE,
+        policy,
+        format!("{SPLIT_BRAIN_RESOLVE}={policy} on {path}"),
+    )
+    .await?;
+    let result = rsp.xdata.get_str(HEAL_RESULT).unwrap_or("").to_string();
     match result.as_str() {
         "resolved" => Ok(format!("resolved ({policy})")),
         "not in split-brain" => Err(HealError::NotSplitBrain(path.to_string())),
@@ -412,9 +419,9 @@ mod tests {
     #[test]
     fn counts_come_from_the_reply_xdata() {
         let mut x = Dict::new();
-        x.set_str(HEALED_KEY, "3");
-        x.set_str(FAILED_KEY, "1");
-        x.set_str(REPORT_KEY, "g failed EIO");
+        x.set_str(HEAL_HEALED, "3");
+        x.set_str(HEAL_FAILED, "1");
+        x.set_str(HEAL_REPORT, "g failed EIO");
         let c = Counts::from_xdata(&x);
         assert_eq!(c.summary(), "healed 3, failed 1, split-brain 0, remaining 0");
         assert_eq!(c.report, "g failed EIO");

@@ -82,11 +82,8 @@ use self::pending::{Kind, Mask, all, bit, members};
 use self::quorum::Quorum;
 use self::read::ReadStats;
 
-pub use self::read::IS_LOCAL;
-
 // The request xdata key asking storage/posix for the number of fds open
 // on the inode (for the fd-count policy).
-use crate::storage::posix::OPEN_FD_COUNT;
 
 /// Most children AFR takes.
 pub const MAX_CHILDREN: usize = 64;

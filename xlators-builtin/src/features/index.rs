@@ -20,11 +20,11 @@
 //!
 //! Virtual xattrs on the volume root (the heal daemon reads them through
 //! AFR's children):
-//! - getxattr [`XATTROP_KEY`]: the recorded gfids, sorted, one per line,
+//! - getxattr [`INDEX_XATTROP`]: the recorded gfids, sorted, one per line,
 //!   at most `index-list-max` of them; getxattr `xlfs.index.xattrop:<gfid>`
 //!   lists those after `<gfid>` (the next page). The reply also carries
-//!   [`COUNT_KEY`] with the number recorded, as a decimal string.
-//! - setxattr [`PURGE_KEY`] with gfids (one per line, at most 65536): each is checked
+//!   [`INDEX_COUNT`] with the number recorded, as a decimal string.
+//! - setxattr [`INDEX_PURGE`] with gfids (one per line, at most 65536): each is checked
 //!   again and dropped when its inode is gone or its counters are all zero
 //!   (the heal daemon sends it for inodes it found clean or gone).
 
@@ -69,8 +69,7 @@ const LIST_MAX: Opt<kind::Int> = Opt::int("index-list-max", "4096")
 
 const OPTIONS: &[OptionDecl] = &[BASE.decl, PENDING_WATCH.decl, DIRTY_WATCH.decl, MAX_ENTRIES.decl, LIST_MAX.decl];
 
-// TODO(split merge): heal imports these; move it to sdk keys and drop this.
-pub use xlfs_sdk::dict::keys::{INDEX_COUNT as COUNT_KEY, INDEX_PURGE as PURGE_KEY, INDEX_XATTROP as XATTROP_KEY};
+use xlfs_sdk::dict::keys::{INDEX_COUNT, INDEX_PURGE, INDEX_XATTROP};
 
 /// Most gfids one purge request checks.
 const MAX_PURGE: usize = 65536;
@@ -306,7 +305,7 @@ impl Index {
     }
 
     fn list(&self, key: &str) -> FopResult {
-        let after = match key.strip_prefix(XATTROP_KEY) {
+        let after = match key.strip_prefix(INDEX_XATTROP) {
             Some("") => None,
             Some(rest) => Some(rest.strip_prefix(':').and_then(Gfid::parse).ok_or(Errno::EINVAL)?),
             None => return Err(Errno::ENODATA),
@@ -314,7 +313,7 @@ impl Index {
         let text: String = self.page(after).iter().map(|g| format!("{g}\n")).collect();
         let mut d = Dict::new();
         d.set_bytes(key, text.into_bytes());
-        d.set_str(COUNT_KEY, self.set.lock().len().to_string());
+        d.set_str(INDEX_COUNT, self.set.lock().len().to_string());
         Ok(Reply::Xattrs(d).into())
     }
 
@@ -339,12 +338,12 @@ impl Xlator for Index {
             Fop::Xattrop { xattrs, .. } | Fop::Fxattrop { xattrs, .. } if self.watched(xattrs) => {
                 Box::pin(self.xattrop(ctx, req))
             }
-            Fop::Getxattr { loc, name } if is_root(loc) && name.starts_with(XATTROP_KEY) => {
+            Fop::Getxattr { loc, name } if is_root(loc) && name.starts_with(INDEX_XATTROP) => {
                 let r = self.list(name);
                 Box::pin(std::future::ready(r))
             }
-            Fop::Setxattr { loc, xattrs, .. } if is_root(loc) && xattrs.contains(PURGE_KEY) => {
-                let v = xattrs.get_bytes(PURGE_KEY).unwrap_or_default();
+            Fop::Setxattr { loc, xattrs, .. } if is_root(loc) && xattrs.contains(INDEX_PURGE) => {
+                let v = xattrs.get_bytes(INDEX_PURGE).unwrap_or_default();
                 Box::pin(async move { self.purge(&ctx, &v).await })
             }
             Fop::Setxattr { xattrs, .. } | Fop::Fsetxattr { xattrs, .. } if self.watched(xattrs) => {
@@ -442,7 +441,7 @@ mod tests {
                 let text = d.get_str(key).expect("list").to_string();
                 (
                     text.lines().map(|l| Gfid::parse(l).expect("gfid")).collect(),
-                    d.get_str(COUNT_KEY).expect("count").into(),
+                    d.get_str(INDEX_COUNT).expect("count").into(),
                 )
             }
             r => panic!("{r:?}"),
@@ -456,17 +455,17 @@ mod tests {
         let g = t.file("f").await;
         xop(&ix, g, "trusted.afr.c-0", [1, 0, 0]).await;
         xop(&ix, g, "trusted.afr.c-1", [0, 1, 0]).await;
-        assert_eq!(listed(&ix, XATTROP_KEY).await, (vec![g], "1".into()));
+        assert_eq!(listed(&ix, INDEX_XATTROP).await, (vec![g], "1".into()));
         assert!(t.base.join("xattrop").join(g.to_string()).exists());
         // c-0 back to zero, but c-1 is still raised: kept.
         xop(&ix, g, "trusted.afr.c-0", [-1, 0, 0]).await;
-        assert_eq!(listed(&ix, XATTROP_KEY).await.0, vec![g]);
+        assert_eq!(listed(&ix, INDEX_XATTROP).await.0, vec![g]);
         xop(&ix, g, "trusted.afr.c-1", [0, -1, 0]).await;
-        assert_eq!(listed(&ix, XATTROP_KEY).await, (vec![], "0".into()));
+        assert_eq!(listed(&ix, INDEX_XATTROP).await, (vec![], "0".into()));
         assert!(!t.base.join("xattrop").join(g.to_string()).exists());
         // Non-AFR xattrops are not watched.
         xop(&ix, g, "trusted.other", [1, 0, 0]).await;
-        assert!(listed(&ix, XATTROP_KEY).await.0.is_empty());
+        assert!(listed(&ix, INDEX_XATTROP).await.0.is_empty());
     }
 
     fn rechecks(ix: &Arc<dyn Xlator>) -> String {
@@ -483,17 +482,17 @@ mod tests {
             xop(&ix, f, "trusted.afr.c-1", [1, 0, 0]).await;
         }
         xop(&ix, g, "trusted.afr.c-0", [-1, 0, 0]).await;
-        assert_eq!(listed(&ix, XATTROP_KEY).await.0.len(), 2, "c-1 of g still raised");
+        assert_eq!(listed(&ix, INDEX_XATTROP).await.0.len(), 2, "c-1 of g still raised");
         xop(&ix, g, "trusted.afr.c-1", [-1, 0, 0]).await;
-        assert_eq!(listed(&ix, XATTROP_KEY).await.0, vec![h]);
+        assert_eq!(listed(&ix, INDEX_XATTROP).await.0, vec![h]);
         assert_eq!(rechecks(&ix), "0", "the replies said it all");
         // A new process knows h only from disk: lowering one key reads the
         // rest, and c-1 keeps it listed.
         let ix2 = t.index(&[]);
         xop(&ix2, h, "trusted.afr.c-0", [-1, 0, 0]).await;
-        assert_eq!((listed(&ix2, XATTROP_KEY).await.0, rechecks(&ix2)), (vec![h], "1".to_string()));
+        assert_eq!((listed(&ix2, INDEX_XATTROP).await.0, rechecks(&ix2)), (vec![h], "1".to_string()));
         xop(&ix2, h, "trusted.afr.c-1", [-1, 0, 0]).await;
-        assert!(listed(&ix2, XATTROP_KEY).await.0.is_empty());
+        assert!(listed(&ix2, INDEX_XATTROP).await.0.is_empty());
     }
 
     #[tokio::test]
@@ -509,9 +508,9 @@ mod tests {
         gs.sort();
         drop(ix);
         let ix = t.index(&[("index-list-max", "2")]);
-        let (first, count) = listed(&ix, XATTROP_KEY).await;
+        let (first, count) = listed(&ix, INDEX_XATTROP).await;
         assert_eq!((first.clone(), count.as_str()), (gs[..2].to_vec(), "3"));
-        let (next, _) = listed(&ix, &format!("{XATTROP_KEY}:{}", first[1])).await;
+        let (next, _) = listed(&ix, &format!("{INDEX_XATTROP}:{}", first[1])).await;
         assert_eq!(next, gs[2..].to_vec());
         // Purge: one file is gone, one has zero counters set behind the index's back, one stays raised.
         let unlink = Fop::Unlink { loc: Loc::entry(Gfid::ROOT, "f0"), flags: 0 };
@@ -519,12 +518,12 @@ mod tests {
         set_xattr(&t.brick.join("f1"), "trusted.afr.c-0", &pending::encode([0, 0, 0]));
         let text: String = gs.iter().map(|g| format!("{g}\n")).collect();
         let mut x = Dict::new();
-        x.set_bytes(PURGE_KEY, Bytes::from(text));
+        x.set_bytes(INDEX_PURGE, Bytes::from(text));
         ix.call(CallCtx::root("t"), Request::new(Fop::Setxattr { loc: Loc::root(), xattrs: x, flags: 0 }))
             .await
             .expect("purge");
         let g2 = read_gfid(&t.brick.join("f2"));
-        assert_eq!(listed(&ix, XATTROP_KEY).await.0, vec![g2]);
+        assert_eq!(listed(&ix, INDEX_XATTROP).await.0, vec![g2]);
     }
 
     #[tokio::test]
@@ -540,7 +539,7 @@ mod tests {
         xop(&ix, d, "trusted.afr.dirty", [0, 1, 0]).await;
         let mut want = vec![a, d];
         want.sort();
-        assert_eq!(listed(&ix, XATTROP_KEY).await.0, want);
+        assert_eq!(listed(&ix, INDEX_XATTROP).await.0, want);
     }
 
     #[tokio::test]
@@ -550,7 +549,7 @@ mod tests {
         let (a, b) = (t.file("a").await, t.file("b").await);
         xop(&ix, a, "trusted.afr.c-0", [1, 0, 0]).await;
         xop(&ix, b, "trusted.afr.c-0", [1, 0, 0]).await;
-        assert_eq!(listed(&ix, XATTROP_KEY).await.0, vec![a]);
+        assert_eq!(listed(&ix, INDEX_XATTROP).await.0, vec![a]);
         assert!(ix.dump().contains(&("dropped".to_string(), "1".to_string())));
     }
 

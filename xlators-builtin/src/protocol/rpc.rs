@@ -49,7 +49,7 @@ pub use messages::*;
 pub use socket::*;
 
 /// The GlusterFS transport options both protocol translators declare
-/// (through [`with_transport_options`]), read by
+/// (through `with_transport_options!`), read by
 /// [`SocketOptions::from_options`] and [`check_transport`].
 pub mod transport {
     use xlfs_sdk::options::{Opt, kind};

@@ -57,6 +57,7 @@ use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use xlfs_sdk::dict::keys::OPEN_FD_COUNT;
 use xlfs_sdk::options::{Opt, kind};
 
 use bytes::Bytes;
@@ -140,10 +141,6 @@ const OPTIONS: &[OptionDecl] = &[
     RESERVE.decl,
     O_DIRECT_MIN_SIZE.decl,
 ];
-
-/// Request xdata key on lookup and xattrop: the reply xdata carries the
-/// number of fds open on the inode (GlusterFS's `GLUSTERFS_OPEN_FD_COUNT`).
-pub const OPEN_FD_COUNT: &str = "glusterfs.open-fd-count";
 
 /// Largest readv, rchecksum or zero-fill buffer in bytes (EINVAL beyond).
 pub const MAX_IO: usize = 64 << 20;

@@ -37,26 +37,26 @@
 //!
 //! Control interface (virtual xattrs, answered by replicate itself so they
 //! work through any translators above it):
-//! - setxattr on the root, [`RUN_KEY`] = `index` (or empty) heals every
+//! - setxattr on the root, [`HEAL_RUN`] = `index` (or empty) heals every
 //!   gfid listed in the children's indices (features/index); `full` crawls
-//!   the whole tree instead. [`GFID_KEY`] = `<gfid>` heals one inode (and
+//!   the whole tree instead. [`HEAL_GFID`] = `<gfid>` heals one inode (and
 //!   what its entry heal creates). The reply xdata carries
-//!   [`HEALED_KEY`], [`FAILED_KEY`], [`SPLIT_KEY`] and [`REMAINING_KEY`]
+//!   [`HEAL_HEALED`], [`HEAL_FAILED`], [`HEAL_SPLIT_BRAIN`] and [`HEAL_REMAINING`]
 //!   (decimal strings; remaining = gfids still listed in some index after
 //!   the run, or in the one inode's case, whether it still needs heal) and
-//!   [`REPORT_KEY`]: one line per inode not healed, `<gfid> failed <errno>`
+//!   [`HEAL_REPORT`]: one line per inode not healed, `<gfid> failed <errno>`
 //!   or `<gfid> split-brain <kinds>`.
-//! - getxattr on the root, [`INFO_KEY`]: per child a line
+//! - getxattr on the root, [`HEAL_INFO`]: per child a line
 //!   `<name>: up, <n> entries to heal` (n: gfids its index lists; `1
 //!   entry`) or `<name>: down`, then one line per listed gfid (at most
 //!   [`INFO_MAX`] per child): `  <gfid> <kinds needing heal or "-">`, with
 //!   ` split-brain <kinds>` appended for split-brain ones, or
 //!   `  <gfid> gone` when no copy exists any more.
-//! - setxattr on a file or directory, [`RESOLVE_KEY`] = `bigger-file`,
+//! - setxattr on a file or directory, [`SPLIT_BRAIN_RESOLVE`] = `bigger-file`,
 //!   `latest-mtime` or `source-brick:<child>` (a child's volume name or
 //!   pending name): heals the inode with that choice of source for any
-//!   split-brain kind. Reply xdata as for [`GFID_KEY`], plus
-//!   [`RESULT_KEY`]: `resolved`, `not in split-brain`, or
+//!   split-brain kind. Reply xdata as for [`HEAL_GFID`], plus
+//!   [`HEAL_RESULT`]: `resolved`, `not in split-brain`, or
 //!   `unresolved: <why>`.
 //!
 //! This file holds what every kind shares (inspecting the copies, the
@@ -70,7 +70,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use xlfs_sdk::dict::keys::{GFID_REQ, GFID_XATTR};
+use xlfs_sdk::dict::keys::{
+    GFID_REQ, GFID_XATTR, HEAL_FAILED, HEAL_GFID, HEAL_HEALED, HEAL_INFO, HEAL_REMAINING, HEAL_REPORT, HEAL_RESULT,
+    HEAL_RUN, HEAL_SPLIT_BRAIN, INDEX_COUNT, INDEX_PURGE, INDEX_XATTROP, SPLIT_BRAIN_RESOLVE,
+};
 use xlfs_sdk::{
     CallCtx, Dict, DirEntry, Errno, Fd, FdId, FileType, Fop, FopResult, Gfid, Iatt, Loc, Reply, Request, Response,
     SetAttr, TimeSet, Value, XattropOp,
@@ -79,7 +82,6 @@ use xlfs_sdk::{
 use super::lock::Target;
 use super::pending::{self, Kind, Mask, Verdict, bit, members};
 use super::{Inner, join_all};
-use crate::features::index::{COUNT_KEY, PURGE_KEY, XATTROP_KEY};
 
 mod control;
 mod crawl;
@@ -89,27 +91,6 @@ mod metadata;
 
 pub(crate) use control::is_control;
 use control::*;
-
-/// Setxattr key on the root: heal what the indices list (`index`) or the whole tree (`full`).
-pub const RUN_KEY: &str = "xlfs.heal.run";
-/// Setxattr key on the root: heal the inode with this gfid.
-pub const GFID_KEY: &str = "xlfs.heal.gfid";
-/// Getxattr key on the root: what needs heal, per child.
-pub const INFO_KEY: &str = "xlfs.heal.info";
-/// Setxattr key on an inode: resolve its split-brain with a policy.
-pub const RESOLVE_KEY: &str = "xlfs.split-brain.resolve";
-/// Reply xdata: inodes healed.
-pub const HEALED_KEY: &str = "xlfs.heal.healed";
-/// Reply xdata: inodes that could not be healed.
-pub const FAILED_KEY: &str = "xlfs.heal.failed";
-/// Reply xdata: inodes left in split-brain.
-pub const SPLIT_KEY: &str = "xlfs.heal.split-brain";
-/// Reply xdata: gfids still needing heal afterwards.
-pub const REMAINING_KEY: &str = "xlfs.heal.remaining";
-/// Reply xdata: one line per inode not healed.
-pub const REPORT_KEY: &str = "xlfs.heal.report";
-/// Reply xdata of a resolve: what became of the split-brain.
-pub const RESULT_KEY: &str = "xlfs.heal.result";
 
 /// Data heal block size.
 pub const BLOCK: u64 = 128 << 10;
@@ -122,7 +103,7 @@ const MAX_DIR_ENTRIES: usize = 1 << 20;
 const MAX_QUEUE: usize = 1 << 16;
 /// Most gfids one run remembers as done (a run over a bigger index may heal one twice).
 const MAX_SEEN: usize = 1 << 20;
-/// Most lines in [`REPORT_KEY`].
+/// Most lines in [`HEAL_REPORT`].
 const MAX_REPORT: usize = 256;
 /// Fd ids AFR uses for its own heal fds on the children.
 const HEAL_FD_BASE: u64 = 0x6865_616c_0000_0000;
@@ -220,11 +201,11 @@ impl Report {
 
     fn xdata(&self, remaining: u64) -> Dict {
         let mut d = Dict::new();
-        d.set_str(HEALED_KEY, self.healed.to_string());
-        d.set_str(FAILED_KEY, self.failed.to_string());
-        d.set_str(SPLIT_KEY, self.split.to_string());
-        d.set_str(REMAINING_KEY, remaining.to_string());
-        d.set_str(REPORT_KEY, self.lines.join("\n"));
+        d.set_str(HEAL_HEALED, self.healed.to_string());
+        d.set_str(HEAL_FAILED, self.failed.to_string());
+        d.set_str(HEAL_SPLIT_BRAIN, self.split.to_string());
+        d.set_str(HEAL_REMAINING, remaining.to_string());
+        d.set_str(HEAL_REPORT, self.lines.join("\n"));
         d
     }
 }
@@ -554,9 +535,9 @@ mod tests {
     #[test]
     fn control_keys_are_recognized() {
         let mut x = Dict::new();
-        x.set_str(RUN_KEY, "index");
+        x.set_str(HEAL_RUN, "index");
         assert!(is_control(&Fop::Setxattr { loc: Loc::root(), xattrs: x, flags: 0 }));
-        assert!(is_control(&Fop::Getxattr { loc: Loc::root(), name: INFO_KEY.into() }));
+        assert!(is_control(&Fop::Getxattr { loc: Loc::root(), name: HEAL_INFO.into() }));
         assert!(!is_control(&Fop::Getxattr { loc: Loc::root(), name: "user.x".into() }));
         assert!(healable_xattr("user.a") && healable_xattr("trusted.x"));
         assert!(

@@ -31,16 +31,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
-use xlfs_sdk::dict::keys::{self, CONTENT, READDIRP_CONTENT};
+use xlfs_sdk::dict::keys::{self, CONTENT, IS_LOCAL, OPEN_FD_COUNT, READDIRP_CONTENT};
 use xlfs_sdk::{CallCtx, Dict, Errno, Fd, Fop, FopResult, Gfid, Loc, Reply, Request, Response, Value};
 
 use super::Inner;
 use super::pending::{self, Kind, Mask, all, bit, members};
 use super::quorum::QUORUM_ERRNO;
-
-/// Reply xdata key by which a child says it is local to this client
-/// (set to a non-zero integer or "yes"); AFR asks for it on root lookups.
-pub const IS_LOCAL: &str = "xlfs.is-local";
 
 /// Per-child read statistics for the load-based read modes.
 #[derive(Default)]
@@ -121,8 +117,8 @@ impl Inner {
         let mut x = xdata.clone();
         pending::request_keys(&self.keys, &mut x);
         let want_fds = cfg.policy.interest().open_fd_count;
-        if want_fds && !x.contains(super::OPEN_FD_COUNT) {
-            x.set_u64(super::OPEN_FD_COUNT, 0);
+        if want_fds && !x.contains(OPEN_FD_COUNT) {
+            x.set_u64(OPEN_FD_COUNT, 0);
         }
         let root = loc.gfid == Gfid::ROOT && !loc.is_entry();
         if root && cfg.choose_local {
@@ -173,7 +169,7 @@ impl Inner {
         let mut fds = 0u32;
         for (i, r) in &ok {
             rows[*i] = Some(pending::row(&self.keys, &r.xdata));
-            fds = fds.max(u32::try_from(r.xdata.get_u64(super::OPEN_FD_COUNT).unwrap_or(0)).unwrap_or(u32::MAX));
+            fds = fds.max(u32::try_from(r.xdata.get_u64(OPEN_FD_COUNT).unwrap_or(0)).unwrap_or(u32::MAX));
             if root && is_local(r.xdata.get(IS_LOCAL)) {
                 self.local.fetch_or(bit(*i), Ordering::Relaxed);
             }
@@ -235,7 +231,7 @@ impl Inner {
                 rsp.xdata.remove(CONTENT);
             }
         }
-        for k in self.keys.iter().map(String::as_str).chain([super::OPEN_FD_COUNT, IS_LOCAL]) {
+        for k in self.keys.iter().map(String::as_str).chain([OPEN_FD_COUNT, IS_LOCAL]) {
             if !xdata.contains(k) {
                 rsp.xdata.remove(k);
             }

@@ -619,7 +619,7 @@ async fn full_heal_gives_every_child_a_name_only_one_has() {
     c.bricks[0].locks.call(CallCtx::root("dead-client"), Request::with_xdata(fop, x)).await.expect("mknod on brick 0");
     assert!(!c.bricks[1].dir.join("d/stray").exists());
     let mut run = Dict::new();
-    run.set_bytes(heal::RUN_KEY, bytes::Bytes::from_static(b"full"));
+    run.set_bytes(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"full"));
     n.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await.expect("full heal");
     for i in 0..N {
         assert_eq!(c.gfid_on(i, "d/stray").as_deref(), Some(&g.0[..]), "stray on brick {i}");

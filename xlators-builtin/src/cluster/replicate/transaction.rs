@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use xlfs_sdk::dict::keys::{GFID_REQ, INODELK_COUNT};
+use xlfs_sdk::dict::keys::{GFID_REQ, INODELK_COUNT, OPEN_FD_COUNT};
 use xlfs_sdk::{CallCtx, Dict, Errno, Fd, Fop, FopResult, Gfid, Loc, Reply, Request, Response, Value, XattropOp};
 
 use super::Inner;
@@ -115,7 +115,7 @@ impl Inner {
         for g in &cl.inodes {
             let mut xdata = Dict::new();
             if want_fds {
-                xdata.set_u64(super::OPEN_FD_COUNT, 0);
+                xdata.set_u64(OPEN_FD_COUNT, 0);
             }
             let fop = match cl.fd {
                 Some(fd) if fd.gfid == *g => Fop::Fxattrop { fd, op: XattropOp::AddArray, xattrs: dict.clone() },
@@ -124,7 +124,7 @@ impl Inner {
             for (i, r) in self.fan(ctx, good, &Request::with_xdata(fop, xdata)).await {
                 match r {
                     Ok(rsp) => {
-                        let n = rsp.xdata.get_u64(super::OPEN_FD_COUNT).unwrap_or(0);
+                        let n = rsp.xdata.get_u64(OPEN_FD_COUNT).unwrap_or(0);
                         fds = fds.max(u32::try_from(n).unwrap_or(u32::MAX));
                     }
                     Err(e) => {

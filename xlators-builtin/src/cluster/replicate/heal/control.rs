@@ -8,9 +8,9 @@ use super::*;
 pub(crate) fn is_control(fop: &Fop) -> bool {
     match fop {
         Fop::Setxattr { xattrs, .. } => {
-            xattrs.contains(RUN_KEY) || xattrs.contains(GFID_KEY) || xattrs.contains(RESOLVE_KEY)
+            xattrs.contains(HEAL_RUN) || xattrs.contains(HEAL_GFID) || xattrs.contains(SPLIT_BRAIN_RESOLVE)
         }
-        Fop::Getxattr { name, .. } => name == INFO_KEY,
+        Fop::Getxattr { name, .. } => name == HEAL_INFO,
         _ => false,
     }
 }
@@ -96,24 +96,24 @@ impl Inner {
                     return Err(Errno::EINVAL);
                 }
                 let mut d = Dict::new();
-                d.set_bytes(INFO_KEY, self.info(&hctx).await.into_bytes());
+                d.set_bytes(HEAL_INFO, self.info(&hctx).await.into_bytes());
                 Ok(Reply::Xattrs(d).into())
             }
             Fop::Setxattr { loc, xattrs, .. } => {
-                if let Some(v) = xattrs.get_bytes(RESOLVE_KEY) {
+                if let Some(v) = xattrs.get_bytes(SPLIT_BRAIN_RESOLVE) {
                     return self.resolve_split(ctx, &hctx, loc, &v).await;
                 }
                 if !root_loc(loc) {
                     return Err(Errno::EINVAL);
                 }
-                if let Some(v) = xattrs.get_bytes(GFID_KEY) {
+                if let Some(v) = xattrs.get_bytes(HEAL_GFID) {
                     let g = std::str::from_utf8(&v).ok().and_then(|s| Gfid::parse(s.trim())).ok_or(Errno::EINVAL)?;
                     let (rep, _) = self.heal_tree(&hctx, g, How::all()).await;
                     self.purge(&hctx, &[g]).await;
                     let remaining = self.status(&hctx, g).await.map_or(0, |(need, _)| u64::from(!need.is_empty()));
                     return Ok(Response { reply: Reply::Empty, xdata: rep.xdata(remaining) });
                 }
-                let mode = xattrs.get_str(RUN_KEY).unwrap_or("").trim().to_string();
+                let mode = xattrs.get_str(HEAL_RUN).unwrap_or("").trim().to_string();
                 let rep = match mode.as_str() {
                     "" | "index" => self.heal_index(&hctx).await,
                     "full" => self.heal_full(&hctx).await,
@@ -173,7 +173,7 @@ impl Inner {
             (false, _) => "resolved".to_string(),
         };
         let mut xdata = rep.xdata(after.map_or(0, |(need, _)| u64::from(!need.is_empty())));
-        xdata.set_str(RESULT_KEY, result);
+        xdata.set_str(HEAL_RESULT, result);
         Ok(Response { reply: Reply::Empty, xdata })
     }
 }

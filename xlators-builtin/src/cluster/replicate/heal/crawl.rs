@@ -49,11 +49,11 @@ impl Inner {
 
     /// One page of child `i`'s index after `after`; None when the child has no index.
     pub(crate) async fn index_page(&self, ctx: &CallCtx, i: usize, after: Option<Gfid>) -> Option<(Vec<Gfid>, u64)> {
-        let key = after.map_or(XATTROP_KEY.to_string(), |g| format!("{XATTROP_KEY}:{g}"));
+        let key = after.map_or(INDEX_XATTROP.to_string(), |g| format!("{INDEX_XATTROP}:{g}"));
         match self.on(i, ctx, Fop::Getxattr { loc: Loc::root(), name: key.clone() }).await {
             Ok(Response { reply: Reply::Xattrs(d), .. }) => {
                 let list = d.get_str(&key).unwrap_or("").lines().filter_map(Gfid::parse).collect();
-                Some((list, d.get_u64(COUNT_KEY).unwrap_or(0)))
+                Some((list, d.get_u64(INDEX_COUNT).unwrap_or(0)))
             }
             _ => None,
         }
@@ -91,7 +91,7 @@ impl Inner {
         }
         let text: String = gfids.iter().map(|g| format!("{g}\n")).collect();
         let mut x = Dict::new();
-        x.set_bytes(PURGE_KEY, text.into_bytes());
+        x.set_bytes(INDEX_PURGE, text.into_bytes());
         self.fan(ctx, self.up_mask(), &Request::new(Fop::Setxattr { loc: Loc::root(), xattrs: x, flags: 0 })).await;
     }
 
