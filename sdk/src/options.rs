@@ -30,6 +30,11 @@ pub enum OptType {
     List,
     /// An absolute path.
     Path,
+    /// A module: a built-in name (`tolerant`), or the absolute path of a
+    /// file, bare or after a `scheme:` (`wasm:/lib/ra.wasm`). The graph
+    /// watches and hashes the files these options name (a module rebuilt
+    /// in place is a change), and only these.
+    Module,
 }
 
 impl OptType {
@@ -45,6 +50,7 @@ impl OptType {
             OptType::Enum(v) => format!("one of {}", v.join(", ")),
             OptType::List => "a comma-separated list".into(),
             OptType::Path => "an absolute path".into(),
+            OptType::Module => "a built-in name, or an absolute path, bare or after 'wasm:' or 'dylib:'".into(),
         }
     }
 }
@@ -115,6 +121,13 @@ impl OptionDecl {
                 }
                 OptValue::Path(PathBuf::from(raw))
             }
+            OptType::Module => {
+                let raw = raw.trim();
+                if raw.is_empty() || (raw.contains('/') && module_file(raw).is_none()) {
+                    return Err(bad());
+                }
+                OptValue::Str(raw.to_string())
+            }
         };
         if let (Some((lo, hi)), Some(n)) = (self.range, v.as_f64())
             && (n < lo || n > hi)
@@ -128,6 +141,13 @@ impl OptionDecl {
         }
         Ok(v)
     }
+}
+
+/// The file a [`OptType::Module`] value names: the absolute path after an
+/// optional `scheme:` (a scheme has no `/`); None for a built-in name.
+pub fn module_file(value: &str) -> Option<&Path> {
+    let path = value.split_once(':').filter(|(scheme, _)| !scheme.contains('/')).map_or(value, |(_, rest)| rest);
+    path.starts_with('/').then(|| Path::new(path))
 }
 
 fn glob_match(pattern: &str, s: &str) -> bool {
@@ -489,6 +509,10 @@ pub mod kind {
         /// A string, or an enumeration's word in its declared spelling.
         Str: Str => &'a str, |v| match v { OptValue::Str(s) => Some(s.as_str()), _ => None },
             |raw| raw.unwrap_or("");
+        /// A module ([`super::OptType::Module`]): a built-in name or a
+        /// file, as given.
+        Module: Module => &'a str, |v| match v { OptValue::Str(s) => Some(s.as_str()), _ => None },
+            |raw| raw.unwrap_or("");
         /// An absolute path; `None` when neither given nor defaulted.
         PathKind: Path => Option<&'a Path>, |v| match v { OptValue::Path(p) => Some(Some(p.as_path())), _ => None },
             |raw| raw.map(Path::new);
@@ -596,6 +620,12 @@ impl Opt<kind::Str> {
     pub const fn words(mut self, words: &'static [&'static str]) -> Self {
         self.decl.ty = OptType::Enum(words);
         self
+    }
+}
+impl Opt<kind::Module> {
+    /// A module option with its default (a built-in name).
+    pub const fn module(name: &'static str, default: &'static str) -> Self {
+        Opt::of(name, OptType::Module, Some(default))
     }
 }
 impl Opt<kind::List> {
@@ -714,6 +744,20 @@ mod tests {
         let none = Options::default();
         assert_eq!((WINDOW.get(&none), ON.get(&none), MODE.get(&none)), (4 << 20, true, "auto"));
         assert_eq!(WATCH.get(&none), ["trusted.afr.", "trusted.ec."]);
+    }
+
+    #[test]
+    fn module_values_are_names_or_absolute_files() {
+        let d = Opt::module("policy", "tolerant").decl;
+        for ok in ["tolerant", "wasm:/lib/ra.wasm", "/lib/libx.so", "dylib:/a b/c.so"] {
+            assert_eq!(d.parse(ok), Ok(OptValue::Str(ok.into())), "{ok}");
+        }
+        for bad in ["", "wasm:lib/ra.wasm", "lib/x.so", "./x.wasm"] {
+            assert!(d.parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(module_file("wasm:/lib/ra.wasm"), Some(Path::new("/lib/ra.wasm")));
+        assert_eq!(module_file("/x/y:z.so"), Some(Path::new("/x/y:z.so")));
+        assert_eq!(module_file("notify"), None);
     }
 
     #[test]

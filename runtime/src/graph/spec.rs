@@ -5,6 +5,7 @@
 //! that name the volfile line.
 
 use super::*;
+use xlfs_sdk::options::{OptType, OptionDecl, module_file};
 
 /// Why a volfile does not make a graph: the file and line, and what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -154,32 +155,35 @@ pub(super) struct SpecNode {
 /// to this size too).
 pub(super) const MAX_HASHED_FILE: u64 = 512 << 20;
 
-/// The absolute path of an existing regular file an option value names:
-/// a path value, or a string that is one after an optional `scheme:`
-/// prefix (`wasm:/lib/policy.wasm`).
-pub(super) fn option_file(value: &OptValue) -> Option<std::path::PathBuf> {
-    let p = match value {
-        OptValue::Path(p) => p.clone(),
-        OptValue::Str(s) => {
-            let s = s.split_once(':').filter(|(scheme, _)| !scheme.contains('/')).map_or(s.as_str(), |(_, rest)| rest);
-            std::path::PathBuf::from(s)
+/// The files a node's module options name ([`OptType::Module`]: plugin
+/// and policy modules), by option key; only options declared so are
+/// files, whatever other values look like.
+pub(super) fn module_files<'a>(
+    decls: &'a [OptionDecl],
+    options: &'a Options,
+) -> impl Iterator<Item = (&'a str, std::path::PathBuf)> + 'a {
+    options.iter().filter_map(move |(key, value, _)| {
+        let decl = decls.iter().find(|d| d.name == key).or_else(|| decls.iter().find(|d| d.matches(key)))?;
+        match (decl.ty, value) {
+            (OptType::Module, OptValue::Str(s)) => module_file(s).map(|p| (key, p.to_path_buf())),
+            _ => None,
         }
-        _ => return None,
-    };
-    let meta = std::fs::metadata(&p).ok()?;
-    (p.is_absolute() && meta.is_file() && meta.len() <= MAX_HASHED_FILE).then_some(p)
+    })
 }
 
-/// The content hash of each file `options` name, by option.
-pub(super) fn files_hash(options: &Options) -> Vec<(String, [u8; 32])> {
-    let mut out = Vec::new();
-    for (key, value, _) in options.iter() {
-        let Some(path) = option_file(value) else { continue };
-        // An unreadable file hashes as its error: a later readable one differs.
-        let bytes = std::fs::read(&path).unwrap_or_else(|e| e.to_string().into_bytes());
-        out.push((key.to_string(), Sha256::digest(&bytes).into()));
-    }
-    out
+/// The content hash of each module file a node's options name, by option.
+/// A file larger than [`MAX_HASHED_FILE`] or unreadable hashes as what
+/// went wrong (a later readable one differs).
+pub(super) fn files_hash(decls: &[OptionDecl], options: &Options) -> Vec<(String, [u8; 32])> {
+    module_files(decls, options)
+        .map(|(key, path)| {
+            let bytes = match std::fs::metadata(&path) {
+                Ok(m) if m.len() > MAX_HASHED_FILE => format!("larger than {MAX_HASHED_FILE} bytes").into_bytes(),
+                _ => std::fs::read(&path).unwrap_or_else(|e| e.to_string().into_bytes()),
+            };
+            (key.to_string(), Sha256::digest(&bytes).into())
+        })
+        .collect()
 }
 
 /// A validated graph that is not built: every type known, every subvolume
@@ -351,7 +355,7 @@ impl GraphSpec {
             }
             let options = Options::resolve(ty.options, v.options.iter().map(|o| (o.key.as_str(), o.value.as_str())))
                 .map_err(|e| opt_err(v.type_line, e))?;
-            let files = files_hash(&options);
+            let files = files_hash(ty.options, &options);
             nodes.push(SpecNode { name: Arc::from(v.name.as_str()), line: v.line, ty, options, children: kids, files });
         }
         Ok(GraphSpec { origin: volfile.origin.clone(), nodes, top, order })
@@ -404,7 +408,7 @@ impl GraphSpec {
     /// volfile watcher also watches.
     pub fn files(&self) -> Vec<std::path::PathBuf> {
         let mut out: Vec<std::path::PathBuf> =
-            self.nodes.iter().flat_map(|n| n.options.iter().filter_map(|(_, v, _)| option_file(v))).collect();
+            self.nodes.iter().flat_map(|n| module_files(n.ty.options, &n.options).map(|(_, p)| p)).collect();
         out.sort();
         out.dedup();
         out

@@ -80,6 +80,7 @@ const LEAF_OPTS: &[OptionDecl] = &[
     OptionDecl::new("up", OptType::Bool).default("on"),
     OptionDecl::new("fail", OptType::Bool).default("off"),
     OptionDecl::new("directory", OptType::Path),
+    OptionDecl::new("module", OptType::Module),
 ];
 const PASS_OPTS: &[OptionDecl] = &[
     OptionDecl::new("thread-count", OptType::Int).default("16").range(1.0, 64.0),
@@ -464,22 +465,23 @@ fn a_changed_module_file_is_a_structural_change() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let file = tmp.path().join("module.bin");
     std::fs::write(&file, b"one").expect("write");
-    let text = CHAIN.replace("/srv/b1", &file.display().to_string());
+    let with_module =
+        |f: &std::path::Path| CHAIN.replace("option directory /srv/b1", &format!("option module wasm:{}", f.display()));
+    let text = with_module(&file);
     let old = check(&text).expect("valid");
     assert_eq!(old.files(), vec![file.clone()]);
     assert_eq!(old.diff(&check(&text).expect("valid")), GraphDiff::Same);
     std::fs::write(&file, b"two").expect("rewrite in place");
     let GraphDiff::Structure(why) = old.diff(&check(&text).expect("valid")) else { panic!("structure") };
-    assert_eq!(why, "volume 'leaf': the file option 'directory' names changed");
+    assert_eq!(why, "volume 'leaf': the file option 'module' names changed");
     // Naming another file is an option change.
     let other = tmp.path().join("other.bin");
     std::fs::write(&other, b"three").expect("write");
-    let GraphDiff::Options(c) =
-        old.diff(&check(&CHAIN.replace("/srv/b1", &other.display().to_string())).expect("valid"))
-    else {
-        panic!("options")
-    };
-    assert_eq!(c[0].values[0].key, "directory");
+    let GraphDiff::Options(c) = old.diff(&check(&with_module(&other)).expect("valid")) else { panic!("options") };
+    assert_eq!(c[0].values[0].key, "module");
+    // A path option is not a module: the file it names is neither watched nor hashed.
+    let dir = check(&CHAIN.replace("/srv/b1", &file.display().to_string())).expect("valid");
+    assert!(dir.files().is_empty(), "{:?}", dir.files());
 }
 
 #[test]
@@ -513,7 +515,7 @@ fn reconfigure_is_all_or_nothing() {
 }
 
 const DYN_OPTS: &[OptionDecl] =
-    &[OptionDecl::new("module", OptType::Path), OptionDecl::new("depth", OptType::Int).range(1.0, 3.0)];
+    &[OptionDecl::new("module", OptType::Module), OptionDecl::new("depth", OptType::Int).range(1.0, 3.0)];
 
 /// A dynamic type: its volume's `module` option picks the child count.
 fn specialize_dyn(given: &[(&str, &str)]) -> Result<XlatorType, String> {

@@ -113,9 +113,9 @@ const CRASH_LIMIT: Opt<kind::Int> = Opt::int("crash-loop-limit", "5").range(1.0,
 );
 const CRASH_WINDOW: Opt<kind::Time> =
     Opt::time("crash-loop-window", "60s").range(0.001, 86400.0).desc("The window crash-loop-limit counts crashes in.");
-const WASM_MODULE: Opt<kind::PathKind> = Opt::optional("module")
+const WASM_MODULE: Opt<kind::Module> = Opt::optional("module")
     .desc("The plugin: a core WebAssembly module built for wasm32-unknown-unknown against xlfs-sdk (feature guest).");
-const DYLIB_MODULE: Opt<kind::PathKind> = Opt::optional("module").desc(
+const DYLIB_MODULE: Opt<kind::Module> = Opt::optional("module").desc(
     "The plugin: a native shared library (cdylib) built against xlfs-sdk (feature guest). It runs in the process \
      and is trusted.",
 );
@@ -378,6 +378,16 @@ pub(crate) fn decode_descriptor(path: &Path, declared: Option<Vec<u8>>) -> Resul
     Descriptor::decode(&bytes).map_err(|e| PluginError::NotAPlugin { path: path.into(), reason: e.to_string() })
 }
 
+/// The plugin file an option `module` names: an absolute path (a plugin
+/// module has no built-in names or schemes).
+fn module_path(raw: &str) -> Result<PathBuf, String> {
+    let raw = raw.trim();
+    match xlfs_sdk::options::module_file(raw) {
+        Some(p) if p.as_os_str() == raw => Ok(p.to_path_buf()),
+        _ => Err(format!("option 'module': '{raw}' is not an absolute path")),
+    }
+}
+
 fn specialize(kind: Kind, given: &[(&str, &str)]) -> Result<XlatorType, String> {
     let what = match kind {
         Kind::Wasm => "its .wasm file",
@@ -386,10 +396,7 @@ fn specialize(kind: Kind, given: &[(&str, &str)]) -> Result<XlatorType, String> 
     let Some((_, raw)) = given.iter().rev().find(|(k, _)| *k == "module") else {
         return Err(format!("option 'module' is required: the path of {what}"));
     };
-    let path = match kind.host_options()[0].parse(raw).map_err(|e| e.to_string())? {
-        xlfs_sdk::OptValue::Path(p) => p,
-        _ => return Err(format!("option 'module': bad value '{raw}'")),
-    };
+    let path = module_path(raw)?;
     let l = load(kind, &path).map_err(|e| e.to_string())?;
     let max = if l.desc.max_children == sys::UNLIMITED_CHILDREN { usize::MAX } else { l.desc.max_children as usize };
     let generic = match kind {
@@ -426,8 +433,8 @@ fn node_limits(o: &Options) -> NodeLimits {
 }
 
 fn build(kind: Kind, init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
-    let path =
-        WASM_MODULE.get(&init.options).ok_or_else(|| InitError::new("option 'module' is required"))?.to_path_buf();
+    let raw = WASM_MODULE.given(&init.options).ok_or_else(|| InitError::new("option 'module' is required"))?;
+    let path = module_path(raw).map_err(InitError::new)?;
     let l = load(kind, &path).map_err(|e| InitError::new(e.to_string()))?;
     // The graph validated the options against the module it loaded then;
     // if the file changed since, check them against what it is now.

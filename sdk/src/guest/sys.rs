@@ -343,6 +343,8 @@ impl From<&OptionDecl> for DeclaredOption {
             OptType::Enum(words) => DeclaredType::Enum(words.iter().map(|w| w.to_string()).collect()),
             OptType::List => DeclaredType::List,
             OptType::Path => DeclaredType::Path,
+            // Plugin ABI v1 has no module type: a plugin sees the text.
+            OptType::Module => DeclaredType::Str,
         };
         DeclaredOption {
             name: d.name.to_string(),

@@ -41,7 +41,7 @@ const PAGE_SIZE: Opt<kind::Size> = Opt::size("page-size", "128KB")
 const PAGE_COUNT: Opt<kind::Int> = Opt::int("page-count", "4")
     .range(1.0, 16.0)
     .desc("Pages kept prefetched ahead of a sequential reader, per fd (GlusterFS's default is 4).");
-const POLICY: Opt<kind::Str> = Opt::str("policy", policy::DEFAULT).desc(
+const POLICY: Opt<kind::Module> = Opt::module("policy", policy::DEFAULT).desc(
     "The read-ahead policy: 'tolerant' (a sequential stream survives reordered requests), \
      'gluster-strict' (GlusterFS's old rule: any read not at the previous read's end resets the window), \
      or a policy plugin module (plugin ABI v1.1) as 'wasm:/abs/path/ra.wasm' or 'dylib:/abs/path/libra.so'; \

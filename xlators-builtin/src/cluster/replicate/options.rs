@@ -6,7 +6,7 @@ use xlfs_sdk::options::{Opt, kind};
 
 pub(super) const NO_EFFECT: &str = "Accepted for GlusterFS volfiles; no effect in xlfs.";
 
-const LOCK_CONTENTION_POLICY: Opt<kind::Str> = Opt::str("lock-contention-policy", "notify").desc(
+const LOCK_CONTENTION_POLICY: Opt<kind::Module> = Opt::module("lock-contention-policy", lock_contention::DEFAULT).desc(
     "When to give up the eager lock for another client: 'notify' releases on the locks translator's \
          contention upcall (as GlusterFS's erasure-coding translator); 'inodelk-count' when a brick reports more \
          than one inodelk on the inode with a lock or write reply (GlusterFS since 2018); 'fd-count' whenever the \
