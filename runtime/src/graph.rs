@@ -180,7 +180,13 @@ impl Graph {
                 })
                 .collect();
             let sink = EventSink::new();
-            let ctx = InitCtx { name: s.name.to_string(), options: s.options.clone(), children, events: sink.clone() };
+            let ctx = InitCtx {
+                name: s.name.to_string(),
+                options: s.options.clone(),
+                children,
+                events: sink.clone(),
+                policies: spec.policies.clone(),
+            };
             match (s.ty.build)(ctx) {
                 Ok(xl) => {
                     let timed = Arc::new(Timed::new(xl.clone(), stats[i].clone(), s.children.is_empty()));

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use xlfs_sdk::XlatorType;
+use xlfs_sdk::policy::Policies;
 
 /// Turns a dynamic type into the concrete type of one volume, given that
 /// volume's options as written (key, value); the error says why the volume
@@ -24,6 +25,7 @@ pub type Specializer = fn(&[(&str, &str)]) -> Result<XlatorType, String>;
 pub struct Registry {
     types: BTreeMap<&'static str, XlatorType>,
     dynamic: BTreeMap<&'static str, Specializer>,
+    policies: Policies,
 }
 
 /// Why a type could not be registered.
@@ -65,6 +67,17 @@ impl Registry {
         self.register(ty)?;
         self.dynamic.insert(name, specialize);
         Ok(())
+    }
+
+    /// The policy loaders graphs built from this registry offer their
+    /// translators ([`InitCtx::policies`](xlfs_sdk::InitCtx)).
+    pub fn policies(&self) -> &Policies {
+        &self.policies
+    }
+
+    /// Replaces the policy loaders.
+    pub fn set_policies(&mut self, policies: Policies) {
+        self.policies = policies;
     }
 
     /// The specializer of a dynamic type.

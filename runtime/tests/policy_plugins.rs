@@ -243,17 +243,18 @@ async fn a_failing_policy_module_falls_back_to_the_default_and_is_disabled() {
 
 #[test]
 fn a_module_without_the_policy_asked_for_is_refused_and_bad_values_are_named() {
-    let _ = Registry::builtin(); // registers the wasm: and dylib: loaders
+    let registry = Registry::builtin(); // offers the wasm: and dylib: loaders
+    let policies = registry.policies();
     let ra = policy_value("wasm", "ra-tolerant");
-    let e = xlfs_sdk::policy::lock_contention::resolve(&ra).err().expect("no lock policy in ra-tolerant");
+    let e = policies.lock_contention(&ra).err().expect("no lock policy in ra-tolerant");
     assert!(e.to_string().contains("exports no lock-contention policy"), "{e}");
-    let e = xlfs_sdk::policy::read_ahead::resolve("wasm:relative.wasm").err().expect("relative path");
+    let e = policies.read_ahead("wasm:relative.wasm").err().expect("relative path");
     assert!(e.to_string().contains("not an absolute path"), "{e}");
     // A translator plugin (SDK-built: ABI v1.2) is not a policy module.
     let pass = policy_value("dylib", "passthrough");
-    let e = xlfs_sdk::policy::read_ahead::resolve(&pass).err().expect("no policies in passthrough");
+    let e = policies.read_ahead(&pass).err().expect("no policies in passthrough");
     assert!(e.to_string().contains("exports no read-ahead policy") && e.to_string().contains("v1.2"), "{e}");
-    let e = xlfs_sdk::policy::read_ahead::resolve("nope").err().expect("unknown");
+    let e = policies.read_ahead("nope").err().expect("unknown");
     assert!(e.to_string().contains("wasm") && e.to_string().contains("dylib"), "schemes listed: {e}");
     assert!(Path::new(&module("wasm", "lock-fd-count")).is_file());
 }

@@ -308,7 +308,8 @@ pub fn init(decls: &[OptionDecl], opts: &[(&str, &str)], children: &[Child]) -> 
     let sent: Sent = Arc::default();
     let s = sent.clone();
     events.set_hook(move |e| s.lock().push(e.clone()));
-    (InitCtx { name: "test".into(), options, children: children.to_vec(), events }, sent)
+    let policies = Default::default();
+    (InitCtx { name: "test".into(), options, children: children.to_vec(), events, policies }, sent)
 }
 
 /// A caller: client `client` with lock owner `owner`.

@@ -269,6 +269,9 @@ pub struct InitCtx {
     pub children: Vec<Child>,
     /// Where to send events for the parents.
     pub events: EventSink,
+    /// The policy loaders the graph offers, for options that name a
+    /// policy module ([`OptType::Module`](crate::OptType::Module)).
+    pub policies: crate::policy::Policies,
 }
 
 /// Why a translator could not be built.

@@ -198,6 +198,9 @@ pub struct GraphSpec {
     /// Children before parents (a depth-first post-order; reversed, it
     /// puts parents before children).
     pub(super) order: Vec<usize>,
+    /// The policy loaders of the registry it was checked against, offered
+    /// to every node it builds.
+    pub(super) policies: xlfs_sdk::policy::Policies,
 }
 
 /// Depth-first post-order over `children` from each root; `Err` holds a
@@ -358,7 +361,7 @@ impl GraphSpec {
             let files = files_hash(ty.options, &options);
             nodes.push(SpecNode { name: Arc::from(v.name.as_str()), line: v.line, ty, options, children: kids, files });
         }
-        Ok(GraphSpec { origin: volfile.origin.clone(), nodes, top, order })
+        Ok(GraphSpec { origin: volfile.origin.clone(), nodes, top, order, policies: registry.policies().clone() })
     }
 
     /// Where the volfile came from.

@@ -164,10 +164,10 @@ pub const DYLIB_TYPE: XlatorType = XlatorType {
 };
 
 /// Adds `plugin/wasm` and `plugin/dylib` to a registry, and the `wasm:`
-/// and `dylib:` policy loaders to the read-ahead and lock-contention policy
-/// registries (`policy::register_loaders`, once per process).
+/// and `dylib:` loaders to the read-ahead and lock-contention policies it
+/// offers its graphs.
 pub fn register(r: &mut Registry) -> Result<(), RegistryError> {
-    policy::register_loaders();
+    r.set_policies(policy::with_loaders(r.policies().clone()));
     r.register_dynamic(WASM_TYPE, specialize_wasm)?;
     r.register_dynamic(DYLIB_TYPE, specialize_dylib)
 }

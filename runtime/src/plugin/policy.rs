@@ -2,10 +2,11 @@
 //! section 11): a module exporting the read-ahead or lock-contention group
 //! serves as that policy wherever an option names one as `wasm:<path>` or
 //! `dylib:<path>` (an absolute path): performance/read-ahead's `policy`,
-//! cluster/replicate's `lock-contention-policy`. [`register_loaders`]
-//! registers the two schemes with `xlfs_sdk::policy` (the registry's
+//! cluster/replicate's `lock-contention-policy`. [`with_loaders`] adds the
+//! two schemes to the registry's [`Policies`] (the registry's
 //! [`Registry::builtin`](crate::registry::Registry::builtin) calls it, so
-//! the `xlfs` binary and in-process graphs both have them).
+//! the `xlfs` binary and in-process graphs both have them), which every
+//! graph built from it offers its translators in their `InitCtx`.
 //!
 //! Each option value that names a module gets its own instance, made with
 //! the module's default options when the translator is built (a module
@@ -22,13 +23,14 @@
 
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use xlfs_sdk::Dict;
 use xlfs_sdk::abi;
 use xlfs_sdk::guest::sys::{self, PolicyExports};
+use xlfs_sdk::policy::Policies;
 use xlfs_sdk::policy::lock_contention::{self, Decision, Interest, LockContentionPolicy, LockEvent, LockView};
 use xlfs_sdk::policy::read_ahead::{self, Advice, Geometry, ReadAheadPolicy, ReadAheadStream, ReadInfo};
 
@@ -50,27 +52,21 @@ fn scheme(kind: Kind) -> &'static str {
     }
 }
 
-/// Registers the `wasm` and `dylib` loaders for read-ahead and
-/// lock-contention policies (once per process).
-pub(crate) fn register_loaders() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        for kind in [Kind::Wasm, Kind::Dylib] {
-            let ra: read_ahead::Loader = Arc::new(move |spec: &str| {
-                let host = PolicyHost::load(kind, spec, |p| p.read_ahead, "read-ahead")?;
-                Ok(Arc::new(PluginReadAhead { host }) as Arc<dyn ReadAheadPolicy>)
-            });
-            let lock: lock_contention::Loader = Arc::new(move |spec: &str| {
-                let host = PolicyHost::load(kind, spec, |p| p.lock_contention, "lock-contention")?;
-                Ok(Arc::new(PluginLock::new(host)?) as Arc<dyn LockContentionPolicy>)
-            });
-            let r = read_ahead::register_loader(scheme(kind), ra)
-                .and_then(|()| lock_contention::register_loader(scheme(kind), lock));
-            if let Err(e) = r {
-                tracing::error!(target: "xlfs::plugin", "cannot register the {} policy loader: {e}", scheme(kind));
-            }
-        }
-    });
+/// `policies` with the `wasm` and `dylib` loaders for read-ahead and
+/// lock-contention policies added.
+pub(crate) fn with_loaders(mut policies: Policies) -> Policies {
+    for kind in [Kind::Wasm, Kind::Dylib] {
+        let ra: read_ahead::Loader = Arc::new(move |spec: &str| {
+            let host = PolicyHost::load(kind, spec, |p| p.read_ahead, "read-ahead")?;
+            Ok(Arc::new(PluginReadAhead { host }) as Arc<dyn ReadAheadPolicy>)
+        });
+        let lock: lock_contention::Loader = Arc::new(move |spec: &str| {
+            let host = PolicyHost::load(kind, spec, |p| p.lock_contention, "lock-contention")?;
+            Ok(Arc::new(PluginLock::new(host)?) as Arc<dyn LockContentionPolicy>)
+        });
+        policies = policies.with_read_ahead(scheme(kind), ra).with_lock_contention(scheme(kind), lock);
+    }
+    policies
 }
 
 #[derive(Default)]

@@ -220,20 +220,6 @@ pub use super::PolicyError;
 /// Builds a policy from the part of the option value after `scheme:`.
 pub type Loader = super::Loader<dyn LockContentionPolicy>;
 
-static LOADERS: super::Loaders<dyn LockContentionPolicy> = super::Loaders::new("lock-contention", BUILTIN);
-
-/// Registers (or replaces) the loader for values `scheme:...` (the plugin
-/// hosts register `wasm` and `dylib`).
-pub fn register_loader(scheme: &str, loader: Loader) -> Result<(), PolicyError> {
-    LOADERS.register(scheme, loader)
-}
-
-/// The policy an option value names: a built-in name, or `scheme:spec`
-/// handed to the loader registered for `scheme` (`wasm:/path/policy.wasm`).
-pub fn resolve(value: &str) -> Result<Arc<dyn LockContentionPolicy>, PolicyError> {
-    LOADERS.resolve(value, builtin)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,10 +271,11 @@ mod tests {
 
     #[test]
     fn resolve_builtins_schemes_and_errors() {
-        assert_eq!(resolve(" notify ").expect("builtin").name(), "notify");
-        let e = resolve("nope").err().expect("unknown");
+        let none = crate::policy::Policies::default();
+        assert_eq!(none.lock_contention(" notify ").expect("builtin").name(), "notify");
+        let e = none.lock_contention("nope").err().expect("unknown");
         assert!(e.to_string().contains("fd-count, inodelk-count, notify"), "{e}");
-        register_loader(
+        let policies = none.clone().with_lock_contention(
             "test-scheme",
             Arc::new(|spec: &str| {
                 if spec == "bad" {
@@ -297,14 +284,16 @@ mod tests {
                     Ok(Arc::new(Always(spec.to_string())) as Arc<dyn LockContentionPolicy>)
                 }
             }),
-        )
-        .expect("register");
-        let p = resolve("test-scheme:mine").expect("loaded");
+        );
+        let p = policies.lock_contention("test-scheme:mine").expect("loaded");
         assert_eq!(p.name(), "mine");
         assert_eq!(p.decide(LockEvent::Acquired, &view()), Decision::ReleaseAfter { ms: 5 });
-        let e = resolve("test-scheme:bad").err().expect("load error");
+        let e = policies.lock_contention("test-scheme:bad").err().expect("load error");
         assert!(matches!(e, PolicyError::Load { .. }) && e.to_string().contains("no such module"), "{e}");
-        let e = resolve("other:x").err().expect("unknown scheme");
+        let e = policies.lock_contention("other:x").err().expect("unknown scheme");
         assert!(e.to_string().contains("test-scheme"), "{e}");
+        // The loaders are the graph's, not the process's.
+        assert!(none.lock_contention("test-scheme:mine").is_err());
+        assert!(policies.read_ahead("test-scheme:mine").is_err());
     }
 }

@@ -22,9 +22,9 @@
 //! All offsets the policies hand back are page-aligned and computed with
 //! saturating arithmetic, so any offset a client sends is safe.
 //!
-//! Other policies come from plugin modules: the runtime registers a loader
-//! per scheme ([`register_loader`]) and [`resolve`] maps an option value
-//! such as `wasm:/path/ra.wasm` to it (the translator's `policy` option).
+//! Other policies come from plugin modules: the graph offers a loader per
+//! scheme ([`Policies`](super::Policies)), which maps an option value such
+//! as `wasm:/path/ra.wasm` to one (the translator's `policy` option).
 
 use std::sync::Arc;
 
@@ -257,20 +257,6 @@ pub use super::PolicyError;
 /// Builds a policy from the part of the option value after `scheme:`.
 pub type Loader = super::Loader<dyn ReadAheadPolicy>;
 
-static LOADERS: super::Loaders<dyn ReadAheadPolicy> = super::Loaders::new("read-ahead", BUILTIN);
-
-/// Registers (or replaces) the loader for values `scheme:...` (the plugin
-/// hosts register `wasm` and `dylib`).
-pub fn register_loader(scheme: &str, loader: Loader) -> Result<(), PolicyError> {
-    LOADERS.register(scheme, loader)
-}
-
-/// The policy an option value names: a built-in name, or `scheme:spec`
-/// handed to the loader registered for `scheme` (`wasm:/path/ra.wasm`).
-pub fn resolve(value: &str) -> Result<Arc<dyn ReadAheadPolicy>, PolicyError> {
-    LOADERS.resolve(value, builtin)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,12 +332,13 @@ mod tests {
             }
         }
         assert!(builtin("nope").is_none());
-        let e = resolve("nope").err().expect("unknown");
+        let policies = super::super::Policies::default();
+        let e = policies.read_ahead("nope").err().expect("unknown");
         assert!(
             e.to_string().starts_with("unknown read-ahead policy 'nope': expected one of tolerant, gluster-strict"),
             "{e}"
         );
-        assert_eq!(resolve(" gluster-strict ").expect("builtin").name(), "gluster-strict");
+        assert_eq!(policies.read_ahead(" gluster-strict ").expect("builtin").name(), "gluster-strict");
         assert_eq!(
             BUILTIN.iter().filter_map(|n| builtin(n)).map(|p| p.name().to_string()).collect::<Vec<_>>(),
             BUILTIN

@@ -68,6 +68,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
+use xlfs_sdk::policy::Policies;
 use xlfs_sdk::policy::lock_contention::{self, LockContentionPolicy};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
@@ -137,6 +138,8 @@ pub(crate) struct Inner {
     /// This volume's name: the lock domain.
     name: String,
     children: Vec<Child>,
+    /// The graph's policy loaders, for a policy named on reconfigure.
+    policies: Policies,
     /// `trusted.afr.<name i>` per child.
     keys: Vec<String>,
     pending_names: Vec<String>,
@@ -544,12 +547,12 @@ fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
 impl Replicate {
     /// Builds the translator from its init context.
     pub fn new(init: InitCtx) -> Result<Replicate, InitError> {
-        let InitCtx { name, options, children, events } = init;
+        let InitCtx { name, options, children, events, policies } = init;
         let err = |m: String| InitError::new(format!("{name}: {m}"));
         if children.is_empty() || children.len() > MAX_CHILDREN {
             return Err(err(format!("cluster/replicate takes 1 to {MAX_CHILDREN} subvolumes, got {}", children.len())));
         }
-        let cfg = Config::from_options(&options, &children).map_err(err)?;
+        let cfg = Config::from_options(&options, &children, &policies).map_err(err)?;
         let bg = cfg.bg_count;
         let names = pending_names(&options, &children).map_err(err)?;
         let mut base = [0u8; 8];
@@ -578,6 +581,7 @@ impl Replicate {
             heal: heal::HealState::new(bg),
             children,
             name,
+            policies,
         };
         Ok(Replicate { inner: Arc::new(inner) })
     }
@@ -665,7 +669,7 @@ impl Xlator for Replicate {
         if names != me.pending_names {
             return Err(ReconfigureError::Invalid("afr-pending-xattr cannot change on a running volume".into()));
         }
-        let cfg = Config::from_options(options, &me.children).map_err(ReconfigureError::Invalid)?;
+        let cfg = Config::from_options(options, &me.children, &me.policies).map_err(ReconfigureError::Invalid)?;
         *me.cfg.write() = Arc::new(cfg);
         Ok(())
     }

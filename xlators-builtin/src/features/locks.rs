@@ -204,7 +204,7 @@ struct Locks {
 
 impl Locks {
     fn new(init: InitCtx) -> Result<Locks, InitError> {
-        let InitCtx { name, options, mut children, events } = init;
+        let InitCtx { name, options, mut children, events, .. } = init;
         if ENFORCE_MANDATORY_LOCK.get(&options) || MANDATORY_LOCKING.get(&options) != "off" {
             return Err(InitError::new(format!(
                 "{name}: mandatory locking is not implemented; set 'enforce-mandatory-lock off' and 'mandatory-locking off'"

@@ -89,7 +89,7 @@ pub struct UpcallXl {
 }
 
 fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
-    let InitCtx { options, mut children, events, name } = init;
+    let InitCtx { options, mut children, events, name, .. } = init;
     let child = children.pop().ok_or_else(|| InitError::new(format!("{name}: features/upcall needs a subvolume")))?;
     Ok(Arc::new(UpcallXl {
         child,

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use xlfs_sdk::options::{Opt, OptionDecl, kind};
+use xlfs_sdk::policy::Policies;
 use xlfs_sdk::policy::read_ahead::{self as policy, Advice, Geometry, ReadAheadPolicy, ReadAheadStream, ReadInfo};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
@@ -101,20 +102,27 @@ struct ReadAhead {
     state: Arc<Mutex<State>>,
     /// Woken whenever a prefetch lands (or is thrown away).
     landed: Arc<tokio::sync::Notify>,
+    /// The graph's policy loaders, for a policy named on reconfigure.
+    policies: Policies,
 }
 
-fn settings(options: &Options) -> Result<(Geometry, Arc<dyn ReadAheadPolicy>), String> {
+fn settings(options: &Options, policies: &Policies) -> Result<(Geometry, Arc<dyn ReadAheadPolicy>), String> {
     let page_size = PAGE_SIZE.get(options);
     let page_count = PAGE_COUNT.get(options).clamp(1, 16) as u32;
-    let p = policy::resolve(POLICY.get(options)).map_err(|e| e.to_string())?;
+    let p = policies.read_ahead(POLICY.get(options)).map_err(|e| e.to_string())?;
     Ok((Geometry { page_size, page_count }, p))
 }
 
 fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
-    let (geo, policy) = settings(&init.options).map_err(InitError::new)?;
+    let (geo, policy) = settings(&init.options, &init.policies).map_err(InitError::new)?;
     let child = init.children.into_iter().next().ok_or_else(|| InitError::new("needs one child"))?;
     let state = State { geo, policy, fds: HashMap::new(), stats: Stats::default() };
-    Ok(Arc::new(ReadAhead { child, state: Arc::new(Mutex::new(state)), landed: Arc::new(tokio::sync::Notify::new()) }))
+    Ok(Arc::new(ReadAhead {
+        child,
+        state: Arc::new(Mutex::new(state)),
+        landed: Arc::new(tokio::sync::Notify::new()),
+        policies: init.policies,
+    }))
 }
 
 impl State {
@@ -375,7 +383,7 @@ impl Xlator for ReadAhead {
     }
 
     fn reconfigure(&self, options: &Options) -> Result<(), ReconfigureError> {
-        let (geo, policy) = settings(options).map_err(ReconfigureError::Invalid)?;
+        let (geo, policy) = settings(options, &self.policies).map_err(ReconfigureError::Invalid)?;
         let mut st = self.state.lock();
         let new_policy = policy.name() != st.policy.name();
         st.geo = geo;

@@ -356,7 +356,7 @@ fn bind(host: &str, port: u16, backlog: i32) -> Result<std::net::TcpListener, St
 
 impl Server {
     fn new(init: InitCtx) -> Result<Server, String> {
-        let InitCtx { name, options: o, children, events } = init;
+        let InitCtx { name, options: o, children, events, .. } = init;
         rpc::check_transport(&o)?;
         let rt =
             Handle::try_current().map_err(|_| "protocol/server must be built inside a tokio runtime".to_string())?;

@@ -197,9 +197,9 @@ pub(super) struct Config {
 }
 
 impl Config {
-    pub(super) fn from_options(o: &Options, children: &[Child]) -> Result<Config, String> {
+    pub(super) fn from_options(o: &Options, children: &[Child], policies: &Policies) -> Result<Config, String> {
         let n = children.len();
-        let policy = lock_contention::resolve(LOCK_CONTENTION_POLICY.get(o)).map_err(|e| e.to_string())?;
+        let policy = policies.lock_contention(LOCK_CONTENTION_POLICY.get(o)).map_err(|e| e.to_string())?;
         let qtype = QUORUM_TYPE.given(o);
         let quorum = Quorum::from_options(qtype, QUORUM_COUNT.given(o), n);
         if let Quorum::Fixed(k) = quorum
