@@ -492,6 +492,8 @@ reply_accessors! {
     /// The attributes after the change ([`Reply::PrePost`]: setattr,
     /// truncate, writev, fsync, fallocate...).
     into_post -> Iatt { Reply::PrePost { post, .. } => post } PrePost;
+    /// The attributes before and after the change ([`Reply::PrePost`]).
+    into_pre_post -> (Iatt, Iatt) { Reply::PrePost { pre, post } => (pre, post) } PrePost;
     /// The data read ([`Reply::Read`]: readv).
     into_read -> Bytes { Reply::Read { data, .. } => data } Read;
     /// The symlink's target ([`Reply::Readlink`]).

@@ -90,10 +90,10 @@ impl Inner {
                     stats.writes_queued += 1;
                     stats.bytes_queued += len;
                     self.pump(t, fd.gfid);
-                    Some(match (pre, post) {
-                        (Some(pre), Some(post)) => Ok(Response::from(Reply::PrePost { pre, post })),
-                        _ => Err(Errno::EIO), // base was checked above
-                    })
+                    // Both are known: the base was checked above.
+                    Some(
+                        pre.zip(post).map(|(pre, post)| Response::from(Reply::PrePost { pre, post })).ok_or(Errno::EIO),
+                    )
                 } else {
                     if hold.is_none() {
                         stats.window_waits += 1;
@@ -249,10 +249,8 @@ impl Inner {
             if let Some(e) = self.t.lock().take_error(&fd) {
                 return Err(e);
             }
-            return match reply {
-                Some(r @ Reply::PrePost { .. }) => Ok(Response::from(r)),
-                _ => Err(Errno::EIO),
-            };
+            let (pre, post) = reply.ok_or(Errno::EIO)?.into_pre_post()?;
+            return Ok(Response::from(Reply::PrePost { pre, post }));
         }
         self.drain(fd.gfid, false).await;
         if let Some(e) = self.t.lock().take_error(&fd) {
