@@ -469,7 +469,7 @@ async fn a_write_whose_caller_gives_up_still_completes_and_releases() {
         );
         let mut fut = std::pin::pin!(fut);
         // Started, then abandoned.
-        let _ = crate::test_util::poll(fut.as_mut());
+        let _ = xlfs_sdk::testing::poll(fut.as_mut());
     }
     for _ in 0..2000 {
         if (0..N).all(|i| c.read(i, "f") == b"late") {

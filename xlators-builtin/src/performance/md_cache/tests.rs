@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use xlfs_sdk::{DirEntry, EventSink, Fd, FdId, FopKind, SetAttr};
 
 use super::*;
-use crate::test_util::now as ready;
+use xlfs_sdk::testing::now as ready;
 
 const SEC: u64 = 1_000_000_000;
 

@@ -9,13 +9,13 @@ use xlfs_sdk::{
 };
 
 use super::*;
-use crate::test_util::{Mock, ctx, init, now, poll};
+use xlfs_sdk::testing::{MockChild, ctx, init, now, poll};
 
 const G: Gfid = Gfid([0x61; 16]);
 
-fn setup(opts: &[(&str, &str)]) -> (Arc<OpenBehind>, Arc<Mock>) {
-    let mock = Mock::new();
-    let (ictx, _sent) = init(OPTIONS, opts, &mock);
+fn setup(opts: &[(&str, &str)]) -> (Arc<OpenBehind>, Arc<MockChild>) {
+    let mock = MockChild::new();
+    let (ictx, _sent) = init(OPTIONS, opts, &[mock.child()]);
     (Arc::new(OpenBehind::new(ictx).expect("build")), mock)
 }
 
@@ -133,7 +133,7 @@ fn opens_that_need_the_fd_go_down_at_once() {
 
 /// A child whose opens wait until the test lets them through.
 struct SlowOpen {
-    mock: Arc<Mock>,
+    mock: Arc<MockChild>,
     gate: tokio::sync::Semaphore,
 }
 
@@ -150,7 +150,7 @@ impl Xlator for SlowOpen {
 
 #[test]
 fn concurrent_fops_wait_for_one_open() {
-    let mock = Mock::new();
+    let mock = MockChild::new();
     let slow = Arc::new(SlowOpen { mock: mock.clone(), gate: tokio::sync::Semaphore::new(0) });
     let options = Options::resolve(OPTIONS, std::iter::empty::<(&str, &str)>()).expect("options");
     let ob = OpenBehind::new(xlfs_sdk::InitCtx {

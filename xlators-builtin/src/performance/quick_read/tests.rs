@@ -12,7 +12,7 @@ use xlfs_sdk::{
 };
 
 use super::*;
-use crate::test_util::{Mock, ctx, init, now};
+use xlfs_sdk::testing::{MockChild, ctx, init, now};
 
 const G: Gfid = Gfid([0x51; 16]);
 const H: Gfid = Gfid([0x52; 16]);
@@ -20,13 +20,13 @@ const K: Gfid = Gfid([0x53; 16]);
 
 struct T {
     qr: Arc<QuickRead>,
-    mock: Arc<Mock>,
+    mock: Arc<MockChild>,
     clock: Arc<Mutex<Instant>>,
 }
 
 fn setup(opts: &[(&str, &str)]) -> T {
-    let mock = Mock::new();
-    let (ictx, _sent) = init(OPTIONS, opts, &mock);
+    let mock = MockChild::new();
+    let (ictx, _sent) = init(OPTIONS, opts, &[mock.child()]);
     let clock = Arc::new(Mutex::new(Instant::now()));
     let c = clock.clone();
     let qr = Arc::new(QuickRead::new(ictx, Arc::new(move || *c.lock())).expect("build"));
@@ -39,7 +39,7 @@ fn file_iatt(gfid: Gfid, size: u64, mtime: i64) -> Iatt {
 }
 
 /// Makes the child answer lookups with `iatt` and, if given, `content`.
-fn lookup_answer(mock: &Mock, iatt: Iatt, content: Option<&[u8]>) {
+fn lookup_answer(mock: &MockChild, iatt: Iatt, content: Option<&[u8]>) {
     let mut xdata = Dict::new();
     if let Some(c) = content {
         xdata.set_bytes(CONTENT, Bytes::copy_from_slice(c));

@@ -15,7 +15,7 @@ use xlfs_sdk::{
 };
 
 use super::*;
-use crate::test_util::now;
+use xlfs_sdk::testing::now;
 
 const DIR: Gfid = Gfid([0xd1; 16]);
 const SELINUX: &str = "security.selinux";

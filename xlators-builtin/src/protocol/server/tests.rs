@@ -589,7 +589,7 @@ fn bind_errors_name_the_address() {
         [("transport.socket.bind-address", "127.0.0.1"), ("transport.socket.listen-port", port.as_str())],
     )
     .expect("options");
-    let mock = crate::test_util::Mock::new();
+    let mock = xlfs_sdk::testing::MockChild::new();
     let init = InitCtx { name: "srv".into(), options: opts, children: vec![mock.child()], events: EventSink::new() };
     let e = (super::TYPE.build)(init).err().expect("port in use");
     assert!(e.to_string().contains(&format!("cannot listen on 127.0.0.1:{port}")), "{e}");
