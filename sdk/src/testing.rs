@@ -303,12 +303,20 @@ pub type Sent = Arc<Mutex<Vec<Event>>>;
 /// the given options and children; the second value collects the events
 /// the translator sends. Panics on options the declarations refuse.
 pub fn init(decls: &[OptionDecl], opts: &[(&str, &str)], children: &[Child]) -> (InitCtx, Sent) {
-    let options = Options::resolve(decls, opts.iter().copied()).unwrap_or_else(|e| panic!("test options: {e}"));
+    init_named("test", decls, opts, children)
+}
+
+/// [`init`] for a node named `name`, as a volfile would name it: for tests
+/// that stack several translators, whose names show in their dumps, their
+/// xattrs and their errors. The context's `events` is the node's sink, to
+/// link to a parent with [`EventSink::attach_parent`].
+pub fn init_named(name: &str, decls: &[OptionDecl], opts: &[(&str, &str)], children: &[Child]) -> (InitCtx, Sent) {
+    let options = Options::resolve(decls, opts.iter().copied()).unwrap_or_else(|e| panic!("{name}: test options: {e}"));
     let events = EventSink::new();
     let sent: Sent = Arc::default();
     let s = sent.clone();
     events.set_hook(move |e| s.lock().push(e.clone()));
-    (InitCtx { name: "test".into(), options, children: children.to_vec(), events }, sent)
+    (InitCtx { name: name.into(), options, children: children.to_vec(), events }, sent)
 }
 
 /// A caller: client `client` with lock owner `owner`.
@@ -443,6 +451,17 @@ mod tests {
         assert!(matches!(poll(fa.as_mut()), Poll::Ready(Ok(_))));
         now(gate.call(CallCtx::root("t"), stat(a))).expect("an open gate passes fops");
         assert_eq!(gate.arrived(), [FopKind::Stat; 3]);
+    }
+
+    #[test]
+    fn init_named_names_the_node_and_collects_its_events() {
+        let mock = MockChild::new();
+        let (ictx, sent) = init_named("afr-0", &[], &[], &[mock.child()]);
+        assert_eq!((ictx.name.as_str(), ictx.children.len()), ("afr-0", 1));
+        ictx.events.send(Event::ChildUp);
+        assert_eq!(*sent.lock(), [Event::ChildUp]);
+        let refused = std::panic::catch_unwind(|| init_named("x", &[], &[("no-such", "1")], &[]));
+        assert!(refused.is_err(), "options the declarations refuse panic");
     }
 
     #[test]
