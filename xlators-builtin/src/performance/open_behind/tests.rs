@@ -9,7 +9,7 @@ use xlfs_sdk::{
 };
 
 use super::*;
-use xlfs_sdk::testing::{MockChild, ctx, init, now, poll};
+use xlfs_sdk::testing::{MockChild, ctx, init, init_named, now, poll};
 
 const G: Gfid = Gfid([0x61; 16]);
 
@@ -152,14 +152,8 @@ impl Xlator for SlowOpen {
 fn concurrent_fops_wait_for_one_open() {
     let mock = MockChild::new();
     let slow = Arc::new(SlowOpen { mock: mock.clone(), gate: tokio::sync::Semaphore::new(0) });
-    let options = Options::resolve(OPTIONS, std::iter::empty::<(&str, &str)>()).expect("options");
-    let ob = OpenBehind::new(xlfs_sdk::InitCtx {
-        name: "ob".into(),
-        options,
-        children: vec![Child { name: Arc::from("slow"), xl: slow.clone() }],
-        events: xlfs_sdk::EventSink::new(),
-    })
-    .expect("build");
+    let (ictx, _) = init_named("ob", OPTIONS, &[], &[Child { name: Arc::from("slow"), xl: slow.clone() }]);
+    let ob = OpenBehind::new(ictx).expect("build");
     call(&ob, open_fop(1, libc::O_RDONLY)).expect("open");
     let mut a = pin!(ob.call(ctx("c", 1), Request::new(read_fop(1))));
     let mut b = pin!(ob.call(

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use xlfs_sdk::{
-    CallCtx, Child, Dict, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, FopKind, FopResult, Gfid, Iatt,
-    InitCtx, Loc, Options, Reply, Request, Response, SetAttr, Timespec, Upcall, Value, Xlator,
+    CallCtx, Child, Dict, Event, EventFrom, Fd, FdId, Fop, FopFuture, FopKind, FopResult, Gfid, Iatt, Loc, Options,
+    Reply, Request, Response, SetAttr, Timespec, Upcall, Value, Xlator,
 };
 
 use super::*;
-use xlfs_sdk::testing::{MockChild, ctx, init, now};
+use xlfs_sdk::testing::{MockChild, ctx, init, init_named, now};
 
 const G: Gfid = Gfid([0x51; 16]);
 const H: Gfid = Gfid([0x52; 16]);
@@ -286,21 +286,16 @@ impl Xlator for Count {
 }
 
 fn xl_over(ty: &xlfs_sdk::XlatorType, opts: &[(&str, &str)], child: Child) -> Arc<dyn Xlator> {
-    let options = Options::resolve(ty.options, opts.iter().copied()).expect("options");
-    (ty.build)(InitCtx { name: ty.name.into(), options, children: vec![child], events: EventSink::new() })
-        .expect("build")
+    (ty.build)(init_named(ty.name, ty.options, opts, &[child]).0).expect("build")
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn over_open_behind_and_posix_a_small_file_read_costs_only_the_lookup() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().display().to_string();
-    let posix = (crate::storage::posix::TYPE.build)(InitCtx {
-        name: "posix".into(),
-        options: Options::resolve(crate::storage::posix::TYPE.options, [("directory", dir.as_str())]).expect("options"),
-        children: vec![],
-        events: EventSink::new(),
-    })
+    let posix = (crate::storage::posix::TYPE.build)(
+        init_named("posix", crate::storage::posix::TYPE.options, &[("directory", dir.as_str())], &[]).0,
+    )
     .expect("posix");
     let c = CallCtx::root("t");
     // Two files written straight on the brick: small, and over max-file-size.

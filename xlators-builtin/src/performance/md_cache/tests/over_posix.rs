@@ -20,9 +20,12 @@ impl Xlator for Counting {
 async fn over_posix_readdirp_prefetches_and_getxattr_stays_in_the_cache() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().display().to_string();
-    let options =
-        Options::resolve(crate::storage::posix::TYPE.options, [("directory", dir.as_str())]).expect("options");
-    let init = InitCtx { name: "posix".into(), options, children: vec![], events: EventSink::new() };
+    let (init, _) = xlfs_sdk::testing::init_named(
+        "posix",
+        crate::storage::posix::TYPE.options,
+        &[("directory", dir.as_str())],
+        &[],
+    );
     let posix = (crate::storage::posix::TYPE.build)(init).expect("posix");
     let counting = Arc::new(Counting { inner: posix.clone(), seen: Mutex::default() });
     let o = Options::resolve(OPTIONS, [("xattr-cache-list", "user.tag")]).expect("options");
