@@ -182,6 +182,14 @@ impl Gate {
     pub fn over_null() -> Arc<Gate> {
         Gate::new(Arc::new(NullLeaf))
     }
+    /// A gate open from the start in front of `inner`: a pass-through that
+    /// records the kind of every fop ([`Gate::arrived`]), to count what
+    /// reaches a real child.
+    pub fn passing(inner: Arc<dyn Xlator>) -> Arc<Gate> {
+        let gate = Gate::new(inner);
+        gate.open.store(true, Ordering::Release);
+        gate
+    }
     /// This gate as a child named `gate`.
     pub fn child(self: &Arc<Self>) -> Child {
         Child { name: Arc::from("gate"), xl: self.clone() }
@@ -451,6 +459,13 @@ mod tests {
         assert!(matches!(poll(fa.as_mut()), Poll::Ready(Ok(_))));
         now(gate.call(CallCtx::root("t"), stat(a))).expect("an open gate passes fops");
         assert_eq!(gate.arrived(), [FopKind::Stat; 3]);
+        let mock = MockChild::new();
+        let passing = Gate::passing(mock.clone());
+        now(passing.call(CallCtx::root("t"), stat(a))).expect("a passing gate holds nothing");
+        assert_eq!(
+            (passing.arrived(), mock.kinds(), passing.max_held()),
+            (vec![FopKind::Stat], vec![FopKind::Stat], 0)
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use xlfs_sdk::{
 };
 
 use super::*;
-use xlfs_sdk::testing::{init_named, now};
+use xlfs_sdk::testing::{Gate, init_named, now};
 
 const DIR: Gfid = Gfid([0xd1; 16]);
 const SELINUX: &str = "security.selinux";
@@ -504,19 +504,6 @@ async fn other_xattrs_than_the_fill_asked_for_restart_it() {
     assert!(keys_seen.contains(&keys::dirent_xattr("e0001", TAG)), "the xattrs asked for are there");
 }
 
-/// Counts the fops that reach a child.
-struct Count {
-    child: Arc<dyn Xlator>,
-    seen: Mutex<Vec<FopKind>>,
-}
-
-impl Xlator for Count {
-    fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
-        self.seen.lock().push(req.fop.kind());
-        self.child.call(ctx, req)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn md_cache_over_readdir_ahead_over_posix_gets_every_entry_and_xattr() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -543,7 +530,8 @@ async fn md_cache_over_readdir_ahead_over_posix_gets_every_entry_and_xattr() {
         }
         gfids.push((i, iatt.gfid));
     }
-    let count = Arc::new(Count { child: posix.clone(), seen: Mutex::default() });
+    // Counts the fops that reach posix.
+    let count = Gate::passing(posix.clone());
     let rda: Arc<dyn Xlator> = rda_over(count.clone(), &[]);
     let md_opts = [("md-cache-timeout", "600"), ("xattr-cache-list", TAG), ("dir-prefetch", "off")];
     let md_ctx = init_named(
@@ -587,10 +575,10 @@ async fn md_cache_over_readdir_ahead_over_posix_gets_every_entry_and_xattr() {
         want.extend(v);
     }
     assert_eq!(got, want);
-    let readdirps = count.seen.lock().iter().filter(|k| **k == FopKind::Readdirp).count();
+    let readdirps = count.arrived().iter().filter(|k| **k == FopKind::Readdirp).count();
     assert!(readdirps <= 3, "posix saw {readdirps} readdirps for {} listed through 4 KiB ones", got.len());
     // md-cache got each entry's user.tag (or its absence) from the listing.
-    count.seen.lock().clear();
+    let mark = count.arrived().len();
     for (i, g) in gfids {
         let r = md.call(ctx.clone(), Request::new(Fop::Getxattr { loc: Loc::gfid(g), name: TAG.into() })).await;
         match r {
@@ -601,5 +589,6 @@ async fn md_cache_over_readdir_ahead_over_posix_gets_every_entry_and_xattr() {
             other => panic!("{other:?}"),
         }
     }
-    assert!(!count.seen.lock().contains(&FopKind::Getxattr), "answered by md-cache: {:?}", count.seen.lock());
+    let later = &count.arrived()[mark..];
+    assert!(!later.contains(&FopKind::Getxattr), "answered by md-cache: {later:?}");
 }
