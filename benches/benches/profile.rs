@@ -20,6 +20,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use xlfs_benches::{NULL, runtime};
 use xlfs_runtime::graph::Graph;
 use xlfs_runtime::registry::Registry;
+use xlfs_sdk::testing::init_named;
 use xlfs_sdk::{CallCtx, Child, Fop, FopFuture, Gfid, InitCtx, InitError, Loc, Request, Xlator, XlatorType};
 
 /// Forwards every fop to its child, handing back the child's own future.
@@ -62,12 +63,7 @@ fn timed(rt: &tokio::runtime::Runtime, depth: usize) -> Graph {
 
 /// The same chain linked by hand: no graph, no timing.
 fn raw(depth: usize) -> Arc<dyn Xlator> {
-    let init = |children: Vec<Child>| InitCtx {
-        name: "raw".into(),
-        options: Default::default(),
-        children,
-        events: Default::default(),
-    };
+    let init = |children: Vec<Child>| init_named("raw", &[], &[], &children).0;
     let mut xl = (NULL.build)(init(Vec::new())).expect("null");
     for _ in 0..depth {
         xl = (PASS.build)(init(vec![Child { name: Arc::from("below"), xl }])).expect("pass");

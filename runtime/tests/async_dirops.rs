@@ -29,8 +29,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kit::fuse_mount::{FuseMount, is_mounted};
-use kit::workload::{brick_tree, read_xattr};
+use kit::workload::brick_tree;
 use kit::{Cluster, heal, heal_until_clean, run_xlfs, volfile_file};
+use xlfs_sdk::testing::xattr;
 
 const REP: &str = "rep3-replicate-0";
 
@@ -61,7 +62,7 @@ fn assert_identical(c: &Cluster, clean: bool) -> Vec<PathBuf> {
     let want = kit::assert_bricks_identical(c, clean);
     let root = c.bricks[0].dir();
     for rel in &want {
-        let g0 = read_xattr(&root.join(rel), "trusted.gfid");
+        let g0 = xattr(&root.join(rel), "trusted.gfid");
         assert!(g0.as_ref().is_some_and(|g| g.len() == 16), "{} has no gfid on brick 0", rel.display());
     }
     want
@@ -237,7 +238,7 @@ fn list_xattrs(p: &Path) -> BTreeMap<String, Vec<u8>> {
         .filter(|s| !s.is_empty())
         .map(|s| {
             let k = String::from_utf8_lossy(s).into_owned();
-            let v = read_xattr(p, &k).unwrap_or_default();
+            let v = xattr(p, &k).unwrap_or_default();
             (k, v)
         })
         .collect()

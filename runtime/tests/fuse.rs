@@ -19,6 +19,7 @@ mod in_process;
 mod kit;
 
 use kit::fuse_mount::{FuseMount, MOUNT_TIMEOUT, XLFS, is_mounted, send_signal, sh};
+use xlfs_sdk::testing::eventually;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
@@ -370,7 +371,9 @@ fn locks_conflict_wait_and_interrupt() {
     // The last close releases a's lock: FUSE sends RELEASE just after
     // close(2) returns, so the release may take a moment to arrive.
     drop(a);
-    eventually("a's close releases its lock", || fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 0).is_ok());
+    eventually("a's close releases its lock", HANG_GUARD, || {
+        fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 0).map(drop).map_err(|e| format!("errno {e}"))
+    });
 
     // flock: released when the open file is closed. (flock arrives as a
     // whole-file lock owned by the open file, like an OFD lock; fuser does
@@ -381,7 +384,9 @@ fn locks_conflict_wait_and_interrupt() {
     flock(&c, libc::LOCK_EX).expect("c flocks");
     assert_eq!(flock(&d, libc::LOCK_EX | libc::LOCK_NB), Err(libc::EWOULDBLOCK));
     drop(c);
-    eventually("c's close releases its flock", || flock(&d, libc::LOCK_EX | libc::LOCK_NB).is_ok());
+    eventually("c's close releases its flock", HANG_GUARD, || {
+        flock(&d, libc::LOCK_EX | libc::LOCK_NB).map(drop).map_err(|e| format!("errno {e}"))
+    });
 
     // Between processes: a child process holds an exclusive flock that
     // this process cannot take until the child is gone.
@@ -402,27 +407,24 @@ fn locks_conflict_wait_and_interrupt() {
     // SAFETY: killing the holder's own process group (flock and its sleep).
     unsafe { libc::kill(-(holder.id() as i32), libc::SIGKILL) };
     holder.wait().expect("reap");
-    eventually("a dead holder's flock is released", || flock(&e, libc::LOCK_EX | libc::LOCK_NB).is_ok());
-}
-
-/// Waits until `ok` holds (a hang guard of 10 s, not a timing assertion).
-/// Waits until thread `tid` of this process sits in system call `nr`
-/// (`/proc/self/task/TID/syscall` names it while the thread is blocked).
-fn wait_in_syscall(tid: libc::pid_t, nr: libc::c_long) {
-    eventually("the thread is blocked in the system call", || {
-        std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse::<libc::c_long>().ok()))
-            == Some(nr)
+    eventually("a dead holder's flock is released", HANG_GUARD, || {
+        flock(&e, libc::LOCK_EX | libc::LOCK_NB).map(drop).map_err(|e| format!("errno {e}"))
     });
 }
 
-fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !ok() {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// How long [`eventually`] waits here: a hang guard, not a timing
+/// assertion.
+const HANG_GUARD: Duration = Duration::from_secs(10);
+
+/// Waits until thread `tid` of this process sits in system call `nr`
+/// (`/proc/self/task/TID/syscall` names it while the thread is blocked).
+fn wait_in_syscall(tid: libc::pid_t, nr: libc::c_long) {
+    eventually("the thread is blocked in the system call", HANG_GUARD, || {
+        let now = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse::<libc::c_long>().ok()));
+        if now == Some(nr) { Ok(()) } else { Err(format!("in {now:?}, not {nr}")) }
+    });
 }
 
 #[test]

@@ -121,7 +121,7 @@ fn calls(g: &Graph, vol: &str, fop: &str) -> u64 {
         .unwrap_or(0)
 }
 
-use workload::{read_xattr as xattr, write_xattr as set_xattr};
+use xlfs_sdk::testing::{set_xattr, xattr};
 
 fn counters(p: &Path, j: usize) -> [i32; 3] {
     workload::afr_counters(p, &format!("trusted.afr.rep3-client-{j}"))
@@ -321,7 +321,8 @@ fn make_split(b: &Bricks, rel: &str, sizes: [usize; 3], mtimes: [u64; 3]) {
         let f = std::fs::File::options().write(true).open(&p).expect("open");
         f.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(mtimes[i])).expect("mtime");
         for j in 0..BRICKS {
-            set_xattr(&p, &format!("trusted.afr.rep3-client-{j}"), &encode([i32::from(i != j), 0, 0]));
+            set_xattr(&p, &format!("trusted.afr.rep3-client-{j}"), &encode([i32::from(i != j), 0, 0]))
+                .expect("set xattr");
         }
         // What the brick's index would hold after the writes that did this.
         let gfid = xlfs_sdk::Gfid(xattr(&p, "trusted.gfid").expect("gfid").try_into().expect("16 bytes"));
@@ -529,9 +530,10 @@ async fn metadata_split_brain_refuses_getxattr_until_source_brick_resolves_it() 
         let p = b.path(i, "/m");
         std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600 + 0o10 * i as u32))
             .expect("chmod");
-        set_xattr(&p, "user.k", format!("v{i}").as_bytes());
+        set_xattr(&p, "user.k", format!("v{i}").as_bytes()).expect("set xattr");
         for j in 0..BRICKS {
-            set_xattr(&p, &format!("trusted.afr.rep3-client-{j}"), &encode([0, i32::from(i != j), 0]));
+            set_xattr(&p, &format!("trusted.afr.rep3-client-{j}"), &encode([0, i32::from(i != j), 0]))
+                .expect("set xattr");
         }
     }
     let g = b.graph(&[], &NO_INLINE).await;

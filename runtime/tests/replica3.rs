@@ -34,7 +34,9 @@ use xlfs_runtime::client::Client;
 const N: usize = 3;
 
 fn set_pending(path: &Path, j: usize, v: [i32; 3]) {
-    kit::workload::write_xattr(path, &format!("trusted.afr.rep3-client-{j}"), &kit::workload::afr_value(v));
+    let name = format!("trusted.afr.rep3-client-{j}");
+    xlfs_sdk::testing::set_xattr(path, &name, &kit::workload::afr_value(v))
+        .unwrap_or_else(|e| panic!("setxattr {name} on {}: {e}", path.display()));
 }
 
 /// A writer through the mount: overwrites and appends in a few long-lived

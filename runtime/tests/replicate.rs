@@ -88,8 +88,8 @@ async fn foundation_workload_over_replica3_leaves_identical_bricks() {
             let (m0, m) = (p0.symlink_metadata().expect("lstat"), p.symlink_metadata().expect("lstat"));
             assert_eq!(m0.file_type(), m.file_type(), "{}", rel.display());
             assert_eq!(
-                workload::read_xattr(&p0, "trusted.gfid"),
-                workload::read_xattr(&p, "trusted.gfid"),
+                xlfs_sdk::testing::xattr(&p0, "trusted.gfid"),
+                xlfs_sdk::testing::xattr(&p, "trusted.gfid"),
                 "gfid of {}",
                 rel.display()
             );

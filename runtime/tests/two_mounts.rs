@@ -11,56 +11,18 @@ mod kit;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kit::Cluster;
 use kit::fuse_mount::FuseMount;
+use xlfs_sdk::testing::{eventually, remove_xattr, set_xattr, xattr};
 
 /// How long the other mount may take to see a change (far below the
 /// caches' own lifetimes).
 const SEEN_WITHIN: Duration = Duration::from_secs(5);
 
-/// Waits until `check` holds on the other mount; panics naming `what`.
-fn eventually(what: &str, mut check: impl FnMut() -> Result<(), String>) {
-    let deadline = Instant::now() + SEEN_WITHIN;
-    loop {
-        match check() {
-            Ok(()) => return,
-            Err(why) if Instant::now() >= deadline => panic!("{what}: not seen on the other mount: {why}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
 fn read(p: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(p).map_err(|e| e.to_string())
-}
-
-fn xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok()?;
-    let n = std::ffi::CString::new(name).ok()?;
-    let mut buf = vec![0u8; 256];
-    // SAFETY: valid C strings and a buffer of the given length.
-    let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if r < 0 {
-        return None;
-    }
-    buf.truncate(r as usize);
-    Some(buf)
-}
-
-fn set_xattr(p: &Path, name: &str, v: &[u8]) {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
-    let n = std::ffi::CString::new(name).expect("name");
-    // SAFETY: valid C strings and a value of the given length.
-    assert_eq!(unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) }, 0, "setxattr");
-}
-
-fn remove_xattr(p: &Path, name: &str) {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
-    let n = std::ffi::CString::new(name).expect("name");
-    // SAFETY: valid C strings.
-    assert_eq!(unsafe { libc::removexattr(c.as_ptr(), n.as_ptr()) }, 0, "removexattr");
 }
 
 #[test]
@@ -95,18 +57,18 @@ fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
     // create + write: b looked first, so a negative entry may be cached.
     assert!(!b.join("f").exists());
     std::fs::write(a.join("f"), b"hello").expect("write on a");
-    eventually("create and write", || (read(&b.join("f"))? == b"hello").then_some(()).ok_or("old".into()));
+    eventually("create and write", SEEN_WITHIN, || (read(&b.join("f"))? == b"hello").then_some(()).ok_or("old".into()));
 
     // write (b has the content cached from its read).
     std::fs::write(a.join("f"), b"hello, world").expect("rewrite on a");
-    eventually("write", || {
+    eventually("write", SEEN_WITHIN, || {
         let got = read(&b.join("f"))?;
         (got == b"hello, world").then_some(()).ok_or(format!("{:?}", String::from_utf8_lossy(&got)))
     });
 
     // truncate
     std::fs::OpenOptions::new().write(true).open(a.join("f")).and_then(|f| f.set_len(2)).expect("truncate");
-    eventually("truncate", || {
+    eventually("truncate", SEEN_WITHIN, || {
         let n = std::fs::metadata(b.join("f")).map_err(|e| e.to_string())?.len();
         (n == 2).then_some(()).ok_or(format!("size {n}"))
     });
@@ -114,37 +76,39 @@ fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
     // chmod
     let _ = std::fs::metadata(b.join("f"));
     std::fs::set_permissions(a.join("f"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    eventually("chmod", || {
+    eventually("chmod", SEEN_WITHIN, || {
         let m = std::fs::metadata(b.join("f")).map_err(|e| e.to_string())?.mode() & 0o7777;
         (m == 0o600).then_some(()).ok_or(format!("mode {m:o}"))
     });
 
     // chown
     std::os::unix::fs::chown(a.join("f"), Some(4321), Some(4321)).expect("chown");
-    eventually("chown", || {
+    eventually("chown", SEEN_WITHIN, || {
         let u = std::fs::metadata(b.join("f")).map_err(|e| e.to_string())?.uid();
         (u == 4321).then_some(()).ok_or(format!("uid {u}"))
     });
 
     // setxattr / removexattr (b asks first, so absence may be cached)
     assert_eq!(xattr(&b.join("f"), "user.k"), None);
-    set_xattr(&a.join("f"), "user.k", b"v");
-    eventually("setxattr", || {
+    set_xattr(&a.join("f"), "user.k", b"v").expect("xattr on the mount");
+    eventually("setxattr", SEEN_WITHIN, || {
         (xattr(&b.join("f"), "user.k").as_deref() == Some(b"v")).then_some(()).ok_or("absent".into())
     });
-    remove_xattr(&a.join("f"), "user.k");
-    eventually("removexattr", || xattr(&b.join("f"), "user.k").is_none().then_some(()).ok_or("present".into()));
+    remove_xattr(&a.join("f"), "user.k").expect("xattr on the mount");
+    eventually("removexattr", SEEN_WITHIN, || {
+        xattr(&b.join("f"), "user.k").is_none().then_some(()).ok_or("present".into())
+    });
 
     // rename
     assert!(!b.join("g").exists());
     std::fs::rename(a.join("f"), a.join("g")).expect("rename");
-    eventually("rename", || {
+    eventually("rename", SEEN_WITHIN, || {
         (!b.join("f").exists() && read(&b.join("g"))? == b"he").then_some(()).ok_or("old names".into())
     });
 
     // unlink
     std::fs::remove_file(a.join("g")).expect("unlink");
-    eventually("unlink", || (!b.join("g").exists()).then_some(()).ok_or("still there".into()));
+    eventually("unlink", SEEN_WITHIN, || (!b.join("g").exists()).then_some(()).ok_or("still there".into()));
 
     // mkdir / rmdir, and a listing of the directory above
     assert!(!b.join("d").exists());
@@ -157,12 +121,18 @@ fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
     };
     assert!(names(b).is_empty(), "{:?}", names(b));
     std::fs::create_dir(a.join("d")).expect("mkdir");
-    eventually("mkdir", || (b.join("d").is_dir() && names(b) == ["d"]).then_some(()).ok_or(format!("{:?}", names(b))));
+    eventually("mkdir", SEEN_WITHIN, || {
+        (b.join("d").is_dir() && names(b) == ["d"]).then_some(()).ok_or(format!("{:?}", names(b)))
+    });
     std::fs::write(a.join("d/x"), b"x").expect("create in d");
-    eventually("create in a subdirectory", || (names(&b.join("d")) == ["x"]).then_some(()).ok_or("empty".into()));
+    eventually("create in a subdirectory", SEEN_WITHIN, || {
+        (names(&b.join("d")) == ["x"]).then_some(()).ok_or("empty".into())
+    });
     std::fs::remove_file(a.join("d/x")).expect("unlink in d");
     std::fs::remove_dir(a.join("d")).expect("rmdir");
-    eventually("rmdir", || (!b.join("d").exists() && names(b).is_empty()).then_some(()).ok_or("still there".into()));
+    eventually("rmdir", SEEN_WITHIN, || {
+        (!b.join("d").exists() && names(b).is_empty()).then_some(()).ok_or("still there".into())
+    });
 
     // A directory larger than a FUSE batch and a readdir-ahead fill: each
     // listing is whole and current, on the mount that changed it at once,
@@ -179,12 +149,16 @@ fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
     // The creates were answered before the bricks had them, or not at all.
     let answered = counter(a, "rep3-replicate-0.async-dirops.answered");
     assert_eq!(answered >= 1000, early, "{answered} entry fops answered early");
-    eventually("a large listing", || (names(&b.join("big")) == want).then_some(()).ok_or("differs".into()));
+    eventually("a large listing", SEEN_WITHIN, || {
+        (names(&b.join("big")) == want).then_some(()).ok_or("differs".into())
+    });
     for n in want.drain(100..110) {
         std::fs::remove_file(b.join("big").join(n)).expect("unlink on b");
     }
     std::fs::write(b.join("big/zz-new"), b"").expect("create on b");
     want.push("zz-new".into());
     assert_eq!(names(&b.join("big")), want, "the changing mount lists its own changes at once");
-    eventually("unlinks and a create", || (names(&a.join("big")) == want).then_some(()).ok_or("differs".into()));
+    eventually("unlinks and a create", SEEN_WITHIN, || {
+        (names(&a.join("big")) == want).then_some(()).ok_or("differs".into())
+    });
 }

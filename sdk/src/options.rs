@@ -762,8 +762,12 @@ mod tests {
 
     #[test]
     fn bad_declarations_are_found() {
-        assert!(check_decls(&[Opt::size("a", "4 parsecs").decl]).unwrap_err().contains("'a'"));
+        assert!(check_decls(&[Opt::size("a", "4 parsecs").decl]).expect_err("a bad default").contains("'a'"));
         assert!(check_decls(&[Opt::int("b", "9").range(0.0, 5.0).decl]).is_err());
-        assert!(check_decls(&[Opt::bool("c", true).decl, Opt::bool("c", false).decl]).unwrap_err().contains("twice"));
+        assert!(
+            check_decls(&[Opt::bool("c", true).decl, Opt::bool("c", false).decl])
+                .expect_err("a name declared twice")
+                .contains("twice")
+        );
     }
 }

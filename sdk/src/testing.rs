@@ -182,6 +182,14 @@ impl Gate {
     pub fn over_null() -> Arc<Gate> {
         Gate::new(Arc::new(NullLeaf))
     }
+    /// A gate open from the start in front of `inner`: a pass-through that
+    /// records the kind of every fop ([`Gate::arrived`]), to count what
+    /// reaches a real child.
+    pub fn passing(inner: Arc<dyn Xlator>) -> Arc<Gate> {
+        let gate = Gate::new(inner);
+        gate.open.store(true, Ordering::Release);
+        gate
+    }
     /// This gate as a child named `gate`.
     pub fn child(self: &Arc<Self>) -> Child {
         Child { name: Arc::from("gate"), xl: self.clone() }
@@ -303,13 +311,21 @@ pub type Sent = Arc<Mutex<Vec<Event>>>;
 /// the given options and children; the second value collects the events
 /// the translator sends. Panics on options the declarations refuse.
 pub fn init(decls: &[OptionDecl], opts: &[(&str, &str)], children: &[Child]) -> (InitCtx, Sent) {
-    let options = Options::resolve(decls, opts.iter().copied()).unwrap_or_else(|e| panic!("test options: {e}"));
+    init_named("test", decls, opts, children)
+}
+
+/// [`init`] for a node named `name`, as a volfile would name it: for tests
+/// that stack several translators, whose names show in their dumps, their
+/// xattrs and their errors. The context's `events` is the node's sink, to
+/// link to a parent with [`EventSink::attach_parent`].
+pub fn init_named(name: &str, decls: &[OptionDecl], opts: &[(&str, &str)], children: &[Child]) -> (InitCtx, Sent) {
+    let options = Options::resolve(decls, opts.iter().copied()).unwrap_or_else(|e| panic!("{name}: test options: {e}"));
     let events = EventSink::new();
     let sent: Sent = Arc::default();
     let s = sent.clone();
     events.set_hook(move |e| s.lock().push(e.clone()));
     let policies = Default::default();
-    (InitCtx { name: "test".into(), options, children: children.to_vec(), events, policies }, sent)
+    (InitCtx { name: name.into(), options, children: children.to_vec(), events, policies }, sent)
 }
 
 /// A caller: client `client` with lock owner `owner`.
@@ -444,6 +460,24 @@ mod tests {
         assert!(matches!(poll(fa.as_mut()), Poll::Ready(Ok(_))));
         now(gate.call(CallCtx::root("t"), stat(a))).expect("an open gate passes fops");
         assert_eq!(gate.arrived(), [FopKind::Stat; 3]);
+        let mock = MockChild::new();
+        let passing = Gate::passing(mock.clone());
+        now(passing.call(CallCtx::root("t"), stat(a))).expect("a passing gate holds nothing");
+        assert_eq!(
+            (passing.arrived(), mock.kinds(), passing.max_held()),
+            (vec![FopKind::Stat], vec![FopKind::Stat], 0)
+        );
+    }
+
+    #[test]
+    fn init_named_names_the_node_and_collects_its_events() {
+        let mock = MockChild::new();
+        let (ictx, sent) = init_named("afr-0", &[], &[], &[mock.child()]);
+        assert_eq!((ictx.name.as_str(), ictx.children.len()), ("afr-0", 1));
+        ictx.events.send(Event::ChildUp);
+        assert_eq!(*sent.lock(), [Event::ChildUp]);
+        let refused = std::panic::catch_unwind(|| init_named("x", &[], &[("no-such", "1")], &[]));
+        assert!(refused.is_err(), "options the declarations refuse panic");
     }
 
     #[test]

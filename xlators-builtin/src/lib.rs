@@ -26,9 +26,6 @@ pub mod features {
     pub mod upcall;
 }
 
-#[cfg(test)]
-mod test_util;
-
 pub mod protocol {
     //! The network: the RPC transport and the client and server translators.
     pub mod client;

@@ -53,12 +53,18 @@ pub fn assert_bricks_identical(c: &Cluster, clean: bool) -> Vec<PathBuf> {
     for rel in &want {
         let p0 = roots[0].join(rel);
         let m0 = p0.symlink_metadata().expect("lstat");
-        let g0 = workload::read_xattr(&p0, "trusted.gfid");
+        let g0 = xlfs_sdk::testing::xattr(&p0, "trusted.gfid");
         for r in &roots[1..] {
             let p = r.join(rel);
             let m = p.symlink_metadata().expect("lstat");
             assert_eq!(m0.file_type(), m.file_type(), "type of {}", rel.display());
-            assert_eq!(g0, workload::read_xattr(&p, "trusted.gfid"), "gfid of {} on {}", rel.display(), r.display());
+            assert_eq!(
+                g0,
+                xlfs_sdk::testing::xattr(&p, "trusted.gfid"),
+                "gfid of {} on {}",
+                rel.display(),
+                r.display()
+            );
             if m0.is_file() {
                 assert!(
                     std::fs::read(&p0).expect("read") == std::fs::read(&p).expect("read"),

@@ -12,40 +12,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use xlfs_runtime::client::Client;
 use xlfs_runtime::graph::Graph;
+use xlfs_sdk::testing::xattr;
 use xlfs_sdk::types::{rename_flags, xattr_flags};
 use xlfs_sdk::{Errno, FileType, Flock, Gfid, LkCmd, LockType};
 
 /// The gfid stored in `path`'s `trusted.gfid` xattr.
 pub fn gfid_xattr(path: &Path) -> Gfid {
-    let v = read_xattr(path, "trusted.gfid").unwrap_or_else(|| panic!("no trusted.gfid on {}", path.display()));
+    let v = xattr(path, "trusted.gfid").unwrap_or_else(|| panic!("no trusted.gfid on {}", path.display()));
     Gfid(v.try_into().unwrap_or_else(|v: Vec<u8>| panic!("gfid xattr of {} has {} bytes", path.display(), v.len())))
-}
-
-/// One xattr of `path` (not following symlinks), if present.
-pub fn read_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let p = CString::new(path.as_os_str().as_bytes()).ok()?;
-    let n = CString::new(name).ok()?;
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
-    let len = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if len < 0 {
-        return None;
-    }
-    buf.truncate(len as usize);
-    Some(buf)
-}
-
-/// Sets one xattr of `path` (not following symlinks); panics on failure.
-pub fn write_xattr(path: &Path, name: &str, value: &[u8]) {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let p = CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
-    let n = CString::new(name).expect("name without NUL");
-    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
-    let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
-    assert!(r == 0, "setxattr {name} on {}: {}", path.display(), std::io::Error::last_os_error());
 }
 
 /// Every entry under a brick root but `.glusterfs`, relative, sorted.
@@ -71,7 +45,7 @@ pub fn brick_tree(root: &Path) -> Vec<PathBuf> {
 /// The three AFR counters (data, metadata, entry) in xattr `key` of
 /// `path`: zeros when it is absent.
 pub fn afr_counters(path: &Path, key: &str) -> [i32; 3] {
-    let v = read_xattr(path, key).unwrap_or_default();
+    let v = xattr(path, key).unwrap_or_default();
     let mut out = [0i32; 3];
     for (o, c) in out.iter_mut().zip(v.chunks_exact(4)) {
         *o = i32::from_be_bytes([c[0], c[1], c[2], c[3]]);

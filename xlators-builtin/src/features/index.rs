@@ -370,14 +370,11 @@ impl Xlator for Index {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
-    use xlfs_sdk::{Options, XattropOp};
+    use xlfs_sdk::XattropOp;
+    use xlfs_sdk::testing::{init_named, set_xattr, xattr};
 
     use super::*;
     use crate::cluster::replicate::pending;
-
-    fn opts(decls: &[OptionDecl], given: &[(&str, &str)]) -> Options {
-        Options::resolve(decls, given.iter().copied()).expect("valid options")
-    }
 
     struct T {
         _tmp: tempfile::TempDir,
@@ -391,13 +388,9 @@ mod tests {
             let tmp = tempfile::tempdir().expect("tempdir");
             let brick = tmp.path().join("b");
             std::fs::create_dir(&brick).expect("brick");
-            let posix = (crate::storage::posix::TYPE.build)(InitCtx {
-                name: "p".into(),
-                options: opts(crate::storage::posix::TYPE.options, &[("directory", &brick.display().to_string())]),
-                children: vec![],
-                events: Default::default(),
-            })
-            .expect("posix");
+            let dir = brick.display().to_string();
+            let (ictx, _) = init_named("p", crate::storage::posix::TYPE.options, &[("directory", &dir)], &[]);
+            let posix = (crate::storage::posix::TYPE.build)(ictx).expect("posix");
             let base = brick.join(".glusterfs").join("indices");
             T { _tmp: tmp, brick, base, posix }
         }
@@ -406,13 +399,8 @@ mod tests {
             let b = self.base.display().to_string();
             let mut given = vec![("index-base", b.as_str())];
             given.extend_from_slice(extra);
-            build(InitCtx {
-                name: "idx".into(),
-                options: opts(OPTIONS, &given),
-                children: vec![Child { name: "p".into(), xl: self.posix.clone() }],
-                events: Default::default(),
-            })
-            .expect("index")
+            build(init_named("idx", OPTIONS, &given, &[Child { name: "p".into(), xl: self.posix.clone() }]).0)
+                .expect("index")
         }
 
         async fn file(&self, name: &str) -> Gfid {
@@ -515,7 +503,7 @@ mod tests {
         // Purge: one file is gone, one has zero counters set behind the index's back, one stays raised.
         let unlink = Fop::Unlink { loc: Loc::entry(Gfid::ROOT, "f0"), flags: 0 };
         t.posix.call(CallCtx::root("t"), Request::new(unlink)).await.expect("unlink");
-        set_xattr(&t.brick.join("f1"), "trusted.afr.c-0", &pending::encode([0, 0, 0]));
+        set_xattr(&t.brick.join("f1"), "trusted.afr.c-0", &pending::encode([0, 0, 0])).expect("set xattr");
         let text: String = gs.iter().map(|g| format!("{g}\n")).collect();
         let mut x = Dict::new();
         x.set_bytes(INDEX_PURGE, Bytes::from(text));
@@ -553,22 +541,8 @@ mod tests {
         assert!(ix.dump().contains(&("dropped".to_string(), "1".to_string())));
     }
 
-    fn set_xattr(p: &Path, k: &str, v: &[u8]) {
-        use std::os::unix::ffi::OsStrExt;
-        let cp = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
-        let ck = std::ffi::CString::new(k).expect("key");
-        // SAFETY: valid NUL-terminated strings and a buffer of v.len() bytes.
-        let r = unsafe { libc::lsetxattr(cp.as_ptr(), ck.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-        assert_eq!(r, 0, "setxattr {}", p.display());
-    }
-
     fn read_gfid(p: &Path) -> Gfid {
-        use std::os::unix::ffi::OsStrExt;
-        let cp = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
-        let mut b = [0u8; 16];
-        // SAFETY: valid NUL-terminated strings and a 16-byte buffer.
-        let r = unsafe { libc::lgetxattr(cp.as_ptr(), c"trusted.gfid".as_ptr(), b.as_mut_ptr().cast(), 16) };
-        assert_eq!(r, 16);
-        Gfid(b)
+        let v = xattr(p, "trusted.gfid").expect("a gfid");
+        Gfid(v.try_into().expect("16 bytes"))
     }
 }

@@ -300,6 +300,7 @@ impl Xlator for UpcallXl {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xlfs_sdk::testing::init_named;
     use xlfs_sdk::{Dict, DirEntry, Errno, EventFrom, FdId, FileType, Iatt, Loc};
 
     /// A leaf that answers entry fops with an entry of `NEW`, and
@@ -346,14 +347,9 @@ mod tests {
     }
 
     fn node(opts: &[(&str, &str)]) -> (Arc<dyn Xlator>, Arc<Top>) {
-        let sink = EventSink::new();
-        let xl = build(InitCtx {
-            name: "up".into(),
-            options: Options::resolve(OPTIONS, opts.iter().copied()).expect("options"),
-            children: vec![Child { name: Arc::from("leaf"), xl: Arc::new(Leaf) }],
-            events: sink.clone(),
-        })
-        .expect("build");
+        let (ictx, _) = init_named("up", OPTIONS, opts, &[Child { name: Arc::from("leaf"), xl: Arc::new(Leaf) }]);
+        let sink = ictx.events.clone();
+        let xl = build(ictx).expect("build");
         let top = Arc::new(Top(Mutex::new(Vec::new())));
         let top_dyn: Arc<dyn Xlator> = top.clone();
         sink.attach_parent(Arc::downgrade(&top_dyn), 0, EventSink::new());

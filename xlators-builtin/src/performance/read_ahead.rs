@@ -430,7 +430,8 @@ fn now_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xlfs_sdk::{Errno, EventSink, Loc};
+    use xlfs_sdk::testing::init_named;
+    use xlfs_sdk::{Errno, Loc};
 
     /// A file in memory that counts its reads.
     #[derive(Default)]
@@ -474,13 +475,7 @@ mod tests {
     fn setup(opts: &[(&str, &str)], len: usize) -> (Arc<dyn Xlator>, Arc<MemFile>) {
         let file = Arc::new(MemFile::default());
         *file.data.lock() = (0..len).map(|i| (i % 251) as u8).collect();
-        let options = Options::resolve(OPTIONS, opts.iter().copied()).expect("options");
-        let init = InitCtx {
-            name: "ra".into(),
-            options,
-            children: vec![Child { name: Arc::from("mem"), xl: file.clone() }],
-            events: EventSink::new(),
-        };
+        let (init, _) = init_named("ra", OPTIONS, opts, &[Child { name: Arc::from("mem"), xl: file.clone() }]);
         (build(init).expect("build"), file)
     }
 
@@ -632,13 +627,8 @@ mod tests {
 
     #[test]
     fn unknown_policy_is_refused_at_build() {
-        let options = Options::resolve(OPTIONS, [("policy", "nope")]).expect("options");
-        let init = InitCtx {
-            name: "ra".into(),
-            options,
-            children: vec![Child { name: Arc::from("mem"), xl: Arc::new(MemFile::default()) }],
-            events: EventSink::new(),
-        };
+        let mem = Child { name: Arc::from("mem"), xl: Arc::new(MemFile::default()) };
+        let (init, _) = init_named("ra", OPTIONS, &[("policy", "nope")], &[mem]);
         let e = build(init).err().expect("refused");
         assert!(e.to_string().contains("gluster-strict"), "{e}");
     }

@@ -4,50 +4,28 @@
 //! down or make chosen fops fail. Two replicate nodes can share the same
 //! bricks, as two clients of one volume.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use parking_lot::Mutex;
 use xlfs_sdk::{
-    CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, FopKind, FopResult, Gfid,
-    InitCtx, Loc, Options, Reply, Request, Xlator,
+    CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopKind, FopResult, Gfid, InitCtx, Loc,
+    Options, Reply, Request, Xlator,
 };
 
 use super::pending::{self, Kind};
 use super::*;
 use crate::debug::io_stats::IoStats;
 use xlfs_sdk::Iatt;
+use xlfs_sdk::testing::{Faulty, init_named, xattr};
 
 mod async_dirops;
 mod eager_lock;
 mod entry_lock;
 mod quorum;
 mod read;
-
-/// A test translator between AFR and a brick: "down" answers ENOTCONN to
-/// everything; `fail` makes the listed fops fail with an errno.
-struct Gate {
-    child: Child,
-    down: AtomicBool,
-    fail: Mutex<Option<(Vec<FopKind>, Errno)>>,
-}
-
-impl Xlator for Gate {
-    fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
-        if self.down.load(Ordering::Acquire) {
-            return Box::pin(std::future::ready(Err(Errno::ENOTCONN)));
-        }
-        if let Some((kinds, e)) = &*self.fail.lock()
-            && kinds.contains(&req.fop.kind())
-        {
-            return Box::pin(std::future::ready(Err(*e)));
-        }
-        self.child.call(ctx, req)
-    }
-}
 
 struct Brick {
     dir: PathBuf,
@@ -63,7 +41,7 @@ struct Cluster {
 struct Node {
     afr: Arc<Replicate>,
     stats: Vec<Arc<IoStats>>,
-    gates: Vec<Arc<Gate>>,
+    gates: Vec<Arc<Faulty>>,
     ctx: CallCtx,
     next_fd: AtomicU64,
 }
@@ -74,6 +52,11 @@ fn opts(decls: &[xlfs_sdk::OptionDecl], given: &[(&str, &str)]) -> Options {
     Options::resolve(decls, given.iter().copied()).expect("valid options")
 }
 
+/// The context of a node `name` of a translator with declarations `decls`.
+fn ictx(name: &str, decls: &[xlfs_sdk::OptionDecl], given: &[(&str, &str)], children: Vec<Child>) -> InitCtx {
+    init_named(name, decls, given, &children).0
+}
+
 impl Cluster {
     fn new() -> Cluster {
         let tmp = tempfile::tempdir().expect("tempdir");
@@ -82,28 +65,28 @@ impl Cluster {
                 let dir = tmp.path().join(format!("b{i}"));
                 std::fs::create_dir(&dir).expect("brick dir");
                 let d = dir.display().to_string();
-                let posix = (crate::storage::posix::TYPE.build)(InitCtx {
-                    name: format!("posix-{i}"),
-                    options: opts(crate::storage::posix::TYPE.options, &[("directory", &d)]),
-                    children: vec![],
-                    events: EventSink::new(),
-                })
+                let posix = (crate::storage::posix::TYPE.build)(ictx(
+                    &format!("posix-{i}"),
+                    crate::storage::posix::TYPE.options,
+                    &[("directory", &d)],
+                    vec![],
+                ))
                 .expect("posix");
-                let sink = EventSink::new();
-                let locks = (crate::features::locks::TYPE.build)(InitCtx {
-                    name: format!("locks-{i}"),
-                    options: opts(crate::features::locks::TYPE.options, &[("notify-contention-delay", "0")]),
-                    children: vec![Child { name: Arc::from(format!("posix-{i}")), xl: posix }],
-                    events: sink.clone(),
-                })
-                .expect("locks");
+                let locks_ctx = ictx(
+                    &format!("locks-{i}"),
+                    crate::features::locks::TYPE.options,
+                    &[("notify-contention-delay", "0")],
+                    vec![Child { name: Arc::from(format!("posix-{i}")), xl: posix }],
+                );
+                let sink = locks_ctx.events.clone();
+                let locks = (crate::features::locks::TYPE.build)(locks_ctx).expect("locks");
                 // features/index above locks (in memory), as on a brick.
-                let locks = (crate::features::index::TYPE.build)(InitCtx {
-                    name: format!("index-{i}"),
-                    options: opts(crate::features::index::TYPE.options, &[]),
-                    children: vec![Child { name: Arc::from(format!("locks-{i}")), xl: locks }],
-                    events: EventSink::new(),
-                })
+                let locks = (crate::features::index::TYPE.build)(ictx(
+                    &format!("index-{i}"),
+                    crate::features::index::TYPE.options,
+                    &[],
+                    vec![Child { name: Arc::from(format!("locks-{i}")), xl: locks }],
+                ))
                 .expect("index");
                 Brick { dir, locks, sink }
             })
@@ -113,29 +96,22 @@ impl Cluster {
 
     /// A replicate node (a client) over the bricks, all children up.
     fn node(&self, client: &str, afr_opts: &[(&str, &str)]) -> Node {
-        let afr_sink = EventSink::new();
         let mut children = Vec::new();
         let mut stats = Vec::new();
         let mut gates = Vec::new();
         let mut links = Vec::new();
         for (i, b) in self.bricks.iter().enumerate() {
-            let gate = Arc::new(Gate {
-                child: Child { name: Arc::from(format!("locks-{i}")), xl: b.locks.clone() },
-                down: AtomicBool::new(false),
-                fail: Mutex::new(None),
-            });
+            let gate = Faulty::new(Child { name: Arc::from(format!("locks-{i}")), xl: b.locks.clone() });
             let gate_sink = EventSink::new();
             let name = format!("test-client-{i}");
-            let st_sink = EventSink::new();
-            let st = Arc::new(
-                IoStats::new(InitCtx {
-                    name: name.clone(),
-                    options: opts(crate::debug::io_stats::TYPE.options, &[]),
-                    children: vec![Child { name: Arc::from(format!("gate-{i}")), xl: gate.clone() }],
-                    events: st_sink.clone(),
-                })
-                .expect("io-stats"),
+            let st_ctx = ictx(
+                &name,
+                crate::debug::io_stats::TYPE.options,
+                &[],
+                vec![Child { name: Arc::from(format!("gate-{i}")), xl: gate.clone() }],
             );
+            let st_sink = st_ctx.events.clone();
+            let st = Arc::new(IoStats::new(st_ctx).expect("io-stats"));
             let gate_dyn: Arc<dyn Xlator> = gate.clone();
             b.sink.attach_parent(Arc::downgrade(&gate_dyn), 0, gate_sink.clone());
             let st_dyn: Arc<dyn Xlator> = st.clone();
@@ -145,15 +121,9 @@ impl Cluster {
             stats.push(st);
             gates.push(gate);
         }
-        let afr = Arc::new(
-            Replicate::new(InitCtx {
-                name: "test-afr".into(),
-                options: opts(TYPE.options, afr_opts),
-                children,
-                events: afr_sink.clone(),
-            })
-            .expect("replicate"),
-        );
+        let afr_ctx = ictx("test-afr", TYPE.options, afr_opts, children);
+        let afr_sink = afr_ctx.events.clone();
+        let afr = Arc::new(Replicate::new(afr_ctx).expect("replicate"));
         let afr_dyn: Arc<dyn Xlator> = afr.clone();
         for (i, s) in links.iter().enumerate() {
             s.attach_parent(Arc::downgrade(&afr_dyn), i, afr_sink.clone());
@@ -179,19 +149,6 @@ impl Cluster {
     fn gfid_on(&self, i: usize, path: &str) -> Option<Vec<u8>> {
         xattr(&self.bricks[i].dir.join(path), "trusted.gfid")
     }
-}
-
-fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
-    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
-    let n = std::ffi::CString::new(name).expect("name");
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: valid C strings and a buffer of the given length.
-    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if r < 0 {
-        return None;
-    }
-    buf.truncate(r as usize);
-    Some(buf)
 }
 
 impl Node {
@@ -249,21 +206,21 @@ impl Node {
     }
 
     fn down(&self, i: usize) {
-        self.gates[i].down.store(true, Ordering::Release);
+        self.gates[i].set_down(true);
         self.afr.notify(Event::ChildDown, EventFrom::Child(i));
     }
 
     fn up(&self, i: usize) {
-        self.gates[i].down.store(false, Ordering::Release);
+        self.gates[i].set_down(false);
         self.afr.notify(Event::ChildUp, EventFrom::Child(i));
     }
 
     fn fail(&self, i: usize, kinds: &[FopKind], e: Errno) {
-        *self.gates[i].fail.lock() = Some((kinds.to_vec(), e));
+        self.gates[i].fail(Some((kinds.to_vec(), e)));
     }
 
     fn heal_gate(&self, i: usize) {
-        *self.gates[i].fail.lock() = None;
+        self.gates[i].fail(None);
     }
 
     /// Calls of `kinds` seen by child `i`'s io-stats.
@@ -434,19 +391,14 @@ async fn gluster_volfile_options_are_accepted() {
     }
     n.close(fd).await;
     assert!(Options::resolve(TYPE.options, [("afr-pending-xattr", "a,b")]).is_ok());
-    let bad = Replicate::new(InitCtx {
-        name: "x".into(),
-        options: opts(TYPE.options, &[("afr-pending-xattr", "a,b")]),
-        children: n.afr.inner.children.clone(),
-        events: EventSink::new(),
-    });
+    let bad = Replicate::new(ictx("x", TYPE.options, &[("afr-pending-xattr", "a,b")], n.afr.inner.children.clone()));
     assert!(bad.err().expect("wrong count").to_string().contains("names 2 children"));
-    let bad = Replicate::new(InitCtx {
-        name: "x".into(),
-        options: opts(TYPE.options, &[("lock-contention-policy", "sometimes")]),
-        children: n.afr.inner.children.clone(),
-        events: EventSink::new(),
-    });
+    let bad = Replicate::new(ictx(
+        "x",
+        TYPE.options,
+        &[("lock-contention-policy", "sometimes")],
+        n.afr.inner.children.clone(),
+    ));
     assert!(bad.err().expect("unknown policy").to_string().contains("fd-count, inodelk-count, notify"));
     // Reconfigure swaps the policy; the pending names cannot change.
     let mut changed = given.to_vec();
@@ -469,7 +421,7 @@ async fn a_write_whose_caller_gives_up_still_completes_and_releases() {
         );
         let mut fut = std::pin::pin!(fut);
         // Started, then abandoned.
-        let _ = crate::test_util::poll(fut.as_mut());
+        let _ = xlfs_sdk::testing::poll(fut.as_mut());
     }
     for _ in 0..2000 {
         if (0..N).all(|i| c.read(i, "f") == b"late") {

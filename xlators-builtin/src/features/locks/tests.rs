@@ -5,14 +5,14 @@ use proptest::prelude::*;
 use xlfs_sdk::{Fd, FdId};
 
 use super::*;
-use crate::test_util::{Mock, Sent, ctx, init, now, poll};
+use xlfs_sdk::testing::{MockChild, Sent, ctx, init, now, poll};
 
 const G: Gfid = Gfid([7; 16]);
 const D: &str = "dom";
 
-fn setup(opts: &[(&str, &str)]) -> (Locks, Arc<Mock>, Sent) {
-    let mock = Mock::new();
-    let (init, sent) = init(OPTIONS, opts, &mock);
+fn setup(opts: &[(&str, &str)]) -> (Locks, Arc<MockChild>, Sent) {
+    let mock = MockChild::new();
+    let (init, sent) = init(OPTIONS, opts, &[mock.child()]);
     (Locks::new(init).expect("builds"), mock, sent)
 }
 
@@ -190,7 +190,7 @@ fn path_based_locks_resolve_the_entry() {
     assert_eq!(mock.kinds(), vec![FopKind::Lookup]);
     let by_fd = Request::new(Fop::Fentrylk {
         domain: D.into(),
-        fd: Fd { id: FdId(9), gfid: Mock::ENTRY_GFID },
+        fd: Fd { id: FdId(9), gfid: MockChild::ENTRY_GFID },
         name: "n".into(),
         cmd: EntrylkCmd::LockNb,
         ty: EntrylkType::Write,
@@ -423,11 +423,11 @@ fn max_locks_gives_enolck() {
 
 #[test]
 fn mandatory_locking_is_refused() {
-    let mock = Mock::new();
-    let (i, _) = init(OPTIONS, &[("enforce-mandatory-lock", "on")], &mock);
+    let mock = MockChild::new();
+    let (i, _) = init(OPTIONS, &[("enforce-mandatory-lock", "on")], &[mock.child()]);
     let e = Locks::new(i).err().expect("refused");
     assert!(e.to_string().contains("mandatory locking is not implemented"), "{e}");
-    let (i, _) = init(OPTIONS, &[("enforce-mandatory-lock", "off")], &mock);
+    let (i, _) = init(OPTIONS, &[("enforce-mandatory-lock", "off")], &[mock.child()]);
     assert!(Locks::new(i).is_ok());
 }
 

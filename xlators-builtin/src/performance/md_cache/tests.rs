@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use xlfs_sdk::{DirEntry, EventSink, Fd, FdId, FopKind, SetAttr};
 
 use super::*;
-use crate::test_util::now as ready;
+use xlfs_sdk::testing::now as ready;
 
 const SEC: u64 = 1_000_000_000;
 
@@ -122,7 +122,7 @@ impl FsInner {
         self.nodes.get(&g).map(|n| n.iatt).unwrap_or_default()
     }
 
-    fn xattr(&self, g: Gfid, name: &str) -> FopResult {
+    fn getxattr(&self, g: Gfid, name: &str) -> FopResult {
         let v = self.nodes.get(&g).and_then(|n| n.xattrs.get(name)).ok_or(Errno::ENODATA)?;
         Ok(Reply::Xattrs(Dict::new().with(name, Value::Bytes(v.clone()))).into())
     }
@@ -144,9 +144,9 @@ impl FsInner {
             Fop::Fstat { fd } => Ok(Reply::Attr(self.attr(fd.gfid)).into()),
             Fop::Getxattr { loc, name } => {
                 let g = self.resolve(loc)?;
-                self.xattr(g, name)
+                self.getxattr(g, name)
             }
-            Fop::Fgetxattr { fd, name } => self.xattr(fd.gfid, name),
+            Fop::Fgetxattr { fd, name } => self.getxattr(fd.gfid, name),
             Fop::Setxattr { loc, xattrs, .. } => {
                 let g = self.resolve(loc)?;
                 let n = self.nodes.get_mut(&g).ok_or(Errno::ENOENT)?;

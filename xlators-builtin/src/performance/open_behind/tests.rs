@@ -9,13 +9,13 @@ use xlfs_sdk::{
 };
 
 use super::*;
-use crate::test_util::{Mock, ctx, init, now, poll};
+use xlfs_sdk::testing::{MockChild, ctx, init, init_named, now, poll};
 
 const G: Gfid = Gfid([0x61; 16]);
 
-fn setup(opts: &[(&str, &str)]) -> (Arc<OpenBehind>, Arc<Mock>) {
-    let mock = Mock::new();
-    let (ictx, _sent) = init(OPTIONS, opts, &mock);
+fn setup(opts: &[(&str, &str)]) -> (Arc<OpenBehind>, Arc<MockChild>) {
+    let mock = MockChild::new();
+    let (ictx, _sent) = init(OPTIONS, opts, &[mock.child()]);
     (Arc::new(OpenBehind::new(ictx).expect("build")), mock)
 }
 
@@ -133,7 +133,7 @@ fn opens_that_need_the_fd_go_down_at_once() {
 
 /// A child whose opens wait until the test lets them through.
 struct SlowOpen {
-    mock: Arc<Mock>,
+    mock: Arc<MockChild>,
     gate: tokio::sync::Semaphore,
 }
 
@@ -150,16 +150,10 @@ impl Xlator for SlowOpen {
 
 #[test]
 fn concurrent_fops_wait_for_one_open() {
-    let mock = Mock::new();
+    let mock = MockChild::new();
     let slow = Arc::new(SlowOpen { mock: mock.clone(), gate: tokio::sync::Semaphore::new(0) });
-    let options = Options::resolve(OPTIONS, std::iter::empty::<(&str, &str)>()).expect("options");
-    let ob = OpenBehind::new(xlfs_sdk::InitCtx {
-        name: "ob".into(),
-        options,
-        children: vec![Child { name: Arc::from("slow"), xl: slow.clone() }],
-        events: xlfs_sdk::EventSink::new(),
-    })
-    .expect("build");
+    let (ictx, _) = init_named("ob", OPTIONS, &[], &[Child { name: Arc::from("slow"), xl: slow.clone() }]);
+    let ob = OpenBehind::new(ictx).expect("build");
     call(&ob, open_fop(1, libc::O_RDONLY)).expect("open");
     let mut a = pin!(ob.call(ctx("c", 1), Request::new(read_fop(1))));
     let mut b = pin!(ob.call(

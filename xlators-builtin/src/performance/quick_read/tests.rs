@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use xlfs_sdk::{
-    CallCtx, Child, Dict, Event, EventFrom, EventSink, Fd, FdId, Fop, FopFuture, FopKind, FopResult, Gfid, Iatt,
-    InitCtx, Loc, Options, Reply, Request, Response, SetAttr, Timespec, Upcall, Value, Xlator,
+    CallCtx, Child, Dict, Event, EventFrom, Fd, FdId, Fop, FopKind, FopResult, Gfid, Iatt, Loc, Options, Reply,
+    Request, Response, SetAttr, Timespec, Upcall, Value, Xlator,
 };
 
 use super::*;
-use crate::test_util::{Mock, ctx, init, now};
+use xlfs_sdk::testing::{Gate, MockChild, ctx, init, init_named, now};
 
 const G: Gfid = Gfid([0x51; 16]);
 const H: Gfid = Gfid([0x52; 16]);
@@ -20,13 +20,13 @@ const K: Gfid = Gfid([0x53; 16]);
 
 struct T {
     qr: Arc<QuickRead>,
-    mock: Arc<Mock>,
+    mock: Arc<MockChild>,
     clock: Arc<Mutex<Instant>>,
 }
 
 fn setup(opts: &[(&str, &str)]) -> T {
-    let mock = Mock::new();
-    let (ictx, _sent) = init(OPTIONS, opts, &mock);
+    let mock = MockChild::new();
+    let (ictx, _sent) = init(OPTIONS, opts, &[mock.child()]);
     let clock = Arc::new(Mutex::new(Instant::now()));
     let c = clock.clone();
     let qr = Arc::new(QuickRead::new(ictx, Arc::new(move || *c.lock())).expect("build"));
@@ -39,7 +39,7 @@ fn file_iatt(gfid: Gfid, size: u64, mtime: i64) -> Iatt {
 }
 
 /// Makes the child answer lookups with `iatt` and, if given, `content`.
-fn lookup_answer(mock: &Mock, iatt: Iatt, content: Option<&[u8]>) {
+fn lookup_answer(mock: &MockChild, iatt: Iatt, content: Option<&[u8]>) {
     let mut xdata = Dict::new();
     if let Some(c) = content {
         xdata.set_bytes(CONTENT, Bytes::copy_from_slice(c));
@@ -272,35 +272,17 @@ fn a_lookup_racing_an_invalidation_does_not_cache_old_content() {
     assert_eq!(c.map.get(&G).map(|e| e.data.clone()), Some(Bytes::from_static(b"new")));
 }
 
-/// Records the kinds of the fops that pass.
-struct Count {
-    child: Child,
-    seen: Mutex<Vec<FopKind>>,
-}
-
-impl Xlator for Count {
-    fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
-        self.seen.lock().push(req.fop.kind());
-        self.child.call(ctx, req)
-    }
-}
-
 fn xl_over(ty: &xlfs_sdk::XlatorType, opts: &[(&str, &str)], child: Child) -> Arc<dyn Xlator> {
-    let options = Options::resolve(ty.options, opts.iter().copied()).expect("options");
-    (ty.build)(InitCtx { name: ty.name.into(), options, children: vec![child], events: EventSink::new() })
-        .expect("build")
+    (ty.build)(init_named(ty.name, ty.options, opts, &[child]).0).expect("build")
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn over_open_behind_and_posix_a_small_file_read_costs_only_the_lookup() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().display().to_string();
-    let posix = (crate::storage::posix::TYPE.build)(InitCtx {
-        name: "posix".into(),
-        options: Options::resolve(crate::storage::posix::TYPE.options, [("directory", dir.as_str())]).expect("options"),
-        children: vec![],
-        events: EventSink::new(),
-    })
+    let posix = (crate::storage::posix::TYPE.build)(
+        init_named("posix", crate::storage::posix::TYPE.options, &[("directory", dir.as_str())], &[]).0,
+    )
     .expect("posix");
     let c = CallCtx::root("t");
     // Two files written straight on the brick: small, and over max-file-size.
@@ -327,7 +309,8 @@ async fn over_open_behind_and_posix_a_small_file_read_costs_only_the_lookup() {
         posix.call(c.clone(), Request::new(Fop::Release { fd })).await.expect("release");
         files.push((name, iatt.gfid, data));
     }
-    let count = Arc::new(Count { child: Child { name: Arc::from("posix"), xl: posix }, seen: Mutex::default() });
+    // Records the kinds of the fops that reach posix.
+    let count = Gate::passing(posix);
     let ob =
         xl_over(&crate::performance::open_behind::TYPE, &[], Child { name: Arc::from("count"), xl: count.clone() });
     // Without a lookup through quick-read first (md-cache above answered
@@ -338,7 +321,7 @@ async fn over_open_behind_and_posix_a_small_file_read_costs_only_the_lookup() {
         Child { name: Arc::from("ob"), xl: ob.clone() },
     );
     for (n, (name, gfid, data)) in files.iter().enumerate() {
-        count.seen.lock().clear();
+        let mark = count.arrived().len();
         let call = |fop: Fop| fetching.call(c.clone(), Request::new(fop));
         let fd = Fd { id: FdId(50 + n as u64), gfid: *gfid };
         call(Fop::Open { loc: Loc::gfid(*gfid), flags: libc::O_RDONLY as u32, fd: fd.id }).await.expect("open");
@@ -351,7 +334,7 @@ async fn over_open_behind_and_posix_a_small_file_read_costs_only_the_lookup() {
         }
         call(Fop::Flush { fd }).await.expect("flush");
         call(Fop::Release { fd }).await.expect("release");
-        let seen = count.seen.lock().clone();
+        let seen = count.arrived().split_off(mark);
         if *name == "small" {
             assert_eq!(seen, [FopKind::Lookup], "posix sees only the content lookup of a small file");
         } else {
@@ -362,7 +345,7 @@ async fn over_open_behind_and_posix_a_small_file_read_costs_only_the_lookup() {
     }
     let qr = xl_over(&TYPE, &[("max-file-size", "4KB")], Child { name: Arc::from("ob"), xl: ob });
     for (n, (name, gfid, data)) in files.into_iter().enumerate() {
-        count.seen.lock().clear();
+        let mark = count.arrived().len();
         let call = |fop: Fop| qr.call(c.clone(), Request::new(fop));
         let r = call(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, name) }).await.expect("lookup");
         assert!(!r.xdata.contains(CONTENT), "the content is not passed up unasked");
@@ -375,7 +358,7 @@ async fn over_open_behind_and_posix_a_small_file_read_costs_only_the_lookup() {
         assert_eq!(got, data, "{name}");
         call(Fop::Flush { fd }).await.expect("flush");
         call(Fop::Release { fd }).await.expect("release");
-        let seen = count.seen.lock().clone();
+        let seen = count.arrived().split_off(mark);
         if name == "small" {
             assert_eq!(seen, [FopKind::Lookup], "posix sees only the lookup of a small file");
         } else {

@@ -10,12 +10,12 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 use xlfs_sdk::{
-    CallCtx, Child, Dict, DirEntry, Errno, Event, EventFrom, EventSink, Fd, FdId, FileType, Fop, FopFuture, FopKind,
-    Gfid, Iatt, InitCtx, Loc, Options, Reply, Request, Response, Upcall, Value, Xlator,
+    CallCtx, Child, Dict, DirEntry, Errno, Event, EventFrom, Fd, FdId, FileType, Fop, FopFuture, FopKind, Gfid, Iatt,
+    Loc, Options, Reply, Request, Response, Upcall, Value, Xlator,
 };
 
 use super::*;
-use crate::test_util::now;
+use xlfs_sdk::testing::{Gate, init_named, now};
 
 const DIR: Gfid = Gfid([0xd1; 16]);
 const SELINUX: &str = "security.selinux";
@@ -167,13 +167,7 @@ impl Xlator for DirChild {
 }
 
 fn rda_over(child: Arc<dyn Xlator>, opts: &[(&str, &str)]) -> Arc<ReaddirAhead> {
-    let options = Options::resolve(OPTIONS, opts.iter().copied()).expect("valid options");
-    let init = InitCtx {
-        name: "rda".into(),
-        options,
-        children: vec![Child { name: Arc::from("dir"), xl: child }],
-        events: EventSink::new(),
-    };
+    let (init, _) = init_named("rda", OPTIONS, opts, &[Child { name: Arc::from("dir"), xl: child }]);
     Arc::new(ReaddirAhead::new(init).expect("build"))
 }
 
@@ -510,29 +504,13 @@ async fn other_xattrs_than_the_fill_asked_for_restart_it() {
     assert!(keys_seen.contains(&keys::dirent_xattr("e0001", TAG)), "the xattrs asked for are there");
 }
 
-/// Counts the fops that reach a child.
-struct Count {
-    child: Arc<dyn Xlator>,
-    seen: Mutex<Vec<FopKind>>,
-}
-
-impl Xlator for Count {
-    fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
-        self.seen.lock().push(req.fop.kind());
-        self.child.call(ctx, req)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn md_cache_over_readdir_ahead_over_posix_gets_every_entry_and_xattr() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().display().to_string();
-    let posix = (crate::storage::posix::TYPE.build)(InitCtx {
-        name: "posix".into(),
-        options: Options::resolve(crate::storage::posix::TYPE.options, [("directory", dir.as_str())]).expect("options"),
-        children: vec![],
-        events: EventSink::new(),
-    })
+    let posix = (crate::storage::posix::TYPE.build)(
+        init_named("posix", crate::storage::posix::TYPE.options, &[("directory", dir.as_str())], &[]).0,
+    )
     .expect("posix");
     let ctx = CallCtx::root("t");
     let mut gfids = Vec::new();
@@ -552,20 +530,17 @@ async fn md_cache_over_readdir_ahead_over_posix_gets_every_entry_and_xattr() {
         }
         gfids.push((i, iatt.gfid));
     }
-    let count = Arc::new(Count { child: posix.clone(), seen: Mutex::default() });
+    // Counts the fops that reach posix.
+    let count = Gate::passing(posix.clone());
     let rda: Arc<dyn Xlator> = rda_over(count.clone(), &[]);
-    let md_opts = Options::resolve(
+    let md_opts = [("md-cache-timeout", "600"), ("xattr-cache-list", TAG), ("dir-prefetch", "off")];
+    let md_ctx = init_named(
+        "md",
         crate::performance::md_cache::TYPE.options,
-        [("md-cache-timeout", "600"), ("xattr-cache-list", TAG), ("dir-prefetch", "off")],
-    )
-    .expect("options");
-    let md = (crate::performance::md_cache::TYPE.build)(InitCtx {
-        name: "md".into(),
-        options: md_opts,
-        children: vec![Child { name: Arc::from("rda"), xl: rda }],
-        events: EventSink::new(),
-    })
-    .expect("md-cache");
+        &md_opts,
+        &[Child { name: Arc::from("rda"), xl: rda }],
+    );
+    let md = (crate::performance::md_cache::TYPE.build)(md_ctx.0).expect("md-cache");
     let root = Fd { id: FdId(1), gfid: Gfid::ROOT };
     md.call(ctx.clone(), Request::new(Fop::Opendir { loc: Loc::gfid(Gfid::ROOT), fd: root.id }))
         .await
@@ -600,10 +575,10 @@ async fn md_cache_over_readdir_ahead_over_posix_gets_every_entry_and_xattr() {
         want.extend(v);
     }
     assert_eq!(got, want);
-    let readdirps = count.seen.lock().iter().filter(|k| **k == FopKind::Readdirp).count();
+    let readdirps = count.arrived().iter().filter(|k| **k == FopKind::Readdirp).count();
     assert!(readdirps <= 3, "posix saw {readdirps} readdirps for {} listed through 4 KiB ones", got.len());
     // md-cache got each entry's user.tag (or its absence) from the listing.
-    count.seen.lock().clear();
+    let mark = count.arrived().len();
     for (i, g) in gfids {
         let r = md.call(ctx.clone(), Request::new(Fop::Getxattr { loc: Loc::gfid(g), name: TAG.into() })).await;
         match r {
@@ -614,5 +589,6 @@ async fn md_cache_over_readdir_ahead_over_posix_gets_every_entry_and_xattr() {
             other => panic!("{other:?}"),
         }
     }
-    assert!(!count.seen.lock().contains(&FopKind::Getxattr), "answered by md-cache: {:?}", count.seen.lock());
+    let later = &count.arrived()[mark..];
+    assert!(!later.contains(&FopKind::Getxattr), "answered by md-cache: {later:?}");
 }

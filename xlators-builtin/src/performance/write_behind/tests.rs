@@ -4,7 +4,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio::sync::Semaphore;
-use xlfs_sdk::{EventSink, FopKind, Loc};
+use xlfs_sdk::testing::init_named;
+use xlfs_sdk::{FopKind, Loc};
 
 use super::*;
 
@@ -102,13 +103,7 @@ impl Xlator for MemFile {
 
 fn setup(opts: &[(&str, &str)]) -> (Arc<dyn Xlator>, Arc<MemFile>) {
     let file = Arc::new(MemFile::default());
-    let options = Options::resolve(OPTIONS, opts.iter().copied()).expect("options");
-    let init = InitCtx {
-        name: "wb".into(),
-        options,
-        children: vec![Child { name: Arc::from("mem"), xl: file.clone() }],
-        events: EventSink::new(),
-    };
+    let (init, _) = init_named("wb", OPTIONS, opts, &[Child { name: Arc::from("mem"), xl: file.clone() }]);
     (build(init).expect("build"), file)
 }
 

@@ -152,10 +152,9 @@ fn gluster_client_volfile_options_are_accepted() {
         ("ping-timeout", "42"),
     ];
     xlfs_sdk::Options::resolve(super::TYPE.options, opts).expect("the fixtures' options resolve");
-    let missing = xlfs_sdk::Options::resolve(super::TYPE.options, [("remote-host", "h")]).expect("options");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let _e = rt.enter();
-    let init = xlfs_sdk::InitCtx { name: "c".into(), options: missing, children: vec![], events: Default::default() };
+    let (init, _) = xlfs_sdk::testing::init_named("c", super::TYPE.options, &[("remote-host", "h")], &[]);
     let e = (super::TYPE.build)(init).err().expect("remote-subvolume is required");
     assert!(e.to_string().contains("'remote-subvolume' is required"), "{e}");
 }

@@ -5,35 +5,26 @@
 
 mod connection;
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use tokio::sync::oneshot;
 use xlfs_sdk::abi::{self, AbiVersion};
 use xlfs_sdk::{
-    CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Flock, Fop, FopFuture, FopKind, FopResult,
-    Gfid, Iatt, InitCtx, LkCmd, Loc, LockType, Options, Reply, Request, Response, Upcall, Value, Xlator, XlatorType,
+    CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Flock, Fop, FopKind, FopResult, Gfid, Iatt,
+    LkCmd, Loc, LockType, Options, Reply, Request, Upcall, Value, Xlator, XlatorType,
 };
+
+use xlfs_sdk::testing::{Gate, init_named, until};
 
 use crate::protocol::client;
 use crate::protocol::rpc::{self, FrameKind, Hello, HelloReply, Message, hello_keys};
 
 /// How long a test waits for something that should happen soon.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
-
-/// Polls `cond` until it holds (or panics after [`PATIENCE`]).
-pub(crate) async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 /// Awaits `f`, failing the test after [`PATIENCE`].
 pub(crate) async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
@@ -53,9 +44,8 @@ pub(crate) struct Node {
 
 impl Node {
     pub(crate) fn build(ty: &XlatorType, name: &str, opts: &[(&str, &str)], children: Vec<Child>) -> Node {
-        let sink = EventSink::new();
-        let options = Options::resolve(ty.options, opts.iter().copied()).expect("valid options");
-        let init = InitCtx { name: name.into(), options, children, events: sink.clone() };
+        let (init, _) = init_named(name, ty.options, opts, &children);
+        let sink = init.events.clone();
         let xl = match (ty.build)(init) {
             Ok(xl) => xl,
             Err(e) => panic!("{name} does not build: {e}"),
@@ -242,11 +232,11 @@ impl TestClient {
     }
 
     pub(crate) async fn wait_ups(&self, n: usize) {
-        wait_until(&format!("{n} ChildUp"), || self.count(&Event::ChildUp) >= n).await;
+        until(&format!("{n} ChildUp"), PATIENCE, || self.count(&Event::ChildUp) >= n).await;
     }
 
     pub(crate) async fn wait_downs(&self, n: usize) {
-        wait_until(&format!("{n} ChildDown"), || self.count(&Event::ChildDown) >= n).await;
+        until(&format!("{n} ChildDown"), PATIENCE, || self.count(&Event::ChildDown) >= n).await;
     }
 
     pub(crate) fn upcalls(&self) -> Vec<Upcall> {
@@ -370,55 +360,10 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.expect("blocking task")
 }
 
-// ---- a child that holds fops until released ----
-
-/// Answers `Stat { loc }` with the loc's gfid, but only once the test
-/// releases that gfid.
-#[derive(Default)]
-pub(crate) struct Gate {
-    waiting: Mutex<HashMap<Gfid, oneshot::Sender<()>>>,
-    max_seen: Mutex<usize>,
-}
-
-impl Gate {
-    pub(crate) fn arrived(&self) -> usize {
-        self.waiting.lock().len()
-    }
-    pub(crate) fn release(&self, g: Gfid) {
-        if let Some(tx) = self.waiting.lock().remove(&g) {
-            let _ = tx.send(());
-        }
-    }
-    pub(crate) fn release_all(&self) {
-        for (_, tx) in self.waiting.lock().drain() {
-            let _ = tx.send(());
-        }
-    }
-}
-
-impl Xlator for Gate {
-    fn call(&self, _ctx: CallCtx, req: Request) -> FopFuture<'_> {
-        Box::pin(async move {
-            let g = req.fop.gfid();
-            let (tx, rx) = oneshot::channel();
-            {
-                let mut w = self.waiting.lock();
-                w.insert(g, tx);
-                let mut m = self.max_seen.lock();
-                *m = (*m).max(w.len());
-            }
-            rx.await.map_err(|_| Errno::EIO)?;
-            Ok(Response::from(Reply::Attr(Iatt { gfid: g, ..Iatt::default() })))
-        })
-    }
-
-    fn notify(&self, _event: Event, _from: EventFrom) -> Option<Event> {
-        None
-    }
-}
-
+/// A server over a child that answers `Stat { loc }` with the loc's gfid,
+/// but only once the test releases the fop.
 fn gate_server(opts: &[(&str, &str)]) -> (Arc<Gate>, Chain) {
-    let gate = Arc::new(Gate::default());
+    let gate = Gate::over_null();
     let chain = server_chain(vec![Node::of(SUBVOL, gate.clone())], opts);
     // The gate never says ChildUp; do it for it.
     chain.0[0].sink.send(Event::ChildUp);
@@ -507,15 +452,15 @@ async fn many_requests_in_flight_answered_out_of_order() {
             tokio::spawn(async move { c.run(Fop::Stat { loc: Loc::gfid(g(i)) }).await })
         })
         .collect();
-    wait_until("64 requests at the child", || gate.arrived() == 64).await;
+    until("64 requests at the child", PATIENCE, || gate.held() == 64).await;
     assert_eq!(chain.top().dump("calls-spawned-total"), "64", "calls that wait run in tasks");
     // Answer newest first; each reply must reach the request it answers
     // while every older request is still waiting.
     for (i, t) in tasks.into_iter().enumerate().rev() {
-        gate.release(g(i as u64));
+        gate.release_gfid(g(i as u64));
         let res = within("the released request", t).await.expect("join").expect("stat");
         assert_eq!(res.reply, Reply::Attr(Iatt { gfid: g(i as u64), ..Iatt::default() }));
-        assert_eq!(gate.arrived(), i, "older requests still in flight");
+        assert_eq!(gate.held(), i, "older requests still in flight");
     }
     c.stop();
     stop(chain.top()).await;
@@ -539,7 +484,7 @@ async fn quick_calls_run_on_the_reader_and_a_blocked_lock_does_not_hold_it_up() 
         let c = c.clone();
         tokio::spawn(async move { c.run_as(owner(2), lock(LkCmd::SetLkw, LockType::Write, 2)).await })
     };
-    wait_until("the second lock request queued", || brick.locks.dump("locks") == "2").await;
+    until("the second lock request queued", PATIENCE, || brick.locks.dump("locks") == "2").await;
     assert_ne!(spawned(), before, "the blocked lock went on in a task of its own");
     // The connection is still read and answered while the lock waits.
     for _ in 0..10 {
@@ -562,10 +507,10 @@ async fn a_connection_at_max_inflight_is_not_read() {
             tokio::spawn(async move { c.run(Fop::Stat { loc: Loc::gfid(g(i)) }).await })
         })
         .collect();
-    wait_until("3 requests at the child", || gate.arrived() == 3).await;
+    until("3 requests at the child", PATIENCE, || gate.held() == 3).await;
     // The rest stay unread until some are answered.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(gate.arrived(), 3);
+    assert_eq!(gate.held(), 3);
     while tasks.iter().any(|t| !t.is_finished()) {
         gate.release_all();
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -573,7 +518,7 @@ async fn a_connection_at_max_inflight_is_not_read() {
     for t in tasks {
         t.await.expect("join").expect("answered");
     }
-    assert_eq!(*gate.max_seen.lock(), 3, "never more than max-inflight-per-client at once");
+    assert_eq!(gate.max_held(), 3, "never more than max-inflight-per-client at once");
     c.stop();
     stop(chain.top()).await;
 }
@@ -584,18 +529,14 @@ fn bind_errors_name_the_address() {
     let _e = rt.enter();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = taken.local_addr().expect("addr").port().to_string();
-    let opts = Options::resolve(
-        super::TYPE.options,
-        [("transport.socket.bind-address", "127.0.0.1"), ("transport.socket.listen-port", port.as_str())],
-    )
-    .expect("options");
-    let mock = crate::test_util::Mock::new();
-    let init = InitCtx { name: "srv".into(), options: opts, children: vec![mock.child()], events: EventSink::new() };
+    let opts = [("transport.socket.bind-address", "127.0.0.1"), ("transport.socket.listen-port", port.as_str())];
+    let mock = xlfs_sdk::testing::MockChild::new();
+    let (init, _) = init_named("srv", super::TYPE.options, &opts, &[mock.child()]);
     let e = (super::TYPE.build)(init).err().expect("port in use");
     assert!(e.to_string().contains(&format!("cannot listen on 127.0.0.1:{port}")), "{e}");
 
-    let tls = Options::resolve(super::TYPE.options, [("transport.socket.ssl-enabled", "on")]).expect("options");
-    let init = InitCtx { name: "srv".into(), options: tls, children: vec![mock.child()], events: EventSink::new() };
+    let tls = [("transport.socket.ssl-enabled", "on")];
+    let (init, _) = init_named("srv", super::TYPE.options, &tls, &[mock.child()]);
     let e = (super::TYPE.build)(init).err().expect("tls");
     assert!(e.to_string().contains("TLS is not supported"), "{e}");
 }

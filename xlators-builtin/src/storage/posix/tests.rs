@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 
 use xlfs_sdk::dict::keys::GFID_REQ;
+use xlfs_sdk::testing::{init_named, set_xattr, xattr};
 use xlfs_sdk::{Fd, TimeSet};
 
 use super::*;
@@ -31,7 +32,10 @@ fn options(brick: &Path, extra: &[(&str, &str)]) -> Options {
 }
 
 fn init(brick: &Path, extra: &[(&str, &str)]) -> InitCtx {
-    InitCtx { name: "test-posix".into(), options: options(brick, extra), children: vec![], events: EventSink::new() }
+    let dir = brick.display().to_string();
+    let mut given: Vec<(&str, &str)> = vec![("directory", dir.as_str())];
+    given.extend_from_slice(extra);
+    init_named("test-posix", TYPE.options, &given, &[]).0
 }
 
 fn env_with(extra: &[(&str, &str)]) -> Env {
@@ -47,27 +51,6 @@ fn env_with(extra: &[(&str, &str)]) -> Env {
 
 fn env() -> Env {
     env_with(&[])
-}
-
-fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
-    let p = CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
-    let n = CString::new(name).expect("name");
-    let mut buf = vec![0u8; 65536];
-    // SAFETY: valid strings and a buffer of the given length.
-    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if r < 0 {
-        return None;
-    }
-    buf.truncate(r as usize);
-    Some(buf)
-}
-
-fn set_xattr(path: &Path, name: &str, v: &[u8]) {
-    let p = CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
-    let n = CString::new(name).expect("name");
-    // SAFETY: valid strings and a value of the given length.
-    let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-    assert_eq!(r, 0, "setxattr {}", path.display());
 }
 
 fn bytes_xdata(key: &str, v: &[u8]) -> Dict {
@@ -226,12 +209,7 @@ fn type_and_options() {
 #[test]
 fn init_errors_name_the_option() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let no_dir = InitCtx {
-        name: "p".into(),
-        options: Options::resolve(TYPE.options, []).expect("options"),
-        children: vec![],
-        events: EventSink::new(),
-    };
+    let (no_dir, _) = init_named("p", TYPE.options, &[], &[]);
     let e = (TYPE.build)(no_dir).err().expect("no directory").to_string();
     assert!(e.contains("'directory'") && e.contains("required"), "{e}");
 

@@ -83,13 +83,8 @@ async fn up_is_announced_at_quorum_or_when_every_child_has_reported() {
     let c = Cluster::new();
     let n = c.node("client-a", &[]);
     let fresh = |name: &str| {
-        Replicate::new(InitCtx {
-            name: name.into(),
-            options: opts(TYPE.options, &[("quorum-type", "auto")]),
-            children: n.afr.inner.children.clone(),
-            events: EventSink::new(),
-        })
-        .expect("replicate")
+        Replicate::new(ictx(name, TYPE.options, &[("quorum-type", "auto")], n.afr.inner.children.clone()))
+            .expect("replicate")
     };
     let v = fresh("v");
     assert_eq!(v.notify(Event::ChildUp, EventFrom::Child(0)), None, "one of three: no quorum yet");

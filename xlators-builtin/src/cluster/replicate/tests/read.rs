@@ -52,13 +52,11 @@ async fn lookup_content_comes_only_from_a_copy_a_read_would_use() {
     // A data split-brain (each copy blames the next): lookup still answers,
     // without content, as a read would fail.
     for i in 0..N {
-        let p = std::ffi::CString::new(c.bricks[i].dir.join("f").as_os_str().as_encoded_bytes()).expect("path");
+        let p = c.bricks[i].dir.join("f");
         for j in 0..N {
             let v = pending::encode(if j == (i + 1) % N { [1, 0, 0] } else { [0, 0, 0] });
-            let name = std::ffi::CString::new(format!("trusted.afr.test-client-{j}")).expect("name");
-            // SAFETY: valid C strings and a value of the given length.
-            let rc = unsafe { libc::lsetxattr(p.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-            assert_eq!(rc, 0, "set pending on brick {i}");
+            xlfs_sdk::testing::set_xattr(&p, &format!("trusted.afr.test-client-{j}"), &v)
+                .unwrap_or_else(|e| panic!("set pending on brick {i}: {e}"));
         }
     }
     let r = lookup(ask).await.expect("lookup answers in split-brain");

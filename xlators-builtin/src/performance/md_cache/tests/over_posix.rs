@@ -3,28 +3,19 @@
 
 use super::*;
 
-/// Passes every fop to storage/posix, counting them.
-struct Counting {
-    inner: Arc<dyn Xlator>,
-    seen: Mutex<Vec<FopKind>>,
-}
-
-impl Xlator for Counting {
-    fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
-        self.seen.lock().push(req.fop.kind());
-        self.inner.call(ctx, req)
-    }
-}
-
 #[tokio::test]
 async fn over_posix_readdirp_prefetches_and_getxattr_stays_in_the_cache() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().display().to_string();
-    let options =
-        Options::resolve(crate::storage::posix::TYPE.options, [("directory", dir.as_str())]).expect("options");
-    let init = InitCtx { name: "posix".into(), options, children: vec![], events: EventSink::new() };
+    let (init, _) = xlfs_sdk::testing::init_named(
+        "posix",
+        crate::storage::posix::TYPE.options,
+        &[("directory", dir.as_str())],
+        &[],
+    );
     let posix = (crate::storage::posix::TYPE.build)(init).expect("posix");
-    let counting = Arc::new(Counting { inner: posix.clone(), seen: Mutex::default() });
+    // Passes every fop to storage/posix, counting them.
+    let counting = xlfs_sdk::testing::Gate::passing(posix.clone());
     let o = Options::resolve(OPTIONS, [("xattr-cache-list", "user.tag")]).expect("options");
     let clock = Arc::new(ManualClock(AtomicU64::new(SEC)));
     let md = MdCache::new(Child { name: Arc::from("posix"), xl: counting.clone() }, config(&o), clock);
@@ -66,7 +57,7 @@ async fn over_posix_readdirp_prefetches_and_getxattr_stays_in_the_cache() {
     assert!(rsp.xdata.is_empty(), "added keys leak: {:?}", rsp.xdata);
     let Reply::Dirents(entries) = &rsp.reply else { panic!("readdirp reply") };
     assert!(entries.iter().any(|e| e.name == "b"));
-    let before = counting.seen.lock().len();
+    let before = counting.arrived().len();
     for (i, g) in files.iter().enumerate() {
         let r = call(Fop::Getxattr { loc: Loc::gfid(*g), name: "user.tag".into() }).await;
         let got = r.map(|r| match r.reply {
@@ -89,7 +80,7 @@ async fn over_posix_readdirp_prefetches_and_getxattr_stays_in_the_cache() {
         let Reply::Attr(a) = call(Fop::Stat { loc: Loc::gfid(*g) }).await.expect("stat").reply else { panic!() };
         assert_eq!(a.gfid, *g);
     }
-    assert_eq!(counting.seen.lock().len(), before, "fops reached posix: {:?}", &counting.seen.lock()[before..]);
+    assert_eq!(counting.arrived().len(), before, "fops reached posix: {:?}", &counting.arrived()[before..]);
 }
 
 #[tokio::test]

@@ -53,7 +53,7 @@ async fn handshakes_are_refused_with_a_reason() {
     // A client with a wrong password stays down and shows the reason.
     let c = TestClient::new(addr, &[("username", "alice"), ("password", "wrong")]);
     c.start();
-    wait_until("the refusal", || c.dump("last-error").contains("wrong password for user 'alice'")).await;
+    until("the refusal", PATIENCE, || c.dump("last-error").contains("wrong password for user 'alice'")).await;
     c.wait_downs(1).await;
     assert_eq!(c.count(&Event::ChildUp), 0);
     assert_eq!(c.run(Fop::Stat { loc: Loc::root() }).await, Err(Errno::ENOTCONN));
@@ -154,12 +154,12 @@ async fn a_gone_client_releases_its_locks_and_fds() {
             .await
         })
     };
-    wait_until("b's request queued at the lock server", || brick.locks.dump("locks") == "2").await;
+    until("b's request queued at the lock server", PATIENCE, || brick.locks.dump("locks") == "2").await;
     assert!(!waiting.is_finished());
     assert_eq!(brick.posix.dump("open-fds"), "1");
     a.stop();
     within("b's lock", waiting).await.expect("join").expect("b gets the lock once a is gone");
-    wait_until("a's fd released on the brick", || brick.posix.dump("open-fds") == "0").await;
+    until("a's fd released on the brick", PATIENCE, || brick.posix.dump("open-fds") == "0").await;
     assert_eq!(brick.chain.top().dump("clients"), "1");
     b.stop();
     brick.stop_server().await;
@@ -178,7 +178,7 @@ async fn contention_upcalls_reach_the_holder_only() {
     };
     a.run_as(CallCtx::root("a").with_lk_owner(7), lock(7)).await.expect("a locks");
     assert_eq!(b.run(lock(8)).await, Err(Errno::EAGAIN));
-    wait_until("a's contention upcall", || !a.upcalls().is_empty()).await;
+    until("a's contention upcall", PATIENCE, || !a.upcalls().is_empty()).await;
     match &a.upcalls()[0] {
         Upcall::InodelkContention { gfid, domain, holder_client, holder_owner } => {
             assert_eq!((*gfid, domain.as_str(), *holder_owner), (Gfid::ROOT, "dom", 7));
@@ -203,18 +203,18 @@ async fn stopping_answers_calls_in_flight_then_says_goodbye() {
         let c = c.clone();
         tokio::spawn(async move { c.run(Fop::Stat { loc: Loc::gfid(g(1)) }).await })
     };
-    wait_until("the call at the child", || gate.arrived() == 1).await;
+    until("the call at the child", PATIENCE, || gate.held() == 1).await;
     let server = chain.top().xl.clone();
     assert_eq!(server.notify(Event::ParentDown, EventFrom::Graph), None);
     let fini = tokio::task::spawn_blocking(move || server.fini());
     // fini has begun once the listener is gone; it then waits for the call.
-    wait_until("fini closes the listener", || std::net::TcpStream::connect(addr).is_err()).await;
+    until("fini closes the listener", PATIENCE, || std::net::TcpStream::connect(addr).is_err()).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(!fini.is_finished(), "fini waits for the call in flight");
-    gate.release(g(1));
+    gate.release_gfid(g(1));
     assert!(within("the answer", t).await.expect("join").is_ok(), "the call in flight is answered");
     within("fini", fini).await.expect("fini returns");
     c.wait_downs(1).await;
-    wait_until("the goodbye", || c.dump("last-error").contains("said goodbye: the server is shutting down")).await;
+    until("the goodbye", PATIENCE, || c.dump("last-error").contains("said goodbye: the server is shutting down")).await;
     c.stop();
 }

@@ -201,9 +201,9 @@ async fn readdirp_returns_the_requested_xattrs_of_each_entry() {
     e.create(d, "plain").await;
     e.create(d, "tagged").await;
     e.mkdir(d, "sub").await;
-    set_xattr(&e.brick.join("d/tagged"), "user.tag", b"t1");
-    set_xattr(&e.brick.join("d/sub"), "user.tag", b"s1");
-    set_xattr(&e.brick.join("d/sub"), "user.other", b"o");
+    set_xattr(&e.brick.join("d/tagged"), "user.tag", b"t1").expect("set xattr");
+    set_xattr(&e.brick.join("d/sub"), "user.tag", b"s1").expect("set xattr");
+    set_xattr(&e.brick.join("d/sub"), "user.other", b"o").expect("set xattr");
     let ask = Dict::new().with("user.tag", Value::U64(0)).with("user.absent", Value::U64(0));
     let fd = e.opendir(d).await;
     let rsp = e.runx(Fop::Readdirp { fd, size: 1 << 20, offset: 0 }, ask.clone()).await.expect("readdirp");
@@ -437,7 +437,7 @@ async fn inodes_made_behind_our_back_get_gfids() {
     assert_eq!(std::fs::read_link(e.handle_path(outer.gfid)).expect("handle"), PathBuf::from(&target));
     // A copy made with its xattrs does not steal the handle.
     std::fs::create_dir(e.brick.join("copy")).expect("mkdir");
-    set_xattr(&e.brick.join("copy"), GFID_XATTR, &outer.gfid.0);
+    set_xattr(&e.brick.join("copy"), GFID_XATTR, &outer.gfid.0).expect("set xattr");
     assert_eq!(e.lookup(Gfid::ROOT, "copy").await.expect("lookup copy").gfid, outer.gfid);
     assert_eq!(std::fs::read_link(e.handle_path(outer.gfid)).expect("handle"), PathBuf::from(&target));
 }
@@ -498,8 +498,8 @@ async fn escape_attempts(e: &Env) {
     // volume would: checking the gfid after following is not enough.
     let (v1, v2) = (Gfid::random(), Gfid::random());
     std::fs::create_dir(e.outside.join("other")).expect("mkdir");
-    set_xattr(&e.outside, GFID_XATTR, &v1.0);
-    set_xattr(&e.outside.join("other"), GFID_XATTR, &v2.0);
+    set_xattr(&e.outside, GFID_XATTR, &v1.0).expect("set xattr");
+    set_xattr(&e.outside.join("other"), GFID_XATTR, &v2.0).expect("set xattr");
     let before = snapshot(&e.outside);
     let d = e.mkdir(Gfid::ROOT, "d").await;
     let mut links = Vec::new();
