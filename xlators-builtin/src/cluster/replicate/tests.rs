@@ -96,6 +96,11 @@ impl Cluster {
 
     /// A replicate node (a client) over the bricks, all children up.
     fn node(&self, client: &str, afr_opts: &[(&str, &str)]) -> Node {
+        self.node_with(client, afr_opts, Default::default())
+    }
+
+    /// [`Cluster::node`] whose graph offers `policies`.
+    fn node_with(&self, client: &str, afr_opts: &[(&str, &str)], policies: xlfs_sdk::policy::Policies) -> Node {
         let mut children = Vec::new();
         let mut stats = Vec::new();
         let mut gates = Vec::new();
@@ -121,7 +126,8 @@ impl Cluster {
             stats.push(st);
             gates.push(gate);
         }
-        let afr_ctx = ictx("test-afr", TYPE.options, afr_opts, children);
+        let mut afr_ctx = ictx("test-afr", TYPE.options, afr_opts, children);
+        afr_ctx.policies = policies;
         let afr_sink = afr_ctx.events.clone();
         let afr = Arc::new(Replicate::new(afr_ctx).expect("replicate"));
         let afr_dyn: Arc<dyn Xlator> = afr.clone();

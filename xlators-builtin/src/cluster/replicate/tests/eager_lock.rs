@@ -216,7 +216,8 @@ async fn an_idle_holder_hands_over_at_once_only_with_notify() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_policy_is_consulted() {
-    use xlfs_sdk::policy::lock_contention::{Decision, LockContentionPolicy, LockEvent, LockView, register_loader};
+    use xlfs_sdk::policy::Policies;
+    use xlfs_sdk::policy::lock_contention::{Decision, LockContentionPolicy, LockEvent, LockView};
     struct EveryTxn;
     impl LockContentionPolicy for EveryTxn {
         fn name(&self) -> &str {
@@ -226,10 +227,10 @@ async fn a_plugin_policy_is_consulted() {
             if event == LockEvent::TxnEnd { Decision::ReleaseNow } else { Decision::Keep }
         }
     }
-    register_loader("afrtest", Arc::new(|_: &str| Ok(Arc::new(EveryTxn) as Arc<dyn LockContentionPolicy>)))
-        .expect("register");
+    let policies = Policies::default()
+        .with_lock_contention("afrtest", Arc::new(|_: &str| Ok(Arc::new(EveryTxn) as Arc<dyn LockContentionPolicy>)));
     let c = Cluster::new();
-    let n = c.node("client-a", &[("lock-contention-policy", "afrtest:every")]);
+    let n = c.node_with("client-a", &[("lock-contention-policy", "afrtest:every")], policies);
     assert_eq!(n.dump("lock-contention-policy"), "every-txn");
     let fd = n.create("f").await.expect("create");
     for k in 0..4u64 {
