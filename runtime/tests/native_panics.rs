@@ -21,7 +21,6 @@ mod plugin_kit;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use plugin_kit::volume;
 use xlfs_runtime::graph::GraphSpec;
@@ -84,19 +83,7 @@ fn cxx_throwing() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-            let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("libxlfs_cxx_throwing.so");
-            let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-            let status = Command::new(&cxx)
-                .args(["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
-                .arg(root.join("sdk/include"))
-                .arg("-o")
-                .arg(&out)
-                .arg(root.join("plugins/c-passthrough/throwing.cpp"))
-                .status()
-                .unwrap_or_else(|e| panic!("cannot run {cxx} (scripts/install-deps.sh installs g++): {e}"));
-            assert!(status.success(), "{cxx} failed on plugins/c-passthrough/throwing.cpp: {status}");
-            out
+            plugin_kit::native("CXX", "g++", "plugins/c-passthrough/throwing.cpp", "libxlfs_cxx_throwing.so")
         })
         .clone()
 }

@@ -17,7 +17,6 @@ mod plugin_kit;
 
 use plugin_kit::{dump_value, volume};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use bytes::Bytes;
 use xlfs_runtime::client::Client;
@@ -51,19 +50,7 @@ fn c_passthrough() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-            let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("libxlfs_c_passthrough.so");
-            let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-            let status = Command::new(&cc)
-                .args(["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
-                .arg(root.join("sdk/include"))
-                .arg("-o")
-                .arg(&out)
-                .arg(root.join("plugins/c-passthrough/passthrough.c"))
-                .status()
-                .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
-            assert!(status.success(), "{cc} failed on plugins/c-passthrough: {status}");
-            out
+            plugin_kit::native("CC", "cc", "plugins/c-passthrough/passthrough.c", "libxlfs_c_passthrough.so")
         })
         .clone()
 }

@@ -133,3 +133,23 @@ pub fn dump_value(graph: &Graph, key: &str) -> String {
         None => panic!("no {key} in {dump:?}"),
     }
 }
+
+/// Builds a native plugin from one C or C++ source under the repository
+/// (`source`, relative to its root) into a shared library `out` in this
+/// test's target directory, with the compiler `$env_var` names (default
+/// `default`), warnings as errors and `sdk/include` on the path.
+pub fn native(env_var: &str, default: &str, source: &str, out: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out);
+    let cc = std::env::var(env_var).unwrap_or_else(|_| default.into());
+    let status = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(root.join("sdk/include"))
+        .arg("-o")
+        .arg(&out)
+        .arg(root.join(source))
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {cc} (scripts/install-deps.sh installs gcc and g++): {e}"));
+    assert!(status.success(), "{cc} failed on {source}: {status}");
+    out
+}
