@@ -2,7 +2,7 @@
 //! interruption (a background thread ticks the epoch every [`TICK`]), one
 //! [`Linker`] with the host functions as imports of module `xlfs`, and per
 //! node one [`Store`] and instance, bounded by a memory limit and a
-//! deadline per call. Compiled modules are cached by the loader (`mod.rs`).
+//! deadline per call. Compiled modules are cached by the loader (`plugin.rs`).
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};

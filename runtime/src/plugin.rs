@@ -23,7 +23,7 @@
 //! - Validation: both types are *dynamic* in the [`Registry`]: the graph
 //!   validates a volume's options against the host's options (below) plus
 //!   the ones the module declares, before any node is built.
-//! - Nodes (`node.rs`): one guest instance per graph node. Fops the module
+//! - Nodes (`node.rs`, `node/`): one guest instance per graph node. Fops the module
 //!   does not want pass to child 0 without entering it; a fop that enters
 //!   it is driven in its own task (wound calls polled there, replies handed
 //!   to the guest as they come), with no task spawn or channel per fop.
@@ -39,7 +39,7 @@
 //!   `policy` and cluster/replicate's `lock-contention-policy` when they are
 //!   set to `wasm:<path>` or `dylib:<path>`; [`register`] registers those
 //!   loaders. A failing policy call falls back to the built-in default.
-//! - Dump and reconfigure (`node.rs`, plugin ABI v1.2, optional exports):
+//! - Dump and reconfigure (`node/xlator.rs`, plugin ABI v1.2, optional exports):
 //!   a node's dump adds the plugin's own pairs (`xlfs_dump`) to the host's
 //!   counters; an options-only reload hands a node its new plugin options
 //!   in place (`xlfs_reconfigure`, validated against the declarations

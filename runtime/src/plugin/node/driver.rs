@@ -1,0 +1,408 @@
+//! A plugin node's frames and the calls wound for them.
+//!
+//! A fop's own task drives its frame ([`Driver`]): `wind` only queues the
+//! call in the frame's cell; the fop's future starts the queued calls,
+//! polls them, and when one is ready runs the guest's `xlfs_on_reply`
+//! synchronously, until the frame has a result (an unwind, a tail call's
+//! result, or EIO from a fault). So a pass-through fop costs no task spawn
+//! and no channel hop: over a child that answers at once, the whole round
+//! trip is one poll. Calls still running when the frame ends (fan-out
+//! answered early, a timed-out or cancelled fop) are driven to their end by
+//! one background task, their replies delivered as before. Only calls
+//! without a frame (frame 0) and timers are tasks of their own.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use tokio::runtime::Handle;
+use xlfs_sdk::abi::{self, Limits};
+use xlfs_sdk::guest::sys;
+use xlfs_sdk::{CallCtx, Child, Errno, FopKind, FopResult, Request};
+
+use super::{Core, neg};
+
+pub(super) struct FrameEntry {
+    pub(super) cell: Arc<FrameCell>,
+    ctx: CallCtx,
+    kind: FopKind,
+}
+
+/// Who a wound call belongs to, echoed with its result.
+#[derive(Clone, Copy)]
+struct CallMeta {
+    call: u64,
+    /// The instance generation that wound it.
+    era: u64,
+    /// A tail wind: its result is the frame's.
+    tail: bool,
+}
+
+/// A call the guest wound, not started yet: the frame's driver starts it
+/// (outside every lock).
+struct Wound {
+    meta: CallMeta,
+    target: Child,
+    ctx: CallCtx,
+    req: Request,
+    /// Counts the call in flight until it ends (or is dropped unstarted).
+    _count: CallCount,
+}
+
+/// One of the node's calls in flight; the count drops with it.
+struct CallCount(Arc<AtomicUsize>);
+
+impl Drop for CallCount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+type CallFuture = Pin<Box<dyn Future<Output = (CallMeta, FopResult)> + Send>>;
+
+impl Wound {
+    fn start(self) -> CallFuture {
+        Box::pin(async move {
+            let Wound { meta, target, ctx, req, _count } = self;
+            let result = target.call(ctx, req).await;
+            (meta, result)
+        })
+    }
+}
+
+/// What host functions hand a frame's driver: calls to start, its result,
+/// and the waker of its task while it waits.
+#[derive(Default)]
+struct FrameState {
+    inbox: Vec<Wound>,
+    result: Option<FopResult>,
+    waker: Option<Waker>,
+}
+
+#[derive(Default)]
+pub(super) struct FrameCell(Mutex<FrameState>);
+
+impl FrameCell {
+    fn push(&self, w: Wound) {
+        let mut s = self.0.lock();
+        s.inbox.push(w);
+        if let Some(waker) = s.waker.take() {
+            waker.wake();
+        }
+    }
+
+    /// Sets the frame's result (the first one stands).
+    pub(super) fn finish(&self, result: FopResult) {
+        let mut s = self.0.lock();
+        if s.result.is_none() {
+            s.result = Some(result);
+        }
+        if let Some(waker) = s.waker.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// Drives one frame inside the task of the fop that made it: starts the
+/// calls wound for the frame, polls them, delivers their replies to the
+/// guest, and yields the frame's result. Dropped before the frame is over
+/// (a frame timeout, the caller gone) or with calls still running, it hands
+/// the rest to a background task.
+struct Driver {
+    core: Arc<Core>,
+    frame: u64,
+    cell: Arc<FrameCell>,
+    calls: Vec<CallFuture>,
+    /// When the frame times out.
+    deadline: Instant,
+    /// Set on the background task's driver: its drop hands nothing on.
+    detached: bool,
+}
+
+impl Driver {
+    /// Makes progress; `Ready(Some(result))` once the frame has a result
+    /// (when `want_result`), `Ready(None)` once nothing is left to run
+    /// (when not).
+    fn poll_frame(&mut self, cx: &mut Context<'_>, want_result: bool) -> Poll<Option<FopResult>> {
+        loop {
+            let (wounds, result) = {
+                let mut s = self.cell.0.lock();
+                s.waker = None;
+                (std::mem::take(&mut s.inbox), if want_result { s.result.take() } else { None })
+            };
+            self.calls.extend(wounds.into_iter().map(Wound::start));
+            if result.is_some() {
+                return Poll::Ready(result);
+            }
+            let mut progressed = false;
+            let mut i = 0;
+            while i < self.calls.len() {
+                let Poll::Ready((meta, result)) = self.calls[i].as_mut().poll(cx) else {
+                    i += 1;
+                    continue;
+                };
+                drop(self.calls.swap_remove(i));
+                progressed = true;
+                if meta.tail {
+                    if want_result {
+                        return Poll::Ready(Some(result));
+                    }
+                } else {
+                    // The guest's reply handler runs here, in this task; it
+                    // may wind more calls or unwind the frame.
+                    self.core.deliver(meta.era, self.frame, meta.call, result);
+                }
+            }
+            if progressed {
+                continue;
+            }
+            let mut s = self.cell.0.lock();
+            if !s.inbox.is_empty() || (want_result && s.result.is_some()) {
+                continue;
+            }
+            if !want_result && self.calls.is_empty() {
+                return Poll::Ready(None);
+            }
+            s.waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+    }
+
+    /// The background rest of a frame: its result if it is still in flight
+    /// (discarded: the caller is gone; EIO and logged at the deadline),
+    /// then every call still queued or running.
+    async fn finish(mut self) {
+        if self.core.frames.lock().contains_key(&self.frame) {
+            let deadline = tokio::time::Instant::from_std(self.deadline);
+            if tokio::time::timeout_at(deadline, std::future::poll_fn(|cx| self.poll_frame(cx, true))).await.is_err() {
+                self.core.expire(self.frame);
+            }
+        }
+        std::future::poll_fn(|cx| self.poll_frame(cx, false)).await;
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if self.detached {
+            return;
+        }
+        if self.calls.is_empty() {
+            // One lock at a time: elsewhere the order is frames, then cell.
+            let queued = !self.cell.0.lock().inbox.is_empty();
+            let live = self.core.frames.lock().contains_key(&self.frame);
+            if !queued && !live {
+                return;
+            }
+        }
+        let Some(rt) = self.core.handle() else { return };
+        let rest = Driver {
+            core: self.core.clone(),
+            frame: self.frame,
+            cell: self.cell.clone(),
+            calls: std::mem::take(&mut self.calls),
+            deadline: self.deadline,
+            detached: true,
+        };
+        rt.spawn(rest.finish());
+    }
+}
+
+impl Core {
+    /// A fop for the guest: a new frame, `xlfs_on_fop`, then drive the
+    /// frame in this task until it has a result (or fails, or times out).
+    pub(super) async fn run_fop(&self, ctx: CallCtx, mut req: Request) -> FopResult {
+        if self.rt.get().is_none()
+            && let Ok(h) = Handle::try_current()
+        {
+            let _ = self.rt.set(h);
+        }
+        let Some(me) = self.me.upgrade() else { return Err(Errno::ENOTCONN) };
+        let _permit = self.permits.acquire().await.map_err(|_| Errno::EIO)?;
+        self.entered.fetch_add(1, Ordering::Relaxed);
+        let kind = req.fop.kind();
+        let frame = self.next_frame.fetch_add(1, Ordering::Relaxed);
+        let cell = Arc::new(FrameCell::default());
+        let deadline = tokio::time::Instant::now() + self.limits.frame_timeout;
+        let mut driver = Driver {
+            core: me,
+            frame,
+            cell: cell.clone(),
+            calls: Vec::new(),
+            deadline: deadline.into_std(),
+            detached: false,
+        };
+        let data = sys::take_fop_data(&mut req.fop);
+        let mut msg = Vec::new();
+        sys::encode_call(Some(&ctx), &req, &mut msg);
+        let entered = self.with_guest(None, |g, _| {
+            let payload = match data {
+                None => sys::NO_BUF,
+                Some(d) => match self.bufs.lock().insert(d) {
+                    Ok(h) => h,
+                    Err(e) => return Ok(Err(e)),
+                },
+            };
+            self.frames.lock().insert(frame, FrameEntry { cell, ctx, kind });
+            g.on_fop(frame, &msg, payload).map(Ok)
+        });
+        match entered {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) | Err(e) => {
+                // The frame failed before the guest saw it (or with it).
+                self.frames.lock().remove(&frame);
+                return Err(e);
+            }
+        }
+        let run = std::future::poll_fn(|cx| driver.poll_frame(cx, true));
+        match tokio::time::timeout_at(deadline, run).await {
+            Ok(Some(result)) => result,
+            Ok(None) => Err(Errno::EIO),
+            Err(_) => {
+                self.expire(frame);
+                Err(Errno::EIO)
+            }
+        }
+    }
+
+    /// A frame missed its deadline: it is dropped (logged) if still in
+    /// flight; a later unwind of it is refused.
+    fn expire(&self, frame: u64) {
+        if let Some(f) = self.frames.lock().remove(&frame) {
+            tracing::warn!(target: "xlfs::plugin", node = %self.name, frame, fop = f.kind.name(),
+                "plugin did not unwind the frame within frame-timeout ({:?}): failing it with EIO", self.limits.frame_timeout);
+            f.cell.finish(Err(Errno::EIO));
+        }
+    }
+
+    /// A wound call's result, back into the guest.
+    fn deliver(&self, era: u64, frame: u64, call: u64, mut result: FopResult) {
+        let data = sys::take_result_data(&mut result);
+        let r = self.with_guest(Some(era), |g, _| {
+            let payload = match data {
+                None => sys::NO_BUF,
+                Some(d) => match self.bufs.lock().insert(d) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        result = Err(e);
+                        sys::NO_BUF
+                    }
+                },
+            };
+            let mut msg = Vec::new();
+            abi::encode(&result, &mut msg);
+            g.on_reply(frame, call, &msg, payload)
+        });
+        if let Err(e) = r {
+            tracing::debug!(target: "xlfs::plugin", node = %self.name, frame, call, "reply not delivered: {e:?}");
+        }
+    }
+
+    /// Fails one frame with EIO because the guest misused the ABI for it.
+    fn fail_frame(&self, frame: u64, why: &str) {
+        if let Some(f) = self.frames.lock().remove(&frame) {
+            tracing::warn!(target: "xlfs::plugin", node = %self.name, frame, fop = f.kind.name(), "{why}: failing the fop with EIO");
+            f.cell.finish(Err(Errno::EIO));
+        } else {
+            tracing::warn!(target: "xlfs::plugin", node = %self.name, frame, "{why}");
+        }
+    }
+
+    pub(super) fn wind(&self, frame: u64, child: u32, flags: u32, msg: &[u8], payload: u32) -> i64 {
+        let tail = flags & sys::WIND_TAIL != 0;
+        if flags & !sys::WIND_TAIL != 0 || (tail && frame == 0) {
+            self.fail_frame(frame, &format!("wind with bad flags {flags:#x}"));
+            return neg(Errno::EINVAL);
+        }
+        let (ctx, mut req) = match sys::decode_call(msg, &Limits::DEFAULT) {
+            Ok(x) => x,
+            Err(e) => {
+                self.fail_frame(frame, &format!("wind of an undecodable request ({e})"));
+                return neg(Errno::EINVAL);
+            }
+        };
+        let Some(target) = self.children.get(child as usize).cloned() else {
+            self.fail_frame(
+                frame,
+                &format!("wind to child {child}, but the node has {} children", self.children.len()),
+            );
+            return neg(Errno::EINVAL);
+        };
+        if payload != sys::NO_BUF {
+            let Some(bytes) = self.bufs.lock().map.get(&payload).cloned() else {
+                self.fail_frame(frame, &format!("wind with unknown buffer handle {payload}"));
+                return neg(Errno::EBADF);
+            };
+            if !sys::put_fop_data(&mut req.fop, bytes) {
+                self.fail_frame(frame, &format!("wind of {} with a data buffer", req.fop.kind().name()));
+                return neg(Errno::EINVAL);
+            }
+        }
+        let max_calls = self.limits.max_frames.saturating_mul(4).max(64);
+        if self.calls.load(Ordering::Relaxed) >= max_calls {
+            return neg(Errno::EAGAIN);
+        }
+        let era = self.generation.load(Ordering::Acquire);
+        let call = self.next_call.fetch_add(1, Ordering::Relaxed);
+        let meta = CallMeta { call, era, tail };
+        let wound = |ctx: CallCtx, count: CallCount| Wound { meta, target, ctx, req, _count: count };
+        if frame == 0 {
+            // A detached call: no fop to drive it, so a task of its own.
+            let (Some(rt), Some(me)) = (self.handle(), self.me.upgrade()) else { return neg(Errno::EAGAIN) };
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            let fut = wound(ctx.unwrap_or_else(|| self.node_ctx.clone()), CallCount(self.calls.clone())).start();
+            rt.spawn(async move {
+                let (meta, result) = fut.await;
+                me.deliver(meta.era, 0, meta.call, result);
+            });
+            return call as i64;
+        }
+        let mut frames = self.frames.lock();
+        let Some(entry) = frames.get(&frame) else { return neg(Errno::ENOENT) };
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        // A context the guest encoded lacks the fop's timing frame
+        // (never encoded): the call is still the fop's own.
+        let ctx = match ctx {
+            Some(c) => CallCtx { frame: entry.ctx.frame.clone(), ..c },
+            None => entry.ctx.clone(),
+        };
+        let w = wound(ctx, CallCount(self.calls.clone()));
+        entry.cell.push(w);
+        if tail {
+            // The frame ends here: its result is this call's.
+            frames.remove(&frame);
+        }
+        call as i64
+    }
+
+    pub(super) fn unwind(&self, frame: u64, msg: &[u8], payload: u32) -> i32 {
+        let Some(entry) = self.frames.lock().remove(&frame) else {
+            tracing::debug!(target: "xlfs::plugin", node = %self.name, frame, "unwind of a frame not in flight");
+            return -Errno::ENOENT.0;
+        };
+        let kind = entry.kind.name();
+        let refuse = |entry: FrameEntry, why: String, e: Errno| {
+            tracing::warn!(target: "xlfs::plugin", node = %self.name, frame, fop = kind, "{why}: failing the fop with EIO");
+            entry.cell.finish(Err(Errno::EIO));
+            -e.0
+        };
+        let mut result = match abi::decode::<FopResult>(msg, None, &Limits::DEFAULT) {
+            Ok(r) => r,
+            Err(e) => return refuse(entry, format!("plugin unwound garbage ({e})"), Errno::EINVAL),
+        };
+        if payload != sys::NO_BUF {
+            let Some(bytes) = self.bufs.lock().map.get(&payload).cloned() else {
+                return refuse(entry, format!("unwind with unknown buffer handle {payload}"), Errno::EBADF);
+            };
+            if !sys::put_result_data(&mut result, bytes) {
+                return refuse(entry, "unwind of a non-READ result with a data buffer".into(), Errno::EINVAL);
+            }
+        }
+        entry.cell.finish(result);
+        0
+    }
+}
