@@ -21,9 +21,9 @@
 //!   contention upcall saying another client waits (as GlusterFS's
 //!   erasure-coding translator does).
 //!
-//! Other policies come from plugin modules: the runtime registers a loader
-//! per scheme ([`register_loader`]) and [`resolve`] maps an option value
-//! such as `wasm:/path/policy.wasm` to it.
+//! Other policies come from plugin modules: the graph offers a loader per
+//! scheme ([`Policies`](super::Policies)), which maps an option value such
+//! as `wasm:/path/policy.wasm` to one.
 
 use std::sync::Arc;
 
