@@ -15,5 +15,7 @@
 //! The CLI side is `runtime/src/cli/daemon.rs` (`xlfs daemon`, `xlfs
 //! volume`), and `xlfs mount HOST:/VOLUME` in `runtime/src/cli/mount.rs`.
 
+pub mod keys;
 pub mod spec;
 pub mod store;
+pub mod volgen;
