@@ -15,7 +15,10 @@
 //! The CLI side is `runtime/src/cli/daemon.rs` (`xlfs daemon`, `xlfs
 //! volume`), and `xlfs mount HOST:/VOLUME` in `runtime/src/cli/mount.rs`.
 
+pub mod daemon;
 pub mod keys;
+pub mod protocol;
 pub mod spec;
 pub mod store;
+pub mod supervisor;
 pub mod volgen;
