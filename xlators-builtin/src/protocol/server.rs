@@ -364,7 +364,7 @@ impl Server {
         let auth = Auth::from_options(&o, &names)?;
         let cfg = Config {
             max_frame: MAX_FRAME_SIZE.get(&o).min(u64::from(u32::MAX)) as usize,
-            max_inflight: MAX_INFLIGHT.count(&o).max(1).min(Semaphore::MAX_PERMITS),
+            max_inflight: MAX_INFLIGHT.count(&o).clamp(1, Semaphore::MAX_PERMITS),
             max_clients: MAX_CLIENTS.count(&o).max(1),
             max_fds: MAX_FDS.count(&o).max(1),
             sock: SocketOptions::from_options(&o),
