@@ -66,7 +66,7 @@ pub struct MountArgs {
     #[arg(long, value_name = "FILE")]
     pub volfile: Option<PathBuf>,
     /// Where to mount (an existing directory); before it, to mount a volume
-    /// from the `xlfs daemon` at HOST[:PORT] (port 24007 if not given),
+    /// from the `xlfs daemon` at `HOST[:PORT]` (port 24007 if not given),
     /// `HOST[:PORT]:/VOLUME` (`127.0.0.1:/gv0`, `node1:24007:/gv0`).
     #[arg(value_name = "[HOST[:PORT]:/VOLUME] MOUNTPOINT")]
     pub mountpoint: PathBuf,
@@ -213,7 +213,7 @@ impl MountArgs {
             return self.serve(opts, out).await;
         }
         // Check what can be checked before going to the background.
-        Volfile::load(&self.volfile()).map_err(CliError::from).and_then(|v| {
+        Volfile::load(self.volfile()).map_err(CliError::from).and_then(|v| {
             GraphSpec::validate(&v, &Registry::builtin())?;
             Ok(())
         })?;

@@ -42,7 +42,7 @@ pub enum MgmtError {
     Volgen(#[from] VolgenError),
     /// A brick did not start.
     #[error("volume start failed: {0}")]
-    Start(#[from] StartError),
+    Start(Box<StartError>),
     /// No such volume.
     #[error("volume {0} does not exist")]
     NoVolume(String),
@@ -331,7 +331,7 @@ impl Daemon {
         if replica == 0 {
             return Err(MgmtError::ZeroReplica);
         }
-        if bricks.len() % replica != 0 {
+        if !bricks.len().is_multiple_of(replica) {
             return Err(MgmtError::ReplicaMismatch { replica, bricks: bricks.len() });
         }
         let mut list: Vec<BrickSpec> = Vec::new();
@@ -391,7 +391,7 @@ impl Daemon {
             if !was_started {
                 self.sup.stop_volume(name).await;
             }
-            return Err(e.into());
+            return Err(MgmtError::Start(Box::new(e)));
         }
         if !was_started {
             v.spec.status = VolumeStatus::Started;

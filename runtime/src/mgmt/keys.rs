@@ -92,7 +92,7 @@ pub enum KeyError {
         /// Its option.
         option: &'static str,
         /// What the declaration says.
-        source: OptionError,
+        source: Box<OptionError>,
     },
     /// A toggle's value is not a boolean.
     #[error("key {key}: bad value '{value}', expected {}", OptType::Bool.form())]
@@ -148,7 +148,7 @@ pub fn validate(reg: &Registry, name: &str, value: &str) -> Result<String, KeyEr
                     key: name.into(),
                     xlator,
                     option,
-                    source,
+                    source: Box::new(source),
                 })?;
             }
         }
