@@ -107,7 +107,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     kit::init_tracing();
     let tmp = tempfile::Builder::new().prefix("xlfs-vol-").tempdir().expect("tempdir");
     let dirs = brick_dirs(tmp.path(), 3);
-    let d = Daemon::start();
+    let mut d = Daemon::start();
 
     let mut create: Vec<String> = ["create", "gv0", "replica", "3"].map(String::from).to_vec();
     create.extend(dirs.iter().map(|p| brick_arg(p)));
@@ -225,6 +225,27 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     });
     drop(squatter);
 
+    // The daemon restarts: the volume is still there, its bricks are served
+    // again, and the mount follows them to wherever they now listen.
+    let gen_before = generation(&mount_status(&mnt));
+    d.restart();
+    assert!(d.ok(&["info", "gv0"]).contains("status = \"started\""));
+    let again = wait_for("the restarted daemon to serve all bricks", || {
+        let b = bricks(&d, "gv0");
+        b.iter().all(|(_, pid, up, _)| *up && pid.is_some()).then_some(b)
+    });
+    assert_eq!(again.len(), 3);
+    assert!(d.ok(&["get", "gv0", "performance.write-behind"]).contains("off"), "keys survive the restart");
+    wait_for("the mount to follow the restarted bricks", || {
+        (generation(&mount_status(&mnt)) > gen_before).then_some(())
+    });
+    std::fs::write(mnt.join("after-restart"), b"daemon restarted").expect("write after the daemon restart");
+    wait_for("the write to reach every brick", || {
+        dirs.iter()
+            .all(|d| std::fs::read(d.join("after-restart")).is_ok_and(|c| c == b"daemon restarted"))
+            .then_some(())
+    });
+
     // start force with everything up changes nothing; stop, delete.
     assert!(d.refused(&["start", "gv0"]).contains("volume gv0 is already started"));
     assert!(d.ok(&["start", "gv0", "force"]).contains("gv0"));
@@ -310,6 +331,19 @@ fn bad_input_is_refused_with_its_reason_and_changes_nothing() {
     }
     assert!(help.contains("default: 600") && help.contains("a time"), "{help}");
     assert_eq!(d.ok(&["info", "--json"]), info_before, "refused sets change nothing");
+    d.ok(&["set", "v1", "performance.read-ahead", "on"]);
+    assert!(
+        d.ok(&["get", "v1", "all"])
+            .lines()
+            .any(|l| l.starts_with("performance.read-ahead") && l.contains("on") && l.ends_with("set"))
+    );
+    let e = d.refused(&["reset", "v1", "performance.nope"]);
+    assert!(e.contains("unknown key 'performance.nope'"), "{e}");
+    d.ok(&["reset", "v1", "performance.read-ahead"]);
+    assert!(
+        d.ok(&["get", "v1", "performance.read-ahead"]).lines().any(|l| l.contains("off") && l.ends_with("default"))
+    );
+    assert_eq!(d.ok(&["info", "--json"]), info_before, "set then reset leaves the spec as it was");
 
     // Lifecycle refusals.
     d.ok(&["start", "v1"]);

@@ -326,6 +326,10 @@ impl MountArgs {
             }
             shutdown(g).await;
         }
+        if self.source.is_some() {
+            // The fetched volfile belongs to this mount only.
+            let _ = std::fs::remove_file(&volfile);
+        }
         tracing::info!("stopped");
         r.map_err(|e| MountError::from(e).into())
     }

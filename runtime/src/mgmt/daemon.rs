@@ -135,6 +135,7 @@ impl Daemon {
     /// Starts the bricks of every started volume (at daemon start);
     /// failures are logged, and the brick stays down.
     pub async fn resume(&self) -> Result<(), MgmtError> {
+        let _one = self.changes.lock().await;
         for v in self.store.list()? {
             if v.spec.status == VolumeStatus::Started {
                 for job in jobs(&v.spec) {

@@ -123,9 +123,24 @@ impl Supervisor {
     /// restart) is restarted now.
     pub async fn start(self: &Arc<Self>, job: BrickJob) -> Result<(), StartError> {
         let key = (job.volume.clone(), job.brick.clone());
-        if let Some(s) = self.bricks.lock().get(&key).cloned() {
-            if s.state.lock().pid.is_none() {
-                s.wake.notify_one();
+        let running = self.bricks.lock().get(&key).cloned();
+        if let Some(s) = running {
+            if s.state.lock().pid.is_some() {
+                return Ok(());
+            }
+            // Down, waiting for its restart: now, and wait for it.
+            s.wake.notify_one();
+            let deadline = Instant::now() + START_TIMEOUT * 2;
+            while s.state.lock().pid.is_none() {
+                if Instant::now() >= deadline {
+                    return Err(StartError {
+                        volume: s.job.volume.clone(),
+                        brick: s.job.brick.clone(),
+                        why: format!("still down after {:?}", START_TIMEOUT * 2),
+                        log: s.log.clone(),
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
             return Ok(());
         }

@@ -98,6 +98,14 @@ impl Daemon {
         err
     }
 
+    /// Stops it (SIGTERM, exit 0 expected) and starts it again on the same
+    /// state directory and address.
+    pub fn restart(&mut self) {
+        let st = self.stop();
+        assert!(st.success(), "xlfs daemon exited with {st}\n--- daemon log ---\n{}", tail(&self.log(), 60));
+        self.launch();
+    }
+
     /// Stops it with SIGTERM and waits; returns the exit status.
     pub fn stop(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");
