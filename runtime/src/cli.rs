@@ -13,6 +13,7 @@ use crate::graph::{GraphError, LoadError};
 use crate::volfile::VolfileError;
 
 pub mod brick;
+pub mod daemon;
 pub mod heal;
 pub mod mount;
 pub mod profile;
@@ -21,6 +22,7 @@ pub mod up;
 pub mod volfile;
 
 pub use brick::{BrickArgs, BrickError};
+pub use daemon::{DaemonArgs, DaemonError, VolumeArgs, VolumeCommand};
 pub use heal::{HealArgs, HealError};
 pub use mount::{MountArgs, MountError, UmountArgs};
 pub use profile::ProfileArgs;
@@ -66,6 +68,12 @@ pub enum Command {
     /// Show where the time goes, per fop and translator, in a mounted
     /// client's graph and its bricks' (or one brick's, with --brick).
     Profile(ProfileArgs),
+    /// Run the management daemon of this node (GlusterFS's glusterd): keep
+    /// volume specs, serve and supervise their bricks, serve client volfiles.
+    Daemon(DaemonArgs),
+    /// Create, start, stop, delete, configure and show volumes (asks the
+    /// daemon).
+    Volume(VolumeArgs),
 }
 
 /// Why a command failed; the message is what the user sees.
@@ -92,6 +100,9 @@ pub enum CliError {
     /// A reload or status request failed.
     #[error(transparent)]
     Reload(#[from] ReloadError),
+    /// The daemon or a volume request failed.
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
     /// Writing the output failed.
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
@@ -129,6 +140,7 @@ impl Cli {
             Command::Brick(b) => b.log_file.as_deref(),
             Command::Mount(m) => m.log_file.as_deref(),
             Command::Heal(h) => h.log_file.as_deref(),
+            Command::Daemon(d) => d.log_file.as_deref(),
             _ => None,
         }
     }
@@ -142,7 +154,7 @@ impl Cli {
     pub fn default_log_filter(&self) -> &'static str {
         match &self.command {
             Command::Mount(_) => "info,fuser::session=error",
-            Command::Brick(_) => "info",
+            Command::Brick(_) | Command::Daemon(_) => "info",
             Command::Heal(h) if h.is_daemon() => "info",
             _ => "warn",
         }
@@ -161,6 +173,8 @@ impl Cli {
             Command::Reload(args) => args.run(out).await,
             Command::Status(args) => args.run(out).await,
             Command::Profile(args) => args.run(out).await,
+            Command::Daemon(args) => args.run(out).await,
+            Command::Volume(args) => args.run(out).await,
         }
     }
 }

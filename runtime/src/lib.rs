@@ -13,6 +13,7 @@ pub mod fd;
 pub mod fuse;
 pub mod graph;
 pub mod inode;
+pub mod mgmt;
 pub mod plugin;
 pub mod profile;
 pub mod registry;

@@ -14,6 +14,17 @@
 //! (lazily if busy, after a grace period), let the fops in flight finish,
 //! shut the graph down and exit 0; an unmount from outside does the same.
 //!
+//! `xlfs mount HOST[:PORT]:/VOLUME MOUNTPOINT` mounts a volume by name:
+//! it asks the `xlfs daemon` at HOST:PORT (default port 24007) for the
+//! volume's client volfile (`getspec`), writes it to
+//! `/run/xlfs/mounts/<h>.vol` (`<h>` as for the control socket; under
+//! `$XLFS_RUN_DIR` if set) and mounts that. The mount process then asks
+//! again every `--spec-interval` seconds; when the volfile changed (a
+//! `volume set`, a brick restarted on another port) it writes the new one
+//! and reloads it at once, so the graph follows without a remount. A
+//! daemon that does not answer is logged and asked again later; the
+//! running graph stays.
+//!
 //! `xlfs umount [-l] MOUNTPOINT` unmounts (lazily with `-l`), also a mount
 //! whose process died ("Transport endpoint is not connected").
 //!
@@ -51,11 +62,20 @@ pub const READY_PREFIX: &str = "xlfs mount: ";
 /// `xlfs mount`.
 #[derive(Debug, Args)]
 pub struct MountArgs {
-    /// The client volfile to mount.
+    /// The client volfile to mount (instead of a volume from a daemon).
     #[arg(long, value_name = "FILE")]
-    pub volfile: PathBuf,
-    /// Where to mount it (an existing directory).
+    pub volfile: Option<PathBuf>,
+    /// Where to mount (an existing directory); before it, to mount a volume
+    /// from the `xlfs daemon` at `HOST[:PORT]` (port 24007 if not given),
+    /// `HOST[:PORT]:/VOLUME` (`127.0.0.1:/gv0`, `node1:24007:/gv0`).
+    #[arg(value_name = "[HOST[:PORT]:/VOLUME] MOUNTPOINT")]
     pub mountpoint: PathBuf,
+    /// The mount point, when a volume is named before it.
+    #[arg(hide = true)]
+    pub then: Option<PathBuf>,
+    /// The volume to mount (set from the arguments by [`MountArgs::normalize`]).
+    #[arg(skip)]
+    pub source: Option<String>,
     /// Mount options, comma-separated; may be given more than once (see the
     /// README: entry-timeout, attribute-timeout, negative-timeout,
     /// keep-cache, auto-invalidation, writeback-cache, noatime, max-write,
@@ -78,6 +98,10 @@ pub struct MountArgs {
     /// `xlfs reload` still work).
     #[arg(long, value_name = "SECS", default_value_t = 1.0)]
     pub watch_interval: f64,
+    /// Seconds between asking the daemon for the volume's volfile (when
+    /// mounted by name).
+    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+    pub spec_interval: f64,
     /// Internal: this process is the daemon started by `xlfs mount`.
     #[arg(long, hide = true)]
     pub daemon_child: bool,
@@ -117,6 +141,14 @@ pub enum MountError {
     /// A task failed.
     #[error("mount task: {0}")]
     Join(#[from] tokio::task::JoinError),
+    /// The volume's volfile could not be had from the daemon.
+    #[error("mounting {source_name}: {why}")]
+    Spec {
+        /// `HOST:/VOLUME` as given.
+        source_name: String,
+        /// Why.
+        why: String,
+    },
     /// umount failed.
     #[error("unmounting {}: {source}", path.display())]
     Umount {
@@ -136,14 +168,52 @@ impl MountArgs {
         Ok(o)
     }
 
+    /// The volfile to mount: `--volfile`, or the one fetched for the source.
+    fn volfile(&self) -> PathBuf {
+        match &self.volfile {
+            Some(v) => v.clone(),
+            None => spec_path(&self.mountpoint),
+        }
+    }
+
+    /// Sorts the positional arguments: `SOURCE MOUNTPOINT` or `MOUNTPOINT`
+    /// (with `--volfile`).
+    pub fn normalize(mut self) -> Result<MountArgs, MountError> {
+        if let Some(m) = self.then.take() {
+            self.source = Some(self.mountpoint.display().to_string());
+            self.mountpoint = m;
+        }
+        match (&self.source, &self.volfile) {
+            (Some(_), None) | (None, Some(_)) => Ok(self),
+            (Some(src), Some(_)) => Err(MountError::Spec {
+                source_name: src.clone(),
+                why: "give either --volfile FILE or HOST[:PORT]:/VOLUME, not both".into(),
+            }),
+            (None, None) => Err(MountError::Spec {
+                source_name: self.mountpoint.display().to_string(),
+                why: "what to mount? give --volfile FILE or HOST[:PORT]:/VOLUME before the mount point".into(),
+            }),
+        }
+    }
+
     /// Mounts and serves until unmounted or signalled.
     pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
-        let opts = self.mount_options()?;
+        let this = self.normalize()?;
+        let opts = this.mount_options()?;
+        this.run_normalized(opts, out).await
+    }
+
+    async fn run_normalized(self, opts: MountOptions, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
+        if let Some(src) = &self.source {
+            let (addr, volume) = parse_source(src)?;
+            let text = fetch_spec(src, &addr, &volume).await?;
+            write_spec(src, &self.volfile(), &text)?;
+        }
         if self.foreground {
             return self.serve(opts, out).await;
         }
         // Check what can be checked before going to the background.
-        Volfile::load(&self.volfile).map_err(CliError::from).and_then(|v| {
+        Volfile::load(self.volfile()).map_err(CliError::from).and_then(|v| {
             GraphSpec::validate(&v, &Registry::builtin())?;
             Ok(())
         })?;
@@ -154,7 +224,8 @@ impl MountArgs {
     }
 
     async fn serve(self, opts: MountOptions, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
-        let graph = Arc::new(Graph::load(&self.volfile, &Registry::builtin())?);
+        let volfile = self.volfile();
+        let graph = Arc::new(Graph::load(&volfile, &Registry::builtin())?);
         let mut term = signal(SignalKind::terminate()).map_err(MountError::Signal)?;
         let mut int = signal(SignalKind::interrupt()).map_err(MountError::Signal)?;
         graph.activate();
@@ -189,7 +260,7 @@ impl MountArgs {
         drop(graph);
         let mut hup = signal(SignalKind::hangup()).map_err(MountError::Signal)?;
         let reloader = Arc::new(Reloader::new(
-            std::fs::canonicalize(&self.volfile).unwrap_or_else(|_| self.volfile.clone()),
+            std::fs::canonicalize(&volfile).unwrap_or_else(|_| volfile.clone()),
             Registry::builtin(),
             mount.clone(),
             timeout,
@@ -208,9 +279,17 @@ impl MountArgs {
             let every = Duration::from_secs_f64(self.watch_interval.min(86_400.0));
             tokio::spawn(reloader.clone().watch(every))
         });
+        let follower = match &self.source {
+            Some(src) if self.spec_interval > 0.0 => {
+                let every = Duration::from_secs_f64(self.spec_interval.min(86_400.0));
+                let (src, file) = (src.clone(), volfile.clone());
+                Some(tokio::spawn(follow_spec(src, file, reloader.clone(), every)))
+            }
+            _ => None,
+        };
         let line = format!(
             "{READY_PREFIX}{} on {} (pid {})",
-            self.volfile.display(),
+            self.source.clone().unwrap_or_else(|| volfile.display().to_string()),
             mount.mountpoint().display(),
             std::process::id()
         );
@@ -235,6 +314,9 @@ impl MountArgs {
         if let Some(w) = watcher {
             w.abort();
         }
+        if let Some(f) = follower {
+            f.abort();
+        }
         drop(control);
         reloader.quiesce(timeout + crate::fuse::switch::DRAIN).await;
         let r = mount.unmount(DRAIN).await;
@@ -244,6 +326,10 @@ impl MountArgs {
             }
             shutdown(g).await;
         }
+        if self.source.is_some() {
+            // The fetched volfile belongs to this mount only.
+            let _ = std::fs::remove_file(&volfile);
+        }
         tracing::info!("stopped");
         r.map_err(|e| MountError::from(e).into())
     }
@@ -252,7 +338,7 @@ impl MountArgs {
     /// its start line once it has mounted.
     fn daemonize(self, opts: &MountOptions) -> Result<String, MountError> {
         let abs = |p: &Path| std::fs::canonicalize(p).map_err(|e| MountError::Daemon(format!("{}: {e}", p.display())));
-        let (volfile, mountpoint) = (abs(&self.volfile)?, abs(&self.mountpoint)?);
+        let (volfile, mountpoint) = (abs(&self.volfile())?, abs(&self.mountpoint)?);
         let log = match self.log_file {
             Some(l) => l,
             None => {
@@ -263,10 +349,12 @@ impl MountArgs {
         };
         let exe = std::env::current_exe().map_err(|e| MountError::Daemon(format!("finding the xlfs binary: {e}")))?;
         let mut cmd = Command::new(exe);
-        cmd.arg("mount")
-            .arg("--volfile")
-            .arg(&volfile)
-            .arg("--foreground")
+        cmd.arg("mount");
+        match &self.source {
+            Some(src) => cmd.arg(src).arg("--spec-interval").arg(self.spec_interval.to_string()),
+            None => cmd.arg("--volfile").arg(&volfile),
+        };
+        cmd.arg("--foreground")
             .arg("--daemon-child")
             .arg("--log-file")
             .arg(&log)
@@ -296,6 +384,75 @@ impl MountArgs {
         let status = child.wait().map_err(|e| MountError::Daemon(e.to_string()))?;
         let err = err.trim().trim_start_matches("xlfs: ");
         Err(MountError::Daemon(format!("{status}: {err} (log: {})", log.display())))
+    }
+}
+
+/// Splits `HOST[:PORT]:/VOLUME` into the daemon's address and the volume.
+fn parse_source(src: &str) -> Result<(String, String), MountError> {
+    let bad = || MountError::Spec { source_name: src.to_string(), why: "expected HOST[:PORT]:/VOLUME".into() };
+    let (host, volume) = src.rsplit_once(":/").ok_or_else(bad)?;
+    if host.is_empty() || volume.is_empty() || volume.contains('/') {
+        return Err(bad());
+    }
+    let has_port = match host.rsplit_once(':') {
+        Some((h, p)) => !h.is_empty() && p.parse::<u16>().is_ok() && (!h.contains(':') || h.ends_with(']')),
+        None => false,
+    };
+    let addr = if has_port { host.to_string() } else { format!("{host}:24007") };
+    Ok((addr, volume.to_string()))
+}
+
+/// Asks the daemon for the volume's client volfile.
+async fn fetch_spec(src: &str, addr: &str, volume: &str) -> Result<String, MountError> {
+    use crate::mgmt::protocol::{Reply, Request, call};
+    match call(addr, &Request::Getspec { name: volume.to_string() }).await {
+        Ok(Reply::Spec { volfile, .. }) => Ok(volfile),
+        Ok(other) => Err(MountError::Spec { source_name: src.into(), why: format!("unexpected answer {other:?}") }),
+        Err(e) => Err(MountError::Spec { source_name: src.into(), why: e.to_string() }),
+    }
+}
+
+/// Where the volfile of a mount by name is kept.
+fn spec_path(mountpoint: &Path) -> PathBuf {
+    let sock = super::reload::socket_path(mountpoint);
+    let stem = sock.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    super::reload::run_dir().join("mounts").join(format!("{stem}.vol"))
+}
+
+/// Writes the volfile atomically (a reload never reads half of it).
+fn write_spec(src: &str, path: &Path, text: &str) -> Result<(), MountError> {
+    let fail =
+        |e: std::io::Error| MountError::Spec { source_name: src.into(), why: format!("{}: {e}", path.display()) };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    let tmp = path.with_extension("vol.tmp");
+    std::fs::write(&tmp, text).map_err(fail)?;
+    std::fs::rename(&tmp, path).map_err(fail)
+}
+
+/// Asks the daemon for the volfile every `every`; when it changed, writes
+/// it and reloads. Runs until dropped.
+async fn follow_spec(src: String, file: PathBuf, reloader: Arc<Reloader>, every: Duration) {
+    let Ok((addr, volume)) = parse_source(&src) else { return };
+    loop {
+        tokio::time::sleep(every).await;
+        let text = match fetch_spec(&src, &addr, &volume).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!("{e}; keeping the running graph");
+                continue;
+            }
+        };
+        if std::fs::read_to_string(&file).is_ok_and(|old| old == text) {
+            continue;
+        }
+        if let Err(e) = write_spec(&src, &file, &text) {
+            tracing::warn!("{e}");
+            continue;
+        }
+        tracing::info!(volume, "the daemon serves a new volfile; reloading");
+        let _ = reloader.reload("volfile server").await;
     }
 }
 
@@ -381,15 +538,30 @@ mod tests {
         let m = mount_args(&["--volfile", "v.vol", "/mnt/x", "-o", "ro,entry-timeout=2", "-o", "noatime", "-f"])
             .expect("args");
         assert_eq!(
-            (m.volfile.as_path(), m.mountpoint.as_path(), m.foreground),
-            (Path::new("v.vol"), Path::new("/mnt/x"), true)
+            (m.volfile.as_deref(), m.mountpoint.as_path(), m.foreground),
+            (Some(Path::new("v.vol")), Path::new("/mnt/x"), true)
         );
         let o = m.mount_options().expect("options");
         assert!(o.read_only && o.noatime);
         assert_eq!(o.entry_timeout, Duration::from_secs(2));
-        assert!(mount_args(&["/mnt/x"]).is_err(), "--volfile is required");
+        let e = mount_args(&["/mnt/x"]).expect("args").normalize().expect_err("nothing to mount");
+        assert!(e.to_string().contains("give --volfile FILE or HOST[:PORT]:/VOLUME"), "{e}");
+        let m = mount_args(&["127.0.0.1:24008:/gv0", "-f", "/mnt/x"]).expect("by name").normalize().expect("valid");
+        assert_eq!((m.source.as_deref(), m.volfile.as_deref()), (Some("127.0.0.1:24008:/gv0"), None));
+        assert_eq!(m.mountpoint, Path::new("/mnt/x"));
+        assert!(mount_args(&["--volfile", "v", "h:/gv0", "/mnt/x"]).expect("args").normalize().is_err(), "both");
         let bad = mount_args(&["--volfile", "v", "/m", "-o", "bogus"]).expect("args");
         assert!(bad.mount_options().expect_err("bogus").to_string().contains("'bogus'"));
+    }
+
+    #[test]
+    fn sources_name_a_daemon_and_a_volume() {
+        let p = |s: &str| parse_source(s).map_err(|e| e.to_string());
+        assert_eq!(p("127.0.0.1:24008:/gv0"), Ok(("127.0.0.1:24008".into(), "gv0".into())));
+        assert_eq!(p("node1:/gv0"), Ok(("node1:24007".into(), "gv0".into())));
+        assert_eq!(p("[::1]:7:/v"), Ok(("[::1]:7".into(), "v".into())));
+        assert!(p("node1:gv0").expect_err("no :/").contains("HOST[:PORT]:/VOLUME"));
+        assert!(p(":/v").is_err() && p("h:/a/b").is_err());
     }
 
     #[test]

@@ -77,7 +77,7 @@ pub enum ReloadError {
 }
 
 /// The directory of the control sockets.
-fn run_dir() -> PathBuf {
+pub(crate) fn run_dir() -> PathBuf {
     std::env::var_os("XLFS_RUN_DIR").map_or_else(|| PathBuf::from("/run/xlfs"), PathBuf::from)
 }
 

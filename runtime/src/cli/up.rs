@@ -397,7 +397,7 @@ pub fn replica_volfile(volume: &str, bricks: &[(u16, String)], afr: &[(&str, &st
 /// bricks run features/upcall, so the caches trust what they hold until
 /// an invalidation (as GlusterFS's recommended `group metadata-cache`
 /// settings: md-cache-timeout 600 with cache-invalidation on).
-fn perf_options(name: &str) -> &'static [(&'static str, &'static str)] {
+pub(crate) fn perf_options(name: &str) -> &'static [(&'static str, &'static str)] {
     match name {
         "md-cache" => &[("md-cache-timeout", "600"), ("cache-invalidation", "on")],
         "quick-read" => &[("cache-invalidation", "on"), ("fetch-on-read", "on")],

@@ -48,12 +48,27 @@ impl FuseMount {
         let dir = tempfile::Builder::new().prefix("xlfs-fuse-").tempdir().expect("temp dir");
         let vol = dir.path().join("client.vol");
         std::fs::write(&vol, volfile).expect("volfile");
+        let mut all = vec!["--volfile".to_string(), vol.display().to_string()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        FuseMount::launch(dir, vol, opts, &all)
+    }
+
+    /// Mounts a volume by name (`HOST:PORT:/VOLUME`, from an `xlfs
+    /// daemon`) with more `xlfs mount` arguments.
+    pub fn start_by_name(source: &str, opts: &str, args: &[&str]) -> FuseMount {
+        let dir = tempfile::Builder::new().prefix("xlfs-fuse-").tempdir().expect("temp dir");
+        let mut all = vec![source.to_string()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        FuseMount::launch(dir, PathBuf::new(), opts, &all)
+    }
+
+    fn launch(dir: tempfile::TempDir, vol: PathBuf, opts: &str, args: &[String]) -> FuseMount {
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).expect("mount point");
         let mnt = std::fs::canonicalize(&mnt).expect("canonical");
         let log = dir.path().join("mount.log");
         let mut cmd = Command::new(XLFS);
-        cmd.arg("mount").arg("--volfile").arg(&vol).arg("--foreground").arg("--log-file").arg(&log).args(args);
+        cmd.arg("mount").arg("--foreground").arg("--log-file").arg(&log).args(args);
         if !opts.is_empty() {
             cmd.arg("-o").arg(opts);
         }
@@ -96,7 +111,7 @@ impl FuseMount {
         &self.mnt
     }
 
-    /// The volfile the mount was started with.
+    /// The volfile the mount was started with (empty for a mount by name).
     pub fn volfile(&self) -> &Path {
         &self.vol
     }

@@ -15,6 +15,8 @@
 //!   [`heal`] and [`heal_until_clean`] run `xlfs heal` on a volfile
 //!   ([`volfile_file`] writes one); [`assert_bricks_identical`] compares
 //!   the bricks' copies.
+//! - [`daemon`]: a real `xlfs daemon` on a free port, and `xlfs volume`
+//!   commands to it.
 //! - [`fuse_mount`]: a FUSE mount by a real `xlfs mount` process, and `sh`
 //!   to run a bash script on it.
 //! - [`workload`]: the foundation's client-API workload, run in-process and
@@ -26,6 +28,7 @@
 //! start bricks from the test's own thread, not from spawned tasks.
 #![allow(dead_code)]
 
+pub mod daemon;
 pub mod fuse_mount;
 mod process;
 mod replica;

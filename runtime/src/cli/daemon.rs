@@ -1,0 +1,363 @@
+//! `xlfs daemon` (one per node, GlusterFS's glusterd) and `xlfs volume
+//! ...`, the commands that talk to it.
+//!
+//! `xlfs daemon [--state-dir DIR] [--listen HOST:PORT]` runs in the
+//! foreground (under systemd: `runtime/dist/xlfs-daemon.service`): it keeps
+//! volume specs in `DIR/volumes/*.toml`, serves the bricks of started
+//! volumes (logs in `DIR/logs/`) and answers the control protocol
+//! ([`crate::mgmt::protocol`]) on the address. Once listening it prints
+//! `xlfs daemon: listening on ADDR (state DIR)`. SIGTERM or SIGINT stops
+//! the bricks and the daemon; the next start serves the started volumes
+//! again.
+//!
+//! `xlfs volume [--daemon HOST:PORT] [--json] SUBCOMMAND` sends one
+//! request and prints the answer: a line or a table for people, the JSON
+//! reply with `--json`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Args, Subcommand};
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::CliError;
+use crate::mgmt::daemon::{Daemon, StateDir};
+use crate::mgmt::protocol::{DEFAULT_ADDR, ProtocolError, Reply, Request, call};
+use crate::mgmt::store::{FileStore, StoreError};
+use crate::mgmt::supervisor::Supervisor;
+
+/// The start line's prefix (tests and scripts read it).
+pub const READY_PREFIX: &str = "xlfs daemon: listening on ";
+
+/// `xlfs daemon`.
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// Where the volume specs and the brick logs are kept.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/xlfs")]
+    pub state_dir: PathBuf,
+    /// The address to answer `xlfs volume` and mounts on.
+    #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_ADDR)]
+    pub listen: String,
+    /// Append the log to FILE instead of writing it to stderr.
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+}
+
+/// Why the daemon could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The state directory cannot be used.
+    #[error("state directory {}: {source}", dir.display())]
+    StateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The store could not be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The address cannot be listened on.
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Signal handlers could not be installed.
+    #[error("installing signal handlers: {0}")]
+    Signal(std::io::Error),
+    /// A request failed or was refused.
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    /// The command line of `xlfs volume` is wrong.
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl DaemonArgs {
+    pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
+        let state_err = |dir: &std::path::Path| {
+            let dir = dir.to_path_buf();
+            move |source| DaemonError::StateDir { dir, source }
+        };
+        std::fs::create_dir_all(&self.state_dir).map_err(state_err(&self.state_dir))?;
+        let dir = std::fs::canonicalize(&self.state_dir).map_err(state_err(&self.state_dir))?;
+        let state = StateDir(dir.clone());
+        let store = FileStore::open(&state.volumes()).map_err(DaemonError::from)?;
+        let exe = std::env::current_exe().map_err(state_err(&dir))?;
+        let sup = Arc::new(Supervisor::new(exe, state.logs()).map_err(state_err(&state.logs()))?);
+        let daemon = Arc::new(Daemon::new(Arc::new(store), sup));
+        let listener = tokio::net::TcpListener::bind(&self.listen)
+            .await
+            .map_err(|source| DaemonError::Listen { addr: self.listen.clone(), source })?;
+        let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| self.listen.clone());
+        let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
+        let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
+        let server = tokio::spawn(daemon.clone().serve(listener));
+        if let Err(e) = daemon.resume().await {
+            tracing::error!("starting the bricks of started volumes: {e}");
+        }
+        let line = format!("{READY_PREFIX}{addr} (state {})", dir.display());
+        tracing::info!("{line}");
+        writeln!(out, "{line}")?;
+        out.flush()?;
+        let sig = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = sig, "stopping the bricks and the daemon");
+        server.abort();
+        daemon.shutdown().await;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// `xlfs volume`.
+#[derive(Debug, Args)]
+pub struct VolumeArgs {
+    /// The daemon to ask.
+    #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_ADDR, global = true)]
+    pub daemon: String,
+    /// Print the daemon's answer as JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: VolumeCommand,
+}
+
+/// `xlfs volume` subcommands (as GlusterFS's `gluster volume`).
+#[derive(Debug, Subcommand)]
+pub enum VolumeCommand {
+    /// Make a volume: `create NAME [replica N] HOST:DIR... [force]`
+    /// (`force` allows bricks on the root file system).
+    Create {
+        /// The volume's name.
+        name: String,
+        /// `[replica N] HOST:DIR... [force]`.
+        #[arg(required = true, num_args = 1.., value_name = "[replica N] HOST:DIR... [force]")]
+        args: Vec<String>,
+    },
+    /// Serve a volume's bricks; `start NAME force` restarts those that are down.
+    Start {
+        /// The volume.
+        name: String,
+        /// `force`.
+        #[arg(value_parser = ["force"])]
+        force: Option<String>,
+    },
+    /// Stop a volume's bricks.
+    Stop {
+        /// The volume.
+        name: String,
+    },
+    /// Delete a stopped volume (the data stays in the brick directories).
+    Delete {
+        /// The volume.
+        name: String,
+    },
+    /// Show volume specs (as TOML).
+    Info {
+        /// One volume (default: all).
+        name: Option<String>,
+    },
+    /// Show each brick: port, pid, online, disk free.
+    Status {
+        /// One volume (default: all).
+        name: Option<String>,
+    },
+    /// Set a key: `set NAME KEY VALUE`; `set help` lists the keys.
+    Set {
+        /// `NAME KEY VALUE`, or `help`.
+        #[arg(required = true, num_args = 1..=3, value_name = "NAME KEY VALUE | help")]
+        args: Vec<String>,
+    },
+    /// Reset one key, or every key, to its default.
+    Reset {
+        /// The volume.
+        name: String,
+        /// The key (default: all).
+        key: Option<String>,
+    },
+    /// Show a key's value, or every key's (`all`).
+    Get {
+        /// The volume.
+        name: String,
+        /// A key, or `all`.
+        key: String,
+    },
+    /// Print the client volfile the daemon serves for a volume.
+    Getspec {
+        /// The volume.
+        name: String,
+    },
+    /// Print the port brick HOST:DIR listens on.
+    Portmap {
+        /// `HOST:DIR`.
+        brick: String,
+    },
+}
+
+/// Parses `[replica N] HOST:DIR... [force]`.
+fn create_args(args: &[String]) -> Result<(Option<usize>, Vec<String>, bool), DaemonError> {
+    let mut rest: &[String] = args;
+    let mut replica = None;
+    if rest.first().is_some_and(|a| a == "replica") {
+        let n = rest.get(1).ok_or_else(|| DaemonError::Usage("replica: give the count (replica N)".into()))?;
+        replica = Some(
+            n.parse::<usize>()
+                .map_err(|_| DaemonError::Usage(format!("replica {n:?}: the replica count must be a number")))?,
+        );
+        rest = &rest[2..];
+    }
+    let force = rest.last().is_some_and(|a| a == "force");
+    if force {
+        rest = &rest[..rest.len() - 1];
+    }
+    Ok((replica, rest.to_vec(), force))
+}
+
+impl VolumeCommand {
+    fn request(self) -> Result<Request, DaemonError> {
+        Ok(match self {
+            VolumeCommand::Create { name, args } => {
+                let (replica, bricks, force) = create_args(&args)?;
+                Request::Create { name, replica, bricks, force }
+            }
+            VolumeCommand::Start { name, force } => Request::Start { name, force: force.is_some() },
+            VolumeCommand::Stop { name } => Request::Stop { name },
+            VolumeCommand::Delete { name } => Request::Delete { name },
+            VolumeCommand::Info { name } => Request::Info { name },
+            VolumeCommand::Status { name } => Request::Status { name },
+            VolumeCommand::Set { args } => match args.as_slice() {
+                [help] if help == "help" => Request::SetHelp,
+                [name, key, value] => Request::Set { name: name.clone(), key: key.clone(), value: value.clone() },
+                _ => return Err(DaemonError::Usage("usage: xlfs volume set NAME KEY VALUE | set help".into())),
+            },
+            VolumeCommand::Reset { name, key } => Request::Reset { name, key },
+            VolumeCommand::Get { name, key } => Request::Get { name, key },
+            VolumeCommand::Getspec { name } => Request::Getspec { name },
+            VolumeCommand::Portmap { brick } => Request::Portmap { brick },
+        })
+    }
+}
+
+impl VolumeArgs {
+    pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
+        let req = self.command.request()?;
+        let reply = call(&self.daemon, &req).await.map_err(DaemonError::from)?;
+        if self.json {
+            let text = serde_json::to_string_pretty(&reply).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+            writeln!(out, "{text}")?;
+        } else {
+            out.write_all(render(&reply).as_bytes())?;
+        }
+        out.flush()?;
+        Ok(())
+    }
+}
+
+/// A reply for people.
+fn render(reply: &Reply) -> String {
+    match reply {
+        Reply::Done { message } => format!("{message}\n"),
+        Reply::Volumes { volumes } if volumes.is_empty() => "no volumes\n".into(),
+        Reply::Volumes { volumes } => {
+            volumes.iter().map(|v| format!("# volume {}\n{}", v.name, v.to_toml())).collect::<Vec<_>>().join("\n")
+        }
+        Reply::Status { volumes } if volumes.is_empty() => "no volumes\n".into(),
+        Reply::Status { volumes } => {
+            let mut s = String::new();
+            for v in volumes {
+                s += &format!("Status of volume: {} ({})\n", v.name, v.status);
+                let rows: Vec<[String; 5]> = v
+                    .bricks
+                    .iter()
+                    .map(|b| {
+                        [
+                            format!("{}:{}", b.host, b.dir),
+                            b.port.map_or("-".into(), |p| p.to_string()),
+                            b.pid.map_or("-".into(), |p| p.to_string()),
+                            (if b.up { "Y" } else { "N" }).to_string(),
+                            b.disk_free.map_or("-".into(), human_size),
+                        ]
+                    })
+                    .collect();
+                s += &table(&["Brick", "Port", "Pid", "Online", "Disk free"], &rows);
+                s += "\n";
+            }
+            s
+        }
+        Reply::Values { values } => {
+            let rows: Vec<[String; 3]> = values
+                .iter()
+                .map(|v| [v.key.clone(), v.value.clone(), (if v.set { "set" } else { "default" }).to_string()])
+                .collect();
+            table(&["Option", "Value", ""], &rows)
+        }
+        Reply::Help { keys } => keys
+            .iter()
+            .map(|k| format!("{}\n    value: {}\n    default: {}\n    {}\n", k.key, k.form, k.default, k.description))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Reply::Spec { volfile, .. } => volfile.clone(),
+        Reply::Port { port } => format!("{port}\n"),
+    }
+}
+
+fn human_size(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1}{}", UNITS[u])
+}
+
+/// Columns padded to their widest cell.
+fn table<const N: usize>(head: &[&str; N], rows: &[[String; N]]) -> String {
+    let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<width$}", width = w[i])).collect();
+        format!("{}\n", s.join("  ").trim_end())
+    };
+    let mut s = line(head.to_vec());
+    for r in rows {
+        s += &line(r.iter().map(String::as_str).collect());
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_arguments() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            create_args(&v(&["replica", "3", "h:/a", "h:/b", "h:/c", "force"])).expect("parses"),
+            (Some(3), v(&["h:/a", "h:/b", "h:/c"]), true)
+        );
+        assert_eq!(create_args(&v(&["h:/a"])).expect("parses"), (None, v(&["h:/a"]), false));
+        assert!(create_args(&v(&["replica", "x", "h:/a"])).expect_err("not a number").to_string().contains("number"));
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(&["A", "Bee"], &[["xx".to_string(), "1".to_string()]]);
+        assert_eq!(t, "A   Bee\nxx  1\n");
+        assert_eq!(human_size(3 * 1024 * 1024), "3.0MB");
+    }
+}

@@ -1,0 +1,537 @@
+//! The daemon's request handling: each [`Request`] checked, applied to the
+//! [store](super::store) and the [supervisor](super::supervisor), and
+//! answered. Requests that change something run one at a time; a refused
+//! request changes nothing.
+
+use std::ffi::CString;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use xlfs_sdk::Gfid;
+
+use super::keys::{self, KEYS, KeyError};
+use super::protocol::{BrickStatus, KeyValue, Reply, Request, Response, VolumeState, read_frame, write_frame};
+use super::spec::{BadBrick, BadName, BrickSpec, VolumeSpec, VolumeStatus, check_name};
+use super::store::{Expect, Store, StoreError, Versioned};
+use super::supervisor::{BrickJob, StartError, Supervisor, disk_free, is_local};
+use super::volgen::{VolgenError, client_volfile};
+use crate::registry::Registry;
+
+/// The xattr that marks a brick directory as part of a volume.
+pub const VOLUME_ID_XATTR: &str = "trusted.glusterfs.volume-id";
+
+/// Why a request was refused (nothing changed) or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MgmtError {
+    /// A bad volume name.
+    #[error(transparent)]
+    Name(#[from] BadName),
+    /// A bad `HOST:DIR`.
+    #[error(transparent)]
+    Brick(#[from] BadBrick),
+    /// A bad key or value.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The volume layout is not supported.
+    #[error(transparent)]
+    Volgen(#[from] VolgenError),
+    /// A brick did not start.
+    #[error("volume start failed: {0}")]
+    Start(Box<StartError>),
+    /// No such volume.
+    #[error("volume {0} does not exist")]
+    NoVolume(String),
+    /// The name is taken.
+    #[error("volume {0} already exists")]
+    Exists(String),
+    /// Create without bricks.
+    #[error("volume create {0}: no bricks given (HOST:DIR ...)")]
+    NoBricks(String),
+    /// A replica count of 0.
+    #[error("replica count must be at least 1")]
+    ZeroReplica,
+    /// The replica count does not divide the brick count.
+    #[error("replica count {replica} does not divide the brick count {bricks}")]
+    ReplicaMismatch {
+        /// The replica count.
+        replica: usize,
+        /// The brick count.
+        bricks: usize,
+    },
+    /// The brick's host is not this node.
+    #[error("brick {0}: host is not this node (bricks on other nodes need peers, which this daemon does not have yet)")]
+    NotLocal(BrickSpec),
+    /// The brick directory is missing or unusable.
+    #[error("brick {brick}: directory {}: {source}", brick.dir.display())]
+    BrickDir {
+        /// The brick.
+        brick: BrickSpec,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The brick path is not a directory.
+    #[error("brick {0}: not a directory")]
+    NotDir(BrickSpec),
+    /// A brick given twice.
+    #[error("brick {0} is listed more than once")]
+    Duplicate(BrickSpec),
+    /// A brick on the root file system, without `force`.
+    #[error(
+        "brick {0} is on the root file system; put bricks on their own file system, or add `force` to use it anyway"
+    )]
+    RootFs(BrickSpec),
+    /// A brick already in a volume.
+    #[error("brick {brick} is already part of {what}")]
+    InUse {
+        /// The brick.
+        brick: BrickSpec,
+        /// Which volume (or which volume id).
+        what: String,
+    },
+    /// Marking or unmarking a brick failed.
+    #[error("brick {brick}: {what} {VOLUME_ID_XATTR}: {source}")]
+    Xattr {
+        /// The brick.
+        brick: BrickSpec,
+        /// set, read or remove.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Start of a started volume.
+    #[error("volume {0} is already started (`xlfs volume start {0} force` restarts the bricks that are down)")]
+    AlreadyStarted(String),
+    /// Stop (or getspec) of a volume not started.
+    #[error("volume {0} is not started")]
+    NotStarted(String),
+    /// Delete of a started volume.
+    #[error("volume {0} is started; stop it first (`xlfs volume stop {0}`)")]
+    DeleteStarted(String),
+    /// Portmap of a brick nobody serves.
+    #[error("no brick {0} is served by this daemon")]
+    NoSuchBrick(String),
+}
+
+/// The daemon's state: the store, the bricks, the registry for keys.
+pub struct Daemon {
+    store: Arc<dyn Store>,
+    sup: Arc<Supervisor>,
+    registry: Registry,
+    /// Serializes requests that change something.
+    changes: tokio::sync::Mutex<()>,
+}
+
+impl Daemon {
+    /// A daemon over `store`, running bricks with `sup`.
+    pub fn new(store: Arc<dyn Store>, sup: Arc<Supervisor>) -> Daemon {
+        Daemon { store, sup, registry: Registry::builtin(), changes: tokio::sync::Mutex::new(()) }
+    }
+
+    /// Starts the bricks of every started volume (at daemon start);
+    /// failures are logged, and the brick stays down.
+    pub async fn resume(&self) -> Result<(), MgmtError> {
+        let _one = self.changes.lock().await;
+        for v in self.store.list()? {
+            if v.spec.status == VolumeStatus::Started {
+                for job in jobs(&v.spec) {
+                    if let Err(e) = self.sup.start(job).await {
+                        tracing::error!("{e}");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every brick (at daemon exit).
+    pub async fn shutdown(&self) {
+        self.sup.stop_all().await;
+    }
+
+    /// Accepts connections on `listener` and answers their requests,
+    /// until the future is dropped.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let d = self.clone();
+            tokio::spawn(async move {
+                let (mut rd, mut wr) = stream.into_split();
+                loop {
+                    let req = match read_frame::<Request>(&mut rd).await {
+                        Ok(Some(r)) => r,
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::debug!(%peer, "control connection: {e}");
+                            let _ = write_frame(&mut wr, &Response::Error(format!("bad request: {e}"))).await;
+                            break;
+                        }
+                    };
+                    let resp = d.handle(req).await;
+                    if write_frame(&mut wr, &resp).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    }
+
+    /// Answers one request.
+    pub async fn handle(&self, req: Request) -> Response {
+        let logged = !matches!(
+            req,
+            Request::Getspec { .. } | Request::Portmap { .. } | Request::Info { .. } | Request::Status { .. }
+        );
+        let what = format!("{req:?}");
+        let r = self.apply(req).await;
+        match r {
+            Ok(reply) => {
+                if logged {
+                    tracing::info!(request = %what, "done");
+                }
+                Response::Ok(reply)
+            }
+            Err(e) => {
+                if logged {
+                    tracing::info!(request = %what, "refused: {e}");
+                }
+                Response::Error(e.to_string())
+            }
+        }
+    }
+
+    async fn apply(&self, req: Request) -> Result<Reply, MgmtError> {
+        match req {
+            Request::Create { name, replica, bricks, force } => {
+                let _one = self.changes.lock().await;
+                self.create(&name, replica, &bricks, force)
+            }
+            Request::Start { name, force } => {
+                let _one = self.changes.lock().await;
+                self.start(&name, force).await
+            }
+            Request::Stop { name } => {
+                let _one = self.changes.lock().await;
+                self.stop(&name).await
+            }
+            Request::Delete { name } => {
+                let _one = self.changes.lock().await;
+                self.delete(&name)
+            }
+            Request::Set { name, key, value } => {
+                let _one = self.changes.lock().await;
+                let value = keys::validate(&self.registry, &key, &value)?;
+                let mut v = self.get(&name)?;
+                v.spec.options.insert(key.clone(), value.clone());
+                self.store.put(&v.spec, Expect::Revision(v.revision))?;
+                Ok(done(format!("volume set: {name}: {key} = {value}")))
+            }
+            Request::Reset { name, key } => {
+                let _one = self.changes.lock().await;
+                let mut v = self.get(&name)?;
+                match &key {
+                    Some(k) => {
+                        keys::find(k)?;
+                        v.spec.options.remove(k);
+                    }
+                    None => v.spec.options.clear(),
+                }
+                self.store.put(&v.spec, Expect::Revision(v.revision))?;
+                Ok(done(format!("volume reset: {name}: {}", key.as_deref().unwrap_or("every key"))))
+            }
+            Request::Get { name, key } => {
+                let v = self.get(&name)?;
+                let one = |k: &keys::Key| {
+                    let set = v.spec.options.get(k.name);
+                    KeyValue {
+                        key: k.name.to_string(),
+                        value: set.cloned().unwrap_or_else(|| keys::default_value(&self.registry, k)),
+                        set: set.is_some(),
+                    }
+                };
+                let values = if key == "all" { KEYS.iter().map(one).collect() } else { vec![one(keys::find(&key)?)] };
+                Ok(Reply::Values { values })
+            }
+            Request::SetHelp => Ok(Reply::Help { keys: keys::help(&self.registry) }),
+            Request::Info { name } => {
+                let volumes = match name {
+                    Some(n) => vec![self.get(&n)?.spec],
+                    None => self.store.list()?.into_iter().map(|v| v.spec).collect(),
+                };
+                Ok(Reply::Volumes { volumes })
+            }
+            Request::Status { name } => {
+                let specs = match name {
+                    Some(n) => vec![self.get(&n)?.spec],
+                    None => self.store.list()?.into_iter().map(|v| v.spec).collect(),
+                };
+                Ok(Reply::Status { volumes: specs.iter().map(|s| self.state_of(s)).collect() })
+            }
+            Request::Getspec { name } => {
+                let v = self.get(&name)?;
+                if v.spec.status != VolumeStatus::Started {
+                    return Err(MgmtError::NotStarted(name));
+                }
+                let ports: Vec<u16> =
+                    v.spec.bricks.iter().map(|b| self.sup.state(&name, b).and_then(|s| s.port).unwrap_or(0)).collect();
+                Ok(Reply::Spec { volfile: client_volfile(&v.spec, &ports)?, revision: v.revision })
+            }
+            Request::Portmap { brick } => {
+                let b = BrickSpec::parse(&brick)?;
+                let canonical = BrickSpec { dir: std::fs::canonicalize(&b.dir).unwrap_or(b.dir.clone()), ..b.clone() };
+                let port = self.sup.port(&b).or_else(|| self.sup.port(&canonical));
+                Ok(Reply::Port { port: port.ok_or(MgmtError::NoSuchBrick(brick))? })
+            }
+        }
+    }
+
+    fn get(&self, name: &str) -> Result<Versioned, MgmtError> {
+        self.store.get(name)?.ok_or_else(|| MgmtError::NoVolume(name.to_string()))
+    }
+
+    fn state_of(&self, spec: &VolumeSpec) -> VolumeState {
+        let bricks = spec
+            .bricks
+            .iter()
+            .map(|b| {
+                let st = self.sup.state(&spec.name, b).unwrap_or_default();
+                BrickStatus {
+                    host: b.host.clone(),
+                    dir: b.dir.display().to_string(),
+                    port: st.port,
+                    pid: st.pid,
+                    up: st.pid.is_some(),
+                    disk_free: disk_free(&b.dir),
+                    restarts: st.restarts,
+                }
+            })
+            .collect();
+        VolumeState { name: spec.name.clone(), status: spec.status.to_string(), bricks }
+    }
+
+    fn create(&self, name: &str, replica: Option<usize>, bricks: &[String], force: bool) -> Result<Reply, MgmtError> {
+        check_name(name)?;
+        if self.store.get(name)?.is_some() {
+            return Err(MgmtError::Exists(name.to_string()));
+        }
+        if bricks.is_empty() {
+            return Err(MgmtError::NoBricks(name.to_string()));
+        }
+        let replica = replica.unwrap_or(bricks.len());
+        if replica == 0 {
+            return Err(MgmtError::ZeroReplica);
+        }
+        if !bricks.len().is_multiple_of(replica) {
+            return Err(MgmtError::ReplicaMismatch { replica, bricks: bricks.len() });
+        }
+        let mut list: Vec<BrickSpec> = Vec::new();
+        let known = self.store.list()?;
+        for raw in bricks {
+            let b = check_brick(&BrickSpec::parse(raw)?, force, &known)?;
+            if list.contains(&b) {
+                return Err(MgmtError::Duplicate(b));
+            }
+            list.push(b);
+        }
+        let spec = VolumeSpec {
+            name: name.to_string(),
+            id: Gfid::random().to_string(),
+            replica,
+            status: VolumeStatus::Created,
+            bricks: list,
+            options: Default::default(),
+        };
+        // Refuses layouts volgen cannot serve, before anything is marked.
+        client_volfile(&spec, &[])?;
+        let id = Gfid::parse(&spec.id).unwrap_or_default();
+        let mut marked: Vec<&BrickSpec> = Vec::new();
+        for b in &spec.bricks {
+            if let Err(source) = set_xattr(&b.dir, &id.0) {
+                unmark(&marked);
+                return Err(MgmtError::Xattr { brick: b.clone(), what: "setting", source });
+            }
+            marked.push(b);
+        }
+        if let Err(e) = self.store.put(&spec, Expect::Absent) {
+            unmark(&marked);
+            return Err(e.into());
+        }
+        Ok(done(format!(
+            "volume create: {name}: success: replica {replica}, {} bricks, id {}; start it with `xlfs volume start {name}`",
+            spec.bricks.len(),
+            spec.id
+        )))
+    }
+
+    async fn start(&self, name: &str, force: bool) -> Result<Reply, MgmtError> {
+        let mut v = self.get(name)?;
+        let was_started = v.spec.status == VolumeStatus::Started;
+        if was_started && !force {
+            return Err(MgmtError::AlreadyStarted(name.to_string()));
+        }
+        client_volfile(&v.spec, &[])?;
+        let mut failed = None;
+        for job in jobs(&v.spec) {
+            if let Err(e) = self.sup.start(job).await {
+                failed = Some(e);
+                break;
+            }
+        }
+        if let Some(e) = failed {
+            if !was_started {
+                self.sup.stop_volume(name).await;
+            }
+            return Err(MgmtError::Start(Box::new(e)));
+        }
+        if !was_started {
+            v.spec.status = VolumeStatus::Started;
+            if let Err(e) = self.store.put(&v.spec, Expect::Revision(v.revision)) {
+                self.sup.stop_volume(name).await;
+                return Err(e.into());
+            }
+        }
+        let what = if was_started { "bricks that were down restarted" } else { "success" };
+        Ok(done(format!("volume start: {name}: {what}")))
+    }
+
+    async fn stop(&self, name: &str) -> Result<Reply, MgmtError> {
+        let mut v = self.get(name)?;
+        if v.spec.status != VolumeStatus::Started {
+            return Err(MgmtError::NotStarted(name.to_string()));
+        }
+        v.spec.status = VolumeStatus::Stopped;
+        self.store.put(&v.spec, Expect::Revision(v.revision))?;
+        self.sup.stop_volume(name).await;
+        Ok(done(format!("volume stop: {name}: success")))
+    }
+
+    fn delete(&self, name: &str) -> Result<Reply, MgmtError> {
+        let v = self.get(name)?;
+        if v.spec.status == VolumeStatus::Started {
+            return Err(MgmtError::DeleteStarted(name.to_string()));
+        }
+        self.store.delete(name, v.revision)?;
+        unmark(&v.spec.bricks.iter().collect::<Vec<_>>());
+        Ok(done(format!(
+            "volume delete: {name}: success (the data stays in the brick directories; their {VOLUME_ID_XATTR} mark is removed)"
+        )))
+    }
+}
+
+fn done(message: String) -> Reply {
+    Reply::Done { message }
+}
+
+/// The brick jobs of a volume.
+fn jobs(spec: &VolumeSpec) -> Vec<BrickJob> {
+    spec.bricks
+        .iter()
+        .map(|b| BrickJob { volume: spec.name.clone(), volume_id: spec.id.clone(), brick: b.clone() })
+        .collect()
+}
+
+/// Checks a brick for create; returns it with its directory canonical.
+fn check_brick(b: &BrickSpec, force: bool, known: &[Versioned]) -> Result<BrickSpec, MgmtError> {
+    if !is_local(&b.host) {
+        return Err(MgmtError::NotLocal(b.clone()));
+    }
+    let dir_err = |source| MgmtError::BrickDir { brick: b.clone(), source };
+    let meta = std::fs::metadata(&b.dir).map_err(dir_err)?;
+    if !meta.is_dir() {
+        return Err(MgmtError::NotDir(b.clone()));
+    }
+    let dir = std::fs::canonicalize(&b.dir).map_err(dir_err)?;
+    let b = BrickSpec { host: b.host.clone(), dir };
+    let root = std::fs::metadata("/").map_err(dir_err)?;
+    if meta.dev() == root.dev() && !force {
+        return Err(MgmtError::RootFs(b));
+    }
+    for v in known {
+        if let Some(other) = v.spec.bricks.iter().find(|o| b.dir.starts_with(&o.dir) || o.dir.starts_with(&b.dir)) {
+            return Err(MgmtError::InUse { brick: b, what: format!("volume {} (brick {other})", v.spec.name) });
+        }
+    }
+    match get_xattr(&b.dir) {
+        Ok(Some(id)) => {
+            let id = <[u8; 16]>::try_from(id.as_slice()).map(|a| Gfid(a).to_string()).unwrap_or_else(|_| "?".into());
+            let what = match known.iter().find(|v| v.spec.id == id) {
+                Some(v) => format!("volume {} (id {id})", v.spec.name),
+                None => format!("a volume with id {id} ({VOLUME_ID_XATTR} is set on it)"),
+            };
+            Err(MgmtError::InUse { brick: b, what })
+        }
+        Ok(None) => Ok(b),
+        Err(source) => Err(MgmtError::Xattr { brick: b, what: "reading", source }),
+    }
+}
+
+fn cpath(p: &Path) -> std::io::Result<CString> {
+    CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn xattr_name() -> CString {
+    CString::new(VOLUME_ID_XATTR).unwrap_or_default()
+}
+
+/// The brick's volume-id xattr, if set.
+fn get_xattr(dir: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    let (p, n) = (cpath(dir)?, xattr_name());
+    let mut buf = [0u8; 64];
+    // SAFETY: valid C strings and a buffer of the length given.
+    let rc = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENODATA) { Ok(None) } else { Err(e) };
+    }
+    Ok(Some(buf[..rc as usize].to_vec()))
+}
+
+fn set_xattr(dir: &Path, value: &[u8]) -> std::io::Result<()> {
+    let (p, n) = (cpath(dir)?, xattr_name());
+    // SAFETY: valid C strings and a value of the length given.
+    let rc = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), libc::XATTR_CREATE) };
+    if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Removes the mark from bricks (a failure is logged: the volume is gone
+/// either way).
+fn unmark(bricks: &[&BrickSpec]) {
+    for b in bricks {
+        let r = cpath(&b.dir).and_then(|p| {
+            let n = xattr_name();
+            // SAFETY: valid C strings.
+            let rc = unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) };
+            if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+        });
+        if let Err(e) = r
+            && e.raw_os_error() != Some(libc::ENODATA)
+        {
+            tracing::warn!(brick = %b, "removing {VOLUME_ID_XATTR}: {e}");
+        }
+    }
+}
+
+/// The daemon's state directory layout.
+pub struct StateDir(pub PathBuf);
+
+impl StateDir {
+    /// Where volume specs are stored.
+    pub fn volumes(&self) -> PathBuf {
+        self.0.join("volumes")
+    }
+    /// Where brick logs go.
+    pub fn logs(&self) -> PathBuf {
+        self.0.join("logs")
+    }
+}

@@ -1,0 +1,256 @@
+//! Volume keys (`xlfs volume set VOL KEY VALUE`): GlusterFS's names for
+//! translators and options of the generated client graph.
+//!
+//! A key either turns a performance translator on or off (a toggle,
+//! `performance.write-behind off` leaves write-behind out of the graph), or
+//! sets one option on one or more translators (`network.ping-timeout` is
+//! protocol/client's `ping-timeout`). Values are checked against the
+//! translators' own option declarations ([`OptionDecl::parse`]), so a key
+//! accepts exactly what the translator does; `xlfs volume set help` shows
+//! the declared form, default and description.
+
+use serde::{Deserialize, Serialize};
+use xlfs_sdk::options::{OptType, OptionDecl, OptionError, parse_bool};
+
+use crate::registry::Registry;
+
+/// What a key controls.
+#[derive(Clone, Copy, Debug)]
+pub enum Target {
+    /// Whether `performance/<name>` is in the client graph, and whether it
+    /// is by default.
+    Toggle {
+        /// The translator type.
+        xlator: &'static str,
+        /// In the graph unless turned off.
+        default_on: bool,
+    },
+    /// Options of translators of the client graph, (type, option) each.
+    Options(&'static [(&'static str, &'static str)]),
+}
+
+/// One volume key.
+#[derive(Clone, Copy, Debug)]
+pub struct Key {
+    /// The GlusterFS-style name.
+    pub name: &'static str,
+    /// What it sets.
+    pub target: Target,
+}
+
+const WB: &str = "performance/write-behind";
+const MDC: &str = "performance/md-cache";
+const QR: &str = "performance/quick-read";
+const AFR: &str = "cluster/replicate";
+const CLIENT: &str = "protocol/client";
+
+/// Every key, as `set help` lists them.
+pub const KEYS: &[Key] = &[
+    Key { name: "performance.write-behind", target: Target::Toggle { xlator: WB, default_on: true } },
+    Key {
+        name: "performance.read-ahead",
+        target: Target::Toggle { xlator: "performance/read-ahead", default_on: false },
+    },
+    Key { name: "performance.quick-read", target: Target::Toggle { xlator: QR, default_on: true } },
+    Key {
+        name: "performance.open-behind",
+        target: Target::Toggle { xlator: "performance/open-behind", default_on: true },
+    },
+    Key {
+        name: "performance.readdir-ahead",
+        target: Target::Toggle { xlator: "performance/readdir-ahead", default_on: true },
+    },
+    Key { name: "performance.stat-prefetch", target: Target::Toggle { xlator: MDC, default_on: true } },
+    Key { name: "performance.md-cache-timeout", target: Target::Options(&[(MDC, "md-cache-timeout")]) },
+    Key { name: "performance.cache-size", target: Target::Options(&[(WB, "cache-size")]) },
+    Key { name: "performance.flush-behind", target: Target::Options(&[(WB, "flush-behind")]) },
+    Key { name: "performance.strict-o-direct", target: Target::Options(&[(WB, "strict-O_DIRECT")]) },
+    Key { name: "cluster.eager-lock", target: Target::Options(&[(AFR, "eager-lock")]) },
+    Key { name: "cluster.quorum-type", target: Target::Options(&[(AFR, "quorum-type")]) },
+    Key { name: "cluster.ensure-durability", target: Target::Options(&[(AFR, "ensure-durability")]) },
+    Key { name: "network.ping-timeout", target: Target::Options(&[(CLIENT, "ping-timeout")]) },
+    Key { name: "network.frame-timeout", target: Target::Options(&[(CLIENT, "frame-timeout")]) },
+    Key {
+        name: "features.cache-invalidation",
+        target: Target::Options(&[(MDC, "cache-invalidation"), (QR, "cache-invalidation")]),
+    },
+];
+
+/// Why a key or value was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// No such key.
+    #[error("unknown key '{0}' (`xlfs volume set help` lists the keys)")]
+    Unknown(String),
+    /// The value is not what the translator accepts.
+    #[error("key {key} ({xlator} option {option}): {source}")]
+    BadValue {
+        /// The key.
+        key: String,
+        /// The translator type.
+        xlator: &'static str,
+        /// Its option.
+        option: &'static str,
+        /// What the declaration says.
+        source: Box<OptionError>,
+    },
+    /// A toggle's value is not a boolean.
+    #[error("key {key}: bad value '{value}', expected {}", OptType::Bool.form())]
+    NotBool {
+        /// The key.
+        key: String,
+        /// The value.
+        value: String,
+    },
+    /// A key names an option its translator does not declare (a bug in
+    /// [`KEYS`], caught by the tests).
+    #[error("key {key}: {xlator} declares no option {option}")]
+    Undeclared {
+        /// The key.
+        key: String,
+        /// The translator type.
+        xlator: &'static str,
+        /// The option.
+        option: &'static str,
+    },
+}
+
+/// The key named `name`.
+pub fn find(name: &str) -> Result<&'static Key, KeyError> {
+    KEYS.iter().find(|k| k.name == name).ok_or_else(|| KeyError::Unknown(name.to_string()))
+}
+
+/// The declaration of `option` of translator `xlator`.
+fn decl<'r>(
+    reg: &'r Registry,
+    key: &str,
+    xlator: &'static str,
+    option: &'static str,
+) -> Result<&'r OptionDecl, KeyError> {
+    reg.get(xlator).and_then(|t| t.options.iter().find(|d| d.matches(option))).ok_or_else(|| KeyError::Undeclared {
+        key: key.to_string(),
+        xlator,
+        option,
+    })
+}
+
+/// Checks `value` for key `name`; returns it trimmed.
+pub fn validate(reg: &Registry, name: &str, value: &str) -> Result<String, KeyError> {
+    let key = find(name)?;
+    let value = value.trim();
+    match key.target {
+        Target::Toggle { .. } => {
+            parse_bool(value).ok_or_else(|| KeyError::NotBool { key: name.into(), value: value.into() })?;
+        }
+        Target::Options(targets) => {
+            for (xlator, option) in targets {
+                decl(reg, name, xlator, option)?.parse(value).map_err(|source| KeyError::BadValue {
+                    key: name.into(),
+                    xlator,
+                    option,
+                    source: Box::new(source),
+                })?;
+            }
+        }
+    }
+    Ok(value.to_string())
+}
+
+/// One key as `set help` shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KeyHelp {
+    /// The key.
+    pub key: String,
+    /// The accepted form of its value.
+    pub form: String,
+    /// The value the generated graph has when the key is not set.
+    pub default: String,
+    /// What it sets, and the translator's description of it.
+    pub description: String,
+}
+
+/// The value the generated graph has for a key nobody set.
+pub fn default_value(reg: &Registry, key: &Key) -> String {
+    match key.target {
+        Target::Toggle { default_on, .. } => (if default_on { "on" } else { "off" }).to_string(),
+        Target::Options(targets) => {
+            let Some((xlator, option)) = targets.first() else { return String::new() };
+            let short = xlator.rsplit('/').next().unwrap_or(xlator);
+            if let Some((_, v)) = super::volgen::generated_options(short).iter().find(|(k, _)| k == option) {
+                return v.to_string();
+            }
+            reg.get(xlator)
+                .and_then(|t| t.options.iter().find(|d| d.matches(option)))
+                .and_then(|d| d.default)
+                .unwrap_or("(unset)")
+                .to_string()
+        }
+    }
+}
+
+/// Every key with its form, default and description.
+pub fn help(reg: &Registry) -> Vec<KeyHelp> {
+    KEYS.iter()
+        .map(|k| {
+            let (form, description) = match k.target {
+                Target::Toggle { xlator, .. } => {
+                    let what = reg.get(xlator).map(|t| t.description).unwrap_or("");
+                    (OptType::Bool.form(), format!("Load {xlator} in the client graph: {what}"))
+                }
+                Target::Options(targets) => {
+                    let mut form = String::new();
+                    let mut desc = Vec::new();
+                    for (xlator, option) in targets {
+                        match reg.get(xlator).and_then(|t| t.options.iter().find(|d| d.matches(option))) {
+                            Some(d) => {
+                                if form.is_empty() {
+                                    form = d.ty.form();
+                                    if let Some((lo, hi)) = d.range {
+                                        form += &format!(", {lo}..={hi}");
+                                    }
+                                }
+                                desc.push(format!("{xlator} option {option}: {}", d.description));
+                            }
+                            None => desc.push(format!("{xlator} option {option}")),
+                        }
+                    }
+                    (form, desc.join(" "))
+                }
+            };
+            KeyHelp { key: k.name.to_string(), form, default: default_value(reg, k), description }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_names_a_declared_option_and_its_default_is_valid() {
+        let reg = Registry::builtin();
+        for k in KEYS {
+            let d = default_value(&reg, k);
+            if let Target::Toggle { xlator, .. } = k.target {
+                assert!(reg.get(xlator).is_some(), "{}: {xlator}", k.name);
+            }
+            if d != "(unset)" {
+                validate(&reg, k.name, &d).unwrap_or_else(|e| panic!("{}: default {d}: {e}", k.name));
+            }
+        }
+        assert_eq!(help(&reg).len(), KEYS.len());
+    }
+
+    #[test]
+    fn bad_keys_and_values_are_refused_with_the_valid_form() {
+        let reg = Registry::builtin();
+        assert!(validate(&reg, "performance.nope", "on").expect_err("unknown").to_string().contains("unknown key"));
+        let e = validate(&reg, "performance.cache-size", "1KB").expect_err("too small").to_string();
+        assert!(e.contains("out of range 524288..=1073741824"), "{e}");
+        let e = validate(&reg, "cluster.quorum-type", "most").expect_err("not a word").to_string();
+        assert!(e.contains("one of none, auto, fixed"), "{e}");
+        let e = validate(&reg, "performance.write-behind", "maybe").expect_err("not bool").to_string();
+        assert!(e.contains("a boolean"), "{e}");
+        assert_eq!(validate(&reg, "network.ping-timeout", " 10 ").expect("valid"), "10");
+    }
+}

@@ -1,0 +1,24 @@
+//! Management: what `xlfs daemon` (GlusterFS's glusterd) does on a node.
+//!
+//! - [`spec`]: volume specs (typed, shown as TOML);
+//! - [`store`]: where specs are kept ([`store::Store`], a small
+//!   revisioned key-value interface; [`store::FileStore`] embedded in the
+//!   state directory, an etcd one later);
+//! - [`keys`]: `volume set` keys, checked against the translators' option
+//!   declarations;
+//! - [`volgen`]: the client volfile of a volume;
+//! - [`supervisor`]: brick processes (start, restart with backoff, stop)
+//!   and the portmapper;
+//! - [`protocol`]: the CLI's framed JSON requests and responses;
+//! - [`daemon`]: request handling and the TCP server.
+//!
+//! The CLI side is `runtime/src/cli/daemon.rs` (`xlfs daemon`, `xlfs
+//! volume`), and `xlfs mount HOST:/VOLUME` in `runtime/src/cli/mount.rs`.
+
+pub mod daemon;
+pub mod keys;
+pub mod protocol;
+pub mod spec;
+pub mod store;
+pub mod supervisor;
+pub mod volgen;

@@ -1,0 +1,367 @@
+//! `xlfs daemon` and `xlfs volume` end to end, through the `xlfs` binary:
+//! a replica-3 volume created, started, mounted by name, reconfigured
+//! live, a brick killed and restarted by the daemon and healed, stopped
+//! and deleted; and every bad input refused with its reason, changing
+//! nothing.
+
+mod kit;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kit::daemon::{Daemon, free_port};
+use kit::fuse_mount::FuseMount;
+
+/// How long a condition may take to come true: a hang guard.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Waits until `f` returns `Some`, at most [`DEADLINE`].
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `force` if `dir` is on the root file system (create refuses it otherwise).
+fn force_if_root(dir: &Path) -> Option<&'static str> {
+    let dev = |p: &Path| std::fs::metadata(p).expect("stat").dev();
+    (dev(dir) == dev(Path::new("/"))).then_some("force")
+}
+
+/// Makes `n` brick directories under `root`.
+fn brick_dirs(root: &Path, n: usize) -> Vec<PathBuf> {
+    (0..n)
+        .map(|i| {
+            let d = root.join(format!("b{i}"));
+            std::fs::create_dir_all(&d).expect("brick dir");
+            std::fs::canonicalize(&d).expect("canonical")
+        })
+        .collect()
+}
+
+fn brick_arg(d: &Path) -> String {
+    format!("127.0.0.1:{}", d.display())
+}
+
+/// `xlfs volume status --json VOL`: (port, pid, up, restarts) per brick.
+fn bricks(d: &Daemon, vol: &str) -> Vec<(Option<u16>, Option<u32>, bool, u64)> {
+    let out = d.ok(&["status", vol, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("status is JSON");
+    v["volumes"][0]["bricks"]
+        .as_array()
+        .expect("bricks")
+        .iter()
+        .map(|b| {
+            (
+                b["port"].as_u64().map(|p| p as u16),
+                b["pid"].as_u64().map(|p| p as u32),
+                b["up"].as_bool().expect("up"),
+                b["restarts"].as_u64().expect("restarts"),
+            )
+        })
+        .collect()
+}
+
+/// `xlfs status MOUNTPOINT`.
+fn mount_status(mnt: &Path) -> String {
+    let out = kit::run_xlfs(&["status".as_ref(), mnt.as_os_str()]);
+    assert!(out.status.success(), "xlfs status: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The running graph in a status (after its `graph:` line).
+fn graph_of(status: &str) -> &str {
+    status.split_once("\ngraph:\n").map_or("", |(_, g)| g)
+}
+
+fn generation(status: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("generation: "))
+        .and_then(|g| g.trim().parse().ok())
+        .expect("status has a generation")
+}
+
+fn xattr_set(dir: &Path, name: &str) -> bool {
+    let out = std::process::Command::new("getfattr").arg("-n").arg(name).arg(dir).output();
+    match out {
+        Ok(o) => o.status.success(),
+        Err(_) => {
+            // No getfattr: ask the kernel directly.
+            let p = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).expect("path");
+            let n = std::ffi::CString::new(name).expect("name");
+            // SAFETY: valid C strings; a zero-length query.
+            unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) >= 0 }
+        }
+    }
+}
+
+#[test]
+fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
+    kit::init_tracing();
+    let tmp = tempfile::Builder::new().prefix("xlfs-vol-").tempdir().expect("tempdir");
+    let dirs = brick_dirs(tmp.path(), 3);
+    let mut d = Daemon::start();
+
+    let mut create: Vec<String> = ["create", "gv0", "replica", "3"].map(String::from).to_vec();
+    create.extend(dirs.iter().map(|p| brick_arg(p)));
+    create.extend(force_if_root(tmp.path()).map(String::from));
+    let out = d.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.contains("volume create: gv0: success"), "{out}");
+    for dir in &dirs {
+        assert!(xattr_set(dir, "trusted.glusterfs.volume-id"), "{} is marked", dir.display());
+    }
+    let info = d.ok(&["info", "gv0"]);
+    assert!(
+        info.contains("name = \"gv0\"") && info.contains("replica = 3") && info.contains("status = \"created\""),
+        "{info}"
+    );
+
+    assert!(d.ok(&["start", "gv0"]).contains("volume start: gv0: success"));
+    let b = bricks(&d, "gv0");
+    assert!(b.iter().all(|(port, pid, up, _)| port.is_some() && pid.is_some() && *up), "{b:?}");
+    let table = d.ok(&["status", "gv0"]);
+    assert!(table.contains("Brick") && table.contains("Disk free") && table.contains(&brick_arg(&dirs[0])), "{table}");
+    // The portmapper knows each brick's port.
+    for (i, dir) in dirs.iter().enumerate() {
+        assert_eq!(d.ok(&["portmap", &brick_arg(dir)]).trim(), b[i].0.expect("port").to_string());
+    }
+
+    // Mount by name and use it.
+    let source = format!("{}:/gv0", d.addr());
+    let m = FuseMount::start_by_name(&source, "", &["--spec-interval", "0.3"]);
+    let mnt = m.path().to_path_buf();
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(mnt.join("hello"), &data).expect("write through the mount");
+    assert_eq!(std::fs::read(mnt.join("hello")).expect("read back"), data);
+    let before = mount_status(&mnt);
+    assert!(graph_of(&before).contains("gv0-write-behind"), "{before}");
+
+    // volume set changes the mounted client's graph, without a remount.
+    let pid = m.pid();
+    assert!(d.ok(&["set", "gv0", "performance.write-behind", "off"]).contains("performance.write-behind = off"));
+    let after = wait_for("the mount to drop write-behind", || {
+        let s = mount_status(&mnt);
+        (!graph_of(&s).contains("gv0-write-behind")).then_some(s)
+    });
+    assert!(generation(&after) > generation(&before), "a new graph runs:\n{after}");
+    assert_eq!(m.pid(), pid, "same mount process");
+    assert!(kit::fuse_mount::is_mounted(&mnt));
+    assert_eq!(std::fs::read(mnt.join("hello")).expect("read after the switch"), data);
+    let got = d.ok(&["get", "gv0", "performance.write-behind"]);
+    assert!(got.contains("performance.write-behind") && got.contains("off") && got.contains("set"), "{got}");
+    // An option key is reconfigured in place (the graph's shape stays).
+    d.ok(&["set", "gv0", "performance.md-cache-timeout", "5"]);
+    let reconf = wait_for("md-cache-timeout reconfigured in the mount's graph", || {
+        let s = mount_status(&mnt);
+        s.lines()
+            .any(|l| l.starts_with("last reload") && l.contains("reconfigured") && l.contains("md-cache-timeout"))
+            .then_some(s)
+    });
+    assert_eq!(generation(&reconf), generation(&after), "reconfigured in place:\n{reconf}");
+
+    // SIGKILL a brick: the daemon restarts it; the mount and heal bring it back.
+    let (port0, pid0) = (b[0].0.expect("port"), b[0].1.expect("pid"));
+    // SAFETY: kill(2) on the brick's pid, which the daemon reported.
+    assert_eq!(unsafe { libc::kill(pid0 as libc::pid_t, libc::SIGKILL) }, 0);
+    std::fs::write(mnt.join("while-down"), b"written while a brick was down").expect("write with 2 of 3 up");
+    let restarted = wait_for("the daemon to restart the killed brick", || {
+        let b = bricks(&d, "gv0");
+        (b[0].2 && b[0].1.is_some_and(|p| p != pid0)).then_some(b)
+    });
+    assert!(restarted[0].3 >= 1, "a restart is counted: {restarted:?}");
+    let new_port = restarted[0].0.expect("port");
+    assert_eq!(d.ok(&["portmap", &brick_arg(&dirs[0])]).trim(), new_port.to_string());
+    assert_eq!(new_port, port0, "restarted on the port it had");
+    assert!(d.log().contains("brick died; restarting"), "the event is logged:\n{}", d.log());
+    let spec_file = tmp.path().join("client.vol");
+    std::fs::write(&spec_file, d.ok(&["getspec", "gv0"])).expect("write volfile");
+    kit::heal_until_clean(&spec_file);
+    for dir in &dirs {
+        assert_eq!(std::fs::read(dir.join("hello")).expect("brick copy"), data, "{}", dir.display());
+        assert_eq!(
+            std::fs::read(dir.join("while-down")).expect("healed copy"),
+            b"written while a brick was down",
+            "{}",
+            dir.display()
+        );
+    }
+    assert_eq!(std::fs::read(mnt.join("while-down")).expect("read"), b"written while a brick was down");
+
+    // Killed again while its port is taken: it comes back on another port,
+    // the daemon serves a volfile naming it, and the mount follows (a
+    // reload, no remount) and writes reach the brick again.
+    let gen_before = generation(&mount_status(&mnt));
+    let pid1 = restarted[0].1.expect("pid");
+    // SAFETY: kill(2) on the brick's pid, which the daemon reported.
+    assert_eq!(unsafe { libc::kill(pid1 as libc::pid_t, libc::SIGKILL) }, 0);
+    let squatter =
+        wait_for("the old port to be free to take", || std::net::TcpListener::bind(("127.0.0.1", port0)).ok());
+    let moved = wait_for("the brick to come back on another port", || {
+        let b = bricks(&d, "gv0");
+        (b[0].2 && b[0].1.is_some_and(|p| p != pid1)).then_some(b)
+    });
+    let port2 = moved[0].0.expect("port");
+    assert_ne!(port2, port0, "the old port was taken");
+    assert_eq!(d.ok(&["portmap", &brick_arg(&dirs[0])]).trim(), port2.to_string());
+    assert!(d.ok(&["getspec", "gv0"]).contains(&format!("option remote-port {port2}\n")));
+    let followed = wait_for("the mount to load the volfile with the new port", || {
+        let s = mount_status(&mnt);
+        (generation(&s) > gen_before).then_some(s)
+    });
+    assert!(followed.contains("(volfile server)"), "{followed}");
+    let mut n = 0;
+    wait_for("a write through the mount to reach the moved brick", || {
+        n += 1;
+        let name = format!("probe-{n}");
+        std::fs::write(mnt.join(&name), b"probe").expect("write");
+        dirs[0].join(&name).exists().then_some(())
+    });
+    drop(squatter);
+
+    // The daemon restarts: the volume is still there, its bricks are served
+    // again, and the mount follows them to wherever they now listen.
+    let gen_before = generation(&mount_status(&mnt));
+    d.restart();
+    assert!(d.ok(&["info", "gv0"]).contains("status = \"started\""));
+    let again = wait_for("the restarted daemon to serve all bricks", || {
+        let b = bricks(&d, "gv0");
+        b.iter().all(|(_, pid, up, _)| *up && pid.is_some()).then_some(b)
+    });
+    assert_eq!(again.len(), 3);
+    assert!(d.ok(&["get", "gv0", "performance.write-behind"]).contains("off"), "keys survive the restart");
+    wait_for("the mount to follow the restarted bricks", || {
+        (generation(&mount_status(&mnt)) > gen_before).then_some(())
+    });
+    std::fs::write(mnt.join("after-restart"), b"daemon restarted").expect("write after the daemon restart");
+    wait_for("the write to reach every brick", || {
+        dirs.iter()
+            .all(|d| std::fs::read(d.join("after-restart")).is_ok_and(|c| c == b"daemon restarted"))
+            .then_some(())
+    });
+
+    // start force with everything up changes nothing; stop, delete.
+    assert!(d.refused(&["start", "gv0"]).contains("volume gv0 is already started"));
+    assert!(d.ok(&["start", "gv0", "force"]).contains("gv0"));
+    let mut m = m;
+    assert!(m.stop_with(libc::SIGTERM).success(), "unmounted cleanly");
+    assert!(d.ok(&["stop", "gv0"]).contains("volume stop: gv0: success"));
+    assert!(bricks(&d, "gv0").iter().all(|(_, pid, up, _)| pid.is_none() && !up));
+    assert!(d.refused(&["getspec", "gv0"]).contains("volume gv0 is not started"));
+    assert!(d.ok(&["delete", "gv0"]).contains("volume delete: gv0: success"));
+    assert_eq!(d.ok(&["info"]).trim(), "no volumes");
+    for dir in &dirs {
+        assert!(!xattr_set(dir, "trusted.glusterfs.volume-id"), "{} is unmarked", dir.display());
+        assert_eq!(std::fs::read(dir.join("hello")).expect("data stays"), data);
+    }
+}
+
+#[test]
+fn bad_input_is_refused_with_its_reason_and_changes_nothing() {
+    kit::init_tracing();
+    let tmp = tempfile::Builder::new().prefix("xlfs-vol-").tempdir().expect("tempdir");
+    let dirs = brick_dirs(tmp.path(), 4);
+    let b: Vec<String> = dirs.iter().map(|p| brick_arg(p)).collect();
+    let force = force_if_root(tmp.path());
+    let with_force = |mut v: Vec<&'static str>, extra: &[String]| -> Vec<String> {
+        let mut all: Vec<String> = v.drain(..).map(String::from).collect();
+        all.extend(extra.iter().cloned());
+        all.extend(force.map(String::from));
+        all
+    };
+    let d = Daemon::start();
+    let run = |args: &[String]| d.volume(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let refused = |args: &[String]| {
+        let (ok, out, err) = run(args);
+        assert!(!ok, "{args:?} should fail, said {out}");
+        err
+    };
+
+    // A volume to collide with.
+    let (ok, _, err) = run(&with_force(vec!["create", "v1"], &b[..1]));
+    assert!(ok, "{err}");
+    let info_before = d.ok(&["info", "--json"]);
+
+    let e = refused(&with_force(vec!["create", "v1"], &b[1..2]));
+    assert!(e.contains("volume v1 already exists"), "{e}");
+    let e = refused(&with_force(vec!["create", "v2"], &b[..1]));
+    assert!(e.contains(&format!("brick {} is already part of volume v1", b[0])), "{e}");
+    let e = refused(&with_force(vec!["create", "v2"], &[b[1].clone(), b[1].clone()]));
+    assert!(e.contains(&format!("brick {} is listed more than once", b[1])), "{e}");
+    let e = refused(&with_force(vec!["create", "v2", "replica", "2"], &b[1..4]));
+    assert!(e.contains("replica count 2 does not divide the brick count 3"), "{e}");
+    let missing = format!("127.0.0.1:{}/nope", tmp.path().display());
+    let e = refused(&with_force(vec!["create", "v2"], std::slice::from_ref(&missing)));
+    assert!(e.contains(&format!("brick {missing}: directory")) && e.contains("No such file"), "{e}");
+    // A brick on the root file system needs `force`.
+    let on_root = tempfile::Builder::new().prefix("xlfs-rootfs-brick-").tempdir_in("/").expect("dir on /");
+    let root_brick = brick_arg(on_root.path());
+    let e = refused(&["create".to_string(), "v2".to_string(), root_brick.clone()]);
+    assert!(e.contains(&format!("brick {root_brick} is on the root file system")) && e.contains("force"), "{e}");
+    assert!(!xattr_set(on_root.path(), "trusted.glusterfs.volume-id"));
+    let e = refused(&with_force(vec!["create", "bad/name"], &b[1..2]));
+    assert!(e.contains("volume name \"bad/name\""), "{e}");
+    // Nothing was marked or stored by the refused creates.
+    for dir in &dirs[1..] {
+        assert!(!xattr_set(dir, "trusted.glusterfs.volume-id"), "{} stays unmarked", dir.display());
+    }
+    assert_eq!(d.ok(&["info", "--json"]), info_before);
+
+    // Keys and values.
+    let e = d.refused(&["set", "v1", "performance.nope", "on"]);
+    assert!(e.contains("unknown key 'performance.nope'"), "{e}");
+    let e = d.refused(&["set", "v1", "performance.cache-size", "1KB"]);
+    assert!(
+        e.contains("performance/write-behind option cache-size") && e.contains("out of range 524288..=1073741824"),
+        "{e}"
+    );
+    let e = d.refused(&["set", "v1", "cluster.quorum-type", "most"]);
+    assert!(e.contains("one of none, auto, fixed"), "{e}");
+    let help = d.ok(&["set", "help"]);
+    for key in
+        ["performance.write-behind", "performance.md-cache-timeout", "cluster.quorum-type", "network.ping-timeout"]
+    {
+        assert!(help.contains(key), "set help lists {key}:\n{help}");
+    }
+    assert!(help.contains("default: 600") && help.contains("a time"), "{help}");
+    assert_eq!(d.ok(&["info", "--json"]), info_before, "refused sets change nothing");
+    d.ok(&["set", "v1", "performance.read-ahead", "on"]);
+    assert!(
+        d.ok(&["get", "v1", "all"])
+            .lines()
+            .any(|l| l.starts_with("performance.read-ahead") && l.contains("on") && l.ends_with("set"))
+    );
+    let e = d.refused(&["reset", "v1", "performance.nope"]);
+    assert!(e.contains("unknown key 'performance.nope'"), "{e}");
+    d.ok(&["reset", "v1", "performance.read-ahead"]);
+    assert!(
+        d.ok(&["get", "v1", "performance.read-ahead"]).lines().any(|l| l.contains("off") && l.ends_with("default"))
+    );
+    assert_eq!(d.ok(&["info", "--json"]), info_before, "set then reset leaves the spec as it was");
+
+    // Lifecycle refusals.
+    d.ok(&["start", "v1"]);
+    assert!(d.refused(&["start", "v1"]).contains("volume v1 is already started"));
+    let e = d.refused(&["delete", "v1"]);
+    assert!(e.contains("volume v1 is started; stop it first"), "{e}");
+    assert!(d.refused(&["stop", "nope"]).contains("volume nope does not exist"));
+    d.ok(&["stop", "v1"]);
+    assert!(d.refused(&["stop", "v1"]).contains("volume v1 is not started"));
+    d.ok(&["delete", "v1"]);
+
+    // A daemon nobody runs.
+    let addr = format!("127.0.0.1:{}", free_port());
+    let out = kit::run_xlfs(&["volume", "--daemon", &addr, "info"]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains(&format!("cannot reach the xlfs daemon at {addr}")), "{e}");
+    let mnt = tempfile::tempdir().expect("mount point");
+    let out = kit::run_xlfs(&["mount".as_ref(), format!("{addr}:/v1").as_ref(), mnt.path().as_os_str()]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains(&format!("cannot reach the xlfs daemon at {addr}")), "{e}");
+}

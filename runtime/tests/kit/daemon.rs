@@ -1,0 +1,136 @@
+//! [`Daemon`]: a real `xlfs daemon` on a temporary state directory and a
+//! free loopback port, stopped (SIGTERM, which stops its bricks; SIGKILL
+//! if it hangs) when dropped, also when a test panics (then its log is
+//! printed); and [`Daemon::volume`] to run `xlfs volume --daemon ADDR ...`.
+
+use super::*;
+
+/// A running `xlfs daemon`.
+pub struct Daemon {
+    child: Option<Child>,
+    addr: String,
+    dir: tempfile::TempDir,
+}
+
+/// A free loopback port (bound, then released: another process could take
+/// it in between, which the daemon's start would report).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local addr").port()
+}
+
+impl Daemon {
+    /// Starts a daemon and waits for its start line.
+    pub fn start() -> Daemon {
+        let dir = tempfile::Builder::new().prefix("xlfs-daemon-").tempdir().expect("temp dir");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut d = Daemon { child: None, addr, dir };
+        d.launch();
+        d
+    }
+
+    fn launch(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).expect("log");
+        let mut cmd = Command::new(XLFS);
+        cmd.arg("daemon")
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .arg("--listen")
+            .arg(&self.addr)
+            .env("XLFS_LOG", log_filter())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log));
+        die_with_parent(&mut cmd);
+        let mut child = cmd.spawn().expect("spawn xlfs daemon");
+        let rx = watch_stdout(child.stdout.take().expect("stdout"), |l| l.starts_with("xlfs daemon: listening on "));
+        if rx.recv_timeout(PROCESS_TIMEOUT).is_err() {
+            kill_and_reap(&mut child);
+            panic!("xlfs daemon did not start\n--- daemon log ---\n{}", tail(&self.log(), 60));
+        }
+        self.child = Some(child);
+    }
+
+    /// Its address, `127.0.0.1:PORT`.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Its state directory.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// Its log file (also its stderr).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("daemon.log")
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Runs `xlfs volume --daemon ADDR ARGS`; returns (success, stdout,
+    /// stderr).
+    pub fn volume(&self, args: &[&str]) -> (bool, String, String) {
+        let mut all = vec!["volume", "--daemon", &self.addr];
+        all.extend_from_slice(args);
+        let out = run_xlfs(&all);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// [`Daemon::volume`] that must succeed; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.volume(args);
+        assert!(ok, "xlfs volume {args:?} failed: {err}\n--- daemon log ---\n{}", tail(&self.log(), 40));
+        out
+    }
+
+    /// [`Daemon::volume`] that must fail; returns stderr.
+    pub fn refused(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.volume(args);
+        assert!(!ok, "xlfs volume {args:?} should have failed, said: {out}");
+        err
+    }
+
+    /// Stops it (SIGTERM, exit 0 expected) and starts it again on the same
+    /// state directory and address.
+    pub fn restart(&mut self) {
+        let st = self.stop();
+        assert!(st.success(), "xlfs daemon exited with {st}\n--- daemon log ---\n{}", tail(&self.log(), 60));
+        self.launch();
+    }
+
+    /// Stops it with SIGTERM and waits; returns the exit status.
+    pub fn stop(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        send_signal(child.id(), libc::SIGTERM);
+        match wait_timeout(&mut child, PROCESS_TIMEOUT * 2) {
+            Some(st) => st,
+            None => {
+                kill_and_reap(&mut child);
+                panic!("xlfs daemon did not stop on SIGTERM\n--- daemon log ---\n{}", tail(&self.log(), 60));
+            }
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) on our child, not yet reaped.
+            let _ = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            if wait_timeout(&mut child, PROCESS_TIMEOUT * 2).is_none() {
+                kill_and_reap(&mut child);
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!("--- daemon log ({}) ---\n{}", self.log_path().display(), tail(&self.log(), 80));
+        }
+    }
+}
