@@ -561,7 +561,7 @@ impl Replicate {
         let inner = Inner {
             keys: names.iter().map(|s| pending::key(s)).collect(),
             pending_names: names,
-            volume_id: options.str("volume-id").map(str::to_string),
+            volume_id: VOLUME_ID.given(&options).map(str::to_string),
             cfg: RwLock::new(Arc::new(cfg)),
             up: AtomicU64::new(0),
             announce: Mutex::new((0, false)),

@@ -113,6 +113,8 @@ const HEAL_ALGORITHM: Opt<kind::Str> = Opt::optional("data-self-heal-algorithm")
      (as GlusterFS).",
 );
 
+pub(super) const VOLUME_ID: Opt<kind::Str> = Opt::optional("volume-id").desc("The volume's id, shown in dumps.");
+
 pub(super) const OPTIONS: &[OptionDecl] = &[
     LOCK_CONTENTION_POLICY.decl,
     POST_OP_DELAY_SECS.decl,
@@ -130,7 +132,7 @@ pub(super) const OPTIONS: &[OptionDecl] = &[
     READ_HASH_MODE.decl,
     CHOOSE_LOCAL.decl,
     AFR_PENDING_XATTR.decl,
-    OptionDecl::new("volume-id", OptType::Str).desc("The volume's id, shown in dumps."),
+    VOLUME_ID.decl,
     OptionDecl::new("arbiter-count", OptType::Int).range(0.0, 0.0).desc("Arbiter bricks are not supported: 0 only."),
     OptionDecl::new("data-change-log", OptType::Bool).default("on").desc("Accepted for GlusterFS volfiles; no effect."),
     OptionDecl::new("metadata-change-log", OptType::Bool)
