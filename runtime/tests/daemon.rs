@@ -5,6 +5,7 @@
 //! nothing.
 
 mod kit;
+mod plugin_kit;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -165,6 +166,31 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
             .then_some(s)
     });
     assert_eq!(generation(&reconf), generation(&after), "reconfigured in place:\n{reconf}");
+
+    // A plugin key puts a wasm translator in the mounted client's graph
+    // (above the performance translators, below io-stats); reset takes it
+    // out; the file stays readable throughout.
+    let passthrough = format!("wasm:{}", plugin_kit::wasm("passthrough").display());
+    assert!(d.ok(&["set", "gv0", "plugin.pt", &passthrough]).contains("plugin.pt"));
+    let with_plugin = wait_for("the mount to load the plugin", || {
+        let s = mount_status(&mnt);
+        graph_of(&s).contains("gv0-plugin-pt").then_some(s)
+    });
+    assert!(graph_of(&with_plugin).contains("plugin/wasm"), "{with_plugin}");
+    assert!(d.ok(&["getspec", "gv0"]).contains("subvolumes gv0-plugin-pt\nend-volume"), "io-stats sits on the plugin");
+    assert_eq!(std::fs::read(mnt.join("hello")).expect("read through the plugin"), data);
+    assert!(d.ok(&["get", "gv0", "all"]).lines().any(|l| l.starts_with("plugin.pt") && l.ends_with("set")));
+    d.ok(&["reset", "gv0", "plugin.pt"]);
+    let without = wait_for("the mount to drop the plugin", || {
+        let s = mount_status(&mnt);
+        (!graph_of(&s).contains("gv0-plugin-pt")).then_some(s)
+    });
+    assert!(generation(&without) > generation(&with_plugin), "{without}");
+    assert_eq!(std::fs::read(mnt.join("hello")).expect("read without the plugin"), data);
+    assert_eq!(m.pid(), pid, "same mount process");
+    // A policy key with a built-in policy is a reconfigure of replicate.
+    d.ok(&["set", "gv0", "cluster.lock-contention-policy", "notify"]);
+    assert!(d.ok(&["get", "gv0", "cluster.lock-contention-policy"]).contains("notify"));
 
     // SIGKILL a brick: the daemon restarts it; the mount and heal bring it back.
     let (port0, pid0) = (b[0].0.expect("port"), b[0].1.expect("pid"));
@@ -330,6 +356,22 @@ fn bad_input_is_refused_with_its_reason_and_changes_nothing() {
         assert!(help.contains(key), "set help lists {key}:\n{help}");
     }
     assert!(help.contains("default: 600") && help.contains("a time"), "{help}");
+    // Plugin and policy keys: the module must be absolute and load.
+    let e = d.refused(&["set", "v1", "plugin.pt", "wasm:relative.wasm"]);
+    assert!(e.contains("key plugin.pt") && e.contains("must be absolute"), "{e}");
+    let e = d.refused(&["set", "v1", "plugin.pt", "/abs.wasm"]);
+    assert!(e.contains("expected wasm:/ABSOLUTE/PATH or dylib:/ABSOLUTE/PATH"), "{e}");
+    let junk = tmp.path().join("junk.wasm");
+    std::fs::write(&junk, b"not wasm").expect("junk module");
+    let e = d.refused(&["set", "v1", "plugin.pt", &format!("wasm:{}", junk.display())]);
+    assert!(e.contains("key plugin.pt: plugin/wasm:") && e.contains(&junk.display().to_string()), "{e}");
+    let e = d.refused(&["set", "v1", "plugin.a/b", &format!("wasm:{}", junk.display())]);
+    assert!(e.contains("plugin name"), "{e}");
+    let e = d.refused(&["set", "v1", "performance.read-ahead-policy", "nope"]);
+    assert!(e.contains("key performance.read-ahead-policy: policy 'nope'"), "{e}");
+    let e = d.refused(&["set", "v1", "cluster.lock-contention-policy", &format!("wasm:{}", junk.display())]);
+    assert!(e.contains("key cluster.lock-contention-policy"), "{e}");
+    assert!(help.contains("performance.read-ahead-policy") && help.contains("cluster.lock-contention-policy"));
     assert_eq!(d.ok(&["info", "--json"]), info_before, "refused sets change nothing");
     d.ok(&["set", "v1", "performance.read-ahead", "on"]);
     assert!(

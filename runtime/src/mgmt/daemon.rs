@@ -242,7 +242,7 @@ impl Daemon {
                 let mut v = self.get(&name)?;
                 match &key {
                     Some(k) => {
-                        keys::find(k)?;
+                        keys::check_name(k)?;
                         v.spec.options.remove(k);
                     }
                     None => v.spec.options.clear(),
@@ -260,7 +260,17 @@ impl Daemon {
                         set: set.is_some(),
                     }
                 };
-                let values = if key == "all" { KEYS.iter().map(one).collect() } else { vec![one(keys::find(&key)?)] };
+                let plugins = v.spec.options.iter().filter(|(k, _)| k.starts_with(keys::PLUGIN_PREFIX));
+                let plugin = |(k, val): (&String, &String)| KeyValue { key: k.clone(), value: val.clone(), set: true };
+                let values = if key == "all" {
+                    KEYS.iter().map(one).chain(plugins.map(plugin)).collect()
+                } else if key.starts_with(keys::PLUGIN_PREFIX) {
+                    keys::check_name(&key)?;
+                    let value = v.spec.options.get(&key).cloned().unwrap_or_else(|| "(unset)".into());
+                    vec![KeyValue { set: value != "(unset)", key, value }]
+                } else {
+                    vec![one(keys::find(&key)?)]
+                };
                 Ok(Reply::Values { values })
             }
             Request::SetHelp => Ok(Reply::Help { keys: keys::help(&self.registry) }),

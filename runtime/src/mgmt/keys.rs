@@ -8,6 +8,13 @@
 //! translators' own option declarations ([`OptionDecl::parse`]), so a key
 //! accepts exactly what the translator does; `xlfs volume set help` shows
 //! the declared form, default and description.
+//!
+//! Policy keys (`performance.read-ahead-policy`,
+//! `cluster.lock-contention-policy`) take a built-in policy name or a
+//! `wasm:`/`dylib:` module, and the policy is loaded to check it. Plugin
+//! keys (`plugin.NAME`, value `wasm:/ABS/PATH` or `dylib:/ABS/PATH`) add a
+//! `plugin/wasm` or `plugin/dylib` translator named NAME to the client
+//! graph ([`plugin`]); the module is loaded to check it.
 
 use serde::{Deserialize, Serialize};
 use xlfs_sdk::options::{OptType, OptionDecl, OptionError, parse_bool};
@@ -70,6 +77,8 @@ pub const KEYS: &[Key] = &[
     Key { name: "cluster.ensure-durability", target: Target::Options(&[(AFR, "ensure-durability")]) },
     Key { name: "network.ping-timeout", target: Target::Options(&[(CLIENT, "ping-timeout")]) },
     Key { name: "network.frame-timeout", target: Target::Options(&[(CLIENT, "frame-timeout")]) },
+    Key { name: "performance.read-ahead-policy", target: Target::Options(&[("performance/read-ahead", "policy")]) },
+    Key { name: "cluster.lock-contention-policy", target: Target::Options(&[(AFR, "lock-contention-policy")]) },
     Key {
         name: "features.cache-invalidation",
         target: Target::Options(&[(MDC, "cache-invalidation"), (QR, "cache-invalidation")]),
@@ -102,6 +111,25 @@ pub enum KeyError {
         /// The value.
         value: String,
     },
+    /// A policy value that does not load.
+    #[error("key {key}: policy '{value}': {why}")]
+    Policy {
+        /// The key.
+        key: String,
+        /// The value.
+        value: String,
+        /// The loader's message.
+        why: String,
+    },
+    /// A bad plugin key or module.
+    #[error("key {key}: {why}")]
+    Plugin {
+        /// The key.
+        key: String,
+        /// What is wrong (for a module that does not load, the loader's
+        /// message).
+        why: String,
+    },
     /// A key names an option its translator does not declare (a bug in
     /// [`KEYS`], caught by the tests).
     #[error("key {key}: {xlator} declares no option {option}")]
@@ -113,6 +141,62 @@ pub enum KeyError {
         /// The option.
         option: &'static str,
     },
+}
+
+/// The prefix of plugin keys: `plugin.NAME`.
+pub const PLUGIN_PREFIX: &str = "plugin.";
+
+/// A plugin translator a `plugin.NAME` key puts in the client graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plugin {
+    /// NAME (the translator is `VOLUME-plugin-NAME`).
+    pub name: String,
+    /// `plugin/wasm` or `plugin/dylib`.
+    pub xlator: &'static str,
+    /// The module's absolute path.
+    pub module: String,
+}
+
+/// The plugin a `plugin.NAME` key with `value` names (syntax only: the
+/// module is not loaded).
+pub fn plugin(key: &str, value: &str) -> Result<Plugin, KeyError> {
+    let bad = |why: String| KeyError::Plugin { key: key.to_string(), why };
+    let name = key.strip_prefix(PLUGIN_PREFIX).ok_or_else(|| KeyError::Unknown(key.to_string()))?;
+    if name.is_empty()
+        || name.len() > 64
+        || name.starts_with('-')
+        || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(bad(format!("plugin name {name:?}: use letters, digits, '-' or '_'")));
+    }
+    let value = value.trim();
+    let (xlator, path) = match value.split_once(':') {
+        Some(("wasm", p)) => ("plugin/wasm", p),
+        Some(("dylib", p)) => ("plugin/dylib", p),
+        _ => return Err(bad(format!("value '{value}': expected wasm:/ABSOLUTE/PATH or dylib:/ABSOLUTE/PATH"))),
+    };
+    if !path.starts_with('/') {
+        return Err(bad(format!("value '{value}': the module path must be absolute")));
+    }
+    Ok(Plugin { name: name.to_string(), xlator, module: path.to_string() })
+}
+
+/// Checks a `plugin.NAME` key and loads its module through the registry's
+/// specializer for `plugin/wasm` or `plugin/dylib`.
+fn validate_plugin(reg: &Registry, key: &str, value: &str) -> Result<String, KeyError> {
+    let p = plugin(key, value)?;
+    let bad = |why: String| KeyError::Plugin { key: key.to_string(), why };
+    let specialize = reg.specializer(p.xlator).ok_or_else(|| bad(format!("{} is not registered", p.xlator)))?;
+    specialize(&[("module", p.module.as_str())]).map_err(|e| bad(format!("{}: {e}", p.xlator)))?;
+    Ok(value.trim().to_string())
+}
+
+/// Checks that a key exists: one of [`KEYS`] or a well-formed `plugin.NAME`.
+pub fn check_name(name: &str) -> Result<(), KeyError> {
+    if name.starts_with(PLUGIN_PREFIX) {
+        return plugin(name, "wasm:/x").map(|_| ());
+    }
+    find(name).map(|_| ())
 }
 
 /// The key named `name`.
@@ -136,6 +220,9 @@ fn decl<'r>(
 
 /// Checks `value` for key `name`; returns it trimmed.
 pub fn validate(reg: &Registry, name: &str, value: &str) -> Result<String, KeyError> {
+    if name.starts_with(PLUGIN_PREFIX) {
+        return validate_plugin(reg, name, value);
+    }
     let key = find(name)?;
     let value = value.trim();
     match key.target {
@@ -152,6 +239,16 @@ pub fn validate(reg: &Registry, name: &str, value: &str) -> Result<String, KeyEr
                 })?;
             }
         }
+    }
+    let policy = |why: xlfs_sdk::policy::PolicyError| KeyError::Policy {
+        key: name.into(),
+        value: value.into(),
+        why: why.to_string(),
+    };
+    match name {
+        "performance.read-ahead-policy" => drop(reg.policies().read_ahead(value).map_err(policy)?),
+        "cluster.lock-contention-policy" => drop(reg.policies().lock_contention(value).map_err(policy)?),
+        _ => {}
     }
     Ok(value.to_string())
 }
@@ -252,5 +349,16 @@ mod tests {
         let e = validate(&reg, "performance.write-behind", "maybe").expect_err("not bool").to_string();
         assert!(e.contains("a boolean"), "{e}");
         assert_eq!(validate(&reg, "network.ping-timeout", " 10 ").expect("valid"), "10");
+        let e = validate(&reg, "performance.read-ahead-policy", "nope").expect_err("no such policy").to_string();
+        assert!(e.contains("performance.read-ahead-policy"), "{e}");
+        validate(&reg, "cluster.lock-contention-policy", "notify").expect("built-in");
+        let e = validate(&reg, "plugin.x", "wasm:rel.wasm").expect_err("relative").to_string();
+        assert!(e.contains("must be absolute"), "{e}");
+        let e = validate(&reg, "plugin.x", "/abs.wasm").expect_err("no scheme").to_string();
+        assert!(e.contains("expected wasm:"), "{e}");
+        let e = validate(&reg, "plugin.a/b", "wasm:/x.wasm").expect_err("bad name").to_string();
+        assert!(e.contains("plugin name"), "{e}");
+        let e = validate(&reg, "plugin.x", "wasm:/nonexistent/x.wasm").expect_err("no module").to_string();
+        assert!(e.contains("plugin/wasm"), "{e}");
     }
 }
