@@ -213,6 +213,8 @@ impl Graph {
         let nodes: Arc<[Node]> =
             built.into_iter().map(|n| n.expect("every node reachable from the top is built")).collect();
         let top_down: Arc<[usize]> = spec.order.iter().rev().copied().collect();
+        let meta: Arc<[(String, String)]> =
+            spec.nodes.iter().map(|s| (s.name.to_string(), s.ty.name.to_string())).collect();
         let profiler = Arc::new(Profiler::new(
             spec.top_name().to_string(),
             spec.nodes
@@ -237,6 +239,17 @@ impl Graph {
             });
             let p = profiler.clone();
             n.sink.set_profile(move |reset| p.snapshot(reset));
+            let (weak, order, meta) = (Arc::downgrade(&nodes), top_down.clone(), meta.clone());
+            n.sink.set_dump(move || {
+                let Some(nodes) = weak.upgrade() else { return Vec::new() };
+                let mut out = Vec::new();
+                for &i in order.iter() {
+                    let (name, ty) = &meta[i];
+                    out.push((format!("{name}.type"), ty.clone()));
+                    out.extend(nodes[i].xl.dump().into_iter().map(|(k, v)| (format!("{name}.{k}"), v)));
+                }
+                out
+            });
         }
 
         for (p, s) in spec.nodes.iter().enumerate() {

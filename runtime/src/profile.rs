@@ -273,6 +273,21 @@ pub async fn ask_brick(client: &Child, reset: bool) -> Result<GraphProfile, Stri
     GraphProfile::parse(&String::from_utf8_lossy(&bytes)).map_err(|e| e.to_string())
 }
 
+/// A brick's graph statedump (`VOLUME.key = value` lines, top first), asked
+/// through protocol/client `client` as a getxattr of
+/// [`STATEDUMP_KEY`](xlfs_sdk::profile::STATEDUMP_KEY).
+pub async fn ask_brick_dump(client: &Child) -> Result<String, String> {
+    let key = xlfs_sdk::profile::STATEDUMP_KEY;
+    let fop = Fop::Getxattr { loc: Loc::root(), name: key.to_string() };
+    let reply = tokio::time::timeout(BRICK_TIMEOUT, client.call(CallCtx::root("xlfs-statedump"), fop.into()))
+        .await
+        .map_err(|_| format!("no answer within {BRICK_TIMEOUT:?}"))?
+        .map_err(|e| format!("{e}"))?;
+    let Reply::Xattrs(d) = reply.reply else { return Err("unexpected reply".into()) };
+    let bytes = d.get_bytes(key).ok_or("the brick does not answer statedump requests (an older xlfs?)")?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 /// `graph`'s timings and its bricks', asked concurrently; with `reset`
 /// every set of counters restarts after its snapshot (a brick's for every
 /// client it serves).

@@ -206,9 +206,22 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert_eq!(d.ok(&["portmap", &brick_arg(&dirs[0])]).trim(), new_port.to_string());
     assert_eq!(new_port, port0, "restarted on the port it had");
     assert!(d.log().contains("brick died; restarting"), "the event is logged:\n{}", d.log());
-    let spec_file = tmp.path().join("client.vol");
-    std::fs::write(&spec_file, d.ok(&["getspec", "gv0"])).expect("write volfile");
-    kit::heal_until_clean(&spec_file);
+    // `volume heal VOL info` lists each brick up; `volume heal VOL` heals
+    // (the daemon runs `xlfs heal`'s machinery on the volume's volfile)
+    // until no brick lists anything.
+    let info = d.ok(&["heal", "gv0", "info"]);
+    for dir in &dirs {
+        let line = format!("Brick {}: up, ", brick_arg(dir));
+        assert!(info.lines().any(|l| l.starts_with(&line) && l.contains("to heal")), "{info}");
+    }
+    wait_for("volume heal to leave nothing to heal", || {
+        let out = d.ok(&["heal", "gv0"]);
+        assert!(out.contains("volume heal: gv0: healed "), "{out}");
+        let v: serde_json::Value = serde_json::from_str(&d.ok(&["heal", "gv0", "info", "--json"])).expect("JSON");
+        let b = v["bricks"].as_array().expect("bricks").clone();
+        (b.len() == 3 && b.iter().all(|b| b["up"] == true && b["entries"] == 0)).then_some(())
+    });
+    assert!(d.ok(&["heal", "gv0", "full"]).contains("volume heal: gv0: healed "));
     for dir in &dirs {
         assert_eq!(std::fs::read(dir.join("hello")).expect("brick copy"), data, "{}", dir.display());
         assert_eq!(
@@ -219,6 +232,23 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
         );
     }
     assert_eq!(std::fs::read(mnt.join("while-down")).expect("read"), b"written while a brick was down");
+
+    // profile info: each brick's fop counts (the writes reached them all);
+    // statedump: each brick's graph dump.
+    let prof = d.ok(&["profile", "gv0", "info"]);
+    for dir in &dirs {
+        assert!(prof.contains(&format!("Brick {}: fop counts over", brick_arg(dir))), "{prof}");
+    }
+    assert!(prof.lines().filter(|l| l.starts_with("WRITE ")).count() == 3, "{prof}");
+    let v: serde_json::Value = serde_json::from_str(&d.ok(&["profile", "gv0", "info", "--json"])).expect("JSON");
+    let writes = v["bricks"][0]["fops"].as_array().expect("fops").iter().find(|f| f[0] == "WRITE").cloned();
+    assert!(writes.is_some_and(|w| w[1].as_u64().unwrap_or(0) > 0), "{v}");
+    let dump = d.ok(&["statedump", "gv0"]);
+    for dir in &dirs {
+        assert!(dump.contains(&format!("Brick {}:\n", brick_arg(dir))), "{dump}");
+    }
+    assert!(dump.matches(".type = storage/posix").count() == 3, "{dump}");
+    assert!(!dump.contains("(no dump"), "{dump}");
 
     // Killed again while its port is taken: it comes back on another port,
     // the daemon serves a volfile naming it, and the mount follows (a
@@ -280,6 +310,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert!(d.ok(&["stop", "gv0"]).contains("volume stop: gv0: success"));
     assert!(bricks(&d, "gv0").iter().all(|(_, pid, up, _)| pid.is_none() && !up));
     assert!(d.refused(&["getspec", "gv0"]).contains("volume gv0 is not started"));
+    assert!(d.refused(&["heal", "gv0", "info"]).contains("volume gv0 is not started"));
     assert!(d.ok(&["delete", "gv0"]).contains("volume delete: gv0: success"));
     assert_eq!(d.ok(&["info"]).trim(), "no volumes");
     for dir in &dirs {

@@ -50,6 +50,10 @@ use crate::fop::FopKind;
 pub const PROFILE_KEY: &str = "xlfs.profile";
 /// As [`PROFILE_KEY`], and the brick's counters restart from zero.
 pub const PROFILE_RESET_KEY: &str = "xlfs.profile.reset";
+/// The virtual xattr a brick's protocol/server answers with its graph's
+/// statedump (`VOLUME.key = value` lines, top first), without passing it to
+/// the graph.
+pub const STATEDUMP_KEY: &str = "xlfs.statedump";
 
 /// Set once the frame's fop has replied: later child calls are not its.
 const CLOSED: u64 = 1 << 63;

@@ -168,6 +168,7 @@ pub enum Upcall {
 
 type TopHook = Arc<dyn Fn(&Event) + Send + Sync>;
 type ProfileHook = Arc<dyn Fn(bool) -> GraphProfile + Send + Sync>;
+type DumpHook = Arc<dyn Fn() -> Vec<(String, String)> + Send + Sync>;
 
 struct ParentLink {
     xl: Weak<dyn Xlator>,
@@ -181,6 +182,7 @@ struct SinkInner {
     hook: RwLock<Option<TopHook>>,
     graph: RwLock<Option<TopHook>>,
     profile: RwLock<Option<ProfileHook>>,
+    dump: RwLock<Option<DumpHook>>,
 }
 
 /// How a translator sends events to its parents. The runtime gives each
@@ -250,6 +252,21 @@ impl EventSink {
     /// Runtime use: what [`EventSink::graph_profile`] calls.
     pub fn set_profile(&self, f: impl Fn(bool) -> GraphProfile + Send + Sync + 'static) {
         *self.0.profile.write() = Some(Arc::new(f));
+    }
+
+    /// The diagnostic state of every node of the graph this node is in
+    /// (GlusterFS's statedump: `VOLUME.key`, value, top first).
+    /// protocol/server answers a brick's statedump request
+    /// ([`crate::profile::STATEDUMP_KEY`]) with it. `None` before the
+    /// runtime has linked the sink to its graph.
+    pub fn graph_dump(&self) -> Option<Vec<(String, String)>> {
+        let hook = self.0.dump.read().clone();
+        hook.map(|h| h())
+    }
+
+    /// Runtime use: what [`EventSink::graph_dump`] calls.
+    pub fn set_dump(&self, f: impl Fn() -> Vec<(String, String)> + Send + Sync + 'static) {
+        *self.0.dump.write() = Some(Arc::new(f));
     }
 
     /// Runtime use: observes every event this sink sends (the graph watches

@@ -23,7 +23,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use super::CliError;
 use crate::mgmt::daemon::{Daemon, StateDir};
-use crate::mgmt::protocol::{DEFAULT_ADDR, ProtocolError, Reply, Request, call};
+use crate::mgmt::protocol::{DEFAULT_ADDR, HealAction, ProtocolError, Reply, Request, call};
 use crate::mgmt::store::{FileStore, StoreError};
 use crate::mgmt::supervisor::Supervisor;
 
@@ -200,6 +200,28 @@ pub enum VolumeCommand {
         /// `HOST:DIR`.
         brick: String,
     },
+    /// Heal what the bricks' indices list; `full` crawls the whole tree;
+    /// `info` lists per brick what needs healing.
+    Heal {
+        /// The volume.
+        name: String,
+        /// `info` or `full`.
+        #[arg(value_parser = ["info", "full"])]
+        action: Option<String>,
+    },
+    /// `profile NAME info`: the bricks' per-fop counts and times.
+    Profile {
+        /// The volume.
+        name: String,
+        /// `info`.
+        #[arg(value_parser = ["info"])]
+        action: String,
+    },
+    /// Print each brick's graph dump (GlusterFS's statedump).
+    Statedump {
+        /// The volume.
+        name: String,
+    },
 }
 
 /// Parses `[replica N] HOST:DIR... [force]`.
@@ -242,6 +264,16 @@ impl VolumeCommand {
             VolumeCommand::Get { name, key } => Request::Get { name, key },
             VolumeCommand::Getspec { name } => Request::Getspec { name },
             VolumeCommand::Portmap { brick } => Request::Portmap { brick },
+            VolumeCommand::Heal { name, action } => {
+                let action = match action.as_deref() {
+                    Some("info") => HealAction::Info,
+                    Some("full") => HealAction::Full,
+                    _ => HealAction::Index,
+                };
+                Request::Heal { name, action }
+            }
+            VolumeCommand::Profile { name, .. } => Request::Profile { name },
+            VolumeCommand::Statedump { name } => Request::Statedump { name },
         })
     }
 }
@@ -250,7 +282,18 @@ impl VolumeArgs {
     pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
         let req = self.command.request()?;
         let reply = call(&self.daemon, &req).await.map_err(DaemonError::from)?;
-        if self.json {
+        if let Reply::Profile { bundle } = &reply {
+            let b = crate::profile::ProfileBundle::parse(bundle)
+                .map_err(|e| DaemonError::Usage(format!("the daemon's profile: {e}")))?;
+            let bricks = brick_profiles(&b);
+            let text = if self.json {
+                let v = serde_json::json!({ "bricks": bricks });
+                serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
+            } else {
+                render_profile(&bricks)
+            };
+            out.write_all(text.as_bytes())?;
+        } else if self.json {
             let text = serde_json::to_string_pretty(&reply).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
             writeln!(out, "{text}")?;
         } else {
@@ -306,7 +349,101 @@ fn render(reply: &Reply) -> String {
             .join("\n"),
         Reply::Spec { volfile, .. } => volfile.clone(),
         Reply::Port { port } => format!("{port}\n"),
+        Reply::HealInfo { name, bricks } => {
+            let mut s = format!("Heal info of volume {name}\n");
+            for b in bricks {
+                let state = if b.up {
+                    format!("up, {} {} to heal", b.entries, if b.entries == 1 { "entry" } else { "entries" })
+                } else {
+                    "down".to_string()
+                };
+                s += &format!("Brick {}: {state}\n", b.brick);
+                for d in &b.detail {
+                    s += &format!("  {d}\n");
+                }
+            }
+            s
+        }
+        Reply::Profile { bundle } => bundle.clone(),
+        Reply::Statedump { bricks } => {
+            let mut s = String::new();
+            for b in bricks {
+                s += &format!("Brick {}:\n", b.brick);
+                match &b.error {
+                    Some(e) => s += &format!("  (no dump: {e})\n"),
+                    None => b.dump.iter().for_each(|l| s += &format!("  {l}\n")),
+                }
+            }
+            s
+        }
     }
+}
+
+/// One brick's fop counts since it started (profile info).
+#[derive(Debug, serde::Serialize)]
+struct BrickFops {
+    /// `HOST:DIR`.
+    brick: String,
+    /// Why it has no counts.
+    error: Option<String>,
+    /// The brick graph's counting window, in ms.
+    window_ms: u64,
+    /// Per fop: (name, calls, total ns) at the top of the brick graph.
+    fops: Vec<(String, u64, u64)>,
+}
+
+/// The bricks' per-fop counts of a profile bundle: per fop, the count of
+/// the topmost node of the brick graph that saw it.
+fn brick_profiles(b: &crate::profile::ProfileBundle) -> Vec<BrickFops> {
+    b.bricks
+        .iter()
+        .map(|br| {
+            let host = br.remote.rsplit_once(':').map_or(br.remote.as_str(), |(h, _)| h);
+            let brick = format!("{host}:{}", br.subvolume);
+            match &br.profile {
+                Err(e) => BrickFops { brick, error: Some(e.clone()), window_ms: 0, fops: Vec::new() },
+                Ok(p) => {
+                    let mut fops: Vec<(String, u64, u64)> = Vec::new();
+                    // Nodes are listed top first.
+                    for n in &p.nodes {
+                        for f in &n.fops {
+                            if f.count > 0 && !fops.iter().any(|(k, _, _)| k == f.kind.name()) {
+                                fops.push((f.kind.name().to_string(), f.count, f.total_ns));
+                            }
+                        }
+                    }
+                    fops.sort();
+                    BrickFops { brick, error: None, window_ms: p.window_ms, fops }
+                }
+            }
+        })
+        .collect()
+}
+
+fn render_profile(bricks: &[BrickFops]) -> String {
+    let mut s = String::new();
+    for b in bricks {
+        if let Some(e) = &b.error {
+            s += &format!("Brick {}: not reached: {e}\n\n", b.brick);
+            continue;
+        }
+        s += &format!("Brick {}: fop counts over {:.1} s\n", b.brick, b.window_ms as f64 / 1000.0);
+        let rows: Vec<[String; 4]> = b
+            .fops
+            .iter()
+            .map(|(k, n, ns)| {
+                [
+                    k.clone(),
+                    n.to_string(),
+                    format!("{:.3}", *ns as f64 / 1e6),
+                    format!("{:.1}", *ns as f64 / *n as f64 / 1e3),
+                ]
+            })
+            .collect();
+        s += &table(&["Fop", "Calls", "Total ms", "Avg us"], &rows);
+        s += "\n";
+    }
+    s
 }
 
 fn human_size(b: u64) -> String {

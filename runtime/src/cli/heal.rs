@@ -306,6 +306,28 @@ impl HealArgs {
     }
 }
 
+/// Heal info of the volume `graph` serves (waiting up to `wait` for it and
+/// its replicate children): per child, replicate's `NAME: up, N entries to
+/// heal` (or `NAME: down`) and a line per gfid. `xlfs volume heal VOL info`
+/// runs it on the volume's client volfile.
+pub(crate) async fn info_of(graph: &Graph, wait: Duration) -> Result<String, HealError> {
+    graph.wait_up(wait).await?;
+    wait_children(graph, wait).await;
+    info(&Client::new(graph.top())).await
+}
+
+/// One heal of the volume `graph` serves, of what the indices list or, with
+/// `full`, of the whole tree: the summary line and the report of inodes
+/// not healed. `xlfs volume heal VOL [full]` runs it.
+pub(crate) async fn heal_of(graph: &Graph, full: bool, wait: Duration) -> Result<(String, String), HealError> {
+    graph.wait_up(wait).await?;
+    wait_children(graph, wait).await;
+    let value = if full { "full" } else { "index" };
+    let rsp = set_root(&Client::new(graph.top()), HEAL_RUN, value).await?;
+    let c = Counts::from_xdata(&rsp.xdata);
+    Ok((c.summary(), c.report))
+}
+
 /// The daemon's start line starts with this.
 pub const DAEMON_PREFIX: &str = "xlfs heal: ";
 

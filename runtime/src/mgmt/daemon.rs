@@ -12,12 +12,20 @@ use tokio::net::TcpListener;
 use xlfs_sdk::Gfid;
 
 use super::keys::{self, KEYS, KeyError};
-use super::protocol::{BrickStatus, KeyValue, Reply, Request, Response, VolumeState, read_frame, write_frame};
+use super::protocol::{
+    BrickDump, BrickHeal, BrickStatus, HealAction, KeyValue, Reply, Request, Response, VolumeState, read_frame,
+    write_frame,
+};
 use super::spec::{BadBrick, BadName, BrickSpec, VolumeSpec, VolumeStatus, check_name};
 use super::store::{Expect, Store, StoreError, Versioned};
 use super::supervisor::{BrickJob, StartError, Supervisor, disk_free, is_local};
 use super::volgen::{VolgenError, client_volfile};
+use crate::graph::Graph;
 use crate::registry::Registry;
+
+/// How long `volume heal`, `profile` and `statedump` wait for the volume's
+/// client graph (and its replicate children) to come up.
+const GRAPH_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The xattr that marks a brick directory as part of a volume.
 pub const VOLUME_ID_XATTR: &str = "trusted.glusterfs.volume-id";
@@ -112,6 +120,14 @@ pub enum MgmtError {
     /// Delete of a started volume.
     #[error("volume {0} is started; stop it first (`xlfs volume stop {0}`)")]
     DeleteStarted(String),
+    /// The volume's client graph could not be built or used.
+    #[error("volume {name}: {why}")]
+    Graph {
+        /// The volume.
+        name: String,
+        /// Why.
+        why: String,
+    },
     /// Portmap of a brick nobody serves.
     #[error("no brick {0} is served by this daemon")]
     NoSuchBrick(String),
@@ -289,13 +305,37 @@ impl Daemon {
                 Ok(Reply::Status { volumes: specs.iter().map(|s| self.state_of(s)).collect() })
             }
             Request::Getspec { name } => {
-                let v = self.get(&name)?;
-                if v.spec.status != VolumeStatus::Started {
-                    return Err(MgmtError::NotStarted(name));
+                let (v, volfile) = self.volfile(&name)?;
+                Ok(Reply::Spec { volfile, revision: v.revision })
+            }
+            Request::Heal { name, action } => self.heal(&name, action).await,
+            Request::Profile { name } => {
+                let (spec, graph) = self.client_graph(&name).await?;
+                let res = graph.wait_up(GRAPH_WAIT).await;
+                let bundle = match res {
+                    Ok(()) => Ok(crate::profile::collect(&graph, false).await),
+                    Err(e) => Err(MgmtError::Graph { name: spec.name.clone(), why: e.to_string() }),
+                };
+                drop_graph(graph).await;
+                Ok(Reply::Profile { bundle: bundle?.to_text() })
+            }
+            Request::Statedump { name } => {
+                let (spec, graph) = self.client_graph(&name).await?;
+                // Each brick is asked through its own protocol/client, which
+                // need not wait for the whole graph.
+                let _ = graph.wait_up(GRAPH_WAIT).await;
+                let mut bricks = Vec::new();
+                for (client, _) in graph.nodes_of_type(crate::profile::CLIENT_TYPE) {
+                    let i = (0..spec.bricks.len()).find(|i| *client.name == format!("{name}-client-{i}"));
+                    let brick =
+                        i.and_then(|i| spec.bricks.get(i)).map_or_else(|| client.name.to_string(), |b| b.to_string());
+                    bricks.push(match crate::profile::ask_brick_dump(&client).await {
+                        Ok(text) => BrickDump { brick, dump: text.lines().map(String::from).collect(), error: None },
+                        Err(e) => BrickDump { brick, dump: Vec::new(), error: Some(e) },
+                    });
                 }
-                let ports: Vec<u16> =
-                    v.spec.bricks.iter().map(|b| self.sup.state(&name, b).and_then(|s| s.port).unwrap_or(0)).collect();
-                Ok(Reply::Spec { volfile: client_volfile(&v.spec, &ports)?, revision: v.revision })
+                drop_graph(graph).await;
+                Ok(Reply::Statedump { bricks })
             }
             Request::Portmap { brick } => {
                 let b = BrickSpec::parse(&brick)?;
@@ -304,6 +344,51 @@ impl Daemon {
                 Ok(Reply::Port { port: port.ok_or(MgmtError::NoSuchBrick(brick))? })
             }
         }
+    }
+
+    /// The client volfile of started volume `name`, as served to mounts.
+    fn volfile(&self, name: &str) -> Result<(Versioned, String), MgmtError> {
+        let v = self.get(name)?;
+        if v.spec.status != VolumeStatus::Started {
+            return Err(MgmtError::NotStarted(name.to_string()));
+        }
+        let ports: Vec<u16> =
+            v.spec.bricks.iter().map(|b| self.sup.state(name, b).and_then(|s| s.port).unwrap_or(0)).collect();
+        let text = client_volfile(&v.spec, &ports)?;
+        Ok((v, text))
+    }
+
+    /// The volume's client graph, built in the daemon and activated (as
+    /// `xlfs heal --volfile` and `xlfs profile` build theirs); give it
+    /// back to [`drop_graph`].
+    async fn client_graph(&self, name: &str) -> Result<(VolumeSpec, Arc<Graph>), MgmtError> {
+        let (v, text) = self.volfile(name)?;
+        let graph = Graph::from_str(&text, &format!("volume {name}"), &self.registry)
+            .map_err(|e| MgmtError::Graph { name: name.to_string(), why: e.to_string() })?;
+        let graph = Arc::new(graph);
+        graph.activate();
+        Ok((v.spec, graph))
+    }
+
+    /// `volume heal NAME [info|full]`, with `xlfs heal`'s machinery.
+    async fn heal(&self, name: &str, action: HealAction) -> Result<Reply, MgmtError> {
+        let (spec, graph) = self.client_graph(name).await?;
+        let res = match action {
+            HealAction::Info => crate::cli::heal::info_of(&graph, GRAPH_WAIT).await.map(|text| {
+                let clients: Vec<String> = (0..spec.bricks.len()).map(|i| format!("{name}-client-{i}")).collect();
+                Reply::HealInfo { name: name.to_string(), bricks: heal_info(&text, &clients, &spec.bricks) }
+            }),
+            HealAction::Index | HealAction::Full => {
+                crate::cli::heal::heal_of(&graph, action == HealAction::Full, GRAPH_WAIT).await.map(
+                    |(summary, report)| {
+                        let report = if report.is_empty() { String::new() } else { format!("\n{report}") };
+                        done(format!("volume heal: {name}: {summary}{report}"))
+                    },
+                )
+            }
+        };
+        drop_graph(graph).await;
+        res.map_err(|e| MgmtError::Graph { name: name.to_string(), why: e.to_string() })
     }
 
     fn get(&self, name: &str) -> Result<Versioned, MgmtError> {
@@ -437,6 +522,40 @@ impl Daemon {
             "volume delete: {name}: success (the data stays in the brick directories; their {VOLUME_ID_XATTR} mark is removed)"
         )))
     }
+}
+
+/// Shuts a graph from [`Daemon::client_graph`] down, off the runtime's
+/// threads.
+async fn drop_graph(graph: Arc<Graph>) {
+    let _ = tokio::task::spawn_blocking(move || graph.shutdown()).await;
+}
+
+/// Replicate's heal info text (`CLIENT: up, N entries to heal`, then
+/// indented gfid lines; `CLIENT: down`), per brick.
+fn heal_info(text: &str, clients: &[String], bricks: &[BrickSpec]) -> Vec<BrickHeal> {
+    let mut out: Vec<BrickHeal> = Vec::new();
+    for line in text.lines() {
+        if let Some(detail) = line.strip_prefix("  ") {
+            if let Some(b) = out.last_mut() {
+                b.detail.push(detail.to_string());
+            }
+            continue;
+        }
+        let Some((client, state)) = line.split_once(": ") else { continue };
+        let brick = clients
+            .iter()
+            .position(|c| c == client)
+            .and_then(|i| bricks.get(i))
+            .map_or_else(|| client.to_string(), |b| b.to_string());
+        let up = state.starts_with("up");
+        let entries = state
+            .strip_prefix("up, ")
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        out.push(BrickHeal { brick, up, entries, detail: Vec::new() });
+    }
+    out
 }
 
 fn done(message: String) -> Reply {

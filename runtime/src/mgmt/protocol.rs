@@ -98,6 +98,60 @@ pub enum Request {
         /// `HOST:DIR`.
         brick: String,
     },
+    /// `volume heal NAME [info|full]`.
+    Heal {
+        /// The volume.
+        name: String,
+        /// What to do.
+        action: HealAction,
+    },
+    /// `volume profile NAME info`.
+    Profile {
+        /// The volume.
+        name: String,
+    },
+    /// `volume statedump NAME`.
+    Statedump {
+        /// The volume.
+        name: String,
+    },
+}
+
+/// What `volume heal` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HealAction {
+    /// Heal what the indices list.
+    Index,
+    /// Heal the whole tree.
+    Full,
+    /// List what needs healing, per brick.
+    Info,
+}
+
+/// One brick's heal info.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BrickHeal {
+    /// `HOST:DIR`.
+    pub brick: String,
+    /// Its replicate child is up.
+    pub up: bool,
+    /// Entries its index lists.
+    pub entries: u64,
+    /// One line per gfid: the kinds of heal it needs, split-brain.
+    pub detail: Vec<String>,
+}
+
+/// One brick's graph dump.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BrickDump {
+    /// `HOST:DIR`.
+    pub brick: String,
+    /// `node.key = value` lines, top first; empty when the brick did not
+    /// answer.
+    pub dump: Vec<String>,
+    /// Why there is no dump.
+    pub error: Option<String>,
 }
 
 /// One brick's state, as `volume status` shows it.
@@ -181,6 +235,24 @@ pub enum Reply {
     Port {
         /// The port.
         port: u16,
+    },
+    /// Heal info per brick.
+    HealInfo {
+        /// The volume.
+        name: String,
+        /// Its bricks.
+        bricks: Vec<BrickHeal>,
+    },
+    /// The bricks' fop timings (profile info), as
+    /// [`ProfileBundle::to_text`](crate::profile::ProfileBundle::to_text).
+    Profile {
+        /// The bundle's text.
+        bundle: String,
+    },
+    /// Each brick's graph dump (statedump).
+    Statedump {
+        /// The dumps.
+        bricks: Vec<BrickDump>,
     },
 }
 

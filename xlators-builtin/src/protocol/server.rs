@@ -73,7 +73,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, watch};
 use tokio::task::JoinHandle;
 use xlfs_sdk::abi::{self, AbiVersion, DecodeError};
 use xlfs_sdk::options::{OptType, OptionDecl};
-use xlfs_sdk::profile::{PROFILE_KEY, PROFILE_RESET_KEY};
+use xlfs_sdk::profile::{PROFILE_KEY, PROFILE_RESET_KEY, STATEDUMP_KEY};
 use xlfs_sdk::{
     CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopKind, FopResult, Gfid, InitCtx,
     InitError, Reply, Request, Response, Upcall, Value, Xlator, XlatorType,

@@ -356,6 +356,11 @@ pub(super) async fn run_call(
     let conn = running.0.clone();
     ctx.client_id = conn.client_id.clone();
     let level = if is_lock_fop(req.fop.kind()) { Cancel::Locks } else { Cancel::All };
+    if matches!(&req.fop, Fop::Getxattr { name, .. } if name == STATEDUMP_KEY) {
+        let res = statedump_reply(&sh);
+        send_reply(&sh, &conn, id, res, permit).await;
+        return;
+    }
     if let Some(reset) = profile_request(&req.fop) {
         let res = profile_reply(&sh, reset);
         send_reply(&sh, &conn, id, res, permit).await;
@@ -388,6 +393,16 @@ pub(super) fn profile_reply(sh: &Shared, reset: bool) -> FopResult {
     let key = if reset { PROFILE_RESET_KEY } else { PROFILE_KEY };
     let mut d = Dict::new();
     d.set_bytes(key, profile.to_text().into_bytes());
+    Ok(Response { reply: Reply::Xattrs(d), xdata: Dict::new() })
+}
+
+/// The brick graph's statedump as the value of [`STATEDUMP_KEY`].
+pub(super) fn statedump_reply(sh: &Shared) -> FopResult {
+    let dump = sh.events.graph_dump().ok_or(Errno::ENODATA)?;
+    tracing::debug!(server = %sh.name, "statedump requested");
+    let text: String = dump.iter().map(|(k, v)| format!("{k} = {v}\n")).collect();
+    let mut d = Dict::new();
+    d.set_bytes(STATEDUMP_KEY, text.into_bytes());
     Ok(Response { reply: Reply::Xattrs(d), xdata: Dict::new() })
 }
 
