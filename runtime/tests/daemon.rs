@@ -69,6 +69,13 @@ fn bricks(d: &Daemon, vol: &str) -> Vec<(Option<u16>, Option<u32>, bool, u64)> {
         .collect()
 }
 
+/// The pid of the volume's self-heal daemon, if `volume status` shows it up.
+fn shd(d: &Daemon, vol: &str) -> Option<u32> {
+    let v: serde_json::Value = serde_json::from_str(&d.ok(&["status", vol, "--json"])).expect("status is JSON");
+    let shd = &v["volumes"][0]["shd"];
+    (shd["up"] == true).then(|| shd["pid"].as_u64().map(|p| p as u32)).flatten()
+}
+
 /// `xlfs status MOUNTPOINT`.
 fn mount_status(mnt: &Path) -> String {
     let out = kit::run_xlfs(&["status".as_ref(), mnt.as_os_str()]);
@@ -127,7 +134,11 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert!(d.ok(&["start", "gv0"]).contains("volume start: gv0: success"));
     let b = bricks(&d, "gv0");
     assert!(b.iter().all(|(port, pid, up, _)| port.is_some() && pid.is_some() && *up), "{b:?}");
+    // The volume's self-heal daemon runs (`volume status` shows it).
+    let shd_pid = wait_for("the self-heal daemon to run", || shd(&d, "gv0"));
+    assert!(std::path::Path::new(&format!("/proc/{shd_pid}")).exists());
     let table = d.ok(&["status", "gv0"]);
+    assert!(table.lines().any(|l| l.starts_with("Self-heal Daemon") && l.contains(&shd_pid.to_string())), "{table}");
     assert!(table.contains("Brick") && table.contains("Disk free") && table.contains(&brick_arg(&dirs[0])), "{table}");
     // The portmapper knows each brick's port.
     for (i, dir) in dirs.iter().enumerate() {
@@ -171,19 +182,19 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     // (above the performance translators, below io-stats); reset takes it
     // out; the file stays readable throughout.
     let passthrough = format!("wasm:{}", plugin_kit::wasm("passthrough").display());
-    assert!(d.ok(&["set", "gv0", "plugin.pt", &passthrough]).contains("plugin.pt"));
+    assert!(d.ok(&["set", "gv0", "plugin.pt-probe", &passthrough]).contains("plugin.pt-probe"));
     let with_plugin = wait_for("the mount to load the plugin", || {
         let s = mount_status(&mnt);
-        graph_of(&s).contains("gv0-plugin-pt").then_some(s)
+        graph_of(&s).contains("pt-probe").then_some(s)
     });
     assert!(graph_of(&with_plugin).contains("plugin/wasm"), "{with_plugin}");
-    assert!(d.ok(&["getspec", "gv0"]).contains("subvolumes gv0-plugin-pt\nend-volume"), "io-stats sits on the plugin");
+    assert!(d.ok(&["getspec", "gv0"]).contains("subvolumes pt-probe\nend-volume"), "io-stats sits on the plugin");
     assert_eq!(std::fs::read(mnt.join("hello")).expect("read through the plugin"), data);
-    assert!(d.ok(&["get", "gv0", "all"]).lines().any(|l| l.starts_with("plugin.pt") && l.ends_with("set")));
-    d.ok(&["reset", "gv0", "plugin.pt"]);
+    assert!(d.ok(&["get", "gv0", "all"]).lines().any(|l| l.starts_with("plugin.pt-probe") && l.ends_with("set")));
+    d.ok(&["reset", "gv0", "plugin.pt-probe"]);
     let without = wait_for("the mount to drop the plugin", || {
         let s = mount_status(&mnt);
-        (!graph_of(&s).contains("gv0-plugin-pt")).then_some(s)
+        (!graph_of(&s).contains("pt-probe")).then_some(s)
     });
     assert!(generation(&without) > generation(&with_plugin), "{without}");
     assert_eq!(std::fs::read(mnt.join("hello")).expect("read without the plugin"), data);
@@ -206,21 +217,23 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert_eq!(d.ok(&["portmap", &brick_arg(&dirs[0])]).trim(), new_port.to_string());
     assert_eq!(new_port, port0, "restarted on the port it had");
     assert!(d.log().contains("brick died; restarting"), "the event is logged:\n{}", d.log());
-    // `volume heal VOL info` lists each brick up; `volume heal VOL` heals
-    // (the daemon runs `xlfs heal`'s machinery on the volume's volfile)
-    // until no brick lists anything.
+    // `volume heal VOL info` lists each brick up; the volume's self-heal
+    // daemon heals what the killed brick missed, until no brick lists
+    // anything.
     let info = d.ok(&["heal", "gv0", "info"]);
     for dir in &dirs {
         let line = format!("Brick {}: up, ", brick_arg(dir));
         assert!(info.lines().any(|l| l.starts_with(&line) && l.contains("to heal")), "{info}");
     }
-    wait_for("volume heal to leave nothing to heal", || {
-        let out = d.ok(&["heal", "gv0"]);
-        assert!(out.contains("volume heal: gv0: healed "), "{out}");
+    wait_for("the self-heal daemon to leave nothing to heal", || {
         let v: serde_json::Value = serde_json::from_str(&d.ok(&["heal", "gv0", "info", "--json"])).expect("JSON");
         let b = v["bricks"].as_array().expect("bricks").clone();
-        (b.len() == 3 && b.iter().all(|b| b["up"] == true && b["entries"] == 0)).then_some(())
+        let clean = b.len() == 3 && b.iter().all(|b| b["up"] == true && b["entries"] == 0);
+        (clean && dirs.iter().all(|dir| dir.join("while-down").exists())).then_some(())
     });
+    // `volume heal VOL [full]` heals now (the daemon runs `xlfs heal`'s
+    // machinery on the volume's volfile); there is nothing left.
+    assert!(d.ok(&["heal", "gv0"]).contains("failed 0, split-brain 0, remaining 0"));
     assert!(d.ok(&["heal", "gv0", "full"]).contains("volume heal: gv0: healed "));
     for dir in &dirs {
         assert_eq!(std::fs::read(dir.join("hello")).expect("brick copy"), data, "{}", dir.display());
@@ -309,6 +322,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert!(m.stop_with(libc::SIGTERM).success(), "unmounted cleanly");
     assert!(d.ok(&["stop", "gv0"]).contains("volume stop: gv0: success"));
     assert!(bricks(&d, "gv0").iter().all(|(_, pid, up, _)| pid.is_none() && !up));
+    wait_for("the self-heal daemon to stop with the volume", || shd(&d, "gv0").is_none().then_some(()));
     assert!(d.refused(&["getspec", "gv0"]).contains("volume gv0 is not started"));
     assert!(d.refused(&["heal", "gv0", "info"]).contains("volume gv0 is not started"));
     assert!(d.ok(&["delete", "gv0"]).contains("volume delete: gv0: success"));
@@ -388,14 +402,16 @@ fn bad_input_is_refused_with_its_reason_and_changes_nothing() {
     }
     assert!(help.contains("default: 600") && help.contains("a time"), "{help}");
     // Plugin and policy keys: the module must be absolute and load.
-    let e = d.refused(&["set", "v1", "plugin.pt", "wasm:relative.wasm"]);
+    let e = d.refused(&["set", "v1", "plugin.pt-probe", "wasm:relative.wasm"]);
     assert!(e.contains("key plugin.pt") && e.contains("must be absolute"), "{e}");
-    let e = d.refused(&["set", "v1", "plugin.pt", "/abs.wasm"]);
+    let e = d.refused(&["set", "v1", "plugin.pt-probe", "/abs.wasm"]);
     assert!(e.contains("expected wasm:/ABSOLUTE/PATH or dylib:/ABSOLUTE/PATH"), "{e}");
     let junk = tmp.path().join("junk.wasm");
     std::fs::write(&junk, b"not wasm").expect("junk module");
-    let e = d.refused(&["set", "v1", "plugin.pt", &format!("wasm:{}", junk.display())]);
-    assert!(e.contains("key plugin.pt: plugin/wasm:") && e.contains(&junk.display().to_string()), "{e}");
+    let e = d.refused(&["set", "v1", "plugin.pt-probe", &format!("wasm:{}", junk.display())]);
+    assert!(e.contains("key plugin.pt-probe: plugin/wasm:") && e.contains(&junk.display().to_string()), "{e}");
+    let e = d.refused(&["set", "v1", "plugin.v1-client-0", &format!("wasm:{}", junk.display())]);
+    assert!(e.contains("the name is taken by the generated graph"), "{e}");
     let e = d.refused(&["set", "v1", "plugin.a/b", &format!("wasm:{}", junk.display())]);
     assert!(e.contains("plugin name"), "{e}");
     let e = d.refused(&["set", "v1", "performance.read-ahead-policy", "nope"]);

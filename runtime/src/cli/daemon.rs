@@ -24,6 +24,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use super::CliError;
 use crate::mgmt::daemon::{Daemon, StateDir};
 use crate::mgmt::protocol::{DEFAULT_ADDR, HealAction, ProtocolError, Reply, Request, call};
+use crate::mgmt::shd::Shds;
 use crate::mgmt::store::{FileStore, StoreError};
 use crate::mgmt::supervisor::Supervisor;
 
@@ -89,7 +90,8 @@ impl DaemonArgs {
         let store = FileStore::open(&state.volumes()).map_err(DaemonError::from)?;
         let exe = std::env::current_exe().map_err(state_err(&dir))?;
         let sup = Arc::new(Supervisor::new(exe, state.logs()).map_err(state_err(&state.logs()))?);
-        let daemon = Arc::new(Daemon::new(Arc::new(store), sup));
+        let shds = Shds::new(state.shd()).map_err(state_err(&state.shd()))?;
+        let daemon = Arc::new(Daemon::new(Arc::new(store), sup, shds));
         let listener = tokio::net::TcpListener::bind(&self.listen)
             .await
             .map_err(|source| DaemonError::Listen { addr: self.listen.clone(), source })?;
@@ -100,6 +102,7 @@ impl DaemonArgs {
         if let Err(e) = daemon.resume().await {
             tracing::error!("starting the bricks of started volumes: {e}");
         }
+        let shd_task = tokio::spawn(daemon.clone().run_shds());
         let line = format!("{READY_PREFIX}{addr} (state {})", dir.display());
         tracing::info!("{line}");
         writeln!(out, "{line}")?;
@@ -110,6 +113,7 @@ impl DaemonArgs {
         };
         tracing::info!(signal = sig, "stopping the bricks and the daemon");
         server.abort();
+        shd_task.abort();
         daemon.shutdown().await;
         tracing::info!("stopped");
         Ok(())
@@ -330,6 +334,16 @@ fn render(reply: &Reply) -> String {
                         ]
                     })
                     .collect();
+                let mut rows = rows;
+                if let Some(shd) = &v.shd {
+                    rows.push([
+                        "Self-heal Daemon".to_string(),
+                        "-".into(),
+                        shd.pid.map_or("-".into(), |p| p.to_string()),
+                        (if shd.up { "Y" } else { "N" }).to_string(),
+                        "-".into(),
+                    ]);
+                }
                 s += &table(&["Brick", "Port", "Pid", "Online", "Disk free"], &rows);
                 s += "\n";
             }

@@ -16,6 +16,7 @@ use super::protocol::{
     BrickDump, BrickHeal, BrickStatus, HealAction, KeyValue, Reply, Request, Response, VolumeState, read_frame,
     write_frame,
 };
+use super::shd::Shds;
 use super::spec::{BadBrick, BadName, BrickSpec, VolumeSpec, VolumeStatus, check_name};
 use super::store::{Expect, Store, StoreError, Versioned};
 use super::supervisor::{BrickJob, StartError, Supervisor, disk_free, is_local};
@@ -137,15 +138,50 @@ pub enum MgmtError {
 pub struct Daemon {
     store: Arc<dyn Store>,
     sup: Arc<Supervisor>,
+    shds: Shds,
     registry: Registry,
     /// Serializes requests that change something.
     changes: tokio::sync::Mutex<()>,
 }
 
 impl Daemon {
-    /// A daemon over `store`, running bricks with `sup`.
-    pub fn new(store: Arc<dyn Store>, sup: Arc<Supervisor>) -> Daemon {
-        Daemon { store, sup, registry: Registry::builtin(), changes: tokio::sync::Mutex::new(()) }
+    /// A daemon over `store`, running bricks with `sup` and self-heal
+    /// daemons with `shds`.
+    pub fn new(store: Arc<dyn Store>, sup: Arc<Supervisor>, shds: Shds) -> Daemon {
+        Daemon { store, sup, shds, registry: Registry::builtin(), changes: tokio::sync::Mutex::new(()) }
+    }
+
+    /// Keeps a self-heal daemon running per started volume, over its
+    /// current client volfile ([`Shds::reconcile`] every second), until
+    /// the future is dropped.
+    pub async fn run_shds(self: Arc<Self>) {
+        loop {
+            let mut want = std::collections::BTreeMap::new();
+            match self.store.list() {
+                Ok(list) => {
+                    for v in list.iter().filter(|v| v.spec.status == VolumeStatus::Started) {
+                        // Only once every brick has a port: a volfile with
+                        // port 0 would be replaced at once.
+                        let ports: Vec<Option<u16>> = v
+                            .spec
+                            .bricks
+                            .iter()
+                            .map(|b| self.sup.state(&v.spec.name, b).and_then(|s| s.port))
+                            .collect();
+                        if ports.iter().any(Option::is_none) {
+                            continue;
+                        }
+                        let ports: Vec<u16> = ports.into_iter().flatten().collect();
+                        if let Ok(text) = client_volfile(&v.spec, &ports) {
+                            want.insert(v.spec.name.clone(), text);
+                        }
+                    }
+                    self.shds.reconcile(&self.sup, &want).await;
+                }
+                Err(e) => tracing::warn!("self-heal daemons: listing volumes: {e}"),
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
     }
 
     /// Starts the bricks of every started volume (at daemon start);
@@ -166,6 +202,7 @@ impl Daemon {
 
     /// Stops every brick (at daemon exit).
     pub async fn shutdown(&self) {
+        self.shds.stop_all().await;
         self.sup.stop_all().await;
     }
 
@@ -247,6 +284,16 @@ impl Daemon {
             }
             Request::Set { name, key, value } => {
                 let _one = self.changes.lock().await;
+                if let Some(p) = key.strip_prefix(keys::PLUGIN_PREFIX)
+                    && (p == name || p.starts_with(&format!("{name}-")))
+                {
+                    // Volgen names its own translators VOLUME and VOLUME-...
+                    return Err(KeyError::Plugin {
+                        key,
+                        why: format!("the name is taken by the generated graph: avoid {name} and {name}-..."),
+                    }
+                    .into());
+                }
                 let value = keys::validate(&self.registry, &key, &value)?;
                 let mut v = self.get(&name)?;
                 v.spec.options.insert(key.clone(), value.clone());
@@ -412,7 +459,12 @@ impl Daemon {
                 }
             })
             .collect();
-        VolumeState { name: spec.name.clone(), status: spec.status.to_string(), bricks }
+        VolumeState {
+            name: spec.name.clone(),
+            status: spec.status.to_string(),
+            bricks,
+            shd: self.shds.status(&spec.name),
+        }
     }
 
     fn create(&self, name: &str, replica: Option<usize>, bricks: &[String], force: bool) -> Result<Reply, MgmtError> {
@@ -658,6 +710,10 @@ impl StateDir {
     /// Where volume specs are stored.
     pub fn volumes(&self) -> PathBuf {
         self.0.join("volumes")
+    }
+    /// Where the self-heal daemons' volfiles go.
+    pub fn shd(&self) -> PathBuf {
+        self.0.join("shd")
     }
     /// Where brick logs go.
     pub fn logs(&self) -> PathBuf {

@@ -149,7 +149,7 @@ pub const PLUGIN_PREFIX: &str = "plugin.";
 /// A plugin translator a `plugin.NAME` key puts in the client graph.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plugin {
-    /// NAME (the translator is `VOLUME-plugin-NAME`).
+    /// NAME, also the translator's volume name in the graph.
     pub name: String,
     /// `plugin/wasm` or `plugin/dylib`.
     pub xlator: &'static str,

@@ -9,6 +9,8 @@
 //! - [`volgen`]: the client volfile of a volume;
 //! - [`supervisor`]: brick processes (start, restart with backoff, stop)
 //!   and the portmapper;
+//! - [`shd`]: a self-heal daemon (`xlfs heal --daemon`) per started
+//!   volume, following its volfile;
 //! - [`protocol`]: the CLI's framed JSON requests and responses;
 //! - [`daemon`]: request handling and the TCP server.
 //!
@@ -18,6 +20,7 @@
 pub mod daemon;
 pub mod keys;
 pub mod protocol;
+pub mod shd;
 pub mod spec;
 pub mod store;
 pub mod supervisor;

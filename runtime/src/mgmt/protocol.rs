@@ -182,6 +182,9 @@ pub struct VolumeState {
     pub status: String,
     /// Its bricks.
     pub bricks: Vec<BrickStatus>,
+    /// Its self-heal daemon, while the volume is started.
+    #[serde(default)]
+    pub shd: Option<super::shd::ShdStatus>,
 }
 
 /// One key's value for `volume get`.

@@ -269,15 +269,7 @@ impl Supervisor {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log));
-        // SAFETY: setsid and prctl are async-signal-safe and touch no memory of ours.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::setsid() < 0 || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        detach(&mut cmd);
         let (tx, rx) = std::sync::mpsc::channel();
         self.spawner.lock().send((cmd, tx)).map_err(|_| "the spawner thread is gone".to_string())?;
         let exe = self.exe.clone();
@@ -326,6 +318,27 @@ impl Supervisor {
         }
     }
 
+    /// Spawns `cmd` as bricks are spawned: in its own session, from the
+    /// long-lived spawner thread, SIGTERMed if the daemon dies. Blocks
+    /// until the process is created.
+    pub fn spawn(&self, mut cmd: Command) -> std::io::Result<Child> {
+        detach(&mut cmd);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let gone = || std::io::Error::other("the spawner thread is gone");
+        self.spawner.lock().send((cmd, tx)).map_err(|_| gone())?;
+        rx.recv().map_err(|_| gone())?
+    }
+
+    /// Where process logs go.
+    pub fn log_dir(&self) -> &Path {
+        &self.log_dir
+    }
+
+    /// The `xlfs` binary processes are run from.
+    pub fn exe(&self) -> &Path {
+        &self.exe
+    }
+
     /// Stops every brick of `volume` (SIGTERM, SIGKILL after a grace
     /// period) and waits for them to exit.
     pub async fn stop_volume(&self, volume: &str) {
@@ -367,6 +380,20 @@ impl Supervisor {
     /// The port brick `brick` serves on (of whichever volume), if known.
     pub fn port(&self, brick: &BrickSpec) -> Option<u16> {
         self.bricks.lock().iter().find(|((_, b), _)| b == brick).and_then(|(_, s)| s.state.lock().port)
+    }
+}
+
+/// A child in its own session that gets SIGTERM when the spawning thread
+/// (the daemon's spawner) dies.
+fn detach(cmd: &mut Command) {
+    // SAFETY: setsid and prctl are async-signal-safe and touch no memory of ours.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

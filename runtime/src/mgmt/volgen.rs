@@ -116,7 +116,7 @@ pub fn client_volfile(spec: &VolumeSpec, ports: &[u16]) -> Result<String, Volgen
             break;
         }
         let p = plugin(key, value).map_err(|e| VolgenError::Plugin(e.to_string()))?;
-        let vol = format!("{name}-plugin-{}", p.name);
+        let vol = p.name.clone();
         v += &format!(
             "volume {vol}\n    type {}\n    option module {}\n    subvolumes {below}\nend-volume\n\n",
             p.xlator, p.module
@@ -211,8 +211,8 @@ mod tests {
         let text = client_volfile(&s, &[1, 2, 3]).expect("volgen");
         assert!(
             text.contains(
-                "volume gv0-plugin-log\n    type plugin/wasm\n    option module /p/log.wasm\n    subvolumes gv0-md-cache\n"
-            ) && text.contains("subvolumes gv0-plugin-log\nend-volume\n"),
+                "volume log\n    type plugin/wasm\n    option module /p/log.wasm\n    subvolumes gv0-md-cache\n"
+            ) && text.contains("subvolumes log\nend-volume\n"),
             "{text}"
         );
     }
