@@ -346,7 +346,7 @@ fn children_up(graph: &Graph) -> (u64, u64) {
 }
 
 /// Waits up to `wait` for every replicate child to be up.
-async fn wait_children(graph: &Graph, wait: Duration) {
+pub(crate) async fn wait_children(graph: &Graph, wait: Duration) {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let (up, all) = children_up(graph);

@@ -359,6 +359,8 @@ impl Daemon {
             Request::Profile { name } => {
                 let (spec, graph) = self.client_graph(&name).await?;
                 let res = graph.wait_up(GRAPH_WAIT).await;
+                // Every brick, not just enough for the volume to be up.
+                crate::cli::heal::wait_children(&graph, GRAPH_WAIT).await;
                 let bundle = match res {
                     Ok(()) => Ok(crate::profile::collect(&graph, false).await),
                     Err(e) => Err(MgmtError::Graph { name: spec.name.clone(), why: e.to_string() }),
@@ -371,6 +373,7 @@ impl Daemon {
                 // Each brick is asked through its own protocol/client, which
                 // need not wait for the whole graph.
                 let _ = graph.wait_up(GRAPH_WAIT).await;
+                crate::cli::heal::wait_children(&graph, GRAPH_WAIT).await;
                 let mut bricks = Vec::new();
                 for (client, _) in graph.nodes_of_type(crate::profile::CLIENT_TYPE) {
                     let i = (0..spec.bricks.len()).find(|i| *client.name == format!("{name}-client-{i}"));
