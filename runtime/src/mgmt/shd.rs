@@ -3,7 +3,8 @@
 //! (written to `STATE/shd/VOLUME.vol`; log in `STATE/logs/VOLUME-shd.log`).
 //! [`Shds::reconcile`] runs every second: it starts the self-heal daemon
 //! of a volume that was started, stops that of a volume that was stopped,
-//! restarts one that died (logged, counted) and, when the volume's volfile
+//! restarts one that died (logged, counted; after the bricks' backoff, 1 s
+//! doubling to 30 s while it keeps dying young) and, when the volume's volfile
 //! changed (a `volume set`, a brick on a new port), writes the new one and
 //! restarts the self-heal daemon on it. `xlfs heal --daemon` heals at its
 //! start, whenever a replicate child comes up, and every
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use super::supervisor::Supervisor;
+use super::supervisor::{BACKOFF_MAX, BACKOFF_MIN, STABLE_RUN, Supervisor};
 
 /// Seconds between heals of the whole index (GlusterFS's heal-timeout).
 pub const SHD_INTERVAL: u64 = 600;
@@ -39,6 +40,12 @@ struct Shd {
     child: Child,
     volfile: String,
     restarts: u32,
+    started: Instant,
+    /// The wait before the next restart, doubled while it keeps dying
+    /// soon after a start (as the bricks').
+    backoff: Duration,
+    /// When a dead one may be started again.
+    retry_at: Option<Instant>,
 }
 
 /// The self-heal daemons of this node's started volumes.
@@ -66,7 +73,7 @@ impl Shds {
     /// client volfile): starts, stops and restarts them as needed.
     pub async fn reconcile(&self, sup: &Supervisor, want: &BTreeMap<String, String>) {
         let mut stop: Vec<(String, Shd)> = Vec::new();
-        let mut start: Vec<(String, String, u32)> = Vec::new();
+        let mut start: Vec<(String, String, u32, Duration)> = Vec::new();
         {
             let mut m = self.running.lock();
             let names: Vec<String> = m.keys().cloned().collect();
@@ -80,12 +87,26 @@ impl Shds {
                     }
                     Some(text) => {
                         if let Ok(Some(status)) = s.child.try_wait() {
-                            tracing::warn!(volume = %name, %status, "self-heal daemon died; restarting");
-                            start.push((name.clone(), text.clone(), s.restarts + 1));
-                            m.remove(&name);
+                            let now = Instant::now();
+                            match s.retry_at {
+                                None => {
+                                    s.backoff = if now.duration_since(s.started) >= STABLE_RUN {
+                                        BACKOFF_MIN
+                                    } else {
+                                        (s.backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX)
+                                    };
+                                    s.retry_at = Some(now + s.backoff);
+                                    tracing::warn!(volume = %name, %status, "self-heal daemon died; restarting in {:?}", s.backoff);
+                                }
+                                Some(at) if now >= at => {
+                                    start.push((name.clone(), text.clone(), s.restarts + 1, s.backoff));
+                                    m.remove(&name);
+                                }
+                                Some(_) => {}
+                            }
                         } else if s.volfile != *text {
                             tracing::info!(volume = %name, "volfile changed; restarting the self-heal daemon on it");
-                            start.push((name.clone(), text.clone(), s.restarts));
+                            start.push((name.clone(), text.clone(), s.restarts, s.backoff));
                             if let Some(s) = m.remove(&name) {
                                 stop.push((name, s));
                             }
@@ -94,19 +115,20 @@ impl Shds {
                 }
             }
             for (name, text) in want {
-                if !m.contains_key(name) && !start.iter().any(|(n, _, _)| n == name) {
-                    start.push((name.clone(), text.clone(), 0));
+                if !m.contains_key(name) && !start.iter().any(|(n, ..)| n == name) {
+                    start.push((name.clone(), text.clone(), 0, Duration::ZERO));
                 }
             }
         }
         for (name, s) in stop {
             stop_one(&name, s).await;
         }
-        for (name, text, restarts) in start {
+        for (name, text, restarts, backoff) in start {
             match self.spawn(sup, &name, &text) {
                 Ok(child) => {
                     tracing::info!(volume = %name, pid = child.id(), "self-heal daemon started");
-                    self.running.lock().insert(name, Shd { child, volfile: text, restarts });
+                    let shd = Shd { child, volfile: text, restarts, started: Instant::now(), backoff, retry_at: None };
+                    self.running.lock().insert(name, shd);
                 }
                 Err(e) => tracing::error!(volume = %name, "starting the self-heal daemon: {e}"),
             }

@@ -35,11 +35,11 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// drains in-flight fops for up to 30 s).
 const STOP_TIMEOUT: Duration = Duration::from_secs(40);
 /// The first wait before a restart.
-const BACKOFF_MIN: Duration = Duration::from_secs(1);
+pub(super) const BACKOFF_MIN: Duration = Duration::from_secs(1);
 /// The longest wait before a restart.
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
+pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// A run this long resets the backoff.
-const STABLE_RUN: Duration = Duration::from_secs(60);
+pub(super) const STABLE_RUN: Duration = Duration::from_secs(60);
 /// The start line's prefix.
 const SERVING: &str = "xlfs brick: serving ";
 
