@@ -99,6 +99,14 @@ impl Kind {
             Kind::Dylib => DYLIB_OPTIONS,
         }
     }
+
+    /// Its `module` option.
+    fn module(self) -> Opt<kind::Module> {
+        match self {
+            Kind::Wasm => WASM_MODULE,
+            Kind::Dylib => DYLIB_MODULE,
+        }
+    }
 }
 
 const FRAME_TIMEOUT: Opt<kind::Time> = Opt::time("frame-timeout", "1800s")
@@ -393,7 +401,7 @@ fn specialize(kind: Kind, given: &[(&str, &str)]) -> Result<XlatorType, String> 
         Kind::Wasm => "its .wasm file",
         Kind::Dylib => "its shared library",
     };
-    let Some((_, raw)) = given.iter().rev().find(|(k, _)| *k == "module") else {
+    let Some((_, raw)) = given.iter().rev().find(|(k, _)| *k == kind.module().name()) else {
         return Err(format!("option 'module' is required: the path of {what}"));
     };
     let path = module_path(raw)?;
@@ -433,7 +441,7 @@ fn node_limits(o: &Options) -> NodeLimits {
 }
 
 fn build(kind: Kind, init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
-    let raw = WASM_MODULE.given(&init.options).ok_or_else(|| InitError::new("option 'module' is required"))?;
+    let raw = kind.module().given(&init.options).ok_or_else(|| InitError::new("option 'module' is required"))?;
     let path = module_path(raw).map_err(InitError::new)?;
     let l = load(kind, &path).map_err(|e| InitError::new(e.to_string()))?;
     // The graph validated the options against the module it loaded then;

@@ -143,6 +143,12 @@ impl OptionDecl {
     }
 }
 
+/// The declaration of `key` among `decls`: the one with that exact name,
+/// else the first pattern (`auth.addr.*.allow`) that matches it.
+pub fn declaration<'a>(decls: &'a [OptionDecl], key: &str) -> Option<&'a OptionDecl> {
+    decls.iter().find(|d| d.name == key).or_else(|| decls.iter().find(|d| d.matches(key)))
+}
+
 /// The file a [`OptType::Module`] value names: the absolute path after an
 /// optional `scheme:` (a scheme has no `/`); None for a built-in name.
 pub fn module_file(value: &str) -> Option<&Path> {
@@ -341,7 +347,7 @@ impl Options {
     ) -> Result<Options, OptionError> {
         let mut values = BTreeMap::new();
         for (key, raw) in given {
-            let decl = decls.iter().find(|d| d.name == key).or_else(|| decls.iter().find(|d| d.matches(key)));
+            let decl = declaration(decls, key);
             let Some(decl) = decl else {
                 return Err(OptionError::Unknown {
                     name: key.to_string(),

@@ -5,7 +5,7 @@
 //! that name the volfile line.
 
 use super::*;
-use xlfs_sdk::options::{OptType, OptionDecl, module_file};
+use xlfs_sdk::options::{OptType, OptionDecl, declaration, module_file};
 
 /// Why a volfile does not make a graph: the file and line, and what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -163,7 +163,7 @@ pub(super) fn module_files<'a>(
     options: &'a Options,
 ) -> impl Iterator<Item = (&'a str, std::path::PathBuf)> + 'a {
     options.iter().filter_map(move |(key, value, _)| {
-        let decl = decls.iter().find(|d| d.name == key).or_else(|| decls.iter().find(|d| d.matches(key)))?;
+        let decl = declaration(decls, key)?;
         match (decl.ty, value) {
             (OptType::Module, OptValue::Str(s)) => module_file(s).map(|p| (key, p.to_path_buf())),
             _ => None,
