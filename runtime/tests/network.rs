@@ -8,17 +8,17 @@
 
 mod kit;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+use kit::raw::Raw;
 use kit::{Brick, BrickConfig, Cluster, Mount, TestProcess, mount, mount_to, mount_with, wait_state};
 use tokio::task::JoinHandle;
 use xlfs_runtime::client::Client;
 use xlfs_runtime::graph::TopState;
-use xlfs_sdk::abi::{self, AbiVersion};
-use xlfs_sdk::{CallCtx, Dict, Errno, Flock, LkCmd, LockType, Value};
+use xlfs_sdk::abi;
+use xlfs_sdk::{CallCtx, Dict, Errno, Flock, LkCmd, LockType};
 use xlfs_xlators::protocol::rpc::{self, FrameKind, Message};
 
 /// A generous bound for things that should happen quickly: a hang guard.
@@ -295,14 +295,6 @@ async fn a_client_with_a_wrong_password_is_refused() {
     works(&ok.client, "/alice").await;
 }
 
-/// Reads from `s` until the peer closes the connection; panics if it
-/// stays open past [`GUARD`] or sends something that is not a frame.
-fn expect_closed(s: &mut TcpStream, buf: &mut BytesMut, what: &str) {
-    while let Some(frame) = read_frame(s, buf) {
-        assert_ne!(frame.kind, FrameKind::Reply, "{what}: the brick answered instead of dropping the connection");
-    }
-}
-
 /// Bad input for a brick, and what its log then says.
 struct BadInput {
     what: &'static str,
@@ -349,56 +341,19 @@ fn bad_inputs() -> Vec<BadInput> {
     ]
 }
 
-/// Reads one frame from `s`, or None at EOF / reset.
-fn read_frame(s: &mut TcpStream, buf: &mut BytesMut) -> Option<rpc::Frame> {
-    s.set_read_timeout(Some(GUARD)).expect("read timeout");
-    loop {
-        if let Some(frame) = rpc::decode_frame(buf, rpc::HANDSHAKE_MAX_FRAME).expect("the brick sends valid frames") {
-            return Some(frame);
-        }
-        let mut chunk = [0u8; 4096];
-        match s.read(&mut chunk) {
-            Ok(0) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) => {
-                return None;
-            }
-            Err(e) => panic!("reading from the brick: {e}"),
-        }
-    }
-}
-
-/// A raw connection to `brick`, after a valid handshake when `hello`.
-fn raw_connection(brick: &Brick, hello: bool) -> (TcpStream, BytesMut) {
-    let mut s = TcpStream::connect(brick.addr()).expect("connect");
-    let mut buf = BytesMut::new();
-    if hello {
-        let params = Dict::new()
-            .with(rpc::hello_keys::VOLUME, Value::Str(brick.subvolume()))
-            .with(rpc::hello_keys::CLIENT_ID, Value::Str("kit-raw".into()));
-        let hello = Message::Hello(rpc::Hello { version: AbiVersion::CURRENT, params });
-        s.write_all(&hello.to_frame(0).expect("hello frame").to_vec()).expect("send hello");
-        let reply = read_frame(&mut s, &mut buf).expect("a hello reply");
-        match Message::from_frame(reply, &rpc::limits_for(rpc::HANDSHAKE_MAX_FRAME)).expect("decodes") {
-            Message::HelloReply(r) => assert!(r.accepted, "handshake refused: {}", r.reason),
-            other => panic!("expected HELLO_REPLY, got {other:?}"),
-        }
-    }
-    (s, buf)
-}
-
 /// Sends each bad input on a fresh connection (before or after the
 /// handshake) and checks that the brick drops it and logs why.
 fn send_bad_inputs(brick: &Brick, hello: bool) {
     for bad in bad_inputs() {
         let what = format!("{} ({} the handshake)", bad.what, if hello { "after" } else { "before" });
-        let (mut s, mut buf) = raw_connection(brick, hello);
+        let mut raw =
+            if hello { Raw::hello(brick.addr(), &brick.subvolume(), "kit-raw") } else { Raw::connect(brick.addr()) };
         // The brick may drop us before everything is written.
-        let _ = s.write_all(&bad.bytes);
+        raw.send(&bad.bytes);
         if bad.eof {
-            let _ = s.shutdown(std::net::Shutdown::Write);
+            let _ = raw.sock.shutdown(std::net::Shutdown::Write);
         }
-        expect_closed(&mut s, &mut buf, &what);
+        raw.closed(&what);
         let prefix = if hello { "closing connection: " } else { "closing connection before the handshake: " };
         assert!(
             brick.wait_log_line(&[prefix, bad.log], GUARD),
@@ -412,16 +367,16 @@ fn send_bad_inputs(brick: &Brick, hello: bool) {
 /// A CALL whose fop code (0xffff) is unknown is answered with ENOSYS and
 /// the connection stays usable (a PING after it gets its PONG).
 fn send_unknown_fop(brick: &Brick) {
-    let (mut s, mut buf) = raw_connection(brick, true);
+    let mut raw = Raw::hello(brick.addr(), &brick.subvolume(), "kit-raw");
     let mut header = Vec::new();
     assert!(abi::encode(&CallCtx::root("kit-raw"), &mut header).is_none());
     header.extend_from_slice(&0xffffu16.to_le_bytes());
     assert!(abi::encode(&Dict::new(), &mut header).is_none());
-    s.write_all(&rpc::encode_raw_frame(FrameKind::Call as u8, 0, 0, 7, &header, &[])).expect("send call");
-    s.write_all(&Message::Ping.to_frame(8).expect("ping").to_vec()).expect("send ping");
+    assert!(raw.send(&rpc::encode_raw_frame(FrameKind::Call as u8, 0, 0, 7, &header, &[])), "send call");
+    assert!(raw.send_msg(&Message::Ping, 8), "send ping");
     let (mut replied, mut ponged) = (false, false);
     while !(replied && ponged) {
-        let frame = read_frame(&mut s, &mut buf).expect("the connection stays open");
+        let frame = raw.recv_frame().expect("the connection stays open");
         match (frame.kind, frame.id) {
             (FrameKind::Reply, 7) => {
                 match Message::from_frame(frame, &rpc::limits_for(rpc::HANDSHAKE_MAX_FRAME)).expect("decodes") {

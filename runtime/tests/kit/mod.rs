@@ -31,6 +31,7 @@
 pub mod daemon;
 pub mod fuse_mount;
 mod process;
+pub mod raw;
 mod replica;
 pub mod workload;
 

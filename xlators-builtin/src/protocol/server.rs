@@ -16,7 +16,10 @@
 //!   within [`HANDSHAKE_TIMEOUT`]); `max-inflight-per-client` calls of one
 //!   connection run at once, and the connection is not read from while it
 //!   has that many (backpressure; an in-flight slot is freed once its reply
-//!   is written). A call is first run on the connection's reader task and
+//!   is written). The calls of a connection also hold at most
+//!   `max-inflight-bytes-per-client` bytes (request frames and the data
+//!   their replies may carry), so a client asking for large reads and never
+//!   reading the replies holds a bounded amount of the brick's memory. A call is first run on the connection's reader task and
 //!   its reply written from there when it finishes on its first poll (a
 //!   stat or a page-cache write: no task spawned, no wake-up); one that
 //!   would wait (a blocked lock, the blocking pool) goes on in a task of its
@@ -69,7 +72,7 @@ use xlfs_sdk::options::{Opt, kind};
 use parking_lot::{Condvar, Mutex};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, watch};
+use tokio::sync::{Semaphore, TryAcquireError, watch};
 use tokio::task::JoinHandle;
 use xlfs_sdk::abi::{self, AbiVersion, DecodeError};
 use xlfs_sdk::options::{OptType, OptionDecl};
@@ -83,8 +86,8 @@ use self::auth::Auth;
 use self::connection::*;
 use self::fds::FdTable;
 use super::rpc::{
-    self, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, HelloReply, Link, Message, MessageError, OUT_QUEUE, Outgoing,
-    SocketOptions, hello_keys, limits_for, with_transport_options,
+    self, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, Held, HelloReply, Link, Message, MessageError, OUT_QUEUE,
+    Outgoing, SocketOptions, hello_keys, limits_for, with_transport_options,
 };
 
 /// The translator type.
@@ -127,6 +130,7 @@ const OPTIONS: &[OptionDecl] = with_transport_options![
     OptionDecl::new("auth-path", OptType::Str).desc("Accepted for GlusterFS volfiles; has no effect."),
     MAX_FRAME_SIZE.decl,
     MAX_INFLIGHT.decl,
+    MAX_INFLIGHT_BYTES.decl,
     MAX_CLIENTS.decl,
     MAX_FDS.decl,
 ];
@@ -134,6 +138,12 @@ const OPTIONS: &[OptionDecl] = with_transport_options![
 const MAX_INFLIGHT: Opt<kind::Int> = Opt::int("max-inflight-per-client", "4096")
     .range(1.0, 1048576.0)
     .desc("Calls of one connection in flight at once; at the limit the connection is not read until one is answered.");
+const MAX_INFLIGHT_BYTES: Opt<kind::Size> =
+    Opt::size("max-inflight-bytes-per-client", "64MB").range(1048576.0, 17179869184.0).desc(
+        "Bytes one connection's calls may hold at once, from the request frame until the reply is written: the \
+         frame and the data a read or readdir may return. At the limit the connection is not read until replies are \
+         written (a client that never reads its replies holds no more); a single larger call runs alone.",
+    );
 const MAX_CLIENTS: Opt<kind::Int> = Opt::int("max-clients", "1024")
     .range(1.0, 1048576.0)
     .desc("Connected clients at once; a client beyond is refused at the handshake.");
@@ -166,6 +176,8 @@ fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
 struct Config {
     max_frame: usize,
     max_inflight: usize,
+    /// The byte budget of a connection, in KiB.
+    max_inflight_kib: u32,
     max_clients: usize,
     max_fds: usize,
     sock: SocketOptions,
@@ -251,6 +263,8 @@ struct Conn {
     fds: Mutex<FdTable>,
     /// Free in-flight slots.
     inflight: Arc<Semaphore>,
+    /// Free KiB of the byte budget (`max-inflight-bytes-per-client`).
+    budget: Arc<Semaphore>,
     /// Calls running (on the reader or in tasks of their own).
     running: AtomicUsize,
     /// Notified when `running` drops to zero.
@@ -365,6 +379,7 @@ impl Server {
         let cfg = Config {
             max_frame: MAX_FRAME_SIZE.get(&o).min(u64::from(u32::MAX)) as usize,
             max_inflight: MAX_INFLIGHT.count(&o).clamp(1, Semaphore::MAX_PERMITS),
+            max_inflight_kib: u32::try_from(MAX_INFLIGHT_BYTES.get(&o) / 1024).unwrap_or(u32::MAX).max(1),
             max_clients: MAX_CLIENTS.count(&o).max(1),
             max_fds: MAX_FDS.count(&o).max(1),
             sock: SocketOptions::from_options(&o),

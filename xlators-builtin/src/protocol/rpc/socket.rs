@@ -84,17 +84,34 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 }
 
 /// A frame queued for a connection's writer, with what to drop once it is
-/// written (the server's in-flight permit for the request it answers).
+/// written (the server's in-flight slot and byte reservation for the
+/// request it answers).
 pub struct Outgoing {
     /// The frame.
     pub frame: OutFrame,
     /// Released after the frame is written.
-    pub guard: Option<OwnedSemaphorePermit>,
+    pub guard: Held,
+}
+
+/// What a queued frame keeps until it is written.
+#[derive(Default)]
+pub struct Held {
+    /// An in-flight slot.
+    pub slot: Option<OwnedSemaphorePermit>,
+    /// A reservation of bytes.
+    pub bytes: Option<OwnedSemaphorePermit>,
+}
+
+impl Held {
+    /// Holds one in-flight slot.
+    pub fn slot(p: OwnedSemaphorePermit) -> Held {
+        Held { slot: Some(p), bytes: None }
+    }
 }
 
 impl From<OutFrame> for Outgoing {
     fn from(frame: OutFrame) -> Outgoing {
-        Outgoing { frame, guard: None }
+        Outgoing { frame, guard: Held::default() }
     }
 }
 
@@ -216,7 +233,7 @@ pub(super) struct LinkState {
 /// reached, and what to drop once it is written.
 pub(super) struct Pending {
     pub(super) chunks: [Bytes; 2],
-    pub(super) _guard: Option<OwnedSemaphorePermit>,
+    pub(super) _guard: Held,
     pub(super) _room: Option<OwnedSemaphorePermit>,
 }
 

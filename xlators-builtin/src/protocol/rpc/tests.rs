@@ -264,7 +264,7 @@ async fn a_full_link_queues_bounded_and_a_cancelled_send_leaves_no_trace() {
     let mut accepted = 0u64;
     loop {
         let guard = guards.clone().try_acquire_owned().expect("guard");
-        let out = Outgoing { frame: tagged(accepted, 4096), guard: Some(guard) };
+        let out = Outgoing { frame: tagged(accepted, 4096), guard: Held::slot(guard) };
         if !link.try_send(out) {
             break;
         }
@@ -295,10 +295,10 @@ async fn an_aborted_link_drops_its_queue_and_waiting_senders_give_up() {
     let (_rd, wr) = a.into_split();
     let (link, writer) = Link::spawn(wr);
     let guards = Arc::new(Semaphore::new(100_000));
-    while link
-        .try_send(Outgoing { frame: tagged(1, 4096), guard: Some(guards.clone().try_acquire_owned().expect("guard")) })
-    {
-    }
+    while link.try_send(Outgoing {
+        frame: tagged(1, 4096),
+        guard: Held::slot(guards.clone().try_acquire_owned().expect("guard")),
+    }) {}
     let waiter = {
         let link = link.clone();
         tokio::spawn(async move { link.send(tagged(2, 4096).into()).await })

@@ -179,6 +179,7 @@ pub(super) async fn handshake(
         link: tx.clone(),
         fds: Mutex::new(FdTable::new(sh.cfg.max_fds)),
         inflight: Arc::new(Semaphore::new(sh.cfg.max_inflight)),
+        budget: Arc::new(Semaphore::new(sh.cfg.max_inflight_kib as usize)),
         running: AtomicUsize::new(0),
         idle: tokio::sync::Notify::new(),
         cancel,
@@ -285,11 +286,29 @@ pub(super) async fn serve(
             Err(e) => return bad(&e),
         };
         let id = frame.id;
+        let frame_bytes = frame.header.len() + frame.payload.len();
         match frame.kind {
             FrameKind::Call => match Message::from_frame(frame, &limits) {
                 Ok(Message::Call { ctx, req }) => {
                     sh.counters.calls.fetch_add(1, Ordering::Relaxed);
-                    let mut call = Box::pin(run_call(sh.clone(), Running::new(conn), id, ctx, req, permit));
+                    let cost = call_cost_kib(frame_bytes, &req.fop, sh.cfg.max_inflight_kib);
+                    let bytes = match conn.budget.clone().try_acquire_many_owned(cost) {
+                        Ok(b) => b,
+                        Err(TryAcquireError::Closed) => return ("in-flight budget closed".into(), false),
+                        Err(TryAcquireError::NoPermits) => {
+                            // Bytes come back as replies are written.
+                            cork = None;
+                            tokio::select! {
+                                _ = stop.wait_for(|s| *s) => return stopping(),
+                                b = conn.budget.clone().acquire_many_owned(cost) => match b {
+                                    Ok(b) => b,
+                                    Err(_) => return ("in-flight budget closed".into(), false),
+                                },
+                            }
+                        }
+                    };
+                    let held = Held { slot: Some(permit), bytes: Some(bytes) };
+                    let mut call = Box::pin(run_call(sh.clone(), Running::new(conn), id, ctx, req, held));
                     // Most fops (a stat, a write into the page cache) finish
                     // on their first poll: run them here and write the reply
                     // from this task, without a spawn and a wake-up. One that
@@ -303,7 +322,7 @@ pub(super) async fn serve(
                 Err(MessageError { source: DecodeError::UnknownFop(code), .. }) => {
                     tracing::debug!(client = %conn.client_id, code, "unknown fop code: ENOSYS");
                     cork = None;
-                    send_reply(sh, conn, id, Err(Errno::ENOSYS), permit).await;
+                    send_reply(sh, conn, id, Err(Errno::ENOSYS), Held::slot(permit)).await;
                 }
                 Ok(_) => return bad(&"CALL frame did not decode as a call"),
                 Err(e) => return bad(&e),
@@ -338,6 +357,18 @@ pub(super) fn poll_once<F: std::future::Future + ?Sized>(f: std::pin::Pin<&mut F
     f.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
 }
 
+/// The part of a connection's byte budget a call holds until its reply is
+/// written, in KiB: its frame and the data its reply may carry (a read's or
+/// readdir's size). At most the whole budget, so a larger call still runs,
+/// alone.
+pub(super) fn call_cost_kib(frame_bytes: usize, fop: &Fop, budget_kib: u32) -> u32 {
+    let reply = match fop {
+        Fop::Readv { size, .. } | Fop::Readdir { size, .. } | Fop::Readdirp { size, .. } => *size as usize,
+        _ => 0,
+    };
+    u32::try_from(frame_bytes.saturating_add(reply).div_ceil(1024)).unwrap_or(u32::MAX).clamp(1, budget_kib)
+}
+
 pub(super) fn is_lock_fop(kind: FopKind) -> bool {
     use FopKind::*;
     matches!(kind, Lk | Inodelk | Finodelk | Entrylk | Fentrylk | Lease)
@@ -345,25 +376,18 @@ pub(super) fn is_lock_fop(kind: FopKind) -> bool {
 
 /// Runs one call and queues its reply (unless the connection is closing
 /// and the call is cancelled).
-pub(super) async fn run_call(
-    sh: Arc<Shared>,
-    running: Running,
-    id: u64,
-    mut ctx: CallCtx,
-    req: Request,
-    permit: OwnedSemaphorePermit,
-) {
+pub(super) async fn run_call(sh: Arc<Shared>, running: Running, id: u64, mut ctx: CallCtx, req: Request, held: Held) {
     let conn = running.0.clone();
     ctx.client_id = conn.client_id.clone();
     let level = if is_lock_fop(req.fop.kind()) { Cancel::Locks } else { Cancel::All };
     if matches!(&req.fop, Fop::Getxattr { name, .. } if name == STATEDUMP_KEY) {
         let res = statedump_reply(&sh);
-        send_reply(&sh, &conn, id, res, permit).await;
+        send_reply(&sh, &conn, id, res, held).await;
         return;
     }
     if let Some(reset) = profile_request(&req.fop) {
         let res = profile_reply(&sh, reset);
-        send_reply(&sh, &conn, id, res, permit).await;
+        send_reply(&sh, &conn, id, res, held).await;
         return;
     }
     let mut cancel = conn.cancel.subscribe();
@@ -371,7 +395,7 @@ pub(super) async fn run_call(
         r = conn.dispatch(&sh.next_fd, ctx, req) => r,
         _ = cancel.wait_for(|c| *c >= level) => return,
     };
-    send_reply(&sh, &conn, id, res, permit).await;
+    send_reply(&sh, &conn, id, res, held).await;
     drop(running);
 }
 
@@ -406,7 +430,7 @@ pub(super) fn statedump_reply(sh: &Shared) -> FopResult {
     Ok(Response { reply: Reply::Xattrs(d), xdata: Dict::new() })
 }
 
-pub(super) async fn send_reply(sh: &Shared, conn: &Conn, id: u64, res: FopResult, permit: OwnedSemaphorePermit) {
+pub(super) async fn send_reply(sh: &Shared, conn: &Conn, id: u64, res: FopResult, held: Held) {
     let frame = Message::Reply(res).to_frame(id).and_then(|f| f.check_size(sh.cfg.max_frame).map(|()| f));
     let frame = match frame {
         Ok(f) => f,
@@ -418,5 +442,5 @@ pub(super) async fn send_reply(sh: &Shared, conn: &Conn, id: u64, res: FopResult
             }
         }
     };
-    conn.send(Outgoing { frame, guard: Some(permit) }).await;
+    conn.send(Outgoing { frame, guard: held }).await;
 }

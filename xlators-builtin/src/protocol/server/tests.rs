@@ -523,6 +523,48 @@ async fn a_connection_at_max_inflight_is_not_read() {
     stop(chain.top()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_at_its_byte_budget_is_not_read() {
+    let (gate, chain) = gate_server(&[("max-inflight-bytes-per-client", "1MB")]);
+    let c = Arc::new(TestClient::up(listen_addr(chain.top()), &[]).await);
+    let open = tokio::spawn({
+        let c = c.clone();
+        async move { c.run(Fop::Open { loc: Loc::gfid(g(1)), flags: 0, fd: FdId(1) }).await }
+    });
+    until("the open at the child", PATIENCE, || gate.held() == 1).await;
+    gate.release_kind(FopKind::Open);
+    open.await.expect("join").expect("opened");
+    // Reads of 400 KiB: two fit in 1 MiB, a third waits for a reply.
+    let tasks: Vec<_> = (0..6u64)
+        .map(|i| {
+            let c = c.clone();
+            let fop = Fop::Readv { fd: fd(1, g(1)), size: 400 << 10, offset: i << 20, flags: 0 };
+            tokio::spawn(async move { c.run(fop).await })
+        })
+        .collect();
+    until("2 reads at the child", PATIENCE, || gate.held() == 2).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(gate.held(), 2, "the third read is not read from the socket");
+    while tasks.iter().any(|t| !t.is_finished()) {
+        gate.release_all();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for t in tasks {
+        assert_eq!(read_data(t.await.expect("join")).len(), 400 << 10);
+    }
+    assert_eq!(gate.max_held(), 2, "never more than max-inflight-bytes-per-client held at once");
+    // A call larger than the whole budget still runs, alone.
+    let big = tokio::spawn({
+        let c = c.clone();
+        async move { c.run(Fop::Readv { fd: fd(1, g(1)), size: 2 << 20, offset: 0, flags: 0 }).await }
+    });
+    until("the large read at the child", PATIENCE, || gate.held() == 1).await;
+    gate.open();
+    assert_eq!(read_data(big.await.expect("join")).len(), 1 << 20, "the null leaf answers at most 1 MiB");
+    c.stop();
+    stop(chain.top()).await;
+}
+
 #[test]
 fn bind_errors_name_the_address() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");

@@ -144,6 +144,11 @@ pub(super) fn read_at(f: &OpenFd, size: usize, offset: u64) -> Sys<Vec<u8>> {
     let mut buf = vec![0u8; size];
     let n = sys::pread_full(file, &mut buf, offset)?;
     buf.truncate(n);
+    // A short read (end of file) gives back what it did not fill, so the
+    // reply does not hold the whole requested size until it is written.
+    if n < size / 2 {
+        buf.shrink_to_fit();
+    }
     Ok(buf)
 }
 
