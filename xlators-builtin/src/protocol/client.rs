@@ -44,7 +44,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedReadHalf;
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -56,8 +55,8 @@ use xlfs_sdk::{
 };
 
 use super::rpc::{
-    Frame, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, Hello, Link, Message, Outgoing, SocketOptions, hello_keys,
-    limits_for, with_transport_options,
+    self, Frame, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, Hello, Link, Message, Outgoing, SocketOptions, TlsStream,
+    WireRead, hello_keys, limits_for, with_transport_options,
 };
 use connection::*;
 
@@ -145,6 +144,8 @@ struct Config {
     send_gids: bool,
     strict_locks: bool,
     sock: SocketOptions,
+    /// TLS (`transport.socket.ssl-enabled`).
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 #[derive(Default)]
@@ -281,6 +282,7 @@ impl Client {
             send_gids: SEND_GIDS.get(&o),
             strict_locks: STRICT_LOCKS.get(&o),
             sock: SocketOptions::from_options(&o),
+            tls: rpc::TlsFiles::from_options(&o).map(|f| f.client_config()).transpose().map_err(|e| e.to_string())?,
         };
         let client_id = format!("{}-{}-{}-{}", hostname(), std::process::id(), name, Gfid::random());
         let (run, _) = watch::channel(false);

@@ -23,8 +23,11 @@
 //!   without a copy. [`write_loop`] is the plain queue-and-task writer for
 //!   any `AsyncWrite` (tests, tools).
 //!
-//! The three live in `frames`, `messages` and `socket`, re-exported here;
-//! this file keeps the transport options both sides declare.
+//! - [`TlsStream`] puts a TLS session (rustls) under both halves when
+//!   `transport.socket.ssl-enabled` is on ([`WireRead`], [`WireWrite`]).
+//!
+//! They live in `frames`, `messages`, `socket` and `tls`, re-exported
+//! here; this file keeps the transport options both sides declare.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -34,7 +37,6 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use xlfs_sdk::abi::{self, AbiVersion, DecodeError, HELLO_LEN, Limits};
@@ -43,10 +45,12 @@ use xlfs_sdk::{CallCtx, Dict, Event, FopResult, Request};
 mod frames;
 mod messages;
 mod socket;
+mod tls;
 
 pub use frames::*;
 pub use messages::*;
 pub use socket::*;
+pub use tls::*;
 
 /// The GlusterFS transport options both protocol translators declare
 /// (through `with_transport_options!`), read by
@@ -61,8 +65,19 @@ pub mod transport {
         Opt::one_of("transport.address-family", &["inet", "inet6", "unix", "inet-sdp"], "inet")
             .desc("Address family; only 'inet' (IPv4) is supported, others are an init error.");
     /// `transport.socket.ssl-enabled`.
-    pub const SSL: Opt<kind::Bool> = Opt::bool("transport.socket.ssl-enabled", false)
-        .desc("TLS on the connection; not supported yet, so 'on' is an init error.");
+    pub const SSL: Opt<kind::Bool> = Opt::bool("transport.socket.ssl-enabled", false).desc(
+        "TLS on the connection, certificates checked both ways (own certificate, key and CA list below). A brick \
+         with it on speaks only TLS: plain clients and clients without a certificate from its CAs are refused.",
+    );
+    /// `transport.socket.ssl-own-cert`.
+    pub const SSL_OWN_CERT: Opt<kind::Str> = Opt::str("transport.socket.ssl-own-cert", "/etc/ssl/glusterfs.pem")
+        .desc("This side's certificate (PEM, the chain after it if any).");
+    /// `transport.socket.ssl-private-key`.
+    pub const SSL_PRIVATE_KEY: Opt<kind::Str> = Opt::str("transport.socket.ssl-private-key", "/etc/ssl/glusterfs.key")
+        .desc("The private key of ssl-own-cert (PEM).");
+    /// `transport.socket.ssl-ca-list`.
+    pub const SSL_CA_LIST: Opt<kind::Str> = Opt::str("transport.socket.ssl-ca-list", "/etc/ssl/glusterfs.ca")
+        .desc("The CA certificates (PEM) the peer's certificate must be signed by.");
     /// `transport.socket.keepalive`.
     pub const KEEPALIVE: Opt<kind::Bool> = Opt::bool("transport.socket.keepalive", true)
         .desc("TCP keepalive probes on every connection, so a dead peer is noticed while idle.");
@@ -122,12 +137,9 @@ impl SocketOptions {
 }
 
 /// Checks the GlusterFS transport options both translators accept: only
-/// TCP over IPv4, without TLS.
+/// TCP over IPv4 (with or without TLS).
 pub fn check_transport(o: &xlfs_sdk::Options) -> Result<(), String> {
     use transport::*;
-    if SSL.get(o) {
-        return Err("transport.socket.ssl-enabled on: TLS is not supported yet".into());
-    }
     match FAMILY.get(o) {
         "inet" => {}
         f => return Err(format!("transport.address-family {f}: only inet is supported")),
@@ -148,6 +160,9 @@ macro_rules! with_transport_options {
             $crate::protocol::rpc::transport::TYPE.decl,
             $crate::protocol::rpc::transport::FAMILY.decl,
             $crate::protocol::rpc::transport::SSL.decl,
+            $crate::protocol::rpc::transport::SSL_OWN_CERT.decl,
+            $crate::protocol::rpc::transport::SSL_PRIVATE_KEY.decl,
+            $crate::protocol::rpc::transport::SSL_CA_LIST.decl,
             $crate::protocol::rpc::transport::KEEPALIVE.decl,
             $crate::protocol::rpc::transport::KEEPALIVE_TIME.decl,
             $crate::protocol::rpc::transport::KEEPALIVE_INTERVAL.decl,

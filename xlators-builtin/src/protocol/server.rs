@@ -87,7 +87,7 @@ use self::connection::*;
 use self::fds::FdTable;
 use super::rpc::{
     self, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, Held, HelloReply, Link, Message, MessageError, OUT_QUEUE,
-    Outgoing, SocketOptions, hello_keys, limits_for, with_transport_options,
+    Outgoing, SocketOptions, TlsStream, WireRead, hello_keys, limits_for, with_transport_options,
 };
 
 /// The translator type.
@@ -127,6 +127,10 @@ const OPTIONS: &[OptionDecl] = with_transport_options![
          auth.login.<user>.password.",
     ),
     OptionDecl::new("auth.login.*.password", OptType::Str).desc("The password of user * (auth.login.<user>.password)."),
+    OptionDecl::new("auth.ssl-allow", OptType::List).default("*").desc(
+        "With transport.socket.ssl-enabled: the client certificate common names (patterns, `*` and `?`) that may \
+         connect; `*` admits every certificate signed by one of the CAs in transport.socket.ssl-ca-list.",
+    ),
     OptionDecl::new("auth-path", OptType::Str).desc("Accepted for GlusterFS volfiles; has no effect."),
     MAX_FRAME_SIZE.decl,
     MAX_INFLIGHT.decl,
@@ -182,6 +186,8 @@ struct Config {
     max_fds: usize,
     sock: SocketOptions,
     auth: Auth,
+    /// TLS (`transport.socket.ssl-enabled`): the only way in when set.
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 #[derive(Default)]
@@ -384,6 +390,7 @@ impl Server {
             max_fds: MAX_FDS.count(&o).max(1),
             sock: SocketOptions::from_options(&o),
             auth,
+            tls: rpc::TlsFiles::from_options(&o).map(|f| f.server_config()).transpose().map_err(|e| e.to_string())?,
         };
         let host = TRANSPORT_SOCKET_BIND_ADDRESS.get(&o);
         let port = TRANSPORT_SOCKET_LISTEN_PORT.get(&o).clamp(0, 65535) as u16;

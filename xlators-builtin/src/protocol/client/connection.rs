@@ -9,7 +9,7 @@ impl Inner {
     pub(super) async fn connect(
         &self,
         generation: u64,
-    ) -> Result<(Arc<Conn>, FrameReader<OwnedReadHalf>, JoinHandle<std::io::Result<()>>), (String, bool)> {
+    ) -> Result<(Arc<Conn>, FrameReader<WireRead>, JoinHandle<std::io::Result<()>>), (String, bool)> {
         let cfg = &self.cfg;
         let addr = format!("{}:{}", cfg.host, cfg.port);
         let plain = |e: String| (e, false);
@@ -24,7 +24,17 @@ impl Inner {
         if let Err(e) = cfg.sock.apply(socket2::SockRef::from(&stream)) {
             tracing::debug!(client = %self.name, error = %e, "socket options not applied");
         }
-        let (rd, wr) = stream.into_split();
+        let (rd, wr) = match &cfg.tls {
+            None => rpc::plain(stream),
+            Some(tls) => {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsStream::connect(stream, tls.clone(), &cfg.host)).await
+                {
+                    Ok(Ok(halves)) => halves,
+                    Ok(Err(e)) => return Err((format!("{addr}: {e}"), true)),
+                    Err(_) => return Err((format!("{addr}: no TLS handshake within {HANDSHAKE_TIMEOUT:?}"), true)),
+                }
+            }
+        };
         let (link, writer) = Link::spawn(wr);
         let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
         let mut params = Dict::new();
@@ -88,7 +98,7 @@ impl Inner {
     pub(super) async fn run_connection(
         &self,
         conn: &Conn,
-        reader: &mut FrameReader<OwnedReadHalf>,
+        reader: &mut FrameReader<WireRead>,
         run: &mut watch::Receiver<bool>,
     ) -> Result<String, String> {
         let ping = self.cfg.ping_timeout;

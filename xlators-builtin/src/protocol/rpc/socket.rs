@@ -177,7 +177,7 @@ pub(super) async fn write_chunks<W: AsyncWrite + Unpin>(w: &mut W, chunks: &mut 
 ///
 /// One task at a time owns the socket for writing ("busy"): a sender that
 /// finds it free writes its frame at once with non-blocking vectored
-/// writes ([`OwnedWriteHalf::try_write_vectored`]), synchronously, so a
+/// writes ([`WireWrite`]: plain TCP or a TLS session), synchronously, so a
 /// frame is never left half written by a cancelled fop; a sender that finds
 /// it busy queues its frame (at most `OUT_QUEUE` queued, then it waits for
 /// room). Whoever owns the socket empties the queue before letting go; when
@@ -209,7 +209,7 @@ impl std::ops::Deref for LinkHandle {
 }
 
 pub(super) struct LinkInner {
-    pub(super) sock: OwnedWriteHalf,
+    pub(super) sock: WireWrite,
     pub(super) state: parking_lot::Mutex<LinkState>,
     /// Wakes the writer task: a hand-over, or closing.
     pub(super) wake: Notify,
@@ -263,7 +263,8 @@ impl Link {
     /// Wraps a connection's write half; the future returned is its writer
     /// task, to be spawned: it ends once the link is closed and everything
     /// queued is written, shutting the write side down.
-    pub fn new(sock: OwnedWriteHalf) -> (Link, impl Future<Output = io::Result<()>> + Send + 'static) {
+    pub fn new(sock: impl Into<WireWrite>) -> (Link, impl Future<Output = io::Result<()>> + Send + 'static) {
+        let sock = sock.into();
         let inner = Arc::new(LinkInner {
             sock,
             state: parking_lot::Mutex::new(LinkState::default()),
@@ -275,7 +276,7 @@ impl Link {
     }
 
     /// [`Link::new`] with its writer task spawned.
-    pub fn spawn(sock: OwnedWriteHalf) -> (Link, JoinHandle<io::Result<()>>) {
+    pub fn spawn(sock: impl Into<WireWrite>) -> (Link, JoinHandle<io::Result<()>>) {
         let (link, task) = Link::new(sock);
         (link, tokio::spawn(task))
     }
@@ -477,7 +478,13 @@ impl LinkInner {
                 batch.pop_front();
             }
         }
-        Ok(())
+        // TLS records the socket did not take yet: the writer task waits
+        // for the socket and comes back here to send them.
+        match self.sock.flush() {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(Blocked::WouldBlock),
+            Err(e) => Err(Blocked::Failed(e)),
+        }
     }
 
     /// The writer task: writes what is handed to it, waiting for the socket
@@ -520,7 +527,7 @@ impl LinkInner {
                 }
             }
         }
-        socket2::SockRef::from(self.sock.as_ref()).shutdown(std::net::Shutdown::Write)
+        self.sock.shutdown(std::net::Shutdown::Write)
     }
 
     /// The socket failed: nothing more is sent; the read side is shut down
@@ -528,7 +535,7 @@ impl LinkInner {
     fn fail(&self, e: &io::Error) {
         tracing::debug!(error = %e, "connection write failed");
         self.abort();
-        let _ = socket2::SockRef::from(self.sock.as_ref()).shutdown(std::net::Shutdown::Both);
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
 
     fn abort(&self) {

@@ -9,6 +9,10 @@
 //!   HELLO must carry one of them with its password,
 //!   `auth.login.<user>.password`.
 //!
+//! - `auth.ssl-allow`: with TLS on, the subject common names (patterns)
+//!   whose client certificates may connect; `*` (the default) admits every
+//!   certificate signed by one of the brick's CAs.
+//!
 //! Patterns are matched against the peer's IP address (`127.0.0.1`), with
 //! `*` matching any run of characters and `?` any one character; host names
 //! are not resolved. The `<subvolume>` part may itself be such a pattern.
@@ -25,6 +29,8 @@ pub(super) struct Auth {
     addr_reject: Vec<(String, Vec<String>)>,
     login_allow: Vec<(String, Vec<String>)>,
     passwords: HashMap<String, String>,
+    /// `auth.ssl-allow` (empty: any certificate name).
+    ssl_allow: Vec<String>,
 }
 
 /// `*` and `?` wildcard match (no escapes), in linear space.
@@ -67,6 +73,9 @@ impl Auth {
     /// `subvolumes`, and every allowed user must have a password.
     pub(super) fn from_options(o: &Options, subvolumes: &[&str]) -> Result<Auth, String> {
         let mut auth = Auth::default();
+        if let Some(v) = o.get("auth.ssl-allow") {
+            auth.ssl_allow = list(v).into_iter().filter(|p| p != "*").collect();
+        }
         for (key, value, _) in o.iter() {
             let Some((family, rest)) = key.strip_prefix("auth.").and_then(|r| r.split_once('.')) else {
                 continue;
@@ -100,6 +109,21 @@ impl Auth {
             }
         }
         Ok(auth)
+    }
+
+    /// Decides whether a TLS client whose certificate names `cn` may
+    /// connect (`auth.ssl-allow`).
+    pub(super) fn check_cn(&self, cn: Option<&str>) -> Result<(), String> {
+        if self.ssl_allow.is_empty() {
+            return Ok(());
+        }
+        let Some(cn) = cn else {
+            return Err("the client certificate has no common name (auth.ssl-allow is set)".into());
+        };
+        if self.ssl_allow.iter().any(|p| wildcard(p, cn)) {
+            return Ok(());
+        }
+        Err(format!("certificate name '{cn}' is not allowed (auth.ssl-allow: {})", self.ssl_allow.join(",")))
     }
 
     /// The patterns of `rules` that apply to `subvolume`, if any rule does.

@@ -66,10 +66,28 @@ pub(super) async fn connection(
     if let Err(e) = sh.cfg.sock.apply(socket2::SockRef::from(&stream)) {
         tracing::debug!(%peer, error = %e, "socket options not applied");
     }
-    let (rd, wr) = stream.into_split();
+    let (rd, wr, cn) = match &sh.cfg.tls {
+        None => {
+            let (rd, wr) = rpc::plain(stream);
+            (rd, wr, None)
+        }
+        Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsStream::accept(stream, tls.clone())).await {
+            Ok(Ok(halves)) => halves,
+            Ok(Err(e)) => {
+                sh.counters.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(server = %sh.name, %peer, "closing connection before the handshake: {e}");
+                return;
+            }
+            Err(_) => {
+                sh.counters.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(server = %sh.name, %peer, "no TLS handshake within {HANDSHAKE_TIMEOUT:?}: closed");
+                return;
+            }
+        },
+    };
     let (link, writer) = Link::spawn(wr);
     let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
-    let conn = match handshake(&sh, &mut reader, &link, peer).await {
+    let conn = match handshake(&sh, &mut reader, &link, peer, cn.as_deref()).await {
         Ok(conn) => conn,
         Err(()) => {
             link.close();
@@ -134,9 +152,10 @@ pub(super) async fn refuse(sh: &Shared, tx: &Link, id: u64, peer: SocketAddr, re
 /// told its client id.
 pub(super) async fn handshake(
     sh: &Arc<Shared>,
-    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    reader: &mut FrameReader<WireRead>,
     tx: &Link,
     peer: SocketAddr,
+    cn: Option<&str>,
 ) -> Result<Arc<Conn>, ()> {
     let frame = match tokio::time::timeout(HANDSHAKE_TIMEOUT, reader.next()).await {
         Ok(Ok(Some(f))) => f,
@@ -159,7 +178,7 @@ pub(super) async fn handshake(
         FrameKind::Hello => Message::from_frame(frame, &limits_for(HANDSHAKE_MAX_FRAME))
             .map_err(|e| format!("malformed HELLO: {e}"))
             .and_then(|m| match m {
-                Message::Hello(h) => check_hello(sh, &h.params, h.version, peer),
+                Message::Hello(h) => check_hello(sh, &h.params, h.version, peer, cn),
                 _ => Err("malformed HELLO".into()),
             }),
         other => Err(format!("expected HELLO as the first frame, got {other}")),
@@ -213,6 +232,7 @@ pub(super) fn check_hello(
     p: &Dict,
     version: AbiVersion,
     peer: SocketAddr,
+    cn: Option<&str>,
 ) -> Result<(Child, Arc<str>), String> {
     abi::check_compatible(AbiVersion::CURRENT, version).map_err(|e| e.to_string())?;
     if *sh.stop.borrow() {
@@ -229,6 +249,9 @@ pub(super) fn check_hello(
     }
     let ip = peer.ip().to_string();
     sh.cfg.auth.check(volume, &ip, p.get_str(hello_keys::USERNAME), p.get_str(hello_keys::PASSWORD))?;
+    if sh.cfg.tls.is_some() {
+        sh.cfg.auth.check_cn(cn)?;
+    }
     let seq = sh.next_conn.fetch_add(1, Ordering::Relaxed);
     Ok((child.clone(), Arc::from(format!("{client_id}#{seq}"))))
 }
@@ -236,11 +259,7 @@ pub(super) fn check_hello(
 /// Reads and runs calls until the connection ends; returns why, and
 /// whether it is the server stopping (graceful) rather than the client
 /// going or misbehaving.
-pub(super) async fn serve(
-    sh: &Arc<Shared>,
-    conn: &Arc<Conn>,
-    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
-) -> (String, bool) {
+pub(super) async fn serve(sh: &Arc<Shared>, conn: &Arc<Conn>, reader: &mut FrameReader<WireRead>) -> (String, bool) {
     let mut stop = sh.stop.subscribe();
     let limits = limits_for(sh.cfg.max_frame);
     let stopping = || ("the server is shutting down".to_string(), true);
