@@ -32,6 +32,7 @@ pub mod daemon;
 pub mod fuse_mount;
 mod process;
 pub mod raw;
+pub mod tls;
 mod replica;
 pub mod workload;
 
