@@ -105,3 +105,58 @@ async fn certificates_are_checked_both_ways() {
     let why = dump.iter().find(|(k, _)| k.ends_with("last-error")).map(|(_, v)| v.clone()).unwrap_or_default();
     assert!(why.contains("invalid peer certificate") && why.contains("UnknownIssuer"), "the client says why: {why:?}");
 }
+
+/// `client.ssl`, `server.ssl`, `ssl.*` and `auth.ssl-allow` set on a
+/// volume of `xlfs daemon`: the bricks start with TLS only, the client
+/// mounted by name (and the self-heal daemon) use it, and a plain peer gets
+/// no answer from a brick.
+#[test]
+fn volume_keys_turn_tls_on_for_bricks_and_clients() {
+    use kit::daemon::Daemon;
+    use kit::raw::Raw;
+    let pki = Pki::new("xlfs");
+    let node = pki.issue("node1", &["127.0.0.1", "localhost"]);
+    let tmp = tempfile::Builder::new().prefix("xlfs-tls-vol-").tempdir().expect("tempdir");
+    let dirs: Vec<String> = (0..3)
+        .map(|i| {
+            let d = tmp.path().join(format!("b{i}"));
+            std::fs::create_dir_all(&d).expect("brick dir");
+            format!("127.0.0.1:{}", std::fs::canonicalize(&d).expect("canonical").display())
+        })
+        .collect();
+    let d = Daemon::start();
+    let mut create = vec!["create", "tv", "replica", "3"];
+    create.extend(dirs.iter().map(String::as_str));
+    create.push("force");
+    d.ok(&create);
+    for (k, v) in [
+        ("client.ssl", "on"),
+        ("server.ssl", "on"),
+        ("ssl.own-cert", node.cert.as_str()),
+        ("ssl.private-key", node.key.as_str()),
+        ("ssl.ca-list", node.ca.as_str()),
+        ("auth.ssl-allow", "node*"),
+    ] {
+        d.ok(&["set", "tv", k, v]);
+    }
+    let bad = d.refused(&["set", "tv", "server.ssl", "maybe"]);
+    assert!(bad.contains("server.ssl") && bad.contains("maybe"), "{bad}");
+    d.ok(&["start", "tv"]);
+
+    let m = FuseMount::start_by_name(&format!("{}:/tv", d.addr()), "", &[]);
+    let data = secret();
+    std::fs::write(m.path().join("f"), &data).expect("write over TLS");
+    assert!(std::fs::read(m.path().join("f")).expect("read over TLS") == data);
+    drop(m);
+
+    // A plain peer that says HELLO to a brick gets no HELLO_REPLY.
+    let status: serde_json::Value = serde_json::from_str(&d.ok(&["status", "tv", "--json"])).expect("JSON");
+    let port = status["volumes"][0]["bricks"][0]["port"].as_u64().expect("a brick port") as u16;
+    let mut raw = Raw::connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    let hello = xlfs_xlators::protocol::rpc::Message::Hello(xlfs_xlators::protocol::rpc::Hello {
+        version: xlfs_sdk::abi::AbiVersion::CURRENT,
+        params: xlfs_sdk::Dict::new(),
+    });
+    raw.send_msg(&hello, 0);
+    assert!(raw.recv_frame().is_none(), "the brick answers a plain peer with nothing but a closed connection");
+}

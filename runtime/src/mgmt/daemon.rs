@@ -621,7 +621,12 @@ fn done(message: String) -> Reply {
 fn jobs(spec: &VolumeSpec) -> Vec<BrickJob> {
     spec.bricks
         .iter()
-        .map(|b| BrickJob { volume: spec.name.clone(), volume_id: spec.id.clone(), brick: b.clone() })
+        .map(|b| BrickJob {
+            volume: spec.name.clone(),
+            volume_id: spec.id.clone(),
+            brick: b.clone(),
+            server: keys::brick_options(&spec.options),
+        })
         .collect()
 }
 

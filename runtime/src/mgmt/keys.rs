@@ -9,6 +9,12 @@
 //! accepts exactly what the translator does; `xlfs volume set help` shows
 //! the declared form, default and description.
 //!
+//! Keys whose targets include protocol/server (`server.ssl`, `ssl.*`,
+//! `auth.ssl-allow`) set options of the bricks' graphs ([`brick_options`]),
+//! passed to each brick when it is (re)started: they take effect at the
+//! next `volume start` (or `start force` of a stopped brick), as in
+//! GlusterFS.
+//!
 //! Policy keys (`performance.read-ahead-policy`,
 //! `cluster.lock-contention-policy`) take a built-in policy name or a
 //! `wasm:`/`dylib:` module, and the policy is loaded to check it. Plugin
@@ -50,6 +56,7 @@ const MDC: &str = "performance/md-cache";
 const QR: &str = "performance/quick-read";
 const AFR: &str = "cluster/replicate";
 const CLIENT: &str = "protocol/client";
+const SERVER: &str = "protocol/server";
 
 /// Every key, as `set help` lists them.
 pub const KEYS: &[Key] = &[
@@ -79,11 +86,44 @@ pub const KEYS: &[Key] = &[
     Key { name: "network.frame-timeout", target: Target::Options(&[(CLIENT, "frame-timeout")]) },
     Key { name: "performance.read-ahead-policy", target: Target::Options(&[("performance/read-ahead", "policy")]) },
     Key { name: "cluster.lock-contention-policy", target: Target::Options(&[(AFR, "lock-contention-policy")]) },
+    Key { name: "client.ssl", target: Target::Options(&[(CLIENT, "transport.socket.ssl-enabled")]) },
+    Key { name: "server.ssl", target: Target::Options(&[(SERVER, "transport.socket.ssl-enabled")]) },
+    Key {
+        name: "ssl.own-cert",
+        target: Target::Options(&[
+            (CLIENT, "transport.socket.ssl-own-cert"),
+            (SERVER, "transport.socket.ssl-own-cert"),
+        ]),
+    },
+    Key {
+        name: "ssl.private-key",
+        target: Target::Options(&[
+            (CLIENT, "transport.socket.ssl-private-key"),
+            (SERVER, "transport.socket.ssl-private-key"),
+        ]),
+    },
+    Key {
+        name: "ssl.ca-list",
+        target: Target::Options(&[(CLIENT, "transport.socket.ssl-ca-list"), (SERVER, "transport.socket.ssl-ca-list")]),
+    },
+    Key { name: "auth.ssl-allow", target: Target::Options(&[(SERVER, "auth.ssl-allow")]) },
     Key {
         name: "features.cache-invalidation",
         target: Target::Options(&[(MDC, "cache-invalidation"), (QR, "cache-invalidation")]),
     },
 ];
+
+/// The protocol/server options the keys set in `options` give each brick,
+/// as (option, value).
+pub fn brick_options(options: &std::collections::BTreeMap<String, String>) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    for key in KEYS {
+        if let (Target::Options(targets), Some(v)) = (key.target, options.get(key.name)) {
+            out.extend(targets.iter().filter(|(ty, _)| *ty == SERVER).map(|(_, opt)| (*opt, v.clone())));
+        }
+    }
+    out
+}
 
 /// Why a key or value was refused.
 #[derive(Debug, thiserror::Error)]

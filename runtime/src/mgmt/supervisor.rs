@@ -52,6 +52,8 @@ pub struct BrickJob {
     pub volume_id: String,
     /// The brick.
     pub brick: BrickSpec,
+    /// protocol/server options from the volume's keys (`--server`).
+    pub server: Vec<(&'static str, String)>,
 }
 
 /// A brick's state now.
@@ -264,6 +266,7 @@ impl Supervisor {
             .arg(&job.volume)
             .arg("--posix")
             .arg(format!("volume-id={}", job.volume_id))
+            .args(job.server.iter().flat_map(|(k, v)| ["--server".to_string(), format!("{k}={v}")]))
             .arg("--log-file")
             .arg(&s.log)
             .stdin(Stdio::null())

@@ -32,8 +32,8 @@ pub mod daemon;
 pub mod fuse_mount;
 mod process;
 pub mod raw;
-pub mod tls;
 mod replica;
+pub mod tls;
 pub mod workload;
 
 // Not every test file uses them (each compiles the kit on its own).

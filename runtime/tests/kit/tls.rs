@@ -88,10 +88,9 @@ impl Tap {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
                 let Ok(server) = TcpStream::connect(target) else { continue };
-                for (mut from, mut to) in [
-                    (client.try_clone().expect("clone"), server.try_clone().expect("clone")),
-                    (server, client),
-                ] {
+                for (mut from, mut to) in
+                    [(client.try_clone().expect("clone"), server.try_clone().expect("clone")), (server, client)]
+                {
                     let s = s.clone();
                     std::thread::spawn(move || {
                         let mut buf = [0u8; 65536];
