@@ -98,16 +98,34 @@ impl Inner {
             _ => h,
         };
         let fd = super::fd_id_of(&fop);
+        // A create is always exclusive below: without O_EXCL, an existing
+        // name must be opened where its data is, not as the link file a
+        // subvolume may hold for it.
+        let mut fop = fop;
+        let excl = match &mut fop {
+            Fop::Create { flags, .. } => {
+                let asked = *flags & libc::O_EXCL as u32 != 0;
+                *flags |= libc::O_EXCL as u32;
+                Some(asked)
+            }
+            _ => None,
+        };
         let req = Request::with_xdata(fop, xdata);
         if at == h {
-            let r = self.wind(h, ctx, req).await?;
+            let r = match self.wind(h, ctx, req.clone()).await {
+                Err(Errno::EEXIST) if excl == Some(false) => return self.open_existing(ctx, &loc, &req).await,
+                r => r?,
+            };
             self.created(gfid, h, fd);
             return Ok(r);
         }
         // Link first: until the data file exists the link leads nowhere,
         // and the name is never data on two subvolumes.
         self.stats.redirected_creates.fetch_add(1, Ordering::Relaxed);
-        self.make_link(ctx, h, &loc, gfid, at).await?;
+        match self.make_link(ctx, h, &loc, gfid, at).await {
+            Err(Errno::EEXIST) if excl == Some(false) => return self.open_existing(ctx, &loc, &req).await,
+            r => r?,
+        };
         match self.wind(at, ctx, req).await {
             Ok(r) => {
                 self.created(gfid, at, fd);
@@ -120,6 +138,26 @@ impl Inner {
                 Err(e)
             }
         }
+    }
+
+    /// A non-exclusive create of a name that exists: opens the file where
+    /// its data is (O_CREAT and O_EXCL dropped), answering as create does.
+    async fn open_existing(&self, ctx: &CallCtx, loc: &Loc, create: &Request) -> FopResult {
+        let Fop::Create { flags, fd, .. } = create.fop else { return Err(Errno::EINVAL) };
+        let f = self.find(ctx, loc, &Dict::new()).await?;
+        let iatt = f.iatt();
+        if iatt.is_dir() {
+            return Err(Errno::EISDIR);
+        }
+        let flags = flags & !((libc::O_CREAT | libc::O_EXCL) as u32);
+        let open = Request::new(Fop::Open { loc: Loc::gfid(iatt.gfid), flags, fd });
+        self.wind(f.cached, ctx, open).await?;
+        self.created(iatt.gfid, f.cached, Some(fd));
+        let postparent = match &f.rsp.reply {
+            Reply::Entry { postparent, .. } => *postparent,
+            _ => xlfs_sdk::Iatt::default(),
+        };
+        Ok(Reply::Entry { iatt, postparent }.into())
     }
 
     fn created(&self, gfid: Gfid, at: usize, fd: Option<xlfs_sdk::FdId>) {

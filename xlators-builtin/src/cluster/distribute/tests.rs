@@ -384,6 +384,37 @@ async fn rename_over_an_existing_file_elsewhere() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_without_o_excl_opens_the_data_not_the_link_file() {
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let a = c.name_on(".", 0, "a");
+    let b = c.name_on(".", 1, "b");
+    let fd = node.create(Gfid::ROOT, &a).await.expect("create");
+    node.release(fd).await;
+    node.rename(&a, &b).await.expect("rename");
+    assert_eq!(c.places(&b), (vec![0], vec![1]));
+    let id = FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed));
+    let fop =
+        Fop::Create { loc: Loc::entry(Gfid::ROOT, &b), flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, fd: id };
+    let got = node.call(fop).await.expect("create of an existing name opens it").reply.into_entry().expect("entry");
+    assert_eq!(got.gfid, fd.gfid);
+    let f = Fd { id, gfid: fd.gfid };
+    node.call(Fop::Writev { fd: f, data: Bytes::from_static(b"x"), offset: 0, flags: 0 }).await.expect("write");
+    node.release(f).await;
+    assert_eq!(std::fs::read(c.path(0, &b)).expect("data"), b"x");
+    assert_eq!(std::fs::metadata(c.path(1, &b)).expect("link").len(), 0, "the link file stays empty");
+    let excl = Fop::Create {
+        loc: Loc::entry(Gfid::ROOT, &b),
+        flags: (libc::O_RDWR | libc::O_EXCL) as u32,
+        mode: 0o644,
+        umask: 0,
+        fd: FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed)),
+    };
+    assert_eq!(node.call(excl).await.err(), Some(Errno::EEXIST));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readdir_merges_pages_without_duplicates_or_misses() {
     let c = Cluster::new();
     let node = c.node(&[]);
