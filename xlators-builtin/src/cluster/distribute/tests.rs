@@ -627,3 +627,53 @@ fn bad_min_free_disk_is_refused() {
     let e = Distribute::new(ictx).err().expect("refused");
     assert!(e.to_string().contains("min-free-disk"), "{e}");
 }
+
+/// Distribute over two replica-3 sets (cluster/replicate over posix under
+/// locks), as a distributed-replicate volume's client graph stacks them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_replica_sets() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut sets = Vec::new();
+    for s in 0..2 {
+        let mut kids = Vec::new();
+        for b in 0..3 {
+            let dir = tmp.path().join(format!("s{s}b{b}"));
+            std::fs::create_dir(&dir).expect("dir");
+            let d = dir.display().to_string();
+            let (pctx, _) = init_named("posix", crate::storage::posix::TYPE.options, &[("directory", &d)], &[]);
+            let posix = (crate::storage::posix::TYPE.build)(pctx).expect("posix");
+            let (lctx, _) = init_named(
+                "locks",
+                crate::features::locks::TYPE.options,
+                &[],
+                &[Child { name: Arc::from("posix"), xl: posix }],
+            );
+            let locks = (crate::features::locks::TYPE.build)(lctx).expect("locks");
+            kids.push(Child { name: Arc::from(format!("c-{s}-{b}")), xl: locks });
+        }
+        let (actx, _) = init_named(&format!("afr-{s}"), crate::cluster::replicate::TYPE.options, &[], &kids);
+        let afr = Arc::new(crate::cluster::replicate::Replicate::new(actx).expect("afr"));
+        for i in 0..3 {
+            afr.notify(Event::ChildUp, EventFrom::Child(i));
+        }
+        sets.push(Child { name: Arc::from(format!("afr-{s}")), xl: afr });
+    }
+    let (ictx, _) = init_named("dht", TYPE.options, &[], &sets);
+    let dht = Arc::new(Distribute::new(ictx).expect("dht"));
+    let node = Node { dht, ctx: CallCtx::root("t") };
+    node.root().await;
+    let d = node.mkdir(Gfid::ROOT, "d").await.expect("mkdir").gfid;
+    node.mkdir(d, "sub").await.expect("mkdir sub");
+    for k in 0..40 {
+        let fd = node.create(d, &format!("f{k}")).await.expect("create");
+        node.call(Fop::Writev { fd, data: Bytes::from_static(b"x"), offset: 0, flags: 0 }).await.expect("write");
+        node.call(Fop::Flush { fd }).await.expect("flush");
+        node.release(fd).await;
+    }
+    for k in 0..40 {
+        let (old, new) = (Loc::entry(d, format!("f{k}")), Loc::entry(d, format!("r{k}")));
+        node.call(Fop::Rename { old, new, flags: 0 }).await.unwrap_or_else(|e| panic!("rename f{k}: {e}"));
+        node.lookup(d, &format!("r{k}")).await.expect("renamed");
+        assert_eq!(node.lookup(d, &format!("f{k}")).await.err(), Some(Errno::ENOENT));
+    }
+}
