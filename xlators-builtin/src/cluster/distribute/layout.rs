@@ -159,7 +159,7 @@ impl Layout {
     }
 
     /// True when every range (of a present subvolume) carries
-    /// [`COMMITTED`]: a name not on its hashed subvolume does not exist.
+    /// `COMMITTED`: a name not on its hashed subvolume does not exist.
     pub fn settled(&self, present: &[bool]) -> bool {
         self.ranges.iter().zip(present).all(|(r, p)| !*p || r.is_some_and(|r| r.commit == COMMITTED))
     }
