@@ -282,7 +282,16 @@ impl Inner {
                 lock: Flock::whole(ty, lctx.lk_owner),
             })
         };
-        self.wind(lock_on, &lctx, lock(LockType::Write, LkCmd::SetLkw)).await?;
+        match self.wind(lock_on, &lctx, lock(LockType::Write, LkCmd::SetLkw)).await {
+            Ok(_) => {}
+            // No features/locks below (a bare posix child): nobody else can
+            // be repairing through these children's locks either.
+            Err(Errno::ENOSYS) => {
+                tracing::debug!(volume = %self.name, %gfid, "no inodelk below: layout repaired unlocked");
+                return self.heal_layout_locked(&lctx, gfid, &at, present).await;
+            }
+            Err(e) => return Err(e),
+        }
         let r = self.heal_layout_locked(&lctx, gfid, &at, present).await;
         if let Err(e) = self.wind(lock_on, &lctx, lock(LockType::Unlock, LkCmd::SetLk)).await {
             tracing::warn!(volume = %self.name, %gfid, "layout heal unlock: {e}");

@@ -677,3 +677,28 @@ async fn over_replica_sets() {
         assert_eq!(node.lookup(d, &format!("f{k}")).await.err(), Some(Errno::ENOENT));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layouts_are_written_without_a_locks_translator() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut kids = Vec::new();
+    for i in 0..2 {
+        let dir = tmp.path().join(format!("b{i}"));
+        std::fs::create_dir(&dir).expect("dir");
+        let d = dir.display().to_string();
+        let (pctx, _) = init_named("posix", crate::storage::posix::TYPE.options, &[("directory", &d)], &[]);
+        kids.push(Child {
+            name: Arc::from(format!("p{i}")),
+            xl: (crate::storage::posix::TYPE.build)(pctx).expect("posix"),
+        });
+    }
+    let (ictx, _) = init_named("dht", TYPE.options, &[], &kids);
+    let node = Node { dht: Arc::new(Distribute::new(ictx).expect("dht")), ctx: CallCtx::root("t") };
+    node.root().await;
+    let l = Layout {
+        ranges: (0..2)
+            .map(|i| xattr(&tmp.path().join(format!("b{i}")), LAYOUT_XATTR).and_then(|v| Range::decode(&v)))
+            .collect(),
+    };
+    assert!(l.anomalies(&[true; 2]).none(), "{l:?}");
+}
