@@ -21,8 +21,8 @@
 //!   4 KiB readdirp at the fd's sequential offset, served from the entries
 //!   read ahead (hit; refills run in the background), and one at a seekdir'd
 //!   offset, passed through to the leaf (miss), against the null leaf alone.
-//! - cluster/distribute (`cluster/dht`) over three storage/posix bricks on
-//!   tmpfs: a lookup of an existing name (hit: its hashed subvolume), of an
+//! - cluster/distribute (`cluster/dht`) over three storage/posix bricks
+//!   (under features/locks) on tmpfs: a lookup of an existing name (hit: its hashed subvolume), of an
 //!   absent one with lookup-optimize (miss: the hashed subvolume only) and
 //!   without (miss: every subvolume), and a stat by gfid (the remembered
 //!   subvolume).
@@ -468,9 +468,10 @@ fn distribute(c: &mut Criterion) {
         let mut v = String::new();
         for (i, d) in dirs.iter().enumerate() {
             v += &format!(
-                "volume b{i}\n    type storage/posix\n    option directory {}\nend-volume\n",
+                "volume p{i}\n    type storage/posix\n    option directory {}\nend-volume\n",
                 d.path().display()
             );
+            v += &format!("volume b{i}\n    type features/locks\n    subvolumes p{i}\nend-volume\n");
         }
         v + &format!(
             "volume dht\n    type {ty}\n    option lookup-optimize {optimize}\n    subvolumes b0 b1 b2\nend-volume\n"
