@@ -21,6 +21,11 @@
 //!   4 KiB readdirp at the fd's sequential offset, served from the entries
 //!   read ahead (hit; refills run in the background), and one at a seekdir'd
 //!   offset, passed through to the leaf (miss), against the null leaf alone.
+//! - cluster/distribute (`cluster/dht`) over three storage/posix bricks
+//!   (under features/locks) on tmpfs: a lookup of an existing name (hit: its hashed subvolume), of an
+//!   absent one with lookup-optimize (miss: the hashed subvolume only) and
+//!   without (miss: every subvolume), and a stat by gfid (the remembered
+//!   subvolume).
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -454,6 +459,49 @@ fn replicate(c: &mut Criterion) {
     g.shutdown();
 }
 
+/// cluster/distribute over three posix bricks on tmpfs: lookups that hit,
+/// miss on the hashed subvolume (lookup-optimize), and miss everywhere.
+fn distribute(c: &mut Criterion) {
+    let rt = runtime();
+    let dirs: Vec<_> = (0..3).map(|_| scratch_dir()).collect();
+    let volfile = |ty: &str, optimize: &str| {
+        let mut v = String::new();
+        for (i, d) in dirs.iter().enumerate() {
+            v += &format!(
+                "volume p{i}\n    type storage/posix\n    option directory {}\nend-volume\n",
+                d.path().display()
+            );
+            v += &format!("volume b{i}\n    type features/locks\n    subvolumes p{i}\nend-volume\n");
+        }
+        v + &format!(
+            "volume dht\n    type {ty}\n    option lookup-optimize {optimize}\n    subvolumes b0 b1 b2\nend-volume\n"
+        )
+    };
+    let g = xlfs_benches::graph(&rt, &volfile("cluster/distribute", "on"));
+    let everywhere = xlfs_benches::graph(&rt, &volfile("cluster/dht", "off"));
+    let client = Client::new(g.top());
+    let ctx = client.ctx().clone();
+    let f = rt.block_on(client.create("/f", libc::O_RDWR, 0o644)).expect("create");
+    let gfid = f.fd().gfid;
+    rt.block_on(f.close()).expect("close");
+    let (top, top_off) = (g.top(), everywhere.top());
+    rt.block_on(top_off.call(ctx.clone(), Request::new(Fop::Lookup { loc: Loc::root() }))).expect("root");
+    let lookup = |name: &str| Request::new(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, name) });
+    let mut group = c.benchmark_group("distribute");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("lookup-hit", |b| b.to_async(&rt).iter(|| top.call(ctx.clone(), lookup("f"))));
+    group.bench_function("lookup-miss", |b| b.to_async(&rt).iter(|| top.call(ctx.clone(), lookup("absent"))));
+    group.bench_function("lookup-miss-everywhere", |b| {
+        b.to_async(&rt).iter(|| top_off.call(ctx.clone(), lookup("absent")))
+    });
+    group.bench_function("stat", |b| {
+        b.to_async(&rt).iter(|| top.call(ctx.clone(), Request::new(Fop::Stat { loc: Loc::gfid(gfid) })))
+    });
+    group.finish();
+    g.shutdown();
+    everywhere.shutdown();
+}
+
 criterion_group!(
     benches,
     posix,
@@ -466,6 +514,7 @@ criterion_group!(
     readdir_ahead,
     upcall,
     pass_through,
-    replicate
+    replicate,
+    distribute
 );
 criterion_main!(benches);

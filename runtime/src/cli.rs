@@ -27,7 +27,7 @@ pub use heal::{HealArgs, HealError};
 pub use mount::{MountArgs, MountError, UmountArgs};
 pub use profile::ProfileArgs;
 pub use reload::{ReloadArgs, ReloadError, StatusArgs};
-pub use up::{DEFAULT_PERF, DownArgs, UpArgs, UpError, client_volfile, replica_volfile};
+pub use up::{DEFAULT_PERF, DownArgs, UpArgs, UpError, client_volfile, distributed_volfile, replica_volfile};
 pub use volfile::VolfileCommand;
 
 /// xlfs: a distributed filesystem built from a graph of translators.

@@ -16,6 +16,7 @@ pub mod storage {
 
 pub mod cluster {
     //! Translators over several subvolumes.
+    pub mod distribute;
     pub mod replicate;
 }
 
@@ -69,5 +70,7 @@ pub fn builtin_types() -> Vec<XlatorType> {
         protocol::client::TYPE,
         protocol::server::TYPE,
         cluster::replicate::TYPE,
+        cluster::distribute::TYPE,
+        cluster::distribute::TYPE_DHT,
     ]
 }

@@ -1,20 +1,23 @@
-//! `xlfs up [DIR]` and `xlfs down [DIR]`: a local replica-3 volume in one
+//! `xlfs up [DIR]` and `xlfs down [DIR]`: a local replica-3 volume (or,
+//! with `--sets N`, N replica-3 sets under cluster/distribute) in one
 //! command, for trying xlfs and for development.
 //!
 //! `up` lays out `DIR` (default `./xlfs-data`):
 //!
 //! ```text
-//! DIR/bricks/b0 b1 b2   the three brick directories (kept across up/down)
+//! DIR/bricks/b0 b1 b2   the brick directories, three per set (kept across up/down)
 //! DIR/client.vol        the client volfile (rewritten by each `up`)
 //! DIR/mnt               the mount point
 //! DIR/logs/*.log        one log per process
 //! DIR/run/*.pid         the processes `up` started, for `down`
 //! ```
 //!
-//! It starts three `xlfs brick` processes on free loopback ports (each
-//! reports the port it bound in its start line), writes a client volfile
-//! (protocol/client x3 -> cluster/replicate -> debug/io-stats, as GlusterFS
-//! generates for a replica 3 volume), starts the self-heal daemon
+//! It starts three `xlfs brick` processes per set on free loopback ports
+//! (each reports the port it bound in its start line), writes a client
+//! volfile (protocol/client x3 -> cluster/replicate per set, ->
+//! cluster/distribute over the sets when there are several, -> the
+//! performance translators -> debug/io-stats, as GlusterFS generates for a
+//! (distributed-)replicate volume), starts the self-heal daemon
 //! (`xlfs heal --daemon`) and mounts the volume with `xlfs mount`, then
 //! prints what it did and how to stop it. If anything fails, what was
 //! started is stopped again.
@@ -36,8 +39,11 @@ use super::CliError;
 /// The volume's name (its top volume and the prefix of its translators).
 const VOLUME: &str = "xlfs";
 
-/// Bricks in the volume.
+/// Bricks per replica set.
 const REPLICAS: usize = 3;
+
+/// Most replica sets `--sets` takes.
+const MAX_SETS: usize = 32;
 
 /// How long a brick may take to report that it serves.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -66,6 +72,10 @@ pub struct UpArgs {
     /// Do not start the self-heal daemon.
     #[arg(long)]
     pub no_shd: bool,
+    /// Replica-3 sets; more than one puts cluster/distribute over them
+    /// (bricks b0..b2 are the first set, b3..b5 the second, ...).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=MAX_SETS as i64))]
+    pub sets: u16,
     /// The performance translators of the client graph, top first,
     /// comma-separated (`none` for none); default: md-cache, quick-read,
     /// open-behind, readdir-ahead, write-behind.
@@ -151,16 +161,32 @@ impl Layout {
         self.dir.join("run").join(format!("{name}.pid"))
     }
 
-    /// The processes `up` starts, in stop order.
-    fn names() -> Vec<String> {
+    /// The processes `up` starts with `bricks` bricks, in stop order.
+    fn names_for(bricks: usize) -> Vec<String> {
         let mut v = vec!["mount".to_string(), "shd".to_string()];
-        v.extend((0..REPLICAS).map(|i| format!("b{i}")));
+        v.extend((0..bricks).map(|i| format!("b{i}")));
         v
     }
 
-    fn mkdirs(&self) -> Result<(), UpError> {
+    /// The processes an `up` may have started here: as many bricks as the
+    /// pid files under `run/` name (at least one set's).
+    fn names(&self) -> Vec<String> {
+        let recorded = std::fs::read_dir(self.dir.join("run"))
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                name.strip_prefix('b')?.strip_suffix(".pid")?.parse::<usize>().ok()
+            })
+            .map(|i| i + 1)
+            .max()
+            .unwrap_or(0);
+        Layout::names_for(recorded.clamp(REPLICAS, REPLICAS * MAX_SETS))
+    }
+
+    fn mkdirs(&self, bricks: usize) -> Result<(), UpError> {
         let mut dirs = vec![self.dir.join("logs"), self.dir.join("run"), self.mnt()];
-        dirs.extend((0..REPLICAS).map(|i| self.brick(i)));
+        dirs.extend((0..bricks).map(|i| self.brick(i)));
         for d in dirs {
             std::fs::create_dir_all(&d).map_err(|source| UpError::Io { path: d, source })?;
         }
@@ -222,11 +248,12 @@ impl UpArgs {
         let posix = key_values("--posix", &self.posix)?;
         let lay = Layout::new(&self.dir)?;
         let running: Vec<String> =
-            Layout::names().iter().filter_map(|n| lay.running(n).map(|p| format!("{n} pid {p}"))).collect();
+            lay.names().iter().filter_map(|n| lay.running(n).map(|p| format!("{n} pid {p}"))).collect();
         if !running.is_empty() {
             return Err(UpError::AlreadyUp { dir: lay.dir.clone(), running: running.join(", ") }.into());
         }
-        lay.mkdirs()?;
+        let bricks = REPLICAS * usize::from(self.sets);
+        lay.mkdirs(bricks)?;
         // A mount left behind by a process that died.
         if is_dead_mount(&lay.mnt()) {
             let _ = crate::fuse::lazy_unmount(&lay.mnt());
@@ -239,7 +266,7 @@ impl UpArgs {
         let (no_shd, options) = (self.no_shd, self.options);
         let report = tokio::task::spawn_blocking(move || {
             let mut started = Vec::new();
-            match start_all(&lay, &afr, &posix, &perf, no_shd, options.as_deref(), &mut started) {
+            match start_all(&lay, bricks, &afr, &posix, &perf, no_shd, options.as_deref(), &mut started) {
                 Ok(lines) => Ok(lines),
                 Err(e) => {
                     stop(&lay, &started);
@@ -279,8 +306,10 @@ fn key_values(flag: &'static str, list: &[String]) -> Result<Vec<(String, String
 }
 
 /// Starts the bricks, the heal daemon and the mount; returns the report.
+#[allow(clippy::too_many_arguments)]
 fn start_all(
     lay: &Layout,
+    count: usize,
     afr: &[(String, String)],
     posix: &[(String, String)],
     perf: &[String],
@@ -295,7 +324,7 @@ fn start_all(
     })?;
     let mut report = String::new();
     let mut ports = Vec::new();
-    for i in 0..REPLICAS {
+    for i in 0..count {
         let name = format!("b{i}");
         let (dir, log) = (lay.brick(i), lay.log(&name));
         let mut cmd = Command::new(&exe);
@@ -325,7 +354,7 @@ fn start_all(
     let text = format!(
         "# generated by xlfs up; rewritten on each `xlfs up {}`\n{}",
         lay.dir.display(),
-        client_volfile(VOLUME, &bricks, &afr, &perf.iter().map(String::as_str).collect::<Vec<_>>())
+        distributed_volfile(VOLUME, &bricks, REPLICAS, &afr, &perf.iter().map(String::as_str).collect::<Vec<_>>())
     );
     std::fs::write(&volfile, text).map_err(|source| UpError::Io { path: volfile.clone(), source })?;
     if !no_shd {
@@ -359,8 +388,12 @@ fn start_all(
     started.push(Started { name: "mount".into(), pid });
     lay.record("mount", pid)?;
     report += &format!(
-        "xlfs up: replica-3 volume '{VOLUME}' ({}) mounted on {} (pid {pid}, log {})\n\
+        "xlfs up: {} volume '{VOLUME}' ({}) mounted on {} (pid {pid}, log {})\n\
          Stop it with: {} down {}\n",
+        match count / REPLICAS {
+            1 => "replica-3".to_string(),
+            n => format!("{n} x 3 distributed-replicate"),
+        },
         volfile.display(),
         lay.mnt().display(),
         log.display(),
@@ -412,6 +445,20 @@ pub(crate) fn perf_options(name: &str) -> &'static [(&'static str, &'static str)
 /// [`replica_volfile`] with the given performance translators (names of
 /// `performance/<name>` types, top first) instead of the default ones.
 pub fn client_volfile(volume: &str, bricks: &[(u16, String)], afr: &[(&str, &str)], perf: &[&str]) -> String {
+    distributed_volfile(volume, bricks, bricks.len().max(1), afr, perf)
+}
+
+/// [`client_volfile`] with the bricks in replica sets of `replica`
+/// (`<volume>-replicate-<s>` over bricks `s*replica ..`), and, when there
+/// is more than one set, cluster/distribute (`<volume>-dht`) over the sets;
+/// a last set with fewer bricks takes what is left.
+pub fn distributed_volfile(
+    volume: &str,
+    bricks: &[(u16, String)],
+    replica: usize,
+    afr: &[(&str, &str)],
+    perf: &[&str],
+) -> String {
     let clients: Vec<String> = (0..bricks.len()).map(|i| format!("{volume}-client-{i}")).collect();
     let mut v = String::new();
     for ((port, subvol), name) in bricks.iter().zip(&clients) {
@@ -420,12 +467,28 @@ pub fn client_volfile(volume: &str, bricks: &[(u16, String)], afr: &[(&str, &str
              option remote-subvolume {subvol}\nend-volume\n\n"
         );
     }
-    let mut below = format!("{volume}-replicate-0");
-    v += &format!("volume {below}\n    type cluster/replicate\n    option afr-pending-xattr {}\n", clients.join(","));
-    for (k, val) in afr {
-        v += &format!("    option {k} {val}\n");
+    let mut sets = Vec::new();
+    for (s, set) in clients.chunks(replica.max(1)).enumerate() {
+        let afr_name = format!("{volume}-replicate-{s}");
+        v +=
+            &format!("volume {afr_name}\n    type cluster/replicate\n    option afr-pending-xattr {}\n", set.join(","));
+        for (k, val) in afr {
+            v += &format!("    option {k} {val}\n");
+        }
+        v += &format!("    subvolumes {}\nend-volume\n\n", set.join(" "));
+        sets.push(afr_name);
     }
-    v += &format!("    subvolumes {}\nend-volume\n\n", clients.join(" "));
+    let mut below = match sets.as_slice() {
+        [one] => one.clone(),
+        _ => {
+            let dht = format!("{volume}-dht");
+            v += &format!(
+                "volume {dht}\n    type cluster/distribute\n    subvolumes {}\nend-volume\n\n",
+                sets.join(" ")
+            );
+            dht
+        }
+    };
     for p in perf.iter().rev() {
         let name = format!("{volume}-{p}");
         v += &format!("volume {name}\n    type performance/{p}\n");
@@ -483,7 +546,7 @@ fn spawn_daemon(
 /// SIGTERMs the processes (in order) and waits for each to go.
 fn stop(lay: &Layout, procs: &[Started]) -> Vec<String> {
     let mut left = Vec::new();
-    let order = Layout::names();
+    let order = lay.names();
     let mut procs: Vec<&Started> = procs.iter().collect();
     procs.sort_by_key(|p| order.iter().position(|n| *n == p.name));
     for p in procs {
@@ -508,10 +571,8 @@ fn stop(lay: &Layout, procs: &[Started]) -> Vec<String> {
 impl DownArgs {
     pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
         let lay = Layout::new(&self.dir)?;
-        let procs: Vec<Started> = Layout::names()
-            .into_iter()
-            .filter_map(|name| lay.running(&name).map(|pid| Started { name, pid }))
-            .collect();
+        let procs: Vec<Started> =
+            lay.names().into_iter().filter_map(|name| lay.running(&name).map(|pid| Started { name, pid })).collect();
         let mnt = lay.mnt();
         // Whatever serves the mount point goes first, also a mount made
         // again by hand (`xlfs umount` then `xlfs mount`), which no pid file
@@ -533,7 +594,7 @@ impl DownArgs {
             }
             let names: Vec<String> = procs.iter().map(|p| format!("{} (pid {})", p.name, p.pid)).collect();
             let left = stop(&lay, &procs);
-            for name in Layout::names() {
+            for name in lay.names() {
                 if lay.running(&name).is_none() {
                     let _ = std::fs::remove_file(lay.pid_file(&name));
                 }

@@ -1,6 +1,8 @@
 //! Volgen: the client volfile of a volume, generated from its spec as
 //! GlusterFS's glusterd does: one protocol/client per brick (with the
-//! brick's current port), cluster/replicate over the replica set, the
+//! brick's current port), cluster/replicate over each replica set (bricks
+//! in order, `replica` per set), cluster/distribute (`VOL-dht`) over the
+//! sets when there is more than one, the
 //! performance translators the keys leave on, the plugins of `plugin.NAME`
 //! keys (where a user translator sits: above the performance translators,
 //! below io-stats, in the order of their names, the first lowest), and
@@ -28,9 +30,9 @@ pub fn generated_options(short: &str) -> &'static [(&'static str, &'static str)]
 /// Why no volfile could be generated.
 #[derive(Debug, PartialEq, thiserror::Error)]
 pub enum VolgenError {
-    /// Only one replica set is supported so far.
+    /// The brick count is not a multiple of the replica count.
     #[error(
-        "volume {name}: {bricks} bricks in replica sets of {replica}: only one replica set (as many bricks as the replica count) is supported so far"
+        "volume {name}: {bricks} bricks cannot make replica sets of {replica}: the brick count must be a non-zero multiple of the replica count"
     )]
     Distributed {
         /// The volume.
@@ -49,7 +51,7 @@ pub enum VolgenError {
 /// listens on.
 pub fn client_volfile(spec: &VolumeSpec, ports: &[u16]) -> Result<String, VolgenError> {
     let name = &spec.name;
-    if spec.bricks.len() != spec.replica {
+    if spec.replica == 0 || spec.bricks.is_empty() || !spec.bricks.len().is_multiple_of(spec.replica) {
         return Err(VolgenError::Distributed { name: name.clone(), bricks: spec.bricks.len(), replica: spec.replica });
     }
     // Per translator type: option -> value, the generated ones first, then
@@ -95,13 +97,29 @@ pub fn client_volfile(spec: &VolumeSpec, ports: &[u16]) -> Result<String, Volgen
             options_of("protocol/client"),
         );
     }
-    let mut below = format!("{name}-replicate-0");
-    v += &format!(
-        "volume {below}\n    type cluster/replicate\n    option afr-pending-xattr {}\n{}    subvolumes {}\nend-volume\n\n",
-        clients.join(","),
-        options_of("cluster/replicate"),
-        clients.join(" ")
-    );
+    let mut sets = Vec::new();
+    for (s, set) in clients.chunks(spec.replica).enumerate() {
+        let afr = format!("{name}-replicate-{s}");
+        v += &format!(
+            "volume {afr}\n    type cluster/replicate\n    option afr-pending-xattr {}\n{}    subvolumes {}\nend-volume\n\n",
+            set.join(","),
+            options_of("cluster/replicate"),
+            set.join(" ")
+        );
+        sets.push(afr);
+    }
+    let mut below = match sets.as_slice() {
+        [one] => one.clone(),
+        _ => {
+            let dht = format!("{name}-dht");
+            v += &format!(
+                "volume {dht}\n    type cluster/distribute\n{}    subvolumes {}\nend-volume\n\n",
+                options_of("cluster/distribute"),
+                sets.join(" ")
+            );
+            dht
+        }
+    };
     for p in PERF_ORDER.iter().rev() {
         let ty = perf_type(p);
         if !on.get(ty).copied().unwrap_or(false) {
@@ -218,8 +236,25 @@ mod tests {
     }
 
     #[test]
-    fn more_than_one_replica_set_is_refused() {
-        let e = client_volfile(&spec(6, 3), &[]).expect_err("distributed");
-        assert!(e.to_string().contains("only one replica set"), "{e}");
+    fn several_replica_sets_are_distributed() {
+        let text = client_volfile(&spec(6, 3), &[1, 2, 3, 4, 5, 6]).expect("volgen");
+        GraphSpec::validate(&Volfile::parse(&text, "gen").expect("parses"), &Registry::builtin()).expect("valid");
+        let t = types(&text);
+        assert_eq!(t.iter().filter(|t| *t == "cluster/replicate").count(), 2, "{text}");
+        assert!(
+            text.contains("option afr-pending-xattr gv0-client-3,gv0-client-4,gv0-client-5\n")
+                && text.contains("subvolumes gv0-client-3 gv0-client-4 gv0-client-5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "volume gv0-dht\n    type cluster/distribute\n    subvolumes gv0-replicate-0 gv0-replicate-1\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("volume gv0-write-behind\n    type performance/write-behind\n"), "{text}");
+        assert!(text.contains("subvolumes gv0-dht\nend-volume"), "{text}");
+        let e = client_volfile(&spec(5, 3), &[]).expect_err("not a multiple");
+        assert!(e.to_string().contains("multiple of the replica count"), "{e}");
     }
 }

@@ -36,6 +36,8 @@
 //!   rather than carry more than [`MAX_DIRENT_XATTR_KEYS`] such keys (the
 //!   wire's dict limit is 4096). performance/md-cache prefetches
 //!   `security.selinux` and the POSIX ACLs of a whole listing this way.
+//! - Creating fops set the request xdata's [`CREATE_XATTR_PREFIX`] keys
+//!   (`trusted.glusterfs.dht*`) as xattrs of the new inode.
 //! - Access checks the caller's uid/gid/groups against the mode bits; no
 //!   other fop checks permissions (the brick acts with its own rights).
 //! - Lock fops, lease and ipc answer ENOSYS: features/locks sits above.
@@ -141,6 +143,12 @@ const OPTIONS: &[OptionDecl] = &[
     RESERVE.decl,
     O_DIRECT_MIN_SIZE.decl,
 ];
+
+/// Creating fops (create, mknod, mkdir, symlink) set the request xdata's
+/// keys that start with this as xattrs of the new inode, with the gfid,
+/// before answering (GlusterFS's posix sets a creating fop's xattrs the
+/// same way): cluster/distribute's link files.
+pub const CREATE_XATTR_PREFIX: &str = "trusted.glusterfs.dht";
 
 /// Largest readv, rchecksum or zero-fill buffer in bytes (EINVAL beyond).
 pub const MAX_IO: usize = 64 << 20;

@@ -58,6 +58,25 @@ pub(super) fn gfid_req(xdata: &Dict) -> Sys<Option<Gfid>> {
     Ok((!g.is_null()).then_some(g))
 }
 
+/// The xattrs a creating fop's xdata asks to be set on the new inode as it
+/// is made: keys under [`CREATE_XATTR_PREFIX`] with byte or string values
+/// (cluster/distribute's link files get their `linkto` this way, so no
+/// lookup sees a link file without it over the network).
+pub(super) fn create_xattrs(xdata: &Dict) -> Vec<(CString, Vec<u8>)> {
+    xdata
+        .iter()
+        .filter(|(k, _)| k.starts_with(CREATE_XATTR_PREFIX))
+        .filter_map(|(k, v)| {
+            let v = match v {
+                Value::Bytes(b) => b.to_vec(),
+                Value::Str(s) => s.as_bytes().to_vec(),
+                _ => return None,
+            };
+            Some((cstr(k.as_bytes()).ok()?, v))
+        })
+        .collect()
+}
+
 /// What a creating fop makes.
 pub(super) enum Make<'a> {
     File { flags: i32 },
@@ -171,6 +190,9 @@ impl Inner {
                 (None, None) => Target::At(pfd, &cname),
             };
             t.setxattr(&CString::new(GFID_XATTR).unwrap_or_default(), &gfid.0, libc::XATTR_CREATE)?;
+            for (k, v) in create_xattrs(xdata) {
+                t.setxattr(&k, &v, 0)?;
+            }
             let sgid = parent.st.st_mode & libc::S_ISGID != 0;
             let gid = if sgid { parent.st.st_gid } else { ctx.gid };
             let st = t.stat()?;

@@ -1,0 +1,201 @@
+//! Fops on an inode or an open fd: sent to the subvolume holding the file,
+//! or for a directory to every subvolume (changes) or the first one that
+//! has it (reads); opens remember their subvolume for the fd's later fops.
+//!
+//! A path fop that fails with ESTALE or ENOENT on the remembered subvolume
+//! looks the inode up everywhere and, when it is now elsewhere, runs again
+//! there once.
+
+use std::sync::atomic::Ordering;
+
+use xlfs_sdk::{CallCtx, Dict, Errno, Fd, Fop, FopResult, Gfid, Loc, Reply, Request};
+
+use super::{Inner, Where, fd_id_of, first_error, strip_private};
+
+/// Fops on a directory that change it: sent to every subvolume.
+fn dir_change(fop: &Fop) -> bool {
+    matches!(
+        fop,
+        Fop::Setattr { .. }
+            | Fop::Fsetattr { .. }
+            | Fop::Setxattr { .. }
+            | Fop::Fsetxattr { .. }
+            | Fop::Removexattr { .. }
+            | Fop::Fremovexattr { .. }
+            | Fop::Fsyncdir { .. }
+            | Fop::Releasedir { .. }
+    )
+}
+
+impl Inner {
+    /// Every fop not handled by name: by the inode's (or fd's) location.
+    pub(super) async fn inode_fop(&self, ctx: &CallCtx, req: Request) -> FopResult {
+        if let Some(fd) = req.fop.fd().copied() {
+            return self.fd_fop(ctx, fd, req).await;
+        }
+        if let Fop::Entrylk { loc, name, .. } = &req.fop
+            && !name.is_empty()
+        {
+            // A name lock goes where the name hashes (GlusterFS's dht_entrylk).
+            let dir = self.layout_of(ctx, loc.gfid).await?;
+            let i = dir.layout.hashed(name).unwrap_or(0);
+            return self.wind(i, ctx, req).await;
+        }
+        let loc = req.fop.loc().cloned().ok_or(Errno::EINVAL)?;
+        let gfid = self.gfid_of(ctx, &loc).await?;
+        let mut req = req;
+        set_gfid(&mut req.fop, gfid);
+        let open_id = fd_id_of(&req.fop);
+        let w = self.locate(ctx, gfid).await?;
+        let r = self.on_inode(ctx, w, &req).await;
+        let r = match r {
+            Err(Errno::ESTALE | Errno::ENOENT) if matches!(w, Where::File(_)) => {
+                // Moved, or a stale memory: find it again and retry there once.
+                self.inodes.remove(&gfid);
+                match self.lookup_gfid(ctx, gfid, &Dict::new()).await {
+                    Ok((w2, _)) if w2 != w => {
+                        self.stats.relocated.fetch_add(1, Ordering::Relaxed);
+                        self.on_inode(ctx, w2, &req).await.inspect(|_| {
+                            if let Some(id) = open_id {
+                                let _ = self.fds.insert(id, w2);
+                            }
+                        })
+                    }
+                    _ => r,
+                }
+            }
+            r => {
+                if let (Some(id), true) = (open_id, r.is_ok()) {
+                    let _ = self.fds.insert(id, w);
+                }
+                r
+            }
+        };
+        r.map(|mut rsp| {
+            rsp.xdata = strip_private(rsp.xdata);
+            if let Reply::Xattrs(d) = rsp.reply {
+                rsp.reply = Reply::Xattrs(strip_private(d));
+            }
+            rsp
+        })
+    }
+
+    /// The gfid of a location: given, or that of the name it names.
+    async fn gfid_of(&self, ctx: &CallCtx, loc: &Loc) -> Result<Gfid, Errno> {
+        if !loc.gfid.is_null() {
+            return Ok(loc.gfid);
+        }
+        if !loc.is_entry() {
+            return Err(Errno::EINVAL);
+        }
+        Ok(self.find(ctx, loc, &Dict::new()).await?.iatt().gfid)
+    }
+
+    /// A path fop on an inode at `w`.
+    async fn on_inode(&self, ctx: &CallCtx, w: Where, req: &Request) -> FopResult {
+        match w {
+            Where::File(i) => self.wind(i, ctx, req.clone()).await,
+            Where::Dir if dir_change(&req.fop) => self.on_all(ctx, req).await,
+            Where::Dir => self.first_having(ctx, req).await,
+        }
+    }
+
+    /// Sends to every subvolume; the first error fails it, else the first
+    /// subvolume's answer.
+    async fn on_all(&self, ctx: &CallCtx, req: &Request) -> FopResult {
+        let res = self.fan(&self.all(), ctx, req).await;
+        if let Some(e) = first_error(&res, &[]) {
+            return Err(e);
+        }
+        res.into_iter().next().unwrap_or(Err(Errno::ENOTCONN))
+    }
+
+    /// Sends to subvolume 0, then on ENOENT to the next ones (a directory
+    /// read: any copy answers).
+    async fn first_having(&self, ctx: &CallCtx, req: &Request) -> FopResult {
+        let mut last = Err(Errno::ENOENT);
+        for i in 0..self.n() {
+            last = self.wind(i, ctx, req.clone()).await;
+            if !matches!(last, Err(Errno::ENOENT | Errno::ESTALE)) {
+                return last;
+            }
+        }
+        last
+    }
+
+    /// An fd fop: where the fd was opened.
+    async fn fd_fop(&self, ctx: &CallCtx, fd: Fd, req: Request) -> FopResult {
+        if let Fop::CopyFileRange { fd_in, fd_out, .. } = &req.fop
+            && self.fds.get(&fd_in.id) != self.fds.get(&fd_out.id)
+        {
+            return Err(Errno::EXDEV);
+        }
+        let release = matches!(req.fop, Fop::Release { .. } | Fop::Releasedir { .. });
+        let w = match self.fds.get(&fd.id) {
+            Some(w) => w,
+            // An fd not opened through this translator (or forgotten when
+            // the table was full): by its inode.
+            None => self.locate(ctx, fd.gfid).await?,
+        };
+        if release {
+            self.fds.remove(&fd.id);
+        }
+        let r = match w {
+            Where::File(i) => self.wind(i, ctx, req).await,
+            Where::Dir if dir_change(&req.fop) => self.on_all(ctx, &req).await,
+            // Directory reads and locks through an fd: the first subvolume.
+            Where::Dir => self.wind(0, ctx, req).await,
+        };
+        if release {
+            return Ok(Reply::Empty.into());
+        }
+        r.map(|mut rsp| {
+            rsp.xdata = strip_private(rsp.xdata);
+            if let Reply::Xattrs(d) = rsp.reply {
+                rsp.reply = Reply::Xattrs(strip_private(d));
+            }
+            rsp
+        })
+    }
+
+    /// opendir: on every subvolume under the same fd id; a failure closes
+    /// what was opened and is reported.
+    pub(super) async fn opendir(&self, ctx: &CallCtx, fop: Fop, xdata: Dict) -> FopResult {
+        let Fop::Opendir { loc, fd } = fop else { return Err(Errno::EINVAL) };
+        let gfid = self.gfid_of(ctx, &loc).await?;
+        let mut loc = loc;
+        loc.gfid = gfid;
+        let req = Request::with_xdata(Fop::Opendir { loc, fd }, xdata);
+        let res = self.fan(&self.all(), ctx, &req).await;
+        if let Some(e) = first_error(&res, &[]) {
+            let opened: Vec<usize> = (0..self.n()).filter(|i| res[*i].is_ok()).collect();
+            let rel = Request::new(Fop::Releasedir { fd: Fd { id: fd, gfid } });
+            self.fan(&opened, ctx, &rel).await;
+            return Err(e);
+        }
+        if self.fds.insert(fd, Where::Dir).is_err() {
+            tracing::debug!(volume = %self.name, "fd table full");
+        }
+        res.into_iter().next().unwrap_or(Err(Errno::ENOTCONN))
+    }
+}
+
+/// Puts the resolved gfid into the fop's location.
+fn set_gfid(fop: &mut Fop, gfid: Gfid) {
+    match fop {
+        Fop::Stat { loc }
+        | Fop::Setattr { loc, .. }
+        | Fop::Truncate { loc, .. }
+        | Fop::Access { loc, .. }
+        | Fop::Readlink { loc, .. }
+        | Fop::Open { loc, .. }
+        | Fop::Setxattr { loc, .. }
+        | Fop::Getxattr { loc, .. }
+        | Fop::Removexattr { loc, .. }
+        | Fop::Inodelk { loc, .. }
+        | Fop::Entrylk { loc, .. }
+        | Fop::Xattrop { loc, .. }
+        | Fop::Lease { loc, .. } => loc.gfid = gfid,
+        _ => {}
+    }
+}

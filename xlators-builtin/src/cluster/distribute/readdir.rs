@@ -1,0 +1,151 @@
+//! readdir and readdirp over every subvolume (GlusterFS's `dht_readdirp`):
+//! the subvolumes are read one after the other, each from its own offset,
+//! and the offset handed to the caller says which subvolume and where in
+//! it.
+//!
+//! **Offsets.** With `b` bits enough for the subvolume index (at least
+//! one), a child offset `o` of subvolume `i` becomes:
+//! - `o << b | i` when `o < 2^(63-b)` (bit 63 clear): exact;
+//! - else `1 << 63 | (o & !(2^b - 1) & !(1 << 63)) | i` (bit 63 set): the
+//!   low `b` bits and bit 63 of the child's offset are lost. Only hash-
+//!   ordered directories (ext4's htree) give offsets that large; there the
+//!   offset is a hash position and resuming a little before it can only
+//!   return again an entry whose 63-bit hash position differs from the
+//!   next one's in the last `b` bits alone (GlusterFS's `gf_itransform`
+//!   makes the same trade).
+//!
+//! Offset 0 is the start of subvolume 0. A subvolume that returns nothing
+//! from an offset is done: the listing goes on at the start of the next.
+//!
+//! **What is listed.** Directories (with `.` and `..`) only from subvolume
+//! 0, where every directory exists; link files (mode `01000`, size 0, with
+//! a linkto xattr) never. A readdir is sent as a readdirp, so that link
+//! files can be told apart, and answered without the attributes.
+
+use xlfs_sdk::dict::keys::{DIRENT_XATTRS, dirent_xattr, parse_dirent_xattr};
+use xlfs_sdk::{CallCtx, Dict, DirEntry, Errno, Fd, FileType, Fop, FopResult, Iatt, Reply, Request, Response, Value};
+
+use super::{Inner, LINK_MODE, LINKTO_XATTR, is_private};
+
+/// Bits of the offset that hold the subvolume index for `n` subvolumes.
+pub fn index_bits(n: usize) -> u32 {
+    (usize::BITS - n.saturating_sub(1).leading_zeros()).max(1)
+}
+
+const HUGE: u64 = 1 << 63;
+
+/// The caller's offset for child offset `off` of subvolume `i`.
+pub fn encode(off: u64, i: usize, n: usize) -> u64 {
+    let b = index_bits(n);
+    let low = (1u64 << b) - 1;
+    if off < 1u64 << (63 - b) { (off << b) | i as u64 } else { HUGE | (off & !low & !HUGE) | i as u64 }
+}
+
+/// The subvolume and child offset of a caller's offset; None when it names
+/// no subvolume.
+pub fn decode(cookie: u64, n: usize) -> Option<(usize, u64)> {
+    let b = index_bits(n);
+    let low = (1u64 << b) - 1;
+    let i = usize::try_from(cookie & low).ok().filter(|i| *i < n)?;
+    let off = if cookie & HUGE == 0 { cookie >> b } else { cookie & !low & !HUGE };
+    Some((i, off))
+}
+
+/// True for a link file's entry (readdirp attributes and its xattr key).
+fn is_link_entry(e: &DirEntry, xdata: &Dict) -> bool {
+    e.iatt.file_type() == FileType::Regular
+        && e.iatt.mode & 0o7777 == LINK_MODE
+        && e.iatt.size == 0
+        && xdata.contains(&dirent_xattr(&e.name, LINKTO_XATTR))
+}
+
+impl Inner {
+    pub(super) async fn readdir(
+        &self,
+        ctx: &CallCtx,
+        fd: Fd,
+        size: u32,
+        offset: u64,
+        plus: bool,
+        xdata: Dict,
+    ) -> FopResult {
+        let n = self.n();
+        let (mut i, mut off) = decode(offset, n).ok_or(Errno::EINVAL)?;
+        let caller_asked =
+            xdata.keys().any(|k| ["trusted.", "user.", "security.", "system."].iter().any(|p| k.starts_with(p)));
+        let mut xd = xdata.clone();
+        xd.set(LINKTO_XATTR, Value::U64(0));
+        while i < n {
+            let req = Request::with_xdata(Fop::Readdirp { fd, size, offset: off }, xd.clone());
+            let rsp = self.wind(i, ctx, req).await?;
+            let got = rsp.xdata;
+            let entries = rsp.reply.into_dirents()?;
+            let Some(last) = entries.last() else {
+                i += 1;
+                off = 0;
+                continue;
+            };
+            let resume = last.d_off;
+            let mut keep = Vec::with_capacity(entries.len());
+            let mut names = Vec::new();
+            for mut e in entries {
+                let is_dir = e.d_type == FileType::Directory || e.iatt.is_dir();
+                if (is_dir && i != 0) || is_link_entry(&e, &got) {
+                    continue;
+                }
+                e.d_off = encode(e.d_off, i, n);
+                if !plus {
+                    e.iatt = Iatt::default();
+                }
+                names.push(e.name.clone());
+                keep.push(e);
+            }
+            if keep.is_empty() {
+                // Everything in this batch was skipped: read on.
+                off = resume;
+                continue;
+            }
+            let mut out = Dict::new();
+            for (k, v) in got {
+                let private = is_private(&k);
+                let per_entry = parse_dirent_xattr(&k).is_some_and(|(e, _)| names.iter().any(|n| n == e));
+                if !private && (per_entry || parse_dirent_xattr(&k).is_none()) {
+                    out.set(k, v);
+                }
+            }
+            if !caller_asked {
+                out.remove(DIRENT_XATTRS);
+            }
+            return Ok(Response { reply: Reply::Dirents(keep), xdata: out });
+        }
+        Ok(Response::from(Reply::Dirents(Vec::new())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_round_trip() {
+        for n in [1usize, 2, 3, 4, 5, 16, 200] {
+            for i in [0, n / 2, n - 1] {
+                for off in [0u64, 1, 12345, (1 << 40) + 7, (1 << 60) + 3, i64::MAX as u64 - 5] {
+                    let (j, o) = decode(encode(off, i, n), n).expect("decodes");
+                    assert_eq!(j, i, "n {n} off {off}");
+                    let b = index_bits(n);
+                    if off < 1u64 << (63 - b) {
+                        assert_eq!(o, off);
+                    } else {
+                        assert!(o <= off && off - o < 1 << b, "n {n}: {off} -> {o}");
+                    }
+                }
+            }
+        }
+        assert_eq!(index_bits(1), 1);
+        assert_eq!(index_bits(3), 2);
+        assert_eq!(index_bits(4), 2);
+        assert_eq!(index_bits(5), 3);
+        assert_eq!(decode(3, 3), None);
+    }
+}

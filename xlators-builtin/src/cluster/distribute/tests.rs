@@ -1,0 +1,704 @@
+//! cluster/distribute over three real bricks (storage/posix under
+//! features/locks in temporary directories), so layouts and link files are
+//! real xattrs. Each child passes through a test hold (stops fops of a
+//! chosen kind until released, and can fake a statfs answer) and a
+//! `Faulty` (fails chosen fops). Several distribute nodes over the same
+//! bricks act as several clients.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use xlfs_sdk::testing::{Faulty, init_named, remove_xattr, set_xattr, until, xattr};
+use xlfs_sdk::{
+    CallCtx, Child, Dict, Errno, Event, EventFrom, Fd, FdId, Fop, FopFuture, FopKind, FopResult, Gfid, Iatt, Loc,
+    Reply, Request, Response, Statvfs, Xlator,
+};
+
+use super::layout::{COMMITTED, Layout, Range, UNSETTLED};
+use super::*;
+
+const N: usize = 3;
+
+/// Holds fops of one kind until released; can answer statfs itself.
+struct Hold {
+    inner: Arc<dyn Xlator>,
+    kind: Mutex<Option<FopKind>>,
+    gate: tokio::sync::Semaphore,
+    arrived: AtomicUsize,
+    statfs: Mutex<Option<Statvfs>>,
+}
+
+impl Hold {
+    fn new(inner: Arc<dyn Xlator>) -> Arc<Hold> {
+        Arc::new(Hold {
+            inner,
+            kind: Mutex::new(None),
+            gate: tokio::sync::Semaphore::new(0),
+            arrived: AtomicUsize::new(0),
+            statfs: Mutex::new(None),
+        })
+    }
+    fn hold(&self, kind: Option<FopKind>) {
+        *self.kind.lock() = kind;
+        self.arrived.store(0, Ordering::SeqCst);
+    }
+    fn release(&self) {
+        self.gate.add_permits(1);
+    }
+}
+
+impl Xlator for Hold {
+    fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
+        if let (Fop::Statfs { .. }, Some(st)) = (&req.fop, *self.statfs.lock()) {
+            return Box::pin(std::future::ready(Ok(Response::from(Reply::Statfs(st)))));
+        }
+        let held = *self.kind.lock() == Some(req.fop.kind());
+        Box::pin(async move {
+            if held {
+                self.arrived.fetch_add(1, Ordering::SeqCst);
+                if let Ok(p) = self.gate.acquire().await {
+                    p.forget();
+                }
+            }
+            self.inner.call(ctx, req).await
+        })
+    }
+}
+
+struct Cluster {
+    _tmp: tempfile::TempDir,
+    dirs: Vec<PathBuf>,
+    holds: Vec<Arc<Hold>>,
+    faults: Vec<Arc<Faulty>>,
+}
+
+struct Node {
+    dht: Arc<Distribute>,
+    ctx: CallCtx,
+}
+
+static NEXT_FD: AtomicU64 = AtomicU64::new(1);
+
+fn name_of(i: usize) -> String {
+    format!("vol-client-{i}")
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut dirs = Vec::new();
+        let mut bricks = Vec::new();
+        for i in 0..N {
+            let dir = tmp.path().join(format!("b{i}"));
+            std::fs::create_dir(&dir).expect("brick dir");
+            let d = dir.display().to_string();
+            let (pctx, _) =
+                init_named(&format!("posix-{i}"), crate::storage::posix::TYPE.options, &[("directory", &d)], &[]);
+            let posix = (crate::storage::posix::TYPE.build)(pctx).expect("posix");
+            let (lctx, _) = init_named(
+                &format!("locks-{i}"),
+                crate::features::locks::TYPE.options,
+                &[],
+                &[Child { name: Arc::from(format!("posix-{i}")), xl: posix }],
+            );
+            bricks.push((crate::features::locks::TYPE.build)(lctx).expect("locks"));
+            dirs.push(dir);
+        }
+        let holds: Vec<Arc<Hold>> = bricks.iter().map(|b| Hold::new(b.clone())).collect();
+        let faults = holds
+            .iter()
+            .enumerate()
+            .map(|(i, h)| Faulty::new(Child { name: Arc::from(format!("hold-{i}")), xl: h.clone() }))
+            .collect();
+        Cluster { _tmp: tmp, dirs, holds, faults }
+    }
+
+    /// A distribute node (a client) through the holds and faults.
+    fn node(&self, opts: &[(&str, &str)]) -> Node {
+        let children: Vec<Child> =
+            self.faults.iter().enumerate().map(|(i, f)| Child { name: Arc::from(name_of(i)), xl: f.clone() }).collect();
+        let (ictx, _) = init_named("test-dht", TYPE.options, opts, &children);
+        let dht = Arc::new(Distribute::new(ictx).expect("distribute"));
+        for i in 0..N {
+            dht.notify(Event::ChildUp, EventFrom::Child(i));
+        }
+        Node { dht, ctx: CallCtx::root("test") }
+    }
+
+    fn path(&self, i: usize, rel: &str) -> PathBuf {
+        self.dirs[i].join(rel)
+    }
+
+    fn exists(&self, i: usize, rel: &str) -> bool {
+        self.path(i, rel).symlink_metadata().is_ok()
+    }
+
+    /// The layout of directory `rel` as stored on the bricks.
+    fn layout(&self, rel: &str) -> Layout {
+        Layout {
+            ranges: (0..N).map(|i| xattr(&self.path(i, rel), LAYOUT_XATTR).and_then(|v| Range::decode(&v))).collect(),
+        }
+    }
+
+    /// Where `rel` has data (not a link file) and where a link file.
+    fn places(&self, rel: &str) -> (Vec<usize>, Vec<usize>) {
+        let (mut data, mut links) = (Vec::new(), Vec::new());
+        for i in 0..N {
+            if !self.exists(i, rel) {
+                continue;
+            }
+            if xattr(&self.path(i, rel), LINKTO_XATTR).is_some() {
+                links.push(i);
+            } else {
+                data.push(i);
+            }
+        }
+        (data, links)
+    }
+
+    /// A name (with `prefix`) in directory `rel` hashing to subvolume `i`.
+    fn name_on(&self, rel: &str, i: usize, prefix: &str) -> String {
+        let l = self.layout(rel);
+        (0..).map(|k| format!("{prefix}{k}")).find(|n| l.hashed(n) == Some(i)).expect("some name hashes there")
+    }
+}
+
+impl Node {
+    async fn call(&self, fop: Fop) -> FopResult {
+        self.dht.call(self.ctx.clone(), Request::new(fop)).await
+    }
+    async fn lookup(&self, parent: Gfid, name: &str) -> Result<Iatt, Errno> {
+        Ok(self.call(Fop::Lookup { loc: Loc::entry(parent, name) }).await?.reply.into_entry()?)
+    }
+    async fn root(&self) -> Iatt {
+        self.call(Fop::Lookup { loc: Loc::root() }).await.expect("root lookup").reply.into_entry().expect("entry")
+    }
+    async fn create(&self, parent: Gfid, name: &str) -> Result<Fd, Errno> {
+        let id = FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed));
+        let fop =
+            Fop::Create { loc: Loc::entry(parent, name), flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, fd: id };
+        let iatt = self.call(fop).await?.reply.into_entry()?;
+        Ok(Fd { id, gfid: iatt.gfid })
+    }
+    async fn mkdir(&self, parent: Gfid, name: &str) -> Result<Iatt, Errno> {
+        Ok(self.call(Fop::Mkdir { loc: Loc::entry(parent, name), mode: 0o755, umask: 0 }).await?.reply.into_entry()?)
+    }
+    async fn rename(&self, from: &str, to: &str) -> FopResult {
+        self.call(Fop::Rename { old: Loc::entry(Gfid::ROOT, from), new: Loc::entry(Gfid::ROOT, to), flags: 0 }).await
+    }
+    async fn release(&self, fd: Fd) {
+        self.call(Fop::Release { fd }).await.expect("release");
+    }
+    /// Every name of directory `gfid`, page by page (`size` bytes each).
+    async fn list(&self, gfid: Gfid, size: u32, plus: bool) -> Vec<String> {
+        let id = FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed));
+        self.call(Fop::Opendir { loc: Loc::gfid(gfid), fd: id }).await.expect("opendir");
+        let fd = Fd { id, gfid };
+        let (mut names, mut off, mut pages) = (Vec::new(), 0u64, 0);
+        loop {
+            let fop =
+                if plus { Fop::Readdirp { fd, size, offset: off } } else { Fop::Readdir { fd, size, offset: off } };
+            let rsp = self.call(fop).await.expect("readdir");
+            assert!(rsp.xdata.keys().all(|k| !k.contains(LAYOUT_XATTR)), "private keys hidden");
+            let batch = rsp.reply.into_dirents().expect("dirents");
+            let Some(last) = batch.last() else { break };
+            off = last.d_off;
+            names.extend(batch.into_iter().map(|e| e.name));
+            pages += 1;
+            assert!(pages < 100_000, "listing does not end");
+        }
+        self.call(Fop::Releasedir { fd }).await.expect("releasedir");
+        names
+    }
+}
+
+#[test]
+fn names_spread_evenly() {
+    let l = Layout::fresh(Gfid::random(), N, COMMITTED);
+    let mut count = [0usize; N];
+    for k in 0..10_000 {
+        count[l.hashed(&format!("file-{k}.dat")).expect("whole layout")] += 1;
+    }
+    for c in count {
+        assert!((3_033..=3_633).contains(&c), "{count:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_land_on_their_hashed_subvolume() {
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let l = c.layout(".");
+    assert!(l.anomalies(&[true; N]).none(), "the root got a whole layout: {l:?}");
+    let mut seen = [0usize; N];
+    for k in 0..60 {
+        let name = format!("f{k}");
+        let fd = node.create(Gfid::ROOT, &name).await.expect("create");
+        node.release(fd).await;
+        let h = l.hashed(&name).expect("hashed");
+        assert_eq!(c.places(&name), (vec![h], vec![]), "{name}");
+        seen[h] += 1;
+    }
+    assert!(seen.iter().all(|s| *s > 0), "{seen:?}");
+    // The real spread over the root's layout: 10,000 names.
+    let mut count = [0usize; N];
+    for k in 0..10_000 {
+        count[l.hashed(&format!("name-{k}")).expect("whole")] += 1;
+    }
+    assert!(count.iter().all(|c| (3_033..=3_633).contains(c)), "{count:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mkdir_makes_the_directory_everywhere_with_a_layout() {
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let d = node.mkdir(Gfid::ROOT, "d").await.expect("mkdir");
+    let gfids: Vec<_> = (0..N).map(|i| xattr(&c.path(i, "d"), "trusted.gfid")).collect();
+    assert!(gfids.iter().all(|g| g.as_deref() == Some(&d.gfid.0[..])), "same gfid everywhere");
+    let l = c.layout("d");
+    assert!(l.anomalies(&[true; N]).none() && l.settled(&[true; N]), "{l:?}");
+    assert_eq!(l, Layout::fresh(d.gfid, N, COMMITTED));
+    // A file in it, found by another client.
+    let fd = node.create(d.gfid, "inner").await.expect("create in d");
+    node.release(fd).await;
+    let other = c.node(&[]);
+    other.root().await;
+    other.lookup(Gfid::ROOT, "d").await.expect("d");
+    assert_eq!(other.lookup(d.gfid, "inner").await.expect("inner").gfid, fd.gfid);
+    assert_eq!(node.mkdir(Gfid::ROOT, "d").await.err(), Some(Errno::EEXIST));
+    node.call(Fop::Unlink { loc: Loc::entry(d.gfid, "inner"), flags: 0 }).await.expect("unlink");
+    node.call(Fop::Rmdir { loc: Loc::entry(Gfid::ROOT, "d"), flags: 0 }).await.expect("rmdir");
+    assert!((0..N).all(|i| !c.exists(i, "d")), "rmdir removes every copy");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_follows_a_link_file_and_rename_keeps_one_name() {
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let a = c.name_on(".", 0, "a");
+    let b = c.name_on(".", 1, "b");
+    let fd = node.create(Gfid::ROOT, &a).await.expect("create");
+    node.call(Fop::Writev { fd, data: Bytes::from_static(b"hello"), offset: 0, flags: 0 }).await.expect("write");
+    node.release(fd).await;
+    let watcher = c.node(&[]);
+    watcher.root().await;
+    // Count the names the file is visible under, from a client with no
+    // memory of it and from the renaming one.
+    let visible = |n: &'static Node, a: String, b: String| async move {
+        let mut names = 0;
+        for x in [&a, &b] {
+            match n.lookup(Gfid::ROOT, x).await {
+                Ok(i) if i.gfid == fd.gfid => names += 1,
+                Ok(i) => panic!("{x} is another inode {i:?}"),
+                Err(Errno::ENOENT) => {}
+                Err(e) => panic!("lookup {x}: {e}"),
+            }
+        }
+        names
+    };
+    let node: &'static Node = Box::leak(Box::new(node));
+    let watcher: &'static Node = Box::leak(Box::new(watcher));
+    // Step 1 (the link file on b's subvolume) and step 2 (the rename on
+    // a's) are held in turn; the file shows under exactly one name at each.
+    c.holds[1].hold(Some(FopKind::Mknod));
+    c.holds[0].hold(Some(FopKind::Rename));
+    let (a2, b2) = (a.clone(), b.clone());
+    let task = tokio::spawn(async move { node.rename(&a2, &b2).await });
+    until("link file made", Duration::from_secs(10), || c.holds[1].arrived.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(visible(watcher, a.clone(), b.clone()).await, 1, "before the link");
+    c.holds[1].release();
+    until("rename sent", Duration::from_secs(10), || c.holds[0].arrived.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(c.places(&b), (vec![], vec![1]), "the link file is there before the rename");
+    assert_eq!(visible(watcher, a.clone(), b.clone()).await, 1, "link made, not renamed");
+    assert_eq!(visible(node, a.clone(), b.clone()).await, 1, "link made, not renamed (renaming client)");
+    assert!(watcher.lookup(Gfid::ROOT, &a).await.is_ok());
+    c.holds[0].release();
+    task.await.expect("task").expect("rename");
+    c.holds[0].hold(None);
+    c.holds[1].hold(None);
+    assert_eq!(visible(watcher, a.clone(), b.clone()).await, 1, "after");
+    assert_eq!(watcher.lookup(Gfid::ROOT, &a).await.err(), Some(Errno::ENOENT));
+    assert_eq!(c.places(&b), (vec![0], vec![1]), "data stays on subvolume 0, link on 1");
+    let link = c.path(1, &b).symlink_metadata().expect("link file");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((link.mode() & 0o7777, link.len()), (LINK_MODE, 0));
+    assert_eq!(xattr(&c.path(1, &b), LINKTO_XATTR).as_deref(), Some(name_of(0).as_bytes()));
+    // A fresh client follows the link, and reads the data through it.
+    let fresh = c.node(&[]);
+    fresh.root().await;
+    let got = fresh.lookup(Gfid::ROOT, &b).await.expect("b through its link");
+    assert_eq!(got.gfid, fd.gfid);
+    assert!(fresh.dht.dump().contains(&("links-followed".to_string(), "1".to_string())));
+    let id = FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed));
+    fresh.call(Fop::Open { loc: Loc::gfid(fd.gfid), flags: libc::O_RDONLY as u32, fd: id }).await.expect("open");
+    let rd = fresh.call(Fop::Readv { fd: Fd { id, gfid: fd.gfid }, size: 16, offset: 0, flags: 0 }).await;
+    assert_eq!(rd.expect("read").reply.into_read().expect("data"), Bytes::from_static(b"hello"));
+    fresh.release(Fd { id, gfid: fd.gfid }).await;
+
+    // Renamed again to a third subvolume: the old link file (step 3) goes
+    // last; while it is held the file is already only under the new name.
+    let z = c.name_on(".", 2, "z");
+    c.holds[1].hold(Some(FopKind::Unlink));
+    let (b2, z2) = (b.clone(), z.clone());
+    let task = tokio::spawn(async move { node.rename(&b2, &z2).await });
+    until("cleanup sent", Duration::from_secs(10), || c.holds[1].arrived.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(visible(watcher, b.clone(), z.clone()).await, 1, "renamed, old link not yet removed");
+    assert_eq!(watcher.lookup(Gfid::ROOT, &z).await.expect("z").gfid, fd.gfid);
+    c.holds[1].release();
+    task.await.expect("task").expect("rename");
+    c.holds[1].hold(None);
+    assert_eq!(c.places(&b), (vec![], vec![]), "the old link file is gone");
+    assert_eq!(c.places(&z), (vec![0], vec![2]));
+
+    // unlink removes the data and the link file.
+    node.call(Fop::Unlink { loc: Loc::entry(Gfid::ROOT, &z), flags: 0 }).await.expect("unlink");
+    assert_eq!(c.places(&z), (vec![], vec![]));
+    assert_eq!(fresh.lookup(Gfid::ROOT, &z).await.err(), Some(Errno::ENOENT));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rename_over_an_existing_file_elsewhere() {
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let a = c.name_on(".", 0, "a");
+    let b = c.name_on(".", 1, "b");
+    let fa = node.create(Gfid::ROOT, &a).await.expect("a");
+    let fb = node.create(Gfid::ROOT, &b).await.expect("b");
+    node.release(fa).await;
+    node.release(fb).await;
+    node.rename(&a, &b).await.expect("rename over b");
+    assert_eq!(c.places(&b), (vec![0], vec![1]), "old b's data replaced by a link to a's data");
+    assert_eq!(c.places(&a), (vec![], vec![]));
+    let other = c.node(&[]);
+    other.root().await;
+    assert_eq!(other.lookup(Gfid::ROOT, &b).await.expect("b").gfid, fa.gfid);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_without_o_excl_opens_the_data_not_the_link_file() {
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let a = c.name_on(".", 0, "a");
+    let b = c.name_on(".", 1, "b");
+    let fd = node.create(Gfid::ROOT, &a).await.expect("create");
+    node.release(fd).await;
+    node.rename(&a, &b).await.expect("rename");
+    assert_eq!(c.places(&b), (vec![0], vec![1]));
+    let id = FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed));
+    let fop =
+        Fop::Create { loc: Loc::entry(Gfid::ROOT, &b), flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, fd: id };
+    let got = node.call(fop).await.expect("create of an existing name opens it").reply.into_entry().expect("entry");
+    assert_eq!(got.gfid, fd.gfid);
+    let f = Fd { id, gfid: fd.gfid };
+    node.call(Fop::Writev { fd: f, data: Bytes::from_static(b"x"), offset: 0, flags: 0 }).await.expect("write");
+    node.release(f).await;
+    assert_eq!(std::fs::read(c.path(0, &b)).expect("data"), b"x");
+    assert_eq!(std::fs::metadata(c.path(1, &b)).expect("link").len(), 0, "the link file stays empty");
+    let excl = Fop::Create {
+        loc: Loc::entry(Gfid::ROOT, &b),
+        flags: (libc::O_RDWR | libc::O_EXCL) as u32,
+        mode: 0o644,
+        umask: 0,
+        fd: FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed)),
+    };
+    assert_eq!(node.call(excl).await.err(), Some(Errno::EEXIST));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readdir_merges_pages_without_duplicates_or_misses() {
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let mut want = BTreeSet::new();
+    for k in 0..400 {
+        let name = format!("entry-{k:04}");
+        let fd = node.create(Gfid::ROOT, &name).await.expect("create");
+        node.release(fd).await;
+        want.insert(name);
+    }
+    for k in 0..5 {
+        let name = format!("dir-{k}");
+        node.mkdir(Gfid::ROOT, &name).await.expect("mkdir");
+        want.insert(name);
+    }
+    // A link file (from a rename across subvolumes) is listed once.
+    let a = c.name_on(".", 0, "moved-");
+    let b = c.name_on(".", 2, "target-");
+    let fd = node.create(Gfid::ROOT, &a).await.expect("create");
+    node.release(fd).await;
+    node.rename(&a, &b).await.expect("rename");
+    want.insert(b.clone());
+    assert_eq!(c.places(&b).1, vec![2]);
+    want.insert(".".into());
+    want.insert("..".into());
+    for (size, plus) in [(2048, false), (4096, true), (64 << 10, true)] {
+        let names = node.list(Gfid::ROOT, size, plus).await;
+        let set: BTreeSet<String> = names.iter().cloned().collect();
+        assert_eq!(names.len(), set.len(), "no duplicates (size {size})");
+        assert_eq!(set, want, "every entry once (size {size})");
+    }
+    // Every subvolume contributed.
+    let per: HashMap<usize, usize> =
+        (0..N).map(|i| (i, std::fs::read_dir(&c.dirs[i]).expect("brick").count())).collect();
+    assert!(per.values().all(|n| *n > 50), "{per:?}");
+}
+
+/// The `.glusterfs` handle of a gfid on a brick.
+fn handle(dir: &Path, gfid: Gfid) -> PathBuf {
+    let s = gfid.to_string();
+    dir.join(".glusterfs").join(&s[0..2]).join(&s[2..4]).join(&s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_heals_a_missing_directory_and_a_layout_hole() {
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let d = node.mkdir(Gfid::ROOT, "d").await.expect("mkdir");
+    let e = node.mkdir(Gfid::ROOT, "e").await.expect("mkdir");
+    // Not on the subvolume "d" hashes to: there a missing directory is a
+    // missing name (lookup-optimize), as in GlusterFS.
+    let gone = (0..N).find(|i| c.layout(".").hashed("d") != Some(*i)).expect("another subvolume");
+    std::fs::remove_dir(c.path(gone, "d")).expect("remove d on one brick");
+    std::fs::remove_file(handle(&c.dirs[gone], d.gfid)).expect("and its handle");
+    remove_xattr(&c.path(1, "e"), LAYOUT_XATTR).expect("a hole in e's layout");
+    let other = c.node(&[]);
+    other.root().await;
+    assert_eq!(other.lookup(Gfid::ROOT, "d").await.expect("d").gfid, d.gfid);
+    assert!(c.exists(gone, "d"), "d made again on brick {gone}");
+    assert_eq!(xattr(&c.path(gone, "d"), "trusted.gfid").as_deref(), Some(&d.gfid.0[..]));
+    assert!(c.layout("d").anomalies(&[true; N]).none(), "{:?}", c.layout("d"));
+    other.lookup(Gfid::ROOT, "e").await.expect("e");
+    assert_eq!(c.layout("e"), Layout::fresh(e.gfid, N, COMMITTED), "the same ranges written back: settled");
+    // An overlap: repaired, and marked unsettled (ranges moved).
+    let mut r0 = c.layout("e").ranges[0].expect("range");
+    r0.start = 0;
+    r0.stop = u32::MAX / 2;
+    set_xattr(&c.path(0, "e"), LAYOUT_XATTR, &r0.encode()).expect("overlap");
+    let third = c.node(&[]);
+    third.root().await;
+    third.lookup(Gfid::ROOT, "e").await.expect("e");
+    let l = c.layout("e");
+    assert!(l.anomalies(&[true; N]).none(), "{l:?}");
+    assert!(l.ranges.iter().flatten().all(|r| r.commit == UNSETTLED), "{l:?}");
+    let healed = third.dht.dump();
+    assert!(healed.contains(&("layouts-healed".to_string(), "1".to_string())), "{healed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misplaced_files_are_found_only_when_the_layout_says_so() {
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let a = c.name_on(".", 0, "m");
+    let fd = node.create(Gfid::ROOT, &a).await.expect("create");
+    node.release(fd).await;
+    // Move the data behind the volume's back to subvolume 1 (file and
+    // its gfid handle).
+    std::fs::rename(c.path(0, &a), c.path(1, &a)).expect("move");
+    let h0 = handle(&c.dirs[0], fd.gfid);
+    let h1 = handle(&c.dirs[1], fd.gfid);
+    std::fs::create_dir_all(h1.parent().expect("parent")).expect("handle dir");
+    std::fs::remove_file(&h0).expect("old handle");
+    std::fs::hard_link(c.path(1, &a), &h1).expect("new handle");
+    let settled = c.node(&[]);
+    settled.root().await;
+    assert_eq!(settled.lookup(Gfid::ROOT, &a).await.err(), Some(Errno::ENOENT), "settled layout: not looked for");
+    let everywhere = c.node(&[("lookup-optimize", "off")]);
+    everywhere.root().await;
+    assert_eq!(everywhere.lookup(Gfid::ROOT, &a).await.expect("found elsewhere").gfid, fd.gfid);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_free_disk_sends_new_files_elsewhere_with_a_link() {
+    let c = Cluster::new();
+    let node = c.node(&[("min-free-disk", "10%")]);
+    node.root().await;
+    let full = Statvfs {
+        bsize: 4096,
+        frsize: 4096,
+        blocks: 1000,
+        bfree: 10,
+        bavail: 10,
+        files: 100,
+        ffree: 50,
+        favail: 50,
+        namemax: 255,
+        ..Default::default()
+    };
+    let roomy = Statvfs { bfree: 900, bavail: 900, ..full };
+    let roomier = Statvfs { bfree: 950, bavail: 950, ..full };
+    *c.holds[0].statfs.lock() = Some(full);
+    *c.holds[1].statfs.lock() = Some(roomy);
+    *c.holds[2].statfs.lock() = Some(roomier);
+    let a = c.name_on(".", 0, "big");
+    let fd = node.create(Gfid::ROOT, &a).await.expect("create");
+    assert_eq!(c.places(&a), (vec![2], vec![0]), "data on the roomiest, link on the hashed");
+    node.call(Fop::Writev { fd, data: Bytes::from_static(b"data"), offset: 0, flags: 0 }).await.expect("write");
+    node.release(fd).await;
+    let other = c.node(&[]);
+    other.root().await;
+    assert_eq!(other.lookup(Gfid::ROOT, &a).await.expect("through the link").gfid, fd.gfid);
+    assert!(std::fs::read(c.path(2, &a)).expect("data") == b"data");
+    // A name hashing to a subvolume with room stays there.
+    let b = c.name_on(".", 1, "small");
+    let fb = node.create(Gfid::ROOT, &b).await.expect("create");
+    node.release(fb).await;
+    assert_eq!(c.places(&b), (vec![1], vec![]));
+    // statfs sums the subvolumes.
+    let st = node.call(Fop::Statfs { loc: Loc::root() }).await.expect("statfs").reply.into_statfs().expect("statfs");
+    assert_eq!((st.blocks, st.bfree, st.bavail, st.files, st.ffree), (3000, 1860, 1860, 300, 150));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subvolume_error_is_reported() {
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let a = c.name_on(".", 1, "e");
+    c.faults[1].fail(Some((vec![FopKind::Create], Errno::EIO)));
+    assert_eq!(node.create(Gfid::ROOT, &a).await.err(), Some(Errno::EIO));
+    c.faults[1].fail(None);
+    c.faults[2].fail(Some((vec![FopKind::Mkdir], Errno::ENOSPC)));
+    assert_eq!(node.mkdir(Gfid::ROOT, "d").await.err(), Some(Errno::ENOSPC));
+    assert!((0..N).all(|i| !c.exists(i, "d")), "a failed mkdir leaves no copy");
+    c.faults[2].fail(None);
+    c.faults[0].fail(Some((vec![FopKind::Lookup], Errno::EIO)));
+    let fresh = c.node(&[]);
+    assert_eq!(fresh.call(Fop::Lookup { loc: Loc::root() }).await.err(), Some(Errno::EIO));
+    c.faults[0].fail(None);
+    c.faults[2].fail(Some((vec![FopKind::Statfs], Errno::ENOTCONN)));
+    assert_eq!(node.call(Fop::Statfs { loc: Loc::root() }).await.err(), Some(Errno::ENOTCONN));
+    c.faults[2].fail(None);
+    c.faults[1].fail(Some((vec![FopKind::Readdirp], Errno::EIO)));
+    let id = FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed));
+    node.call(Fop::Opendir { loc: Loc::root(), fd: id }).await.expect("opendir");
+    let mut off = 0;
+    let err = loop {
+        match node.call(Fop::Readdirp { fd: Fd { id, gfid: Gfid::ROOT }, size: 4096, offset: off }).await {
+            Ok(r) => off = r.reply.into_dirents().expect("dirents").last().expect("not at end before the error").d_off,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err, Errno::EIO);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_xattrs_are_hidden() {
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let d = node.mkdir(Gfid::ROOT, "d").await.expect("mkdir");
+    let get = |name: &str| Fop::Getxattr { loc: Loc::gfid(d.gfid), name: name.into() };
+    assert_eq!(node.call(get(LAYOUT_XATTR)).await.err(), Some(Errno::ENODATA));
+    let all = node.call(get("")).await.expect("list").reply.into_xattrs().expect("xattrs");
+    assert!(all.keys().all(|k| !k.starts_with("trusted.glusterfs.dht")), "{all:?}");
+    let mut x = Dict::new();
+    x.set_bytes(LAYOUT_XATTR, vec![0u8; 16]);
+    assert_eq!(
+        node.call(Fop::Setxattr { loc: Loc::gfid(d.gfid), xattrs: x, flags: 0 }).await.err(),
+        Some(Errno::EPERM)
+    );
+    let mut rq = Dict::new();
+    rq.set_u64(LAYOUT_XATTR, 0);
+    let r = node.dht.call(node.ctx.clone(), Request::with_xdata(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "d") }, rq));
+    assert!(!r.await.expect("lookup").xdata.contains(LAYOUT_XATTR));
+    // A user xattr on a directory goes to every copy.
+    let mut u = Dict::new();
+    u.set_bytes("user.k", b"v".to_vec());
+    node.call(Fop::Setxattr { loc: Loc::gfid(d.gfid), xattrs: u, flags: 0 }).await.expect("setxattr");
+    assert!((0..N).all(|i| xattr(&c.path(i, "d"), "user.k").as_deref() == Some(&b"v"[..])));
+}
+
+#[test]
+fn bad_min_free_disk_is_refused() {
+    let mock = xlfs_sdk::testing::MockChild::new();
+    let (ictx, _) = init_named("t", TYPE.options, &[("min-free-disk", "lots")], &[mock.child()]);
+    let e = Distribute::new(ictx).err().expect("refused");
+    assert!(e.to_string().contains("min-free-disk"), "{e}");
+}
+
+/// Distribute over two replica-3 sets (cluster/replicate over posix under
+/// locks), as a distributed-replicate volume's client graph stacks them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_replica_sets() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut sets = Vec::new();
+    for s in 0..2 {
+        let mut kids = Vec::new();
+        for b in 0..3 {
+            let dir = tmp.path().join(format!("s{s}b{b}"));
+            std::fs::create_dir(&dir).expect("dir");
+            let d = dir.display().to_string();
+            let (pctx, _) = init_named("posix", crate::storage::posix::TYPE.options, &[("directory", &d)], &[]);
+            let posix = (crate::storage::posix::TYPE.build)(pctx).expect("posix");
+            let (lctx, _) = init_named(
+                "locks",
+                crate::features::locks::TYPE.options,
+                &[],
+                &[Child { name: Arc::from("posix"), xl: posix }],
+            );
+            let locks = (crate::features::locks::TYPE.build)(lctx).expect("locks");
+            kids.push(Child { name: Arc::from(format!("c-{s}-{b}")), xl: locks });
+        }
+        let (actx, _) = init_named(&format!("afr-{s}"), crate::cluster::replicate::TYPE.options, &[], &kids);
+        let afr = Arc::new(crate::cluster::replicate::Replicate::new(actx).expect("afr"));
+        for i in 0..3 {
+            afr.notify(Event::ChildUp, EventFrom::Child(i));
+        }
+        sets.push(Child { name: Arc::from(format!("afr-{s}")), xl: afr });
+    }
+    let (ictx, _) = init_named("dht", TYPE.options, &[], &sets);
+    let dht = Arc::new(Distribute::new(ictx).expect("dht"));
+    let node = Node { dht, ctx: CallCtx::root("t") };
+    node.root().await;
+    let d = node.mkdir(Gfid::ROOT, "d").await.expect("mkdir").gfid;
+    node.mkdir(d, "sub").await.expect("mkdir sub");
+    for k in 0..40 {
+        let fd = node.create(d, &format!("f{k}")).await.expect("create");
+        node.call(Fop::Writev { fd, data: Bytes::from_static(b"x"), offset: 0, flags: 0 }).await.expect("write");
+        node.call(Fop::Flush { fd }).await.expect("flush");
+        node.release(fd).await;
+    }
+    for k in 0..40 {
+        let (old, new) = (Loc::entry(d, format!("f{k}")), Loc::entry(d, format!("r{k}")));
+        node.call(Fop::Rename { old, new, flags: 0 }).await.unwrap_or_else(|e| panic!("rename f{k}: {e}"));
+        node.lookup(d, &format!("r{k}")).await.expect("renamed");
+        assert_eq!(node.lookup(d, &format!("f{k}")).await.err(), Some(Errno::ENOENT));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layouts_are_written_without_a_locks_translator() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut kids = Vec::new();
+    for i in 0..2 {
+        let dir = tmp.path().join(format!("b{i}"));
+        std::fs::create_dir(&dir).expect("dir");
+        let d = dir.display().to_string();
+        let (pctx, _) = init_named("posix", crate::storage::posix::TYPE.options, &[("directory", &d)], &[]);
+        kids.push(Child {
+            name: Arc::from(format!("p{i}")),
+            xl: (crate::storage::posix::TYPE.build)(pctx).expect("posix"),
+        });
+    }
+    let (ictx, _) = init_named("dht", TYPE.options, &[], &kids);
+    let node = Node { dht: Arc::new(Distribute::new(ictx).expect("dht")), ctx: CallCtx::root("t") };
+    node.root().await;
+    let l = Layout {
+        ranges: (0..2)
+            .map(|i| xattr(&tmp.path().join(format!("b{i}")), LAYOUT_XATTR).and_then(|v| Range::decode(&v)))
+            .collect(),
+    };
+    assert!(l.anomalies(&[true; 2]).none(), "{l:?}");
+}
