@@ -37,11 +37,12 @@ extern "C" {
 #endif
 
 #define XLFS_ABI_MAJOR 1
-#define XLFS_ABI_MINOR 2
+#define XLFS_ABI_MINOR 3
 
 /* Defines the version marker export, xlfs_abi_version_1_0 (or, for a
  * module with policy exports, xlfs_abi_version_1_1; with dump or
- * reconfigure exports, xlfs_abi_version_1_2). Use one, once. */
+ * reconfigure exports, xlfs_abi_version_1_2; passing fops or replies on
+ * "as they came", xlfs_abi_version_1_3). Use one, once. */
 #if defined(__wasm__)
 #define XLFS_EXPORT __attribute__((visibility("default"), used))
 #else
@@ -55,9 +56,15 @@ extern "C" {
 #define XLFS_ABI_VERSION_MARKER XLFS_EXTERN_C XLFS_EXPORT void xlfs_abi_version_1_0(void) {}
 #define XLFS_ABI_VERSION_MARKER_1_1 XLFS_EXTERN_C XLFS_EXPORT void xlfs_abi_version_1_1(void) {}
 #define XLFS_ABI_VERSION_MARKER_1_2 XLFS_EXTERN_C XLFS_EXPORT void xlfs_abi_version_1_2(void) {}
+#define XLFS_ABI_VERSION_MARKER_1_3 XLFS_EXTERN_C XLFS_EXPORT void xlfs_abi_version_1_3(void) {}
 
 /* wind flag: the frame ends with this call (its result goes straight up). */
 #define XLFS_WIND_TAIL 1u
+/* wind flag (v1.3): the frame's own fop as it arrived, as its caller; the
+ * message must be empty (len 0): the host reuses what it decoded. An
+ * unwind with an empty message inside xlfs_on_reply answers with the
+ * result being delivered, as it came (PLUGIN-ABI.md section 5). */
+#define XLFS_WIND_AS_IS 2u
 /* The buffer handle meaning "none". */
 #define XLFS_NO_BUF 0u
 /* xlfs_on_event's `from` for an event from the graph. */

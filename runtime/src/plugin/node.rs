@@ -126,6 +126,8 @@ pub(crate) struct NodeLimits {
 #[derive(Default)]
 struct Slot {
     guest: Option<Box<dyn Guest>>,
+    /// The buffer messages to the guest are encoded into, reused.
+    scratch: Vec<u8>,
     /// When recent crashes happened, oldest first (at most the limit).
     crashes: VecDeque<Instant>,
     total_crashes: u64,
@@ -144,6 +146,9 @@ pub(crate) struct Core {
     /// The guest; declared before `loaded` so it is dropped first.
     slot: Mutex<Slot>,
     frames: Mutex<HashMap<u64, FrameEntry>>,
+    /// The result `xlfs_on_reply` is being given, with its frame: what an
+    /// unwind "as it came" (an empty message, ABI v1.3) answers with.
+    in_hand: Mutex<Option<(u64, xlfs_sdk::FopResult)>>,
     bufs: Mutex<Bufs>,
     timers: Mutex<HashMap<u64, AbortHandle>>,
     inode_ctx: Slots<Gfid, u64>,
@@ -205,6 +210,7 @@ impl Core {
             limits,
             slot: Mutex::new(Slot::default()),
             frames: Mutex::new(HashMap::new()),
+            in_hand: Mutex::new(None),
             bufs: Mutex::new(Bufs::default()),
             timers: Mutex::new(HashMap::new()),
             inode_ctx: Slots::with_capacity(MAX_CTX),
@@ -255,13 +261,14 @@ impl Core {
         Handle::try_current().ok().or_else(|| self.rt.get().cloned())
     }
 
-    /// Runs `f` on the instance (making one if the last one crashed),
+    /// Runs `f` on the instance (making one if the last one crashed) and
+    /// the node's reusable message buffer,
     /// unless the plugin is disabled or shut, or `era` is given and is not
     /// the current instance's. A fault drops the instance ([`Core::crash`]).
     fn with_guest<R>(
         &self,
         era: Option<u64>,
-        f: impl FnOnce(&mut dyn Guest, u64) -> Result<R, Fault>,
+        f: impl FnOnce(&mut dyn Guest, &mut Vec<u8>) -> Result<R, Fault>,
     ) -> Result<R, Errno> {
         let mut slot = self.slot.lock();
         if slot.shut {
@@ -293,10 +300,11 @@ impl Core {
                 }
             }
         }
-        let Some(guest) = slot.guest.as_mut() else { return Err(Errno::EIO) };
+        let Slot { guest, scratch, .. } = &mut *slot;
+        let Some(guest) = guest.as_mut() else { return Err(Errno::EIO) };
         // A crash report quotes the plugin's last error line of this call.
         self.host.last_error.lock().take();
-        match f(guest.as_mut(), current) {
+        match f(guest.as_mut(), scratch) {
             Ok(r) => Ok(r),
             Err(fault) => {
                 self.crash(&mut slot, fault);

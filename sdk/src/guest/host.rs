@@ -183,6 +183,22 @@ impl Host {
         unsafe { raw::fd_ctx_del(self, fd.0) };
     }
 
+    /// True when the host takes fops and replies "as they came" (plugin
+    /// ABI v1.3: [`sys::WIND_AS_IS`], `unwind` with an empty message). A
+    /// WebAssembly host older than the module refuses to load it, so there
+    /// it is always true.
+    pub(crate) fn as_is(self) -> bool {
+        #[cfg(target_family = "wasm")]
+        {
+            true
+        }
+        #[cfg(not(target_family = "wasm"))]
+        // SAFETY: the host keeps the vtable valid while it calls this instance.
+        unsafe {
+            self.vt.as_ref().is_some_and(|vt| vt.major == 1 && vt.minor >= sys::AS_IS_MINOR)
+        }
+    }
+
     pub(crate) fn raw_wind(self, frame: u64, child: u32, flags: u32, msg: &[u8], payload: u32) -> Result<u64, Errno> {
         let len = len32(msg.len())?;
         // SAFETY: `msg` is valid for `len` bytes.

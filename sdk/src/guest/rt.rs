@@ -125,14 +125,18 @@ pub trait Plugin: Sized + 'static {
     }
 }
 
+/// One frame in flight: its caller, the fop as it arrived (WRITE data
+/// left out: a wind of it unchanged goes "as it came", ABI v1.3) and the
+/// plugin's state. Boxed in the frame map, so it never moves.
 struct Slot<S> {
     ctx: CallCtx,
+    req: Request,
     state: S,
 }
 
 pub(super) struct Instance<P: Plugin> {
     pub(super) host: Host,
     pub(super) plugin: P,
-    frames: BTreeMap<u64, Slot<P::Frame>>,
+    frames: BTreeMap<u64, Box<Slot<P::Frame>>>,
     scratch: Vec<u8>,
 }

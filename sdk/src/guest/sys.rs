@@ -36,7 +36,7 @@ pub use policy::{
     decode_advice, decode_decision, decode_lock_view, encode_advice, encode_decision, encode_lock_view, interest_bits,
     interest_from_bits, policy_exports,
 };
-pub use vtable::{HostVtable, IMPORT_MODULE, NO_BUF, WIND_TAIL, imports, log_level};
+pub use vtable::{HostVtable, IMPORT_MODULE, NO_BUF, WIND_AS_IS, WIND_TAIL, imports, log_level};
 
 /// The version marker export's name starts with this, followed by
 /// `<major>_<minor>` (`xlfs_abi_version_1_0`).
@@ -95,10 +95,14 @@ pub fn parse_version_symbol(name: &str) -> Option<AbiVersion> {
 
 /// The plugin ABI's version: the encoding's major ([`abi::ABI_MAJOR`]) and
 /// the plugin interface's own minor, which moves without the encoding's
-/// (v1.1 adds the policy exports, v1.2 `xlfs_dump` and `xlfs_reconfigure`;
+/// (v1.1 adds the policy exports, v1.2 `xlfs_dump` and `xlfs_reconfigure`,
+/// v1.3 "as it came": [`WIND_AS_IS`] and an `unwind` with an empty message;
 /// the messages are encoding v1.0). The host loads a plugin by ABI §8's
 /// rule against this version.
-pub const PLUGIN_ABI: AbiVersion = AbiVersion::new(abi::ABI_MAJOR, 2);
+pub const PLUGIN_ABI: AbiVersion = AbiVersion::new(abi::ABI_MAJOR, 3);
+
+/// The first plugin ABI minor with [`WIND_AS_IS`] and the empty `unwind`.
+pub const AS_IS_MINOR: u16 = 3;
 
 #[cfg(test)]
 mod tests {

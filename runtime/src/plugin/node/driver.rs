@@ -30,6 +30,9 @@ pub(super) struct FrameEntry {
     pub(super) cell: Arc<FrameCell>,
     ctx: CallCtx,
     kind: FopKind,
+    /// The fop as the guest got it (WRITE data left out): what a wind
+    /// "as it came" ([`sys::WIND_AS_IS`], ABI v1.3) sends, without decoding.
+    req: Request,
 }
 
 /// Who a wound call belongs to, echoed with its result.
@@ -237,9 +240,7 @@ impl Core {
             detached: false,
         };
         let data = sys::take_fop_data(&mut req.fop);
-        let mut msg = Vec::new();
-        sys::encode_call(Some(&ctx), &req, &mut msg);
-        let entered = self.with_guest(None, |g, _| {
+        let entered = self.with_guest(None, |g, msg| {
             let payload = match data {
                 None => sys::NO_BUF,
                 Some(d) => match self.bufs.lock().insert(d) {
@@ -247,8 +248,10 @@ impl Core {
                     Err(e) => return Ok(Err(e)),
                 },
             };
-            self.frames.lock().insert(frame, FrameEntry { cell, ctx, kind });
-            g.on_fop(frame, &msg, payload).map(Ok)
+            msg.clear();
+            sys::encode_call(Some(&ctx), &req, msg);
+            self.frames.lock().insert(frame, FrameEntry { cell, ctx, kind, req });
+            g.on_fop(frame, msg, payload).map(Ok)
         });
         match entered {
             Ok(Ok(())) => {}
@@ -258,7 +261,13 @@ impl Core {
                 return Err(e);
             }
         }
-        let run = std::future::poll_fn(|cx| driver.poll_frame(cx, true));
+        let mut run = std::pin::pin!(std::future::poll_fn(|cx| driver.poll_frame(cx, true)));
+        // Most frames end in their first poll (a pass-through over a child
+        // that answers at once): no timer for those.
+        let first = std::future::poll_fn(|cx| Poll::Ready(run.as_mut().poll(cx))).await;
+        if let Poll::Ready(done) = first {
+            return done.unwrap_or(Err(Errno::EIO));
+        }
         match tokio::time::timeout_at(deadline, run).await {
             Ok(Some(result)) => result,
             Ok(None) => Err(Errno::EIO),
@@ -282,7 +291,7 @@ impl Core {
     /// A wound call's result, back into the guest.
     fn deliver(&self, era: u64, frame: u64, call: u64, mut result: FopResult) {
         let data = sys::take_result_data(&mut result);
-        let r = self.with_guest(Some(era), |g, _| {
+        let r = self.with_guest(Some(era), |g, msg| {
             let payload = match data {
                 None => sys::NO_BUF,
                 Some(d) => match self.bufs.lock().insert(d) {
@@ -293,9 +302,14 @@ impl Core {
                     }
                 },
             };
-            let mut msg = Vec::new();
-            abi::encode(&result, &mut msg);
-            g.on_reply(frame, call, &msg, payload)
+            msg.clear();
+            abi::encode(&result, msg);
+            // Kept for an unwind "as it came" (an empty message, ABI v1.3)
+            // during this handler.
+            *self.in_hand.lock() = (frame != 0).then_some((frame, result));
+            let r = g.on_reply(frame, call, msg, payload);
+            self.in_hand.lock().take();
+            r
         });
         if let Err(e) = r {
             tracing::debug!(target: "xlfs::plugin", node = %self.name, frame, call, "reply not delivered: {e:?}");
@@ -314,14 +328,25 @@ impl Core {
 
     pub(super) fn wind(&self, frame: u64, child: u32, flags: u32, msg: &[u8], payload: u32) -> i64 {
         let tail = flags & sys::WIND_TAIL != 0;
-        if flags & !sys::WIND_TAIL != 0 || (tail && frame == 0) {
+        let as_is = flags & sys::WIND_AS_IS != 0;
+        if flags & !(sys::WIND_TAIL | sys::WIND_AS_IS) != 0 || (frame == 0 && (tail || as_is)) {
             self.fail_frame(frame, &format!("wind with bad flags {flags:#x}"));
             return neg(Errno::EINVAL);
         }
-        let (ctx, mut req) = match sys::decode_call(msg, &Limits::DEFAULT) {
+        let decoded = if !as_is {
+            sys::decode_call(msg, &Limits::DEFAULT).map_err(|e| format!("wind of an undecodable request ({e})"))
+        } else if !msg.is_empty() {
+            Err("wind as it came with a message".to_string())
+        } else {
+            match self.frames.lock().get(&frame) {
+                Some(entry) => Ok((None, entry.req.clone())),
+                None => return neg(Errno::ENOENT),
+            }
+        };
+        let (ctx, mut req) = match decoded {
             Ok(x) => x,
-            Err(e) => {
-                self.fail_frame(frame, &format!("wind of an undecodable request ({e})"));
+            Err(why) => {
+                self.fail_frame(frame, &why);
                 return neg(Errno::EINVAL);
             }
         };
@@ -390,9 +415,20 @@ impl Core {
             entry.cell.finish(Err(Errno::EIO));
             -e.0
         };
-        let mut result = match abi::decode::<FopResult>(msg, None, &Limits::DEFAULT) {
-            Ok(r) => r,
-            Err(e) => return refuse(entry, format!("plugin unwound garbage ({e})"), Errno::EINVAL),
+        let mut result = if msg.is_empty() {
+            // As it came (ABI v1.3): the result being delivered to this frame.
+            match self.in_hand.lock().take_if(|(f, _)| *f == frame) {
+                Some((_, r)) => r,
+                None => {
+                    let why: String = "unwind with an empty message outside the frame's xlfs_on_reply".into();
+                    return refuse(entry, why, Errno::EINVAL);
+                }
+            }
+        } else {
+            match abi::decode::<FopResult>(msg, None, &Limits::DEFAULT) {
+                Ok(r) => r,
+                Err(e) => return refuse(entry, format!("plugin unwound garbage ({e})"), Errno::EINVAL),
+            }
         };
         if payload != sys::NO_BUF {
             let Some(bytes) = self.bufs.lock().map.get(&payload).cloned() else {

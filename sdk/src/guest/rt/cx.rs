@@ -21,6 +21,8 @@ pub struct Cx<'a, S> {
     pub(super) slot: &'a mut Slot<S>,
     pub(super) scratch: &'a mut Vec<u8>,
     pub(super) data: Option<Buf>,
+    /// In [`Plugin::reply`]: the result as it came (its data left out).
+    pub(super) incoming: Option<FopResult>,
     pub(super) ended: bool,
 }
 
@@ -103,6 +105,15 @@ impl<S> Cx<'_, S> {
             return;
         }
         let own = sys::take_result_data(&mut result);
+        if data.is_none()
+            && own.as_ref().is_none_or(|b| b.is_empty())
+            && self.incoming.take().is_some_and(|came| came == result)
+        {
+            // Unchanged: the host answers with the result it delivered.
+            let handle = self.data.as_ref().map_or(sys::NO_BUF, Buf::handle);
+            self.send_unwind(&[], handle);
+            return;
+        }
         let Ok(handle) = self.pick(own, data) else {
             result = Err(Errno::ENOMEM);
             self.finish_unwind(result, None);
@@ -112,10 +123,16 @@ impl<S> Cx<'_, S> {
     }
 
     fn finish_unwind(&mut self, result: FopResult, handle: Option<u32>) {
-        self.scratch.clear();
-        abi::encode(&result, self.scratch);
+        let mut msg = std::mem::take(self.scratch);
+        msg.clear();
+        abi::encode(&result, &mut msg);
+        self.send_unwind(&msg, handle.unwrap_or(sys::NO_BUF));
+        *self.scratch = msg;
+    }
+
+    fn send_unwind(&mut self, msg: &[u8], handle: u32) {
         // ENOENT: the host already failed the frame (it timed out).
-        if let Err(e) = self.host.raw_unwind(self.frame, self.scratch, handle.unwrap_or(sys::NO_BUF)) {
+        if let Err(e) = self.host.raw_unwind(self.frame, msg, handle) {
             self.host.warn(&format!("unwind of frame {} refused: {e}", self.frame));
         }
         self.ended = true;
@@ -172,10 +189,18 @@ impl<S> Cx<'_, S> {
         flags: u32,
     ) -> Result<u64, Errno> {
         self.check_open()?;
+        let write = matches!(req.fop, crate::Fop::Writev { .. });
+        if ctx.is_none() && *req == self.slot.req && self.host.as_is() {
+            // The fop as it came (a WRITE's data field empty, as it arrived):
+            // the host reuses what it decoded, nothing is encoded.
+            let picked = self.pick(write.then(bytes::Bytes::new), data)?;
+            let handle = picked.as_ref().map_or(sys::NO_BUF, |(h, _)| *h);
+            return self.host.raw_wind(self.frame, child, flags | sys::WIND_AS_IS, &[], handle);
+        }
         self.scratch.clear();
         // Only a WRITE carries data, which crosses as a handle: encode a
         // copy without it (cheap: the bytes are shared); anything else as is.
-        let picked = if matches!(req.fop, crate::Fop::Writev { .. }) {
+        let picked = if write {
             let mut req = req.clone();
             let own = sys::take_fop_data(&mut req.fop);
             let picked = self.pick(own, data)?;
@@ -194,7 +219,7 @@ impl<S> Cx<'_, S> {
 /// Context outside a frame: timers and detached replies.
 pub struct Ctl<'a, S> {
     pub(super) host: Host,
-    pub(super) frames: &'a mut BTreeMap<u64, Slot<S>>,
+    pub(super) frames: &'a mut BTreeMap<u64, Box<Slot<S>>>,
     pub(super) scratch: &'a mut Vec<u8>,
 }
 
@@ -219,14 +244,23 @@ impl<S> Ctl<'_, S> {
     /// [`Plugin::reply`] for that frame.
     pub fn wind(&mut self, frame: u64, child: u32, req: &Request, data: Option<&Buf>) -> Result<CallId, Errno> {
         let slot = self.frames.get_mut(&frame).ok_or(Errno::ENOENT)?;
-        let mut cx = Cx { host: self.host, frame, slot, scratch: self.scratch, data: None, ended: false };
+        let mut cx =
+            Cx { host: self.host, frame, slot, scratch: self.scratch, data: None, incoming: None, ended: false };
         cx.wind(child, req, data)
     }
 
     /// Answers a frame in flight (for example one delayed until a timer).
     pub fn unwind(&mut self, frame: u64, result: FopResult, data: Option<&Buf>) -> Result<(), Errno> {
         let mut slot = self.frames.remove(&frame).ok_or(Errno::ENOENT)?;
-        let mut cx = Cx { host: self.host, frame, slot: &mut slot, scratch: self.scratch, data: None, ended: false };
+        let mut cx = Cx {
+            host: self.host,
+            frame,
+            slot: &mut slot,
+            scratch: self.scratch,
+            data: None,
+            incoming: None,
+            ended: false,
+        };
         cx.unwind_with(result, data);
         Ok(())
     }

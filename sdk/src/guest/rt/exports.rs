@@ -132,13 +132,15 @@ pub unsafe fn on_fop<P: Plugin>(inst: usize, frame: u64, msg: *const u8, len: u3
             }
         };
         let Instance { plugin, frames, scratch, .. } = i;
-        let slot = frames.entry(frame).or_insert_with(|| Slot { ctx, state: P::Frame::default() });
-        let mut cx = Cx { host, frame, slot, scratch, data, ended: false };
+        // The frame joins the map only if it outlives this handler (a tail
+        // wind or an unwind here ends it).
+        let mut slot = Box::new(Slot { ctx, req: req.clone(), state: P::Frame::default() });
+        let mut cx = Cx { host, frame, slot: &mut slot, scratch, data, incoming: None, ended: false };
         plugin.fop(&mut cx, req);
         let ended = cx.ended;
         drop(cx);
-        if ended {
-            frames.remove(&frame);
+        if !ended {
+            frames.insert(frame, slot);
         }
         sys::HANDLER_OK
     })
@@ -172,7 +174,10 @@ pub unsafe fn on_reply<P: Plugin>(inst: usize, frame: u64, call: u64, msg: *cons
         // A reply for a frame already unwound (fan-out answered early) is
         // dropped with its data.
         let Some(slot) = frames.get_mut(&frame) else { return sys::HANDLER_OK };
-        let mut cx = Cx { host, frame, slot, scratch, data, ended: false };
+        // Kept to see whether the plugin unwinds it unchanged (then it goes
+        // "as it came", ABI v1.3, without being encoded again).
+        let incoming = host.as_is().then(|| result.clone());
+        let mut cx = Cx { host, frame, slot, scratch, data, incoming, ended: false };
         plugin.reply(&mut cx, CallId(call), result);
         let ended = cx.ended;
         drop(cx);
@@ -558,6 +563,33 @@ mod tests {
         assert_eq!(unsafe { reconfigure::<T>(inst, o.as_ptr(), o.len() as u32) }, sys::RECONFIGURE_UNSUPPORTED);
         unsafe { fini::<T>(inst) };
         take();
+    }
+
+    #[test]
+    fn unchanged_fops_and_replies_go_as_they_came() {
+        take();
+        // A v1.3 host: the same fake, declaring the minor with AS_IS.
+        let vt = HostVtable { minor: sys::AS_IS_MINOR, ..VT };
+        let o = opts(&[]);
+        // SAFETY (all calls below): the fake host and valid messages.
+        let inst = unsafe { init::<T>(&vt, o.as_ptr(), o.len() as u32) };
+        assert_ne!(inst, 0);
+        // Stat is wound unchanged: flag AS_IS, no message.
+        let m = msg(&Request::new(Fop::Stat { loc: Loc::root() }));
+        assert_eq!(unsafe { on_fop::<T>(inst, 1, m.as_ptr(), m.len() as u32, 0) }, sys::HANDLER_OK);
+        assert_eq!(take(), [Call::Wind { frame: 1, child: 0, flags: sys::WIND_AS_IS, msg: vec![], payload: 0 }]);
+        // Its reply, unwound unchanged by the default handler: no message.
+        let mut r = Vec::new();
+        abi::encode(&FopResult::Ok(Response::from(Reply::Attr(Iatt::default()))), &mut r);
+        assert_eq!(unsafe { on_reply::<T>(inst, 1, 77, r.as_ptr(), r.len() as u32, 0) }, sys::HANDLER_OK);
+        assert_eq!(take(), [Call::Unwind { frame: 1, msg: vec![], payload: 0 }]);
+        // A WRITE forwarded (tail) with its data handle, as it came.
+        let fd = Fd { id: FdId(1), gfid: Gfid::ROOT };
+        let m = msg(&Request::new(Fop::Writev { fd, data: Bytes::new(), offset: 0, flags: 0 }));
+        assert_eq!(unsafe { on_fop::<T>(inst, 2, m.as_ptr(), m.len() as u32, 42) }, sys::HANDLER_OK);
+        let flags = sys::WIND_TAIL | sys::WIND_AS_IS;
+        assert_eq!(take(), [Call::Wind { frame: 2, child: 0, flags, msg: vec![], payload: 42 }, Call::BufFree(42)]);
+        unsafe { fini::<T>(inst) };
     }
 
     fn msg(req: &Request) -> Vec<u8> {

@@ -51,6 +51,11 @@ pub mod imports {
 /// `wind` flag: the frame ends with this call; the host unwinds the frame
 /// with the child's result itself and does not call `xlfs_on_reply`.
 pub const WIND_TAIL: u32 = 1;
+/// `wind` flag (plugin ABI v1.3): the call is the frame's own fop as it
+/// arrived, with the frame's caller; the message must be empty (`len` 0).
+/// The host reuses the fop it decoded, so nothing is encoded or decoded
+/// again. `payload` is the WRITE data, as for any wind.
+pub const WIND_AS_IS: u32 = 2;
 /// The buffer handle meaning "no buffer".
 pub const NO_BUF: u32 = 0;
 
