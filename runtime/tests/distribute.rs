@@ -67,11 +67,7 @@ fn a_two_by_three_volume_through_fuse() {
     let c = Cluster::start(SETS * REPLICA);
     let bricks: Vec<(u16, String)> = c.bricks.iter().map(|b| (b.port(), b.subvolume())).collect();
     let dirs: Vec<PathBuf> = c.bricks.iter().map(|b| b.dir().to_path_buf()).collect();
-    // async-dirops off: with it on, a rename or a read right after a burst of
-    // creates and writes through FUSE fails now and then (ENOENT, or an
-    // empty read of a file the bricks hold) on a plain replica-3 volume
-    // too, without distribute; that is replicate's to fix, not this test's.
-    let afr = [("async-dirops", "off")];
+    let afr: [(&str, &str); 0] = [];
     let text = xlfs_runtime::cli::distributed_volfile("dist", &bricks, REPLICA, &afr, xlfs_runtime::cli::DEFAULT_PERF);
     assert!(text.contains("type cluster/distribute"), "{text}");
     let m = FuseMount::start(&text, "");

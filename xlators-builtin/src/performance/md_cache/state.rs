@@ -377,11 +377,17 @@ impl State {
     /// Caches entry `name` in `parent` as `gfid`, or as absent.
     pub(super) fn set_dentry(&mut self, parent: Gfid, name: &str, gfid: Option<Gfid>, start: u64, now: u64) {
         let on = if gfid.is_some() { self.enabled() } else { self.nl_enabled() };
-        if !on || is_dot(name) || parent.is_null() || gfid.is_some_and(|g| g.is_null()) {
-            self.drop_dentry(parent, name);
-            return;
-        }
-        if !self.may_fill(parent, start) {
+        let record = on && !is_dot(name) && !parent.is_null() && !gfid.is_some_and(|g| g.is_null());
+        if !record || !self.may_fill(parent, start) {
+            // A name that exists but is not recorded: a whole listing of
+            // the parent no longer holds every name, so it must not answer
+            // lookups of missing names with ENOENT.
+            if gfid.is_some() {
+                self.drop_dentry(parent, name);
+                self.listed.remove(&parent);
+            } else if !record {
+                self.drop_dentry(parent, name);
+            }
             return;
         }
         let present = self.dentry(parent, name).is_some();

@@ -721,3 +721,27 @@ fn a_known_absent_capability_stays_absent_across_writes() {
     }
     assert_eq!(t.fs.count(FopKind::Getxattr), 0, "the kernel's capability check before each write is a cache hit");
 }
+
+#[test]
+fn a_name_not_recorded_ends_the_whole_listing_of_its_directory() {
+    // A directory just made is known to be empty (listed whole): lookups of
+    // names it lacks are ENOENT without asking. A create in it whose entry
+    // cannot be recorded (its reply raced a change of the directory) must
+    // end that, or the new name reads as missing until the cache expires
+    // (seen through FUSE as `mv`/`cat` of a file just written: ENOENT).
+    let t = setup(&[("cache-invalidation", "on")]);
+    let d = match t.run(Fop::Mkdir { loc: Loc::entry(Gfid::ROOT, "d"), mode: 0o755, umask: 0 }).expect("mkdir").reply {
+        Reply::Entry { iatt, .. } => iatt.gfid,
+        r => panic!("mkdir replied {r:?}"),
+    };
+    assert_eq!(t.lookup(d, "x"), Err(Errno::ENOENT), "a new directory is listed whole");
+    let g = t.fs.add(d, "f", false);
+    {
+        let mut st = t.md.state.lock();
+        let start = st.epoch;
+        st.touch(d);
+        let now = t.clock.now_ns();
+        st.set_dentry(d, "f", Some(g), start, now);
+    }
+    assert_eq!(t.lookup(d, "f").expect("the name exists").gfid, g);
+}
