@@ -15,8 +15,8 @@ mod kit;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use kit::fuse_mount::{FuseMount, XLFS, is_mounted};
-use kit::{Cluster, run_xlfs};
+use kit::fuse_mount::{FuseMount, is_mounted};
+use kit::{Cluster, Down, run_xlfs};
 
 const SETS: usize = 2;
 const REPLICA: usize = 3;
@@ -140,15 +140,6 @@ fn a_two_by_three_volume_through_fuse() {
         assert!(!b.join("d").exists(), "d removed from {}", b.display());
     }
     drop(m);
-}
-
-/// Runs `xlfs down DIR` when dropped, on every exit path.
-struct Down(PathBuf);
-
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(XLFS).arg("down").arg(&self.0).output();
-    }
 }
 
 #[test]

@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kit::fuse_mount::{FuseMount, XLFS, is_mounted, sh};
-use kit::{Cluster, SmallTmpfs, heal, heal_until_clean, run_xlfs, volfile_file};
+use kit::fuse_mount::{FuseMount, is_mounted, sh};
+use kit::{Cluster, Down, SmallTmpfs, heal, heal_until_clean, run_xlfs, volfile_file};
 use xlfs_runtime::client::Client;
 
 const N: usize = 3;
@@ -325,15 +325,6 @@ async fn lock_policies_over_the_network() {
         two_writers(&c, policy).await;
     }
     assert!(totals[1] * 3 < totals[0] && totals[2] * 3 < totals[0], "{totals:?}");
-}
-
-/// Runs `xlfs down DIR` when dropped (also when the test panics).
-struct Down(PathBuf);
-
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(XLFS).arg("down").arg(&self.0).output();
-    }
 }
 
 #[test]

@@ -99,3 +99,13 @@ pub fn assert_bricks_identical(c: &Cluster, clean: bool) -> Vec<PathBuf> {
     }
     want
 }
+
+/// Runs `xlfs down DIR` when dropped, so a volume `xlfs up` brought up in
+/// DIR goes down on every exit path of a test.
+pub struct Down(pub PathBuf);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(XLFS).arg("down").arg(&self.0).output();
+    }
+}
