@@ -135,7 +135,7 @@ fn volume_keys_turn_tls_on_for_bricks_and_clients() {
         ("ssl.own-cert", node.cert.as_str()),
         ("ssl.private-key", node.key.as_str()),
         ("ssl.ca-list", node.ca.as_str()),
-        ("auth.ssl-allow", "node*"),
+        ("auth.ssl-allow", "other,node*"),
     ] {
         d.ok(&["set", "tv", k, v]);
     }

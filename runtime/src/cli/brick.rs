@@ -144,11 +144,17 @@ fn word<'a>(what: &'static str, value: &'a str) -> Result<&'a str, BrickError> {
     Ok(value)
 }
 
-/// KEY=VALUE arguments of `what` as (key, value), each a volfile word.
+/// KEY=VALUE arguments of `what` as (key, value): the key a volfile word,
+/// the value an option value (a list's commas allowed, as in
+/// `auth.ssl-allow=node1,node2`).
 fn pairs<'a>(what: &'static str, kvs: &'a [String]) -> Result<Vec<(&'a str, &'a str)>, BrickError> {
+    let value = |v: &'a str| match v.is_empty() || v.contains(|c: char| c.is_whitespace() || c == '#') {
+        true => Err(BrickError::BadWord { what, value: v.to_string() }),
+        false => Ok(v),
+    };
     kvs.iter()
         .map(|kv| match kv.split_once('=') {
-            Some((k, v)) => Ok((word(what, k)?, word(what, v)?)),
+            Some((k, v)) => Ok((word(what, k)?, value(v)?)),
             None => Err(BrickError::BadWord { what, value: kv.clone() }),
         })
         .collect()
@@ -394,6 +400,20 @@ mod tests {
         assert_eq!(opt("b1-server", &format!("auth.addr.{abs}.allow")).as_deref(), Some("127.0.0.1,10.*"));
         assert_eq!(v.volume("b1-server").expect("server").subvolumes[0].name, abs);
         GraphSpec::validate(&v, &Registry::builtin()).expect("the generated volfile is valid");
+    }
+
+    #[test]
+    fn server_and_posix_options_take_list_values() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().to_str().expect("utf-8");
+        let args = ["--dir", dir, "--server", "auth.ssl-allow=node1,node2", "--posix", "o-direct-min-size=0"];
+        let text = brick_args(&args).expect("args").plan().expect("plan").text;
+        assert!(text.contains("    option auth.ssl-allow node1,node2\n"), "{text}");
+        assert!(text.contains("    option o-direct-min-size 0\n"), "{text}");
+        for bad in ["auth.ssl-allow=a b", "auth.ssl-allow=", "a b=1", "noequals", "k=v#x"] {
+            let e = brick_args(&["--dir", dir, "--server", bad]).expect("args").plan().expect_err(bad);
+            assert!(e.to_string().contains("--server"), "{bad}: {e}");
+        }
     }
 
     #[test]
