@@ -381,19 +381,20 @@ impl TlsStream {
                 }
             }
             ready!(self.sock.poll_read_ready(cx))?;
-            let mut chunk = vec![0u8; TLS_RECORD];
-            match self.sock.try_read(&mut chunk) {
-                Ok(n) => {
-                    let mut st = self.state.lock();
-                    if n == 0 {
-                        st.eof = true;
-                    }
-                    st.incoming.extend_from_slice(&chunk[..n]);
-                    self.feed(&mut st)?;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            // Ciphertext goes straight into the session's input buffer (its
+            // capacity kept from read to read).
+            let mut st = self.state.lock();
+            let have = st.incoming.len();
+            st.incoming.resize(have + TLS_RECORD, 0);
+            let r = self.sock.try_read(&mut st.incoming[have..]);
+            st.incoming.truncate(have + r.as_ref().map_or(0, |n| *n));
+            match r {
+                Ok(0) => st.eof = true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Poll::Ready(Err(e)),
             }
+            self.feed(&mut st)?;
         }
     }
 
@@ -404,13 +405,15 @@ impl TlsStream {
         let r = st.conn.read_tls(&mut rd);
         let used = before - rd.len();
         st.incoming.drain(..used);
-        match r {
-            Ok(_) => {}
-            // The session holds as much plaintext as it takes: read first.
-            Err(e) if e.kind() == io::ErrorKind::Other && used == 0 => {}
-            Err(e) => return Err(e),
+        let io_state = st.conn.process_new_packets().map_err(tls_io)?;
+        // A session that takes nothing because it holds plaintext not read
+        // yet is fine (the reader takes that first); any other refusal is an
+        // error, or the reader would offer the same bytes for ever.
+        if let Err(e) = r
+            && !(used == 0 && io_state.plaintext_bytes_to_read() > 0)
+        {
+            return Err(e);
         }
-        st.conn.process_new_packets().map_err(tls_io)?;
         // Post-handshake messages (tickets, key updates) go out if they can.
         let _ = self.flush_locked(st);
         Ok(())
