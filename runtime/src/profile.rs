@@ -263,28 +263,30 @@ pub struct ProfileBundle {
 /// untimed): the virtual getxattr protocol/server answers itself.
 pub async fn ask_brick(client: &Child, reset: bool) -> Result<GraphProfile, String> {
     let key = if reset { PROFILE_RESET_KEY } else { PROFILE_KEY };
-    let fop = Fop::Getxattr { loc: Loc::root(), name: key.to_string() };
-    let reply = tokio::time::timeout(BRICK_TIMEOUT, client.call(CallCtx::root("xlfs-profile"), fop.into()))
-        .await
-        .map_err(|_| format!("no answer within {BRICK_TIMEOUT:?}"))?
-        .map_err(|e| format!("{e}"))?;
-    let Reply::Xattrs(d) = reply.reply else { return Err("unexpected reply".into()) };
-    let bytes = d.get_bytes(key).ok_or("the brick does not report a profile (an older xlfs?)")?;
-    GraphProfile::parse(&String::from_utf8_lossy(&bytes)).map_err(|e| e.to_string())
+    let text =
+        ask_brick_key(client, key, "xlfs-profile", "the brick does not report a profile (an older xlfs?)").await?;
+    GraphProfile::parse(&text).map_err(|e| e.to_string())
 }
 
 /// A brick's graph statedump (`VOLUME.key = value` lines, top first), asked
 /// through protocol/client `client` as a getxattr of
 /// [`STATEDUMP_KEY`](xlfs_sdk::profile::STATEDUMP_KEY).
 pub async fn ask_brick_dump(client: &Child) -> Result<String, String> {
-    let key = xlfs_sdk::profile::STATEDUMP_KEY;
+    let missing = "the brick does not answer statedump requests (an older xlfs?)";
+    ask_brick_key(client, xlfs_sdk::profile::STATEDUMP_KEY, "xlfs-statedump", missing).await
+}
+
+/// The value protocol/server gives for its virtual xattr `key` (on the
+/// root, through `client`, as caller `who`), as text; `missing` when the
+/// brick's reply lacks it.
+async fn ask_brick_key(client: &Child, key: &str, who: &str, missing: &str) -> Result<String, String> {
     let fop = Fop::Getxattr { loc: Loc::root(), name: key.to_string() };
-    let reply = tokio::time::timeout(BRICK_TIMEOUT, client.call(CallCtx::root("xlfs-statedump"), fop.into()))
+    let reply = tokio::time::timeout(BRICK_TIMEOUT, client.call(CallCtx::root(who), fop.into()))
         .await
         .map_err(|_| format!("no answer within {BRICK_TIMEOUT:?}"))?
         .map_err(|e| format!("{e}"))?;
     let Reply::Xattrs(d) = reply.reply else { return Err("unexpected reply".into()) };
-    let bytes = d.get_bytes(key).ok_or("the brick does not answer statedump requests (an older xlfs?)")?;
+    let bytes = d.get_bytes(key).ok_or(missing)?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
