@@ -467,28 +467,8 @@ pub fn distributed_volfile(
              option remote-subvolume {subvol}\nend-volume\n\n"
         );
     }
-    let mut sets = Vec::new();
-    for (s, set) in clients.chunks(replica.max(1)).enumerate() {
-        let afr_name = format!("{volume}-replicate-{s}");
-        v +=
-            &format!("volume {afr_name}\n    type cluster/replicate\n    option afr-pending-xattr {}\n", set.join(","));
-        for (k, val) in afr {
-            v += &format!("    option {k} {val}\n");
-        }
-        v += &format!("    subvolumes {}\nend-volume\n\n", set.join(" "));
-        sets.push(afr_name);
-    }
-    let mut below = match sets.as_slice() {
-        [one] => one.clone(),
-        _ => {
-            let dht = format!("{volume}-dht");
-            v += &format!(
-                "volume {dht}\n    type cluster/distribute\n    subvolumes {}\nend-volume\n\n",
-                sets.join(" ")
-            );
-            dht
-        }
-    };
+    let afr: String = afr.iter().map(|(k, val)| format!("    option {k} {val}\n")).collect();
+    let mut below = crate::mgmt::volgen::replica_sets(&mut v, volume, &clients, replica, &afr, "");
     for p in perf.iter().rev() {
         let name = format!("{volume}-{p}");
         v += &format!("volume {name}\n    type performance/{p}\n");

@@ -97,29 +97,14 @@ pub fn client_volfile(spec: &VolumeSpec, ports: &[u16]) -> Result<String, Volgen
             options_of("protocol/client"),
         );
     }
-    let mut sets = Vec::new();
-    for (s, set) in clients.chunks(spec.replica).enumerate() {
-        let afr = format!("{name}-replicate-{s}");
-        v += &format!(
-            "volume {afr}\n    type cluster/replicate\n    option afr-pending-xattr {}\n{}    subvolumes {}\nend-volume\n\n",
-            set.join(","),
-            options_of("cluster/replicate"),
-            set.join(" ")
-        );
-        sets.push(afr);
-    }
-    let mut below = match sets.as_slice() {
-        [one] => one.clone(),
-        _ => {
-            let dht = format!("{name}-dht");
-            v += &format!(
-                "volume {dht}\n    type cluster/distribute\n{}    subvolumes {}\nend-volume\n\n",
-                options_of("cluster/distribute"),
-                sets.join(" ")
-            );
-            dht
-        }
-    };
+    let mut below = replica_sets(
+        &mut v,
+        name,
+        &clients,
+        spec.replica,
+        &options_of("cluster/replicate"),
+        &options_of("cluster/distribute"),
+    );
     for p in PERF_ORDER.iter().rev() {
         let ty = perf_type(p);
         if !on.get(ty).copied().unwrap_or(false) {
@@ -146,6 +131,42 @@ pub fn client_volfile(spec: &VolumeSpec, ports: &[u16]) -> Result<String, Volgen
         spec.id
     );
     Ok(v)
+}
+
+/// Appends cluster/replicate over each `replica` consecutive `clients`
+/// (`VOLUME-replicate-N`, with the `afr` option lines) and, when there is
+/// more than one set, cluster/distribute over the sets (`VOLUME-dht`, with
+/// the `dht` option lines); returns the name of the volume on top. A last
+/// set with fewer clients takes what is left.
+pub(crate) fn replica_sets(
+    v: &mut String,
+    volume: &str,
+    clients: &[String],
+    replica: usize,
+    afr: &str,
+    dht: &str,
+) -> String {
+    let mut sets = Vec::new();
+    for (s, set) in clients.chunks(replica.max(1)).enumerate() {
+        let name = format!("{volume}-replicate-{s}");
+        *v += &format!(
+            "volume {name}\n    type cluster/replicate\n    option afr-pending-xattr {}\n{afr}    subvolumes {}\nend-volume\n\n",
+            set.join(","),
+            set.join(" ")
+        );
+        sets.push(name);
+    }
+    match sets.as_slice() {
+        [one] => one.clone(),
+        _ => {
+            let name = format!("{volume}-dht");
+            *v += &format!(
+                "volume {name}\n    type cluster/distribute\n{dht}    subvolumes {}\nend-volume\n\n",
+                sets.join(" ")
+            );
+            name
+        }
+    }
 }
 
 fn perf_type(short: &str) -> &'static str {
