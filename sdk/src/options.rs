@@ -296,6 +296,59 @@ pub fn parse_percent(s: &str) -> Option<f64> {
     (v.is_finite() && (0.0..=100.0).contains(&v)).then_some(v)
 }
 
+/// A share of a file system: a percentage of its size or a number of bytes
+/// (GlusterFS's `storage.reserve` and distribute's `min-free-disk`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Share {
+    /// Percent of the file system's size (0 to 100).
+    Percent(f64),
+    /// Bytes.
+    Bytes(u64),
+}
+
+impl Share {
+    /// `N` or `N%` (a percentage, 0 to 100, as GlusterFS reads a bare
+    /// number) or a size with a unit (`40MB`).
+    pub fn parse(s: &str) -> Option<Share> {
+        let t = s.trim();
+        if t.ends_with('%') || t.parse::<f64>().is_ok() {
+            return parse_percent(t).map(Share::Percent);
+        }
+        parse_size(t).map(Share::Bytes)
+    }
+
+    /// The share of a file system of `total` bytes, rounded down.
+    pub fn bytes(self, total: u64) -> u64 {
+        match self {
+            Share::Percent(p) => (total as f64 * p / 100.0) as u64,
+            Share::Bytes(b) => b,
+        }
+    }
+
+    /// True when `avail` bytes of a file system of `total` are less than
+    /// this share (a percentage compared exactly, not rounded).
+    pub fn exceeds(self, avail: u64, total: u64) -> bool {
+        match self {
+            Share::Percent(p) => (avail as f64) < total as f64 * p / 100.0,
+            Share::Bytes(b) => avail < b,
+        }
+    }
+
+    /// True for a share of nothing (`0`, `0%`, `0B`).
+    pub fn is_zero(self) -> bool {
+        matches!(self, Share::Bytes(0)) || matches!(self, Share::Percent(p) if p <= 0.0)
+    }
+}
+
+impl std::fmt::Display for Share {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Share::Percent(p) => write!(f, "{p}%"),
+            Share::Bytes(b) => write!(f, "{b}"),
+        }
+    }
+}
+
 /// Why an option was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum OptionError {

@@ -79,7 +79,7 @@ use xlfs_sdk::{
 pub use self::hash::dm_hash;
 pub use self::layout::{LAYOUT_XATTR, Layout, Range};
 
-use self::space::{MinFree, Space};
+use self::space::Space;
 
 /// The xattr of a link file naming the subvolume that holds the data.
 pub const LINKTO_XATTR: &str = "trusted.glusterfs.dht.linkto";
@@ -151,14 +151,14 @@ impl DirInfo {
 /// Option values that reconfigure may change.
 #[derive(Clone, Debug)]
 struct Config {
-    min_free: MinFree,
+    min_free: xlfs_sdk::options::Share,
     lookup_optimize: bool,
 }
 
 impl Config {
     fn from_options(o: &Options) -> Result<Config, String> {
         let raw = MIN_FREE_DISK.get(o);
-        let min_free = MinFree::parse(raw).ok_or_else(|| {
+        let min_free = xlfs_sdk::options::Share::parse(raw).ok_or_else(|| {
             format!(
                 "option 'min-free-disk': '{raw}' is neither a percentage (0 to 100, e.g. 10%) nor a size (e.g. 40GB)"
             )

@@ -195,9 +195,9 @@ fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
     Posix::new(init).map(|p| Arc::new(p) as Arc<dyn Xlator>).map_err(|e| InitError::new(format!("{name}: {e}")))
 }
 
-fn parse_reserve(o: &Options) -> Result<reserve::Spec, SetupError> {
+fn parse_reserve(o: &Options) -> Result<xlfs_sdk::options::Share, SetupError> {
     let raw = RESERVE.get(o);
-    reserve::Spec::parse(raw).ok_or_else(|| SetupError::BadReserve(raw.to_string()))
+    xlfs_sdk::options::Share::parse(raw).ok_or_else(|| SetupError::BadReserve(raw.to_string()))
 }
 
 fn parse_volume_id(o: &Options) -> Result<Option<Gfid>, SetupError> {

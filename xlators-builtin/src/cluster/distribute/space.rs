@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use xlfs_sdk::options::{parse_percent, parse_size};
+use xlfs_sdk::options::Share;
 use xlfs_sdk::{CallCtx, Dict, Errno, Fop, FopResult, Loc, Reply, Request, Response, Statvfs};
 
 use super::{Inner, first_error};
@@ -19,43 +19,9 @@ use super::{Inner, first_error};
 /// How long a subvolume's statfs is trusted for placement.
 pub const TTL: Duration = Duration::from_secs(1);
 
-/// `min-free-disk` as given.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum MinFree {
-    /// Percent of the subvolume's size.
-    Percent(f64),
-    /// Bytes.
-    Bytes(u64),
-}
-
-impl MinFree {
-    /// `N` or `N%` (percent, 0 to 100) or a size with a unit (`40GB`).
-    pub fn parse(s: &str) -> Option<MinFree> {
-        let t = s.trim();
-        if t.ends_with('%') || t.parse::<f64>().is_ok() {
-            return parse_percent(t).map(MinFree::Percent);
-        }
-        parse_size(t).map(MinFree::Bytes)
-    }
-
-    /// True when `st` has less available than this.
-    pub fn short(&self, st: &Statvfs) -> bool {
-        let avail = st.bavail.saturating_mul(st.frsize.max(1));
-        let total = st.blocks.saturating_mul(st.frsize.max(1));
-        match *self {
-            MinFree::Percent(p) => (avail as f64) < total as f64 * p / 100.0,
-            MinFree::Bytes(b) => avail < b,
-        }
-    }
-}
-
-impl std::fmt::Display for MinFree {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            MinFree::Percent(p) => write!(f, "{p}%"),
-            MinFree::Bytes(b) => write!(f, "{b}"),
-        }
-    }
+/// True when `st` has less available than `min` (`min-free-disk`).
+pub fn short(min: Share, st: &Statvfs) -> bool {
+    min.exceeds(st.bavail.saturating_mul(st.frsize.max(1)), st.blocks.saturating_mul(st.frsize.max(1)))
 }
 
 /// Cached statfs per subvolume.
@@ -149,14 +115,14 @@ impl Inner {
     pub(super) async fn placement(&self, ctx: &CallCtx, hashed: usize) -> usize {
         let min = self.cfg().min_free;
         let Some(h) = self.space_of(ctx, hashed).await else { return hashed };
-        if !min.short(&h) {
+        if !short(min, &h) {
             return hashed;
         }
         let avail = |s: &Statvfs| s.bavail.saturating_mul(s.frsize.max(1));
         let mut best = (hashed, avail(&h));
         for i in (0..self.n()).filter(|i| *i != hashed) {
             if let Some(s) = self.space_of(ctx, i).await
-                && !min.short(&s)
+                && !short(min, &s)
                 && avail(&s) > best.1
             {
                 best = (i, avail(&s));
@@ -172,15 +138,15 @@ mod tests {
 
     #[test]
     fn min_free_forms_and_sums() {
-        assert_eq!(MinFree::parse("10%"), Some(MinFree::Percent(10.0)));
-        assert_eq!(MinFree::parse("7"), Some(MinFree::Percent(7.0)));
-        assert_eq!(MinFree::parse("40MB"), Some(MinFree::Bytes(40 << 20)));
-        assert_eq!(MinFree::parse("lots"), None);
+        assert_eq!(Share::parse("10%"), Some(Share::Percent(10.0)));
+        assert_eq!(Share::parse("7"), Some(Share::Percent(7.0)));
+        assert_eq!(Share::parse("40MB"), Some(Share::Bytes(40 << 20)));
+        assert_eq!(Share::parse("lots"), None);
         let a =
             Statvfs { frsize: 4096, bsize: 4096, blocks: 100, bfree: 50, bavail: 5, files: 10, ..Default::default() };
         let b =
             Statvfs { frsize: 1024, bsize: 1024, blocks: 400, bfree: 400, bavail: 400, files: 5, ..Default::default() };
-        assert!(MinFree::Percent(10.0).short(&a) && !MinFree::Percent(10.0).short(&b));
+        assert!(short(Share::Percent(10.0), &a) && !short(Share::Percent(10.0), &b));
         let s = sum(&[a, b]);
         assert_eq!((s.frsize, s.blocks, s.bfree, s.bavail, s.files), (4096, 200, 150, 105, 15));
     }

@@ -23,48 +23,16 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use xlfs_sdk::Errno;
-use xlfs_sdk::options::{parse_percent, parse_size};
+use xlfs_sdk::options::Share;
 
 use super::sys::{self, Sys};
 
 /// How long a reading of the free space is trusted (with the estimate).
 pub const REFRESH: Duration = Duration::from_millis(100);
 
-/// A reserve as given: a share of the file system or a size.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Spec {
-    /// Percent of the file system's size (`1`, `1%`, `2.5%`).
-    Percent(f64),
-    /// Bytes (`100MB`, `1GB`).
-    Bytes(u64),
-}
-
-impl Spec {
-    /// Parses `N` or `N%` (a percentage, 0 to 100, as GlusterFS reads a
-    /// bare number) or a size with a unit (`40MB`).
-    pub fn parse(s: &str) -> Option<Spec> {
-        let t = s.trim();
-        if t.ends_with('%') || t.parse::<f64>().is_ok() {
-            return parse_percent(t).map(Spec::Percent);
-        }
-        parse_size(t).map(Spec::Bytes)
-    }
-
-    fn bytes(self, total: u64) -> u64 {
-        match self {
-            Spec::Percent(p) => (total as f64 * p / 100.0) as u64,
-            Spec::Bytes(b) => b,
-        }
-    }
-
-    fn off(self) -> bool {
-        matches!(self, Spec::Bytes(0)) || matches!(self, Spec::Percent(p) if p <= 0.0)
-    }
-}
-
 struct Reading {
     /// The reserve.
-    spec: Spec,
+    spec: Share,
     /// Bytes available (to unprivileged users) when read.
     free: u64,
     /// The file system's size.
@@ -105,12 +73,12 @@ impl Drop for Admitted<'_> {
 
 impl Reserve {
     /// A reserve of `spec`.
-    pub fn new(spec: Spec) -> Reserve {
+    pub fn new(spec: Share) -> Reserve {
         Reserve { reading: Mutex::new(Reading { spec, free: 0, total: 0, taken: 0, pending: 0, at: None }) }
     }
 
     /// Changes the reserve (reconfigure).
-    pub fn set(&self, spec: Spec) {
+    pub fn set(&self, spec: Share) {
         let mut r = self.reading.lock();
         r.spec = spec;
         r.at = None;
@@ -123,7 +91,7 @@ impl Reserve {
     pub fn admit(&self, fd: BorrowedFd<'_>, grow: u64) -> Sys<Admitted<'_>> {
         let mut r = self.reading.lock();
         let spec = r.spec;
-        if spec.off() {
+        if spec.is_zero() {
             return Ok(Admitted { reserve: self, grow: 0 });
         }
         let stale = r.at.is_none_or(|t| t.elapsed() >= REFRESH);
@@ -149,13 +117,13 @@ mod tests {
 
     #[test]
     fn a_reserve_is_a_percentage_or_a_size() {
-        assert_eq!(Spec::parse("1"), Some(Spec::Percent(1.0)));
-        assert_eq!(Spec::parse("2.5%"), Some(Spec::Percent(2.5)));
-        assert_eq!(Spec::parse("40MB"), Some(Spec::Bytes(40 << 20)));
-        assert_eq!(Spec::parse("0"), Some(Spec::Percent(0.0)));
-        assert_eq!(Spec::parse("101"), None);
-        assert_eq!(Spec::parse("lots"), None);
-        assert_eq!(Spec::Percent(10.0).bytes(1000), 100);
-        assert!(Spec::Percent(0.0).off() && Spec::Bytes(0).off() && !Spec::Bytes(1).off());
+        assert_eq!(Share::parse("1"), Some(Share::Percent(1.0)));
+        assert_eq!(Share::parse("2.5%"), Some(Share::Percent(2.5)));
+        assert_eq!(Share::parse("40MB"), Some(Share::Bytes(40 << 20)));
+        assert_eq!(Share::parse("0"), Some(Share::Percent(0.0)));
+        assert_eq!(Share::parse("101"), None);
+        assert_eq!(Share::parse("lots"), None);
+        assert_eq!(Share::Percent(10.0).bytes(1000), 100);
+        assert!(Share::Percent(0.0).is_zero() && Share::Bytes(0).is_zero() && !Share::Bytes(1).is_zero());
     }
 }
