@@ -67,13 +67,7 @@ fn a_two_by_three_volume_through_fuse() {
     let c = Cluster::start(SETS * REPLICA);
     let bricks: Vec<(u16, String)> = c.bricks.iter().map(|b| (b.port(), b.subvolume())).collect();
     let dirs: Vec<PathBuf> = c.bricks.iter().map(|b| b.dir().to_path_buf()).collect();
-    // async-dirops off: with it on, a file written through FUSE right after
-    // its create now and then reads back empty although the bricks hold its
-    // data, on a plain replica-3 volume too (an open bug of replicate's
-    // async-dirops with write-behind, in the session 8 note); the rename
-    // ENOENT seen beside it was md-cache's and is fixed.
-    let afr = [("async-dirops", "off")];
-    let text = xlfs_runtime::cli::distributed_volfile("dist", &bricks, REPLICA, &afr, xlfs_runtime::cli::DEFAULT_PERF);
+    let text = xlfs_runtime::cli::distributed_volfile("dist", &bricks, REPLICA, &[], xlfs_runtime::cli::DEFAULT_PERF);
     assert!(text.contains("type cluster/distribute"), "{text}");
     let m = FuseMount::start(&text, "");
     let mnt = m.path().to_path_buf();

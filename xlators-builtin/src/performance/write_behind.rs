@@ -38,7 +38,15 @@
 //! queued data is answered from the queue; otherwise the queued writes it
 //! could see are drained first. Stat, fstat and lookup by gfid of an inode
 //! with queued writes drain first, so their answers are exact. Readdirp
-//! entries of such an inode get the queue's size and times.
+//! entries and lookups by name do not drain; the child may also have read
+//! the file before a write that was already acknowledged reached it, and
+//! answered after it came back. So an entry of an inode with writes queued,
+//! or one whose write came back (or attributes changed) while the readdirp
+//! or lookup was in flight, gets this translator's size and times, and the
+//! file content read with it (quick-read's) is taken out of the reply: the
+//! kernel, md-cache and quick-read above would otherwise keep a size or
+//! bytes from before a write the application saw finish. The state of such
+//! an inode is kept until those fops end.
 //!
 //! **Barriers.** Fsync, flush (without flush-behind), release, truncate,
 //! ftruncate, setattr, fsetattr, fallocate, discard, zerofill,
@@ -83,7 +91,7 @@
 mod fops;
 mod queue;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
@@ -93,6 +101,7 @@ use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
+use xlfs_sdk::dict::keys;
 use xlfs_sdk::options::{Opt, OptionDecl, kind};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
@@ -375,9 +384,12 @@ impl Inner {
         let mut guard = self.t.lock();
         let t = &mut *guard;
         let resync = t.conf.resync;
-        let Table { inodes, fds, stats, total, .. } = t;
+        let Table { inodes, fds, stats, total, clock, .. } = t;
         let Some(i) = inodes.get_mut(&gfid) else { return };
         let Some(pos) = i.entries.iter().position(|e| e.seq == seq) else { return };
+        // Failed or not, the write may have reached the file.
+        *clock += 1;
+        i.changed = *clock;
         match res {
             Ok(resp) => {
                 if let Some(e) = i.entries.remove(pos) {
@@ -509,7 +521,8 @@ impl Xlator for WriteBehind {
             Fop::Readdirp { .. } => Box::pin(async move { inner.readdirp(ctx, req).await }),
             Fop::Forget { gfid } => {
                 let mut t = self.inner.t.lock();
-                if t.inodes.get(gfid).is_some_and(InodeWb::idle) {
+                let oldest = t.oldest_read();
+                if t.inodes.get(gfid).is_some_and(|i| i.removable(oldest)) {
                     t.inodes.remove(gfid);
                 }
                 drop(t);
@@ -520,12 +533,8 @@ impl Xlator for WriteBehind {
     }
 
     fn notify(&self, event: Event, from: EventFrom) -> Option<Event> {
-        if let Event::Upcall(Upcall::Invalidate { gfid }) = &event
-            && let Some(i) = self.inner.t.lock().inodes.get_mut(gfid)
-        {
-            // Changed through another client: the next write seeds anew.
-            i.base = None;
-            i.generation += 1;
+        if let Event::Upcall(Upcall::Invalidate { gfid }) = &event {
+            self.inner.t.lock().unknown(*gfid);
         }
         match from {
             EventFrom::Child(_) => Some(event),

@@ -158,27 +158,36 @@ impl Inner {
     /// Sends a fop down and takes the attributes of its reply.
     pub(super) async fn forward(&self, gfid: Gfid, ctx: CallCtx, req: Request) -> FopResult {
         let generation = self.t.lock().generation(gfid);
+        let reading = matches!(req.fop, Fop::Lookup { .. }).then(|| Reading::begin(&self.t));
         let seed = matches!(req.fop, Fop::Create { .. } | Fop::Lookup { .. } | Fop::Stat { .. } | Fop::Fstat { .. });
         let fop = req.fop.clone();
         let mut res = self.child.call(ctx, req).await;
         if let Ok(resp) = &mut res {
             let mut t = self.t.lock();
-            match (&fop, &resp.reply) {
-                (Fop::Open { flags, fd, .. }, _) => {
+            match &fop {
+                Fop::Open { flags, fd, .. } => {
                     track_fd(&mut t, *fd, *flags);
-                    if flags & O_TRUNC != 0
-                        && let Some(i) = t.inodes.get_mut(&gfid)
-                    {
+                    if flags & O_TRUNC != 0 {
                         // The brick truncated the file: its size is unknown here now.
-                        i.base = None;
-                        i.generation += 1;
+                        t.unknown(gfid);
                     }
                 }
-                (Fop::Create { flags, fd, .. }, _) => track_fd(&mut t, *fd, *flags),
+                Fop::Create { flags, fd, .. } => track_fd(&mut t, *fd, *flags),
                 _ => {}
+            }
+            // A lookup by name can reach an inode with queued writes without
+            // draining them, or read it before writes in flight landed: it
+            // shows their size and times, not the child's, and no content;
+            // and the child's older attributes are not taken.
+            if let (Some(r), Reply::Entry { iatt, .. }) = (&reading, &mut resp.reply)
+                && t.correct(iatt, r.since)
+            {
+                resp.xdata.remove(keys::CONTENT);
+                return res;
             }
             match &resp.reply {
                 Reply::Entry { iatt, .. } => {
+                    // By name: not changed since the lookup began (above).
                     let g = if iatt.gfid.is_null() { gfid } else { iatt.gfid };
                     let at = if g == gfid { generation } else { t.generation(g) };
                     t.observe(g, at, *iatt, seed);
@@ -187,14 +196,6 @@ impl Inner {
                 Reply::PrePost { post, .. } => t.observe(gfid, generation, *post, false),
                 Reply::Copied { post, .. } => t.observe(gfid, generation, *post, false),
                 _ => {}
-            }
-            // A lookup by name can reach an inode with queued writes without
-            // draining them: show their size and times, not the brick's.
-            if let Reply::Entry { iatt, .. } = &mut resp.reply
-                && let Some(i) = t.inodes.get(&iatt.gfid)
-                && !i.entries.is_empty()
-            {
-                i.grow(iatt);
             }
         }
         res
@@ -329,12 +330,13 @@ impl Inner {
     }
 
     pub(super) async fn readdirp(&self, ctx: CallCtx, req: Request) -> FopResult {
+        let reading = Reading::begin(&self.t);
         let mut res = self.child.call(ctx, req).await;
-        if let Ok(Response { reply: Reply::Dirents(entries), .. }) = &mut res {
+        if let Ok(Response { reply: Reply::Dirents(entries), xdata }) = &mut res {
             let t = self.t.lock();
             for d in entries.iter_mut() {
-                if let Some(i) = t.inodes.get(&d.iatt.gfid) {
-                    i.grow(&mut d.iatt);
+                if t.correct(&mut d.iatt, reading.since) {
+                    xdata.remove(&keys::dirent_xattr(&d.name, keys::CONTENT));
                 }
             }
         }

@@ -81,6 +81,10 @@ pub(super) struct InodeWb {
     /// A [`SYNC_HOLD`] timer is armed.
     pub(super) hold_timer: bool,
     pub(super) last_used: u64,
+    /// The table's `clock` when a background write of the inode last came
+    /// back or `base` last changed: attributes a child read before then
+    /// may be older than what this translator answers.
+    pub(super) changed: u64,
     pub(super) notify: Arc<Notify>,
 }
 
@@ -99,12 +103,19 @@ impl InodeWb {
             sync_heavy: false,
             hold_timer: false,
             last_used: tick,
+            changed: 0,
             notify: Arc::new(Notify::new()),
         }
     }
 
     pub(super) fn idle(&self) -> bool {
         self.entries.is_empty() && self.error.is_none() && self.busy == 0 && self.bg == 0
+    }
+
+    /// Idle, and no read of attributes that began at `oldest` (the oldest
+    /// in flight) needs the state to correct its reply.
+    pub(super) fn removable(&self, oldest: Option<u64>) -> bool {
+        self.idle() && oldest.is_none_or(|s| self.changed <= s)
     }
 
     /// The attributes as the application sees them: the child's, grown by
@@ -216,6 +227,11 @@ pub(super) struct Table {
     /// Last sequence number given to a queue entry.
     pub(super) seq: u64,
     pub(super) tick: u64,
+    /// Counts changes of inodes (see [`InodeWb::changed`]).
+    pub(super) clock: u64,
+    /// Reads of attributes in flight ([`Reading`]): the `clock` each began
+    /// at, and how many began then.
+    pub(super) reads: BTreeMap<u64, u32>,
     pub(super) tasks: HashMap<u64, AbortHandle>,
     pub(super) next_task: u64,
     pub(super) closed: bool,
@@ -231,6 +247,8 @@ impl Table {
             total: 0,
             seq: 0,
             tick: 0,
+            clock: 0,
+            reads: BTreeMap::new(),
             tasks: HashMap::new(),
             next_task: 0,
             closed: false,
@@ -262,7 +280,8 @@ impl Table {
 
     /// Drops the idle quarter of the table used longest ago.
     pub(super) fn evict(&mut self) {
-        let mut idle: Vec<u64> = self.inodes.values().filter(|i| i.idle()).map(|i| i.last_used).collect();
+        let oldest = self.oldest_read();
+        let mut idle: Vec<u64> = self.inodes.values().filter(|i| i.removable(oldest)).map(|i| i.last_used).collect();
         if idle.is_empty() {
             return;
         }
@@ -270,7 +289,7 @@ impl Table {
         let (_, cut, _) = idle.select_nth_unstable(k);
         let cut = *cut;
         let before = self.inodes.len();
-        self.inodes.retain(|_, i| !(i.idle() && i.last_used <= cut));
+        self.inodes.retain(|_, i| !(i.removable(oldest) && i.last_used <= cut));
         self.stats.evictions += (before - self.inodes.len()) as u64;
     }
 
@@ -286,6 +305,35 @@ impl Table {
         e
     }
 
+    pub(super) fn oldest_read(&self) -> Option<u64> {
+        self.reads.first_key_value().map(|(s, _)| *s)
+    }
+
+    /// Corrects attributes of a file read by the child in a fop that began
+    /// at `since` (a [`Reading`]) if this translator's writes to it could be
+    /// missing from them: writes still queued, or come back since. The
+    /// child may have read the file before they reached it, while the
+    /// writer has long had its answer. The size, blocks and times become
+    /// the ones this translator would answer a stat with. True when
+    /// corrected: other things read with them (the content quick-read asks
+    /// for) may be stale too.
+    pub(super) fn correct(&self, a: &mut Iatt, since: u64) -> bool {
+        let Some(i) = self.inodes.get(&a.gfid) else { return false };
+        if i.entries.is_empty() && i.changed <= since {
+            return false;
+        }
+        match i.view() {
+            Some(v) => {
+                a.size = v.size;
+                a.blocks = v.blocks;
+                a.mtime = v.mtime;
+                a.ctime = v.ctime;
+            }
+            None => i.grow(a),
+        }
+        true
+    }
+
     pub(super) fn generation(&self, gfid: Gfid) -> u64 {
         self.inodes.get(&gfid).map_or(0, |i| i.generation)
     }
@@ -299,6 +347,8 @@ impl Table {
         if !seed && !self.inodes.contains_key(&gfid) {
             return;
         }
+        self.clock += 1;
+        let now = self.clock;
         if let Some(i) = self.slot(gfid)
             && i.generation == generation
         {
@@ -308,6 +358,47 @@ impl Table {
             }
             i.base = Some(a);
             i.generation += 1;
+            i.changed = now;
+        }
+    }
+
+    /// The inode's attributes are no longer known here (truncated by an
+    /// open, changed by another client): the next write seeds them anew.
+    pub(super) fn unknown(&mut self, gfid: Gfid) {
+        self.clock += 1;
+        if let Some(i) = self.inodes.get_mut(&gfid) {
+            i.base = None;
+            i.generation += 1;
+            i.changed = self.clock;
+        }
+    }
+}
+
+/// A fop that reads attributes from the child (readdirp, lookup) is in
+/// flight: inodes whose writes come back meanwhile keep their state until
+/// it ends, so [`Table::correct`] can fix its reply.
+pub(super) struct Reading<'a> {
+    t: &'a Mutex<Table>,
+    pub(super) since: u64,
+}
+
+impl<'a> Reading<'a> {
+    pub(super) fn begin(t: &'a Mutex<Table>) -> Reading<'a> {
+        let mut g = t.lock();
+        let since = g.clock;
+        *g.reads.entry(since).or_insert(0) += 1;
+        Reading { t, since }
+    }
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        let mut g = self.t.lock();
+        if let Some(n) = g.reads.get_mut(&self.since) {
+            *n -= 1;
+            if *n == 0 {
+                g.reads.remove(&self.since);
+            }
         }
     }
 }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio::sync::Semaphore;
 use xlfs_sdk::testing::init_named;
-use xlfs_sdk::{FopKind, Loc};
+use xlfs_sdk::{DirEntry, FopKind, Loc, Value};
 
 use super::*;
 
@@ -20,6 +20,9 @@ struct MemFile {
     /// The flags of every write, in order.
     write_flags: Mutex<Vec<u32>>,
     gate: Mutex<Option<Arc<Semaphore>>>,
+    /// Holds lookups and readdirps after they read the file, as a brick
+    /// whose reply is on its way.
+    read_gate: Mutex<Option<Arc<Semaphore>>>,
     fail_writes: AtomicU32,
 }
 
@@ -84,9 +87,27 @@ impl Xlator for MemFile {
                     drop(d);
                     Reply::Read { data, iatt: self.iatt() }
                 }
-                Fop::Lookup { .. } | Fop::Create { .. } => {
-                    Reply::Entry { iatt: self.iatt(), postparent: Iatt::default() }
+                Fop::Lookup { .. } | Fop::Readdirp { .. } => {
+                    // Read now, answered after the gate: with the content, as
+                    // storage/posix gives it to quick-read.
+                    let (iatt, content) = (self.iatt(), Bytes::from(self.data.lock().clone()));
+                    let gate = self.read_gate.lock().clone();
+                    if let Some(g) = gate {
+                        g.acquire().await.map_err(|_| Errno::EIO)?.forget();
+                    }
+                    let rsp = if matches!(req.fop, Fop::Lookup { .. }) {
+                        let mut r = Response::from(Reply::Entry { iatt, postparent: Iatt::default() });
+                        r.xdata.set(keys::CONTENT, Value::Bytes(content));
+                        r
+                    } else {
+                        let d = DirEntry { name: "f".into(), d_off: 1, d_type: FileType::Regular, iatt };
+                        let mut r = Response::from(Reply::Dirents(vec![d]));
+                        r.xdata.set(keys::dirent_xattr("f", keys::CONTENT), Value::Bytes(content));
+                        r
+                    };
+                    return Ok(rsp);
                 }
+                Fop::Create { .. } => Reply::Entry { iatt: self.iatt(), postparent: Iatt::default() },
                 Fop::Fstat { .. } | Fop::Stat { .. } => Reply::Attr(self.iatt()),
                 Fop::Fsync { .. } => Reply::PrePost { pre: self.iatt(), post: self.iatt() },
                 Fop::Ftruncate { offset, .. } => {
@@ -505,6 +526,52 @@ async fn lookup_by_name_and_readdirp_show_the_queued_size() {
     let got = xl.call(ctx(), Request::new(Fop::Lookup { loc: Loc::gfid(GFID) })).await.expect("lookup");
     assert_eq!(got.reply, Reply::Entry { iatt: file.iatt(), postparent: Iatt::default() });
     assert_eq!(file.writes(), vec![(0, 700)]);
+}
+
+/// A readdirp or lookup by name that read the file before a queued write
+/// reached it, and is answered after that write came back (the queue is
+/// empty again by then), shows the written size and no stale content.
+#[tokio::test(flavor = "current_thread")]
+async fn a_listing_that_read_the_file_before_a_write_landed_shows_the_write() {
+    for lookup in [false, true] {
+        let (xl, file) = setup(&[]);
+        open(&xl, 1, 0).await;
+        let writes = file.close_gate();
+        write_ok(&xl, fd(1), 0, b"file 118\n".to_vec()).await;
+        let reads = Arc::new(Semaphore::new(0));
+        *file.read_gate.lock() = Some(reads.clone());
+        let fop = if lookup {
+            Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") }
+        } else {
+            Fop::Readdirp { fd: Fd { id: FdId(9), gfid: Gfid::ROOT }, size: 4096, offset: 0 }
+        };
+        let x = xl.clone();
+        let listing = tokio::spawn(async move { x.call(ctx(), Request::new(fop)).await });
+        settle().await;
+        writes.add_permits(10);
+        while dump(&xl, "queued-bytes") != 0 {
+            settle().await;
+        }
+        // Another fop evicting idle inodes meanwhile keeps this one.
+        xl.call(ctx(), Request::new(Fop::Forget { gfid: GFID })).await.expect("forget");
+        reads.add_permits(10);
+        let rsp = listing.await.expect("task").expect("listing");
+        let (iatt, content) = match &rsp.reply {
+            Reply::Entry { iatt, .. } => (*iatt, rsp.xdata.get(keys::CONTENT)),
+            Reply::Dirents(d) => (d[0].iatt, rsp.xdata.get(&keys::dirent_xattr("f", keys::CONTENT))),
+            r => panic!("{r:?}"),
+        };
+        assert_eq!(iatt.size, 9, "lookup {lookup}: the size after the write");
+        assert!(content.is_none(), "lookup {lookup}: the content read before the write is not passed up");
+        // With nothing written meanwhile, the child's reply passes as it is.
+        let again = if lookup {
+            Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") }
+        } else {
+            Fop::Readdirp { fd: Fd { id: FdId(9), gfid: Gfid::ROOT }, size: 4096, offset: 0 }
+        };
+        let rsp = xl.call(ctx(), Request::new(again)).await.expect("again");
+        assert!(rsp.xdata.len() == 1, "lookup {lookup}: content kept: {:?}", rsp.xdata);
+    }
 }
 
 #[tokio::test(flavor = "current_thread")]
