@@ -169,6 +169,10 @@ impl Graph {
     pub fn from_spec(spec: GraphSpec) -> Result<Graph, GraphError> {
         let mut built: Vec<Option<Node>> = (0..spec.nodes.len()).map(|_| None).collect();
         let stats: Vec<Arc<NodeStats>> = spec.nodes.iter().map(|_| Arc::new(NodeStats::default())).collect();
+        // Where fops enter from outside: the top, or a brick server's
+        // children (protocol/server calls them with the peers' fops).
+        let top = &spec.nodes[spec.top];
+        let entry = |i: usize| i == spec.top || (top.ty.name == "protocol/server" && top.children.contains(&i));
         for (done, &i) in spec.order.iter().enumerate() {
             let s = &spec.nodes[i];
             let children = s
@@ -189,7 +193,7 @@ impl Graph {
             };
             match (s.ty.build)(ctx) {
                 Ok(xl) => {
-                    let timed = Arc::new(Timed::new(xl.clone(), stats[i].clone(), s.children.is_empty()));
+                    let timed = Arc::new(Timed::new(xl.clone(), stats[i].clone(), s.children.is_empty(), entry(i)));
                     built[i] = Some(Node { xl, timed, sink });
                 }
                 Err(source) => {

@@ -49,32 +49,46 @@ struct KindStats {
     own: AtomicU64,
 }
 
-/// One node's counters, per fop kind.
+/// One node's counters, per fop kind: of the calls in a caller's latency
+/// and of those behind ([`xlfs_sdk::profile`]).
 pub struct NodeStats {
     kinds: [KindStats; FopKind::COUNT],
+    behind: [KindStats; FopKind::COUNT],
 }
 
 impl Default for NodeStats {
     fn default() -> NodeStats {
-        NodeStats { kinds: std::array::from_fn(|_| KindStats::default()) }
+        NodeStats {
+            kinds: std::array::from_fn(|_| KindStats::default()),
+            behind: std::array::from_fn(|_| KindStats::default()),
+        }
     }
 }
 
 impl NodeStats {
     #[inline]
-    fn record(&self, kind: FopKind, total: u64, own: u64) {
-        let k = &self.kinds[kind.index()];
+    fn record(&self, kind: FopKind, total: u64, own: u64, behind: bool) {
+        let k = if behind { &self.behind[kind.index()] } else { &self.kinds[kind.index()] };
         k.count.fetch_add(1, Ordering::Relaxed);
         k.total.fetch_add(total, Ordering::Relaxed);
         k.own.fetch_add(own, Ordering::Relaxed);
     }
 
-    /// The kinds called so far, in code order.
+    /// The kinds called so far in a caller's latency, in code order.
     pub fn snapshot(&self) -> Vec<FopTimes> {
+        NodeStats::times(&self.kinds)
+    }
+
+    /// The kinds called so far behind, in code order.
+    pub fn snapshot_behind(&self) -> Vec<FopTimes> {
+        NodeStats::times(&self.behind)
+    }
+
+    fn times(kinds: &[KindStats; FopKind::COUNT]) -> Vec<FopTimes> {
         FopKind::ALL
             .iter()
             .filter_map(|&kind| {
-                let k = &self.kinds[kind.index()];
+                let k = &kinds[kind.index()];
                 let count = k.count.load(Ordering::Relaxed);
                 (count > 0).then(|| FopTimes {
                     kind,
@@ -87,7 +101,7 @@ impl NodeStats {
     }
 
     fn reset(&self) {
-        for k in &self.kinds {
+        for k in self.kinds.iter().chain(&self.behind) {
             k.count.store(0, Ordering::Relaxed);
             k.total.store(0, Ordering::Relaxed);
             k.own.store(0, Ordering::Relaxed);
@@ -101,12 +115,16 @@ pub struct Timed {
     stats: Arc<NodeStats>,
     /// A leaf has no children to report, so its calls open no frame.
     leaf: bool,
+    /// Fops enter the graph here (its top, a brick server's child): a call
+    /// without a frame is a caller's, not a translator's own.
+    entry: bool,
 }
 
 impl Timed {
-    /// Wraps `inner`, counting into `stats`; `leaf` when it has no children.
-    pub fn new(inner: Arc<dyn Xlator>, stats: Arc<NodeStats>, leaf: bool) -> Timed {
-        Timed { inner, stats, leaf }
+    /// Wraps `inner`, counting into `stats`; `leaf` when it has no
+    /// children, `entry` where fops enter the graph.
+    pub fn new(inner: Arc<dyn Xlator>, stats: Arc<NodeStats>, leaf: bool, entry: bool) -> Timed {
+        Timed { inner, stats, leaf, entry }
     }
 }
 
@@ -117,10 +135,18 @@ impl Xlator for Timed {
         let start = ticks();
         let parent = std::mem::take(&mut ctx.frame);
         let counted = parent.child_started(start);
-        let own = if self.leaf { Frame::none() } else { Frame::open(start) };
+        // In no caller's latency: a call after its caller replied, one a
+        // translator makes for itself (no frame, below the entry), and
+        // what those calls call.
+        let behind = parent.is_behind() || (!counted && !self.entry);
+        let own = match (self.leaf, behind) {
+            (true, _) => Frame::none(),
+            (false, false) => Frame::open(start),
+            (false, true) => Frame::open_behind(start),
+        };
         ctx.frame = own.clone();
         let fut = self.inner.call(ctx, req);
-        Box::pin(TimedCall { fut, start, kind, stats: &self.stats, parent, counted, own, done: false })
+        Box::pin(TimedCall { fut, start, kind, stats: &self.stats, parent, counted, behind, own, done: false })
     }
 
     fn notify(&self, event: Event, from: EventFrom) -> Option<Event> {
@@ -149,6 +175,7 @@ struct TimedCall<'a> {
     /// The caller's frame, told when this call ends if `counted`.
     parent: Frame,
     counted: bool,
+    behind: bool,
     /// This call's frame, which its child calls report to.
     own: Frame,
     done: bool,
@@ -164,7 +191,7 @@ impl Future for TimedCall<'_> {
         let end = ticks();
         let total = end.saturating_sub(this.start);
         let busy = this.own.close(end);
-        this.stats.record(this.kind, total, total.saturating_sub(busy));
+        this.stats.record(this.kind, total, total.saturating_sub(busy), this.behind);
         if this.counted {
             this.parent.child_ended(end);
         }
@@ -219,6 +246,7 @@ impl Profiler {
                     type_name: ty.clone(),
                     children: kids.clone(),
                     fops: self.stats[i].snapshot(),
+                    behind: self.stats[i].snapshot_behind(),
                 }
             })
             .collect();
@@ -479,7 +507,7 @@ mod tests {
                 })
                 .collect();
             let node = Node { children, calls, concurrent, sleep: Duration::from_millis(sleep), background };
-            timed[i] = Some(Arc::new(Timed::new(Arc::new(node), stats[i].clone(), kids.is_empty())));
+            timed[i] = Some(Arc::new(Timed::new(Arc::new(node), stats[i].clone(), kids.is_empty(), i == 0)));
         }
         let nodes = spec
             .iter()
@@ -562,14 +590,17 @@ mod tests {
         let g = build(&[("wb", &[1], 0, false, 0, true), ("leaf", &[], 0, false, 1, false)]);
         g.tops[0].call(CallCtx::root("t"), stat()).await.expect("ok");
         for _ in 0..200 {
-            if g.stats[1].snapshot().first().is_some_and(|f| f.count == 1) {
+            if g.stats[1].snapshot_behind().first().is_some_and(|f| f.count == 1) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let (wb, leaf) = (times(&g.stats[0]), times(&g.stats[1]));
-        assert_eq!(leaf.count, 1, "the background call is the child's own fop");
+        let wb = times(&g.stats[0]);
+        assert!(g.stats[1].snapshot().is_empty(), "in no caller's latency");
+        let leaf = g.stats[1].snapshot_behind();
+        assert_eq!(leaf.iter().map(|f| f.count).sum::<u64>(), 1, "the background call is counted behind: {leaf:?}");
         assert_eq!(wb.self_ns, wb.total_ns, "nothing waited for during the fop");
+        assert!(g.stats[0].snapshot_behind().is_empty(), "the top's own call is in its caller's latency");
     }
 
     #[tokio::test]

@@ -34,7 +34,7 @@ fn calls(text: &str, fop: &str, needle: &str) -> Vec<u64> {
         }
         if inside && line.contains(needle) && !line.contains("self us/call") {
             let words: Vec<&str> = line.split_whitespace().collect();
-            out.push(words[2].parse().unwrap_or_else(|_| panic!("calls column in {line:?}")));
+            out.push(words[3].parse().unwrap_or_else(|_| panic!("calls column in {line:?}")));
         }
     }
     out

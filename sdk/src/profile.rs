@@ -21,8 +21,9 @@
 //! - a child call made after the node replied (write-behind's flush of an
 //!   acknowledged write, a delayed post-op) or with a context the node made
 //!   itself ([`CallCtx::root`](crate::CallCtx::root)) is not subtracted
-//!   from anything: it is the child's own fop, counted in the child's
-//!   totals only.
+//!   from anything: it is the child's own fop, counted apart as **behind**
+//!   (in no caller's latency), and so are the calls it makes in turn
+//!   (its frame is opened with [`Frame::open_behind`]).
 //!
 //! So for a graph whose nodes wait for each child call they make, one at a
 //! time, the self times of all the calls one fop caused add up exactly to
@@ -131,6 +132,9 @@ pub fn ticks_to_ns(t: u64) -> u64 {
 #[derive(Debug)]
 pub struct FrameCell {
     start: u64,
+    /// The call is in no caller's latency (made after its caller replied,
+    /// or by a translator for itself), nor are its children's.
+    behind: bool,
     state: AtomicU64,
 }
 
@@ -151,7 +155,18 @@ impl Frame {
 
     /// A frame for a call that started at `start` ([`ticks`]).
     pub fn open(start: u64) -> Frame {
-        Frame(Some(Arc::new(FrameCell { start, state: AtomicU64::new(0) })))
+        Frame(Some(Arc::new(FrameCell { start, behind: false, state: AtomicU64::new(0) })))
+    }
+
+    /// A frame for a call that is in no caller's latency (see the module
+    /// doc): its child calls are behind too.
+    pub fn open_behind(start: u64) -> Frame {
+        Frame(Some(Arc::new(FrameCell { start, behind: true, state: AtomicU64::new(0) })))
+    }
+
+    /// Whether this is the frame of a call in no caller's latency.
+    pub fn is_behind(&self) -> bool {
+        self.0.as_ref().is_some_and(|c| c.behind)
     }
 
     /// Whether there is a frame (and it has not been closed).
@@ -252,8 +267,15 @@ pub struct NodeProfile {
     pub type_name: String,
     /// Its children's volume names.
     pub children: Vec<String>,
-    /// Counters of the fop kinds it was called for, in code order.
+    /// Counters of the fop kinds it was called for in a caller's latency
+    /// (from the graph's entry, or by a parent waiting for the call), in
+    /// code order.
     pub fops: Vec<FopTimes>,
+    /// Counters of the calls in no caller's latency: made after the caller
+    /// replied (write-behind's writes, flush-behind, async directory
+    /// operations) or by translators for themselves (heal, the graph's own
+    /// requests), in code order.
+    pub behind: Vec<FopTimes>,
 }
 
 impl NodeProfile {
@@ -304,14 +326,17 @@ impl GraphProfile {
 
     /// The text form: a `graph TOP WINDOW_MS` line, then per node a
     /// `node NAME TYPE CHILD,CHILD` line (`-` for none) followed by one
-    /// `fop KIND COUNT TOTAL_NS SELF_NS` line per fop kind.
+    /// `fop KIND COUNT TOTAL_NS SELF_NS` line per fop kind, then one
+    /// `behind KIND COUNT TOTAL_NS SELF_NS` line per kind called behind.
     pub fn to_text(&self) -> String {
         let mut out = format!("graph {} {}\n", self.top, self.window_ms);
         for n in &self.nodes {
             let kids = if n.children.is_empty() { "-".to_string() } else { n.children.join(",") };
             let _ = writeln!(out, "node {} {} {}", n.name, n.type_name, kids);
-            for f in &n.fops {
-                let _ = writeln!(out, "fop {} {} {} {}", f.kind.name(), f.count, f.total_ns, f.self_ns);
+            for (word, list) in [("fop", &n.fops), ("behind", &n.behind)] {
+                for f in list {
+                    let _ = writeln!(out, "{word} {} {} {} {}", f.kind.name(), f.count, f.total_ns, f.self_ns);
+                }
             }
         }
         out
@@ -341,15 +366,19 @@ impl GraphProfile {
                         type_name: ty.to_string(),
                         children,
                         fops: Vec::new(),
+                        behind: Vec::new(),
                     });
                 }
-                ["fop", kind, count, total, own] => {
+                [word @ ("fop" | "behind"), kind, count, total, own] => {
                     let node = graph.as_mut().and_then(|g| g.nodes.last_mut()).ok_or_else(|| err("fop before node"))?;
                     let Some(kind) = FopKind::from_name(kind) else { continue };
                     let num = |w: &str| w.parse::<u64>().map_err(|_| err("bad number"));
-                    node.fops.push(FopTimes { kind, count: num(count)?, total_ns: num(total)?, self_ns: num(own)? });
+                    let f = FopTimes { kind, count: num(count)?, total_ns: num(total)?, self_ns: num(own)? };
+                    if *word == "fop" { node.fops.push(f) } else { node.behind.push(f) }
                 }
-                [w, ..] if ["graph", "node", "fop"].contains(w) => return Err(err("wrong number of fields")),
+                [w, ..] if ["graph", "node", "fop", "behind"].contains(w) => {
+                    return Err(err("wrong number of fields"));
+                }
                 _ => {}
             }
         }
@@ -430,12 +459,14 @@ mod tests {
                     type_name: "protocol/server".into(),
                     children: vec!["/srv/b1".into()],
                     fops: vec![],
+                    behind: vec![],
                 },
                 NodeProfile {
                     name: "/srv/b1".into(),
                     type_name: "debug/io-stats".into(),
                     children: vec![],
                     fops: vec![FopTimes { kind: FopKind::Writev, count: 3, total_ns: 3000, self_ns: 100 }],
+                    behind: vec![FopTimes { kind: FopKind::Fsync, count: 1, total_ns: 900, self_ns: 900 }],
                 },
             ],
         };

@@ -20,13 +20,14 @@
 //! restarts the counters after printing them (a brick's for all its
 //! clients); `--json` prints the same rows as JSON.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgGroup, Args};
 use xlfs_sdk::FopKind;
-use xlfs_sdk::profile::{GraphProfile, NodeProfile};
+use xlfs_sdk::profile::{FopTimes, GraphProfile, NodeProfile};
 
 use super::CliError;
 use super::reload::{ReloadError, ask};
@@ -74,6 +75,11 @@ pub struct Row {
     pub self_ns: f64,
     /// Self nanoseconds per call of this node.
     pub self_per_call_ns: f64,
+    /// The part of the top's total this row stands for, in nanoseconds:
+    /// its self time, with parallel children (replicate's) sharing their
+    /// parent's wait in proportion to their times. None for a node the
+    /// fop does not reach from the top.
+    pub latency_ns: Option<f64>,
     /// Estimated from per-call means rather than measured.
     pub estimated: bool,
     /// Why the row stands for more than itself (a brick not reached).
@@ -89,32 +95,146 @@ pub struct FopReport {
     pub entry_calls: u64,
     /// Their total time, nanoseconds.
     pub entry_total_ns: u64,
-    /// Every node that saw the fop, most self time first.
+    /// Every node that saw the fop in a caller's latency, the largest part
+    /// of the top's total first.
     pub rows: Vec<Row>,
+    /// Every node that saw the fop behind (in no caller's latency: sent
+    /// after its caller replied, or by a translator for itself), most self
+    /// time first.
+    pub behind: Vec<Row>,
 }
 
-fn node_row(n: &NodeProfile, kind: FopKind, place: &str) -> Option<Row> {
-    let f = n.fop(kind).filter(|f| f.count > 0)?;
-    Some(Row {
+impl FopReport {
+    /// What the rows' parts of the top's total add up to, nanoseconds.
+    pub fn accounted_ns(&self) -> f64 {
+        self.rows.iter().filter_map(|r| r.latency_ns).sum()
+    }
+}
+
+/// Which counters of a node a table shows.
+#[derive(Clone, Copy, PartialEq)]
+enum Side {
+    /// In a caller's latency.
+    Latency,
+    /// Behind.
+    Behind,
+}
+
+fn times(n: &NodeProfile, kind: FopKind, side: Side) -> Option<&FopTimes> {
+    let list = if side == Side::Latency { &n.fops } else { &n.behind };
+    list.iter().find(|f| f.kind == kind && f.count > 0)
+}
+
+fn node_row(n: &NodeProfile, f: &FopTimes, place: &str, factor: Option<f64>) -> Row {
+    Row {
         translator: n.name.clone(),
         type_name: n.type_name.clone(),
         place: place.to_string(),
         calls: f.count,
         self_ns: f.self_ns as f64,
         self_per_call_ns: f.self_ns as f64 / f.count as f64,
+        latency_ns: factor.map(|k| f.self_ns as f64 * k),
         estimated: false,
         note: None,
-    })
+    }
 }
 
-/// The per-fop tables of `b`: the graph's nodes, each protocol/client's
+/// For each node the fop reaches from the graph's entry in callers'
+/// latency, the share of its self time that is part of the top's total: 1
+/// at the entry; a parent's wait for its children (its total less its self
+/// time) is shared by the children in proportion to their totals, so
+/// children called in parallel count once and one child counts whole.
+fn latency_factors(g: &GraphProfile, kind: FopKind) -> HashMap<&str, f64> {
+    let mut out = HashMap::new();
+    let Some(entry) = g.entry() else { return out };
+    let mut todo = vec![(entry, 1.0)];
+    while let Some((n, k)) = todo.pop() {
+        if out.contains_key(n.name.as_str()) {
+            continue;
+        }
+        out.insert(n.name.as_str(), k);
+        let Some(t) = times(n, kind, Side::Latency) else { continue };
+        let kids: Vec<(&NodeProfile, f64)> = n
+            .children
+            .iter()
+            .filter_map(|c| g.node(c))
+            .filter_map(|c| times(c, kind, Side::Latency).map(|f| (c, f.total_ns as f64)))
+            .collect();
+        let sum: f64 = kids.iter().map(|(_, t)| t).sum();
+        if sum > 0.0 {
+            let share = (t.total_ns.saturating_sub(t.self_ns) as f64 / sum).min(1.0);
+            todo.extend(kids.into_iter().map(|(c, _)| (c, k * share)));
+        }
+    }
+    out
+}
+
+/// The rows of one node for `kind` on `side`: a protocol/client node's
 /// wait split into its brick's nodes and network+queue when the brick
 /// answered and counted the same fop.
+fn rows_of(
+    b: &ProfileBundle,
+    n: &NodeProfile,
+    kind: FopKind,
+    side: Side,
+    place: &str,
+    factor: Option<f64>,
+) -> Vec<Row> {
+    let Some(f) = times(n, kind, side) else { return Vec::new() };
+    let mut row = node_row(n, f, place, factor);
+    if n.type_name != CLIENT_TYPE {
+        return vec![row];
+    }
+    let Some(brick) = b.bricks.iter().find(|x| x.client == n.name) else { return vec![row] };
+    let p: &GraphProfile = match &brick.profile {
+        Ok(p) => p,
+        Err(why) => {
+            row.note = Some(format!("wire; brick {} not reached: {why}", brick.remote));
+            return vec![row];
+        }
+    };
+    // The brick cannot tell which calls were behind on this side: both
+    // sides' calls are its entry's.
+    let at_brick = p.entry().and_then(|e| e.fops.iter().find(|f| f.kind == kind && f.count > 0));
+    let Some(at_brick) = at_brick else {
+        row.note = Some(format!("wire; brick {} counted no {}", brick.remote, kind.name()));
+        return vec![row];
+    };
+    // This client's share of the brick's calls of this kind, at their mean;
+    // never more than the client waited (the brick's mean mixes this
+    // client's calls with others', and this side's with those behind).
+    let mut scale = row.calls as f64 / at_brick.count as f64;
+    let at_brick_total = at_brick.total_ns as f64 * scale;
+    if at_brick_total > row.self_ns && at_brick_total > 0.0 {
+        scale *= row.self_ns / at_brick_total;
+    }
+    let network = (row.self_ns - at_brick.total_ns as f64 * scale).max(0.0);
+    let mut out = vec![Row {
+        translator: format!("{} network+queue", n.name),
+        self_ns: network,
+        self_per_call_ns: network / row.calls as f64,
+        latency_ns: factor.map(|k| network * k),
+        estimated: true,
+        ..row
+    }];
+    let place = format!("brick {}", brick.remote);
+    for bn in &p.nodes {
+        if let Some(f) = bn.fops.iter().find(|f| f.kind == kind && f.count > 0) {
+            let r = node_row(bn, f, &place, factor.map(|k| k * scale));
+            out.push(Row { self_ns: r.self_ns * scale, estimated: true, ..r });
+        }
+    }
+    out
+}
+
+/// The per-fop tables of `b`: for each fop kind, the rows in callers'
+/// latency (each protocol/client's wait split into its brick's nodes and
+/// network+queue) and the rows behind.
 pub fn join(b: &ProfileBundle) -> Vec<FopReport> {
     let g = &b.graph;
     let entry = g.entry();
     let mut kinds: Vec<FopKind> =
-        g.nodes.iter().flat_map(|n| n.fops.iter().filter(|f| f.count > 0).map(|f| f.kind)).collect();
+        g.nodes.iter().flat_map(|n| n.fops.iter().chain(&n.behind).filter(|f| f.count > 0).map(|f| f.kind)).collect();
     kinds.sort();
     kinds.dedup();
     let own_place = if b.bricks.is_empty() && g.node(&g.top).is_some_and(|t| t.type_name == "protocol/server") {
@@ -122,62 +242,34 @@ pub fn join(b: &ProfileBundle) -> Vec<FopReport> {
     } else {
         "mount"
     };
+    let by_self = |a: &Row, b: &Row| b.self_ns.total_cmp(&a.self_ns).then_with(|| a.translator.cmp(&b.translator));
     let mut out = Vec::new();
     for kind in kinds {
+        let factors = latency_factors(g, kind);
         let mut rows = Vec::new();
+        let mut behind = Vec::new();
         for n in &g.nodes {
-            let Some(mut row) = node_row(n, kind, own_place) else { continue };
-            if n.type_name != CLIENT_TYPE {
-                rows.push(row);
-                continue;
-            }
-            let Some(brick) = b.bricks.iter().find(|x| x.client == n.name) else {
-                rows.push(row);
-                continue;
-            };
-            let p: &GraphProfile = match &brick.profile {
-                Ok(p) => p,
-                Err(why) => {
-                    row.note = Some(format!("wire; brick {} not reached: {why}", brick.remote));
-                    rows.push(row);
-                    continue;
-                }
-            };
-            let Some(at_brick) = p.entry().and_then(|e| e.fop(kind)).filter(|f| f.count > 0) else {
-                row.note = Some(format!("wire; brick {} counted no {}", brick.remote, kind.name()));
-                rows.push(row);
-                continue;
-            };
-            // This client's share of the brick's calls of this kind.
-            let scale = row.calls as f64 / at_brick.count as f64;
-            let brick_total = at_brick.total_ns as f64 * scale;
-            let network = (row.self_ns - brick_total).max(0.0);
-            rows.push(Row {
-                translator: format!("{} network+queue", n.name),
-                self_ns: network,
-                self_per_call_ns: network / row.calls as f64,
-                estimated: true,
-                ..row
-            });
-            let place = format!("brick {}", brick.remote);
-            for bn in &p.nodes {
-                if let Some(r) = node_row(bn, kind, &place) {
-                    rows.push(Row { self_ns: r.self_ns * scale, estimated: true, ..r });
-                }
-            }
+            let factor = factors.get(n.name.as_str()).copied();
+            rows.extend(rows_of(b, n, kind, Side::Latency, own_place, factor));
+            behind.extend(rows_of(b, n, kind, Side::Behind, own_place, None));
         }
-        rows.sort_by(|a, b| b.self_ns.total_cmp(&a.self_ns).then_with(|| a.translator.cmp(&b.translator)));
-        let at_entry = entry.and_then(|e| e.fop(kind));
+        rows.sort_by(|a, b| {
+            let part = |r: &Row| r.latency_ns.unwrap_or(-1.0);
+            part(b).total_cmp(&part(a)).then_with(|| by_self(a, b))
+        });
+        behind.sort_by(by_self);
+        let at_entry = entry.and_then(|e| times(e, kind, Side::Latency));
         out.push(FopReport {
             kind,
             entry_calls: at_entry.map_or(0, |f| f.count),
             entry_total_ns: at_entry.map_or(0, |f| f.total_ns),
             rows,
+            behind,
         });
     }
     // The fops that cost the most first.
     out.sort_by(|a, b| {
-        let sum = |r: &FopReport| r.rows.iter().map(|x| x.self_ns).sum::<f64>();
+        let sum = |r: &FopReport| r.rows.iter().chain(&r.behind).map(|x| x.self_ns).sum::<f64>();
         sum(b).total_cmp(&sum(a)).then_with(|| a.kind.cmp(&b.kind))
     });
     out
@@ -197,43 +289,72 @@ pub fn render_text(b: &ProfileBundle, reports: &[FopReport]) -> String {
         out += "~ estimated from per-call means: a brick's rows are its self times scaled to this client's calls;\n  \
                 network+queue = protocol/client self time - the brick's total below protocol/server\n";
     }
-    out += "self time = time a translator spent on a fop not waiting for a child call it made for it; rows of\n  \
-            one fop add up to more than its total where children are called in parallel (replicate), and to less\n  \
-            where a translator answers it with other fops (open-behind's OPEN before a READ: see that fop)\n";
+    out += "self time = time a translator spent on a fop not waiting for a child call it made for it\n\
+             us/call, % = the part of the top's time per call a row stands for: its self time, parallel children\n  \
+             (replicate's) sharing their parent's wait; the rows add up to the top's time but for fops a translator\n  \
+             answers with other fops (open-behind's OPEN before a READ: see that fop)\n\
+             behind = calls in no caller's latency: sent after the caller was answered (write-behind, flush-behind,\n  \
+             async directory operations) or by a translator for itself (heal)\n";
     if reports.is_empty() {
         out += "\nno fops counted yet\n";
     }
+    // Columns: part of the top's time per call and of its total, self
+    // time, calls, self time per call; "-" where a row has no part.
+    let line = |out: &mut String, x: &Row, top: Option<(f64, u64)>| {
+        let tilde = if x.estimated { "~" } else { "" };
+        let (part, pct) = match (x.latency_ns, top) {
+            (Some(ns), Some((total, calls))) if calls > 0 => (
+                format!("{tilde}{:.1}", ns / calls as f64 / 1e3),
+                format!("{:.1}", if total > 0.0 { 100.0 * ns / total } else { 0.0 }),
+            ),
+            _ => ("-".to_string(), "-".to_string()),
+        };
+        *out += &format!(
+            "  {part:>10} {pct:>6} {:>12} {:>9} {:>12.1}  {} ({}) {}",
+            format!("{tilde}{:.3}", x.self_ns / 1e6),
+            x.calls,
+            x.self_per_call_ns / 1e3,
+            x.translator,
+            x.type_name,
+            x.place
+        );
+        if let Some(n) = &x.note {
+            *out += &format!(" ({n})");
+        }
+        out.push('\n');
+    };
+    let header = format!(
+        "  {:>10} {:>6} {:>12} {:>9} {:>12}  translator (type) where\n",
+        "us/call", "%", "self ms", "calls", "self us/call"
+    );
     for r in reports {
         out += &format!("\n{}: ", r.kind.name());
+        let top = (r.entry_total_ns as f64, r.entry_calls);
         if r.entry_calls > 0 {
+            let per_call = |ns: f64| ns / r.entry_calls as f64 / 1e3;
+            let accounted = r.accounted_ns();
             out += &format!(
-                "{} calls at the top, {:.3} ms total, {:.1} us/call\n",
+                "{} calls at the top, {:.3} ms total, {:.1} us/call; the rows add up to {:.1} us/call ({:.1} %)\n",
                 r.entry_calls,
-                r.entry_total_ns as f64 / 1e6,
-                r.entry_total_ns as f64 / r.entry_calls as f64 / 1e3
+                top.0 / 1e6,
+                per_call(top.0),
+                per_call(accounted),
+                if top.0 > 0.0 { 100.0 * accounted / top.0 } else { 0.0 }
             );
         } else {
-            out += "not called at the top (sent by translators inside the graph)\n";
+            out += "not called at the top\n";
         }
-        let sum: f64 = r.rows.iter().map(|x| x.self_ns).sum();
-        out +=
-            &format!("  {:>11} {:>6} {:>9} {:>12}  translator (type) where\n", "self ms", "%", "calls", "self us/call");
+        if !r.rows.is_empty() {
+            out += &header;
+        }
         for x in &r.rows {
-            let pct = if sum > 0.0 { 100.0 * x.self_ns / sum } else { 0.0 };
-            let ms = format!("{}{:.3}", if x.estimated { "~" } else { "" }, x.self_ns / 1e6);
-            out += &format!(
-                "  {ms:>11} {:>6.1} {:>9} {:>12.1}  {} ({}) {}",
-                pct,
-                x.calls,
-                x.self_per_call_ns / 1e3,
-                x.translator,
-                x.type_name,
-                x.place
-            );
-            if let Some(n) = &x.note {
-                out += &format!(" ({n})");
+            line(&mut out, x, Some(top));
+        }
+        if !r.behind.is_empty() {
+            out += &format!("  behind, in no caller's latency:\n{header}");
+            for x in &r.behind {
+                line(&mut out, x, None);
             }
-            out.push('\n');
         }
     }
     out
@@ -255,7 +376,8 @@ fn json_str(s: &str) -> String {
 }
 
 /// The tables as JSON: `{"graph", "window_ms", "bricks": [...], "fops":
-/// [{"fop", "entry_calls", "entry_total_ns", "rows": [...]}]}`.
+/// [{"fop", "entry_calls", "entry_total_ns", "accounted_ns", "rows": [...],
+/// "behind": [...]}]}`.
 pub fn render_json(b: &ProfileBundle, reports: &[FopReport]) -> String {
     let bricks: Vec<String> = b
         .bricks
@@ -276,29 +398,34 @@ pub fn render_json(b: &ProfileBundle, reports: &[FopReport]) -> String {
     let fops: Vec<String> = reports
         .iter()
         .map(|r| {
-            let rows: Vec<String> = r
-                .rows
-                .iter()
-                .map(|x| {
-                    format!(
-                        "{{\"translator\":{},\"type\":{},\"where\":{},\"calls\":{},\"self_ns\":{},\"self_per_call_ns\":{},\"estimated\":{},\"note\":{}}}",
-                        json_str(&x.translator),
-                        json_str(&x.type_name),
-                        json_str(&x.place),
-                        x.calls,
-                        x.self_ns.round() as u64,
-                        x.self_per_call_ns.round() as u64,
-                        x.estimated,
-                        x.note.as_deref().map_or("null".to_string(), json_str)
-                    )
-                })
-                .collect();
+            let rows = |list: &[Row]| -> String {
+                let items: Vec<String> = list
+                    .iter()
+                    .map(|x| {
+                        format!(
+                            "{{\"translator\":{},\"type\":{},\"where\":{},\"calls\":{},\"self_ns\":{},\"self_per_call_ns\":{},\"latency_ns\":{},\"estimated\":{},\"note\":{}}}",
+                            json_str(&x.translator),
+                            json_str(&x.type_name),
+                            json_str(&x.place),
+                            x.calls,
+                            x.self_ns.round() as u64,
+                            x.self_per_call_ns.round() as u64,
+                            x.latency_ns.map_or("null".to_string(), |ns| (ns.round() as u64).to_string()),
+                            x.estimated,
+                            x.note.as_deref().map_or("null".to_string(), json_str)
+                        )
+                    })
+                    .collect();
+                items.join(",")
+            };
             format!(
-                "{{\"fop\":{},\"entry_calls\":{},\"entry_total_ns\":{},\"rows\":[{}]}}",
+                "{{\"fop\":{},\"entry_calls\":{},\"entry_total_ns\":{},\"accounted_ns\":{},\"rows\":[{}],\"behind\":[{}]}}",
                 json_str(r.kind.name()),
                 r.entry_calls,
                 r.entry_total_ns,
-                rows.join(",")
+                r.accounted_ns().round() as u64,
+                rows(&r.rows),
+                rows(&r.behind)
             )
         })
         .collect();
@@ -361,8 +488,6 @@ impl ProfileArgs {
 
 #[cfg(test)]
 mod tests {
-    use xlfs_sdk::profile::FopTimes;
-
     use super::*;
     use crate::profile::BrickProfile;
 
@@ -375,6 +500,7 @@ mod tests {
                 .iter()
                 .map(|&(kind, count, total_ns, self_ns)| FopTimes { kind, count, total_ns, self_ns })
                 .collect(),
+            behind: Vec::new(),
         }
     }
 
@@ -412,8 +538,11 @@ mod tests {
                 },
             ],
         };
+        let mut b = b;
+        // c0 also sent two fsyncs after its callers were answered.
+        b.graph.nodes[1].behind.push(FopTimes { kind: FopKind::Fsync, count: 2, total_ns: 3000, self_ns: 3000 });
         let r = join(&b);
-        assert_eq!(r.len(), 1);
+        assert_eq!(r.len(), 2);
         assert_eq!((r[0].entry_calls, r[0].entry_total_ns), (10, 10_000));
         let rows: Vec<(&str, f64)> = r[0].rows.iter().map(|x| (x.translator.as_str(), x.self_ns)).collect();
         // c0 waited 8000 ns; the brick's share is 10 calls x 400 ns = 4000.
@@ -422,10 +551,24 @@ mod tests {
             [("c1", 9000.0), ("c0 network+queue", 4000.0), ("posix", 3000.0), ("afr", 1000.0), ("stats", 1000.0)]
         );
         assert!(r[0].rows[0].note.as_deref().is_some_and(|n| n.contains("not reached: refused")));
+        // In latency: afr waited 9000 ns for c0 and c1 in parallel (8000 +
+        // 9000 ns): they share it, so the rows add up to the top's total.
+        let part = |name: &str| r[0].rows.iter().find(|x| x.translator == name).and_then(|x| x.latency_ns);
+        assert_eq!(part("afr"), Some(1000.0));
+        assert!((part("c1").expect("c1") - 9000.0 * 9.0 / 17.0).abs() < 1e-6);
+        assert!((part("posix").expect("posix") - 3000.0 * 9.0 / 17.0).abs() < 1e-6);
+        assert!((r[0].accounted_ns() - 10_000.0).abs() < 1e-6, "{:?}", r[0].rows);
+        // Behind: in its own table, in no latency.
+        assert_eq!((r[1].kind, r[1].entry_calls, r[1].rows.len()), (FopKind::Fsync, 0, 0));
+        assert_eq!(r[1].behind.len(), 1);
+        assert_eq!((r[1].behind[0].translator.as_str(), r[1].behind[0].latency_ns), ("c0", None));
+        assert!(r[1].behind[0].note.as_deref().is_some_and(|n| n.contains("counted no FSYNC")));
         let text = render_text(&b, &r);
         assert!(text.contains("WRITE: 10 calls at the top"), "{text}");
         assert!(text.contains("c0 network+queue (protocol/client) mount"), "{text}");
         assert!(text.contains("posix (storage/posix) brick h:1"), "{text}");
+        assert!(text.contains("the rows add up to 1.0 us/call (100.0 %)"), "{text}");
+        assert!(text.contains("behind, in no caller's latency"), "{text}");
         let json = render_json(&b, &r);
         assert!(
             json.starts_with("{\"graph\":\"afr\"") && json.contains("\"translator\":\"c0 network+queue\""),
