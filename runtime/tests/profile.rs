@@ -69,6 +69,19 @@ fn profile_shows_each_translator_of_the_mount_and_its_bricks() {
         assert!(n.iter().all(|&k| k > 0), "{what}: calls counted in\n{text}");
     }
     assert!(!text.contains("not reached"), "every brick answered:\n{text}");
+    // Each row's part of the top's time: the parts add up to the top's
+    // total (write-behind answers writes and sends them behind, in their
+    // own table; replicate's three clients share its wait).
+    for fop in ["WRITE", "FSYNC"] {
+        let head = text.lines().find(|l| l.starts_with(&format!("{fop}: "))).expect("fop line");
+        let pct: f64 = head
+            .rsplit_once('(')
+            .and_then(|(_, p)| p.strip_suffix(" %)"))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no sum in {head:?}"));
+        assert!((95.0..=105.0).contains(&pct), "{fop}'s rows add up to its top total:\n{text}");
+    }
+    assert!(text.contains("behind, in no caller's latency"), "write-behind's writes are behind:\n{text}");
 
     let json = profile(&["--json", m.path().to_str().expect("utf-8")]);
     assert!(json.starts_with("{\"graph\":\"rep3\"") && json.contains("\"type\":\"storage/posix\""), "{json}");
