@@ -696,6 +696,11 @@ impl Xlator for Replicate {
         }
         out.push(("eager-lock.windows".into(), me.stats.windows.load(Ordering::Relaxed).to_string()));
         out.push(("eager-lock.held".into(), me.windows_held().to_string()));
+        for (key, n) in
+            [("group-commit.syncfs", &me.group_commit.syncfs), ("group-commit.file-syncs", &me.group_commit.file_syncs)]
+        {
+            out.push((key.into(), n.load(Ordering::Relaxed).to_string()));
+        }
         for ((_, why), n) in WHY.iter().zip(&me.stats.released) {
             out.push((format!("eager-lock.released.{why}"), n.load(Ordering::Relaxed).to_string()));
         }

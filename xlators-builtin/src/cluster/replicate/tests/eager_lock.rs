@@ -258,6 +258,7 @@ async fn windows_ending_together_share_a_syncfs_per_child() {
     });
     join_all(closes.collect()).await;
     n.quiesce().await;
+    assert!(n.dump("group-commit.syncfs").parse::<u64>().expect("count") >= 1, "{:?}", n.afr.dump());
     for i in 0..N {
         let syncs = n.seen(i, &[FopKind::Fsync]);
         assert!((1..16).contains(&syncs), "child {i}: {syncs} syncs for 16 windows ending together");
@@ -286,7 +287,8 @@ async fn a_sync_write_makes_its_window_durable_without_another_fsync() {
         assert_eq!(n.seen(i, &[FopKind::Fsync]), 0, "child {i}");
         assert_eq!(c.read(i, "f"), b"plain+sync");
     }
-    // Without it, the window's end syncs what it wrote.
+    // Without it, the window's end syncs what it wrote: that file alone,
+    // not the brick's whole file system.
     let fd = n.create("g").await.expect("create");
     n.write(fd, 0, b"plain").await.expect("write");
     n.close(fd).await;
@@ -294,4 +296,5 @@ async fn a_sync_write_makes_its_window_durable_without_another_fsync() {
     for i in 0..N {
         assert_eq!(n.seen(i, &[FopKind::Fsync]), 1, "child {i}");
     }
+    assert_eq!((n.dump("group-commit.file-syncs").as_str(), n.dump("group-commit.syncfs").as_str()), ("3", "0"));
 }
