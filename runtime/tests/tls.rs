@@ -15,11 +15,12 @@ mod kit;
 use std::time::Duration;
 
 use kit::fuse_mount::FuseMount;
-use kit::tls::{Pki, Tap};
+use kit::tls::Tap;
 use kit::{Brick, BrickConfig, mount_with, wait_state};
 use xlfs_runtime::client::Client;
 use xlfs_runtime::graph::TopState;
 use xlfs_sdk::Errno;
+use xlfs_sdk::testing::pki::Pki;
 
 const GUARD: Duration = Duration::from_secs(20);
 

@@ -4,7 +4,8 @@
 //! [`Faulty`] fails or drops what passes through it, [`NullLeaf`] answers
 //! and forgets), an [`InitCtx`] builder that captures events, hand polling
 //! of futures ([`poll`], [`now`]), waits with a deadline ([`eventually`],
-//! [`until`]) and xattr helpers for files on a brick.
+//! [`until`]), xattr helpers for files on a brick, and test certificates
+//! for TLS ([`pki`]).
 //!
 //! ```
 //! use xlfs_sdk::testing::{MockChild, init, now};
@@ -15,6 +16,9 @@
 //! now(leaf.call(CallCtx::root("t"), Request::new(Fop::Stat { loc: Loc::root() }))).unwrap();
 //! assert_eq!(mock.kinds(), [FopKind::Stat]);
 //! ```
+
+#[cfg(not(all(target_family = "wasm", target_os = "unknown")))]
+pub mod pki;
 
 use std::future::Future;
 use std::path::Path;

@@ -1,43 +1,14 @@
 use bytes::{Bytes, BytesMut};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use tokio::net::{TcpListener, TcpStream};
+use xlfs_sdk::testing::pki::Pki;
 
 use super::*;
 use crate::protocol::rpc::{FrameReader, Link, Message, OutFrame};
 
-/// A CA and certificates it signs, written as PEM files in a temp dir.
-struct Pki {
-    dir: tempfile::TempDir,
-    ca: CertifiedIssuer<'static, KeyPair>,
-    name: &'static str,
-}
-
-impl Pki {
-    fn new(name: &'static str) -> Pki {
-        let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.distinguished_name.push(DnType::CommonName, format!("{name} CA"));
-        let ca = CertifiedIssuer::self_signed(p, KeyPair::generate().expect("key")).expect("CA");
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("ca.pem"), ca.pem()).expect("write CA");
-        Pki { dir, ca, name }
-    }
-
-    /// A certificate for `cn` valid for `sans`, as the files of one side.
-    fn issue(&self, cn: &str, sans: &[&str]) -> TlsFiles {
-        let mut p = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).expect("params");
-        p.distinguished_name.push(DnType::CommonName, cn);
-        let key = KeyPair::generate().expect("key");
-        let cert = p.signed_by(&key, &self.ca).expect("sign");
-        let path = |ext: &str| self.dir.path().join(format!("{}-{cn}.{ext}", self.name)).display().to_string();
-        std::fs::write(path("pem"), cert.pem()).expect("write cert");
-        std::fs::write(path("key"), key.serialize_pem()).expect("write key");
-        TlsFiles { cert: path("pem"), key: path("key"), ca: self.ca_path() }
-    }
-
-    fn ca_path(&self) -> String {
-        self.dir.path().join("ca.pem").display().to_string()
-    }
+/// A certificate for `cn` valid for `sans`, as the files of one side.
+fn issue(pki: &Pki, cn: &str, sans: &[&str]) -> TlsFiles {
+    let id = pki.issue(cn, sans);
+    TlsFiles { cert: id.cert, key: id.key, ca: id.ca }
 }
 
 /// A server and a client TLS session over loopback; the server's peer
@@ -81,8 +52,8 @@ fn payload_ok(f: &crate::protocol::rpc::Frame) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_cross_a_tls_session_whole_and_in_order_both_ways() {
     let pki = Pki::new("xlfs");
-    let brick = pki.issue("brick", &["localhost", "127.0.0.1"]);
-    let client = pki.issue("client-a", &[]);
+    let brick = issue(&pki, "brick", &["localhost", "127.0.0.1"]);
+    let client = issue(&pki, "client-a", &[]);
     let ((srd, swr, cn), (crd, cwr)) = pair(&brick, &client, "127.0.0.1").await.expect("handshake");
     assert_eq!(cn.as_deref(), Some("client-a"), "the brick sees the client's certificate name");
     let (slink, swriter) = Link::spawn(swr);
@@ -131,22 +102,22 @@ async fn frames_cross_a_tls_session_whole_and_in_order_both_ways() {
 async fn certificates_are_checked_both_ways() {
     let pki = Pki::new("xlfs");
     let other = Pki::new("evil");
-    let brick = pki.issue("brick", &["localhost", "127.0.0.1"]);
-    let client = pki.issue("client-a", &[]);
+    let brick = issue(&pki, "brick", &["localhost", "127.0.0.1"]);
+    let client = issue(&pki, "client-a", &[]);
 
     // A client whose certificate another CA signed: the brick refuses it.
-    let mallory = TlsFiles { ca: pki.ca_path(), ..other.issue("mallory", &[]) };
+    let mallory = TlsFiles { ca: pki.ca(), ..issue(&other, "mallory", &[]) };
     let (s, _) = pair(&brick, &mallory, "127.0.0.1").await.err().expect("refused");
     assert!(s.contains("certificate") && s.contains("UnknownIssuer"), "brick side: {s}");
 
     // A brick whose certificate another CA signed (a man in the middle):
     // the client refuses it.
-    let mitm = TlsFiles { ca: pki.ca_path(), ..other.issue("brick", &["localhost", "127.0.0.1"]) };
+    let mitm = TlsFiles { ca: pki.ca(), ..issue(&other, "brick", &["localhost", "127.0.0.1"]) };
     let (_, c) = pair(&mitm, &client, "127.0.0.1").await.err().expect("refused");
     assert!(c.contains("certificate") && c.contains("UnknownIssuer"), "client side: {c}");
 
     // A brick certificate from the right CA for another host.
-    let elsewhere = pki.issue("brick", &["brick9.example"]);
+    let elsewhere = issue(&pki, "brick", &["brick9.example"]);
     let (_, c) = pair(&elsewhere, &client, "127.0.0.1").await.err().expect("refused");
     assert!(c.contains("certificate not valid for name \"127.0.0.1\""), "client side: {c}");
 }
@@ -154,7 +125,7 @@ async fn certificates_are_checked_both_ways() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_peer_fails_the_handshake() {
     let pki = Pki::new("xlfs");
-    let scfg = pki.issue("brick", &["127.0.0.1"]).server_config().expect("config");
+    let scfg = issue(&pki, "brick", &["127.0.0.1"]).server_config().expect("config");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let accept = tokio::spawn(async move {
@@ -171,7 +142,7 @@ async fn a_plain_peer_fails_the_handshake() {
 #[test]
 fn missing_or_bad_files_name_the_option_and_the_file() {
     let pki = Pki::new("xlfs");
-    let good = pki.issue("brick", &["127.0.0.1"]);
+    let good = issue(&pki, "brick", &["127.0.0.1"]);
     let cases = [
         (
             TlsFiles { ca: "/nonexistent/ca.pem".into(), ..good.clone() },
@@ -195,10 +166,10 @@ fn missing_or_bad_files_name_the_option_and_the_file() {
 #[test]
 fn subject_cn_reads_the_subject_not_the_issuer() {
     let pki = Pki::new("xlfs");
-    let files = pki.issue("client-7", &["x.example"]);
+    let files = issue(&pki, "client-7", &["x.example"]);
     let der = CertificateDer::from_pem_file(&files.cert).expect("der");
     assert_eq!(subject_cn(&der).as_deref(), Some("client-7"));
-    let ca = CertificateDer::from_pem_file(pki.ca_path()).expect("der");
+    let ca = CertificateDer::from_pem_file(pki.ca()).expect("der");
     assert_eq!(subject_cn(&ca).as_deref(), Some("xlfs CA"));
     // Garbage and truncations never panic.
     for cut in 0..der.len() {
