@@ -21,8 +21,9 @@
 //! a subvolume that held one (no file can be away from where its name
 //! hashes), and [`UNSETTLED`] when a repair moved ranges, so lookups of
 //! missing names in that directory look on every subvolume
-//! (`lookup-optimize`). A rebalance (not implemented yet) is what would
-//! settle it again.
+//! (`lookup-optimize`). Rebalance settles it again (`migrate`:
+//! [`Layout::fixed`], [`Layout::settled_form`]) once every file in the
+//! directory is where its name hashes.
 
 use xlfs_sdk::Gfid;
 
@@ -30,8 +31,7 @@ use super::hash::dm_hash;
 
 /// The xattr holding a directory's range on a subvolume.
 pub const LAYOUT_XATTR: &str = "trusted.glusterfs.dht";
-/// The commit hash of a settled layout (the volume's commit hash: fixed
-/// until rebalance exists).
+/// The commit hash of a settled layout.
 pub const COMMITTED: u32 = 1;
 /// The commit hash of a layout whose ranges moved: names may be away from
 /// their hashed subvolume.
