@@ -306,3 +306,84 @@ fn grow_two_by_three_to_three_by_three_under_a_workload() {
     eprintln!("files per set {per_set:?}; status {status}; wall {:?}", started.elapsed());
     drop(m);
 }
+
+/// `volume rebalance VOL status --json` until it is no longer in progress.
+fn wait_rebalanced(d: &Daemon, vol: &str) -> serde_json::Value {
+    wait_for("the run to end", || {
+        let s = rebalance_status(d, vol);
+        (s["state"] != "in progress").then_some(s)
+    })
+}
+
+#[test]
+fn remove_brick_moves_everything_off_before_commit() {
+    kit::init_tracing();
+    let tmp = tempfile::Builder::new().prefix("xlfs-rmbrick-").tempdir().expect("tempdir");
+    let dirs = brick_dirs(tmp.path(), 2 * REPLICA);
+    let force = force_if_root(tmp.path());
+    let d = Daemon::start();
+    let mut create: Vec<String> = ["create", "rv", "replica", "3"].map(String::from).to_vec();
+    create.extend(dirs.iter().map(|p| brick_arg(p)));
+    create.extend(force.map(String::from));
+    d.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
+    d.ok(&["start", "rv"]);
+    let m = FuseMount::start_by_name(&format!("{}:/rv", d.addr()), "", &["--spec-interval", "0.3"]);
+    let mnt = m.path().to_path_buf();
+    std::fs::create_dir(mnt.join("d")).expect("mkdir d");
+    let model = Arc::new(Mutex::new(Model::default()));
+    for k in 0..FILES {
+        let c = content(k, 0);
+        std::fs::write(mnt.join(rel(k)), &c).expect("write a file");
+        model.lock().expect("model").files.insert(rel(k), c);
+    }
+    let leaving: Vec<String> = dirs[REPLICA..].iter().map(|p| brick_arg(p)).collect();
+    let rm = |what: &str| -> Vec<String> {
+        let mut a: Vec<String> = vec!["remove-brick".into(), "rv".into()];
+        a.extend(leaving.iter().cloned());
+        a.push(what.into());
+        a
+    };
+    let args = |v: &[String]| v.iter().map(String::clone).collect::<Vec<_>>();
+    let e = d.refused(&["remove-brick", "rv", &leaving[0], "start"]);
+    assert!(e.contains("give every brick of each replica set"), "{e}");
+    let e = d.refused(&args(&rm("commit")).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(e.contains("not being removed"), "{e}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let (mnt, model, stop) = (mnt.clone(), model.clone(), stop.clone());
+        std::thread::spawn(move || checker(mnt, model, stop))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let out = d.ok(&args(&rm("start")).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.contains("remove-brick started"), "{out}");
+    assert!(d.ok(&["getspec", "rv"]).contains("option decommissioned-bricks rv-replicate-1\n"));
+    // Not before every file has left.
+    let e = d.refused(&args(&rm("commit")).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(e.contains("in progress") || e.contains("files are still on brick"), "{e}");
+    let status = wait_rebalanced(&d, "rv");
+    stop.store(true, Ordering::Relaxed);
+    worker.join().expect("workload thread");
+    assert_eq!(
+        (status["state"].as_str(), status["kind"].as_str()),
+        (Some("completed"), Some("remove-brick")),
+        "{status}"
+    );
+    assert_eq!(status["failed"], 0, "{status}");
+    let st = d.ok(&args(&rm("status")).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(st.contains("remove-brick of volume rv: completed"), "{st}");
+    let out = d.ok(&args(&rm("commit")).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.contains("3 bricks removed"), "{out}");
+    let spec = d.ok(&["getspec", "rv"]);
+    assert!(!spec.contains("rv-client-3") && !spec.contains("decommissioned"), "{spec}");
+    wait_for("the mount to drop the removed set", || {
+        (!graph_of(&mount_status(&mnt)).contains("rv-replicate-1")).then_some(())
+    });
+    let model = Arc::try_unwrap(model).ok().expect("sole owner").into_inner().expect("model");
+    assert!(model.errors.is_empty(), "the workload saw errors: {:?}\nstatus: {status}", model.errors);
+    for (name, want) in &model.files {
+        let got = std::fs::read(mnt.join(name)).unwrap_or_else(|e| panic!("read {name} after commit: {e}"));
+        assert!(got == *want, "{name}: {} bytes, want {}", got.len(), want.len());
+    }
+    drop(m);
+}

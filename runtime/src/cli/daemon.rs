@@ -24,7 +24,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use super::CliError;
 use crate::mgmt::daemon::{Daemon, StateDir};
 use crate::mgmt::protocol::{
-    DEFAULT_ADDR, HealAction, ProtocolError, RebalanceAction, RebalanceStatus, Reply, Request, call,
+    DEFAULT_ADDR, HealAction, ProtocolError, RebalanceAction, RebalanceStatus, RemoveAction, Reply, Request, call,
 };
 use crate::mgmt::shd::Shds;
 use crate::mgmt::store::{FileStore, StoreError};
@@ -239,6 +239,18 @@ pub enum VolumeCommand {
         #[arg(required = true, num_args = 1.., value_name = "[replica N] HOST:DIR... [force]")]
         args: Vec<String>,
     },
+    /// Shrink a volume by whole replica sets: `remove-brick NAME HOST:DIR...
+    /// start` gives those sets no new files and moves their files to the
+    /// others (files stay readable and writable), `status` shows the move's
+    /// progress, `commit` drops the bricks from the volume once no file is
+    /// left on them (it refuses before).
+    RemoveBrick {
+        /// The volume.
+        name: String,
+        /// `HOST:DIR... start|status|commit`.
+        #[arg(required = true, num_args = 2.., value_name = "HOST:DIR... start|status|commit")]
+        args: Vec<String>,
+    },
     /// Spread a volume over its replica sets: `fix-layout` rewrites every
     /// directory's hash layout over all sets; `start` does that and moves
     /// every file whose name now hashes to another set (files stay readable
@@ -307,6 +319,19 @@ impl VolumeCommand {
             VolumeCommand::AddBrick { name, args } => {
                 let (replica, bricks, force) = create_args(&args)?;
                 Request::AddBrick { name, replica, bricks, force }
+            }
+            VolumeCommand::RemoveBrick { name, mut args } => {
+                let action = match args.pop().as_deref() {
+                    Some("start") => RemoveAction::Start,
+                    Some("status") => RemoveAction::Status,
+                    Some("commit") => RemoveAction::Commit,
+                    _ => {
+                        return Err(DaemonError::Usage(
+                            "usage: xlfs volume remove-brick NAME HOST:DIR... start|status|commit".into(),
+                        ));
+                    }
+                };
+                Request::RemoveBrick { name, bricks: args, action }
             }
             VolumeCommand::Rebalance { name, action } => {
                 let action = match action.as_str() {

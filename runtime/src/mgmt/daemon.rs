@@ -13,8 +13,8 @@ use xlfs_sdk::Gfid;
 
 use super::keys::{self, KEYS, KeyError};
 use super::protocol::{
-    BrickDump, BrickHeal, BrickStatus, HealAction, KeyValue, RebalanceAction, RebalanceStatus, Reply, Request,
-    Response, VolumeState, read_frame, write_frame,
+    BrickDump, BrickHeal, BrickStatus, HealAction, KeyValue, RebalanceAction, RebalanceStatus, RemoveAction, Reply,
+    Request, Response, VolumeState, read_frame, write_frame,
 };
 use super::rebalance::{self, Progress};
 use super::shd::Shds;
@@ -161,6 +161,36 @@ pub enum MgmtError {
     /// A rebalance while one runs.
     #[error("volume {0}: a rebalance is in progress (`xlfs volume rebalance {0} status`, or `stop` it)")]
     RebalanceRunning(String),
+    /// remove-brick of a brick not in the volume.
+    #[error("brick {brick} is not part of volume {name}")]
+    NotInVolume {
+        /// The volume.
+        name: String,
+        /// The brick.
+        brick: String,
+    },
+    /// remove-brick of part of a replica set, or of every set.
+    #[error("volume remove-brick {name}: {why}")]
+    BadRemove {
+        /// The volume.
+        name: String,
+        /// Why.
+        why: String,
+    },
+    /// remove-brick commit while files are left on the bricks.
+    #[error(
+        "volume remove-brick {name} commit: {count} files are still on brick {brick} (e.g. {example}); run `xlfs volume remove-brick {name} ... start` again"
+    )]
+    FilesLeft {
+        /// The volume.
+        name: String,
+        /// A brick with files.
+        brick: BrickSpec,
+        /// How many files are on it.
+        count: u64,
+        /// One of them.
+        example: String,
+    },
     /// Stop without a rebalance running.
     #[error("volume {0}: no rebalance is in progress")]
     NoRebalance(String),
@@ -437,6 +467,10 @@ impl Daemon {
                 self.add_brick(&name, replica, &bricks, force).await
             }
             Request::Rebalance { name, action } => self.rebalance(&name, action).await,
+            Request::RemoveBrick { name, bricks, action } => {
+                let _one = self.changes.lock().await;
+                self.remove_brick(&name, &bricks, action).await
+            }
             Request::Portmap { brick } => {
                 let b = BrickSpec::parse(&brick)?;
                 let canonical = BrickSpec { dir: std::fs::canonicalize(&b.dir).unwrap_or(b.dir.clone()), ..b.clone() };
@@ -551,6 +585,7 @@ impl Daemon {
             status: VolumeStatus::Created,
             bricks: list,
             options: Default::default(),
+            removing: Vec::new(),
         };
         // Refuses layouts volgen cannot serve, before anything is marked.
         client_volfile(&spec, &[])?;
@@ -695,6 +730,20 @@ impl Daemon {
                 if current.is_some_and(|p| p.running()) {
                     return Err(MgmtError::RebalanceRunning(name.to_string()));
                 }
+                let kind = if action == RebalanceAction::Start {
+                    rebalance::Kind::Rebalance
+                } else {
+                    rebalance::Kind::FixLayout
+                };
+                self.start_run(name, kind).await
+            }
+        }
+    }
+
+    /// Starts a rebalance run of `kind` in the background.
+    async fn start_run(&self, name: &str, kind: rebalance::Kind) -> Result<Reply, MgmtError> {
+        {
+            {
                 let v = self.get(name)?;
                 if v.spec.bricks.len() <= v.spec.replica {
                     return Err(MgmtError::NotDistributed(name.to_string()));
@@ -712,11 +761,6 @@ impl Daemon {
                     drop_graph(graph).await;
                     return Err(e);
                 }
-                let kind = if action == RebalanceAction::Start {
-                    rebalance::Kind::Rebalance
-                } else {
-                    rebalance::Kind::FixLayout
-                };
                 let p = Progress::new(name, kind);
                 let busy = {
                     let mut runs = self.rebalances.lock();
@@ -740,8 +784,81 @@ impl Daemon {
                     p.finish(r);
                     drop_graph(graph).await;
                 });
-                let what = if kind == rebalance::Kind::Rebalance { "rebalance" } else { "fix-layout" };
-                Ok(done(format!("volume rebalance: {name}: {what} started; see `xlfs volume rebalance {name} status`")))
+                let what = match kind {
+                    rebalance::Kind::Rebalance => "rebalance",
+                    rebalance::Kind::FixLayout => "fix-layout",
+                    rebalance::Kind::RemoveBrick => "remove-brick",
+                };
+                Ok(done(format!("volume {what}: {name}: {what} started; see its status")))
+            }
+        }
+    }
+
+    /// `volume remove-brick NAME HOST:DIR... start|status|commit`.
+    async fn remove_brick(&self, name: &str, bricks: &[String], action: RemoveAction) -> Result<Reply, MgmtError> {
+        let mut v = self.get(name)?;
+        let bad = |why: String| MgmtError::BadRemove { name: name.to_string(), why };
+        let mut given = Vec::new();
+        for raw in bricks {
+            let b = BrickSpec::parse(raw)?;
+            let b = BrickSpec { dir: std::fs::canonicalize(&b.dir).unwrap_or(b.dir.clone()), ..b };
+            if !v.spec.bricks.contains(&b) {
+                return Err(MgmtError::NotInVolume { name: name.to_string(), brick: raw.clone() });
+            }
+            given.push(b);
+        }
+        let r = v.spec.replica.max(1);
+        let sets: std::collections::BTreeSet<usize> =
+            v.spec.bricks.iter().enumerate().filter(|(_, b)| given.contains(b)).map(|(i, _)| i / r).collect();
+        let leaving: Vec<BrickSpec> =
+            v.spec.bricks.iter().enumerate().filter(|(i, _)| sets.contains(&(i / r))).map(|(_, b)| b.clone()).collect();
+        if given.is_empty() || leaving.iter().any(|b| !given.contains(b)) {
+            return Err(bad(format!("give every brick of each replica set to remove (sets of {r})")));
+        }
+        let running = self.rebalances.lock().get(name).is_some_and(|p| p.running());
+        match action {
+            RemoveAction::Start => {
+                if sets.len() * r >= v.spec.bricks.len() {
+                    return Err(bad("cannot remove every replica set".into()));
+                }
+                if v.spec.status != VolumeStatus::Started {
+                    return Err(MgmtError::NotStarted(name.to_string()));
+                }
+                if running {
+                    return Err(MgmtError::RebalanceRunning(name.to_string()));
+                }
+                if !v.spec.removing.is_empty() && v.spec.removing != leaving {
+                    return Err(bad("another remove-brick is under way; commit it first".into()));
+                }
+                if v.spec.removing != leaving {
+                    v.spec.removing = leaving;
+                    self.store.put(&v.spec, Expect::Revision(v.revision))?;
+                }
+                self.start_run(name, rebalance::Kind::RemoveBrick).await
+            }
+            RemoveAction::Status => self.rebalance(name, RebalanceAction::Status).await,
+            RemoveAction::Commit => {
+                if v.spec.removing != leaving {
+                    return Err(bad("these bricks are not being removed; run `start` first".into()));
+                }
+                if running {
+                    return Err(MgmtError::RebalanceRunning(name.to_string()));
+                }
+                for b in &leaving {
+                    let (count, example) = data_files(&b.dir);
+                    if count > 0 {
+                        return Err(MgmtError::FilesLeft { name: name.to_string(), brick: b.clone(), count, example });
+                    }
+                }
+                v.spec.bricks.retain(|b| !leaving.contains(b));
+                v.spec.removing.clear();
+                self.store.put(&v.spec, Expect::Revision(v.revision))?;
+                self.sup.stop_bricks(name, |b| leaving.contains(b)).await;
+                unmark(&leaving.iter().collect::<Vec<_>>());
+                Ok(done(format!(
+                    "volume remove-brick: {name}: commit: {} bricks removed (their directories keep directories and stale link files only)",
+                    leaving.len()
+                )))
             }
         }
     }
@@ -768,6 +885,33 @@ impl Daemon {
             "volume delete: {name}: success (the data stays in the brick directories; their {VOLUME_ID_XATTR} mark is removed)"
         )))
     }
+}
+
+/// Data files left in brick directory `dir` (regular files other than
+/// link files, outside `.glusterfs`): how many, and one of them.
+fn data_files(dir: &Path) -> (u64, String) {
+    let mut count = 0;
+    let mut example = String::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            if d == dir && e.file_name() == ".glusterfs" {
+                continue;
+            }
+            let Ok(m) = std::fs::symlink_metadata(&p) else { continue };
+            if m.is_dir() {
+                todo.push(p);
+            } else if !(m.is_file() && m.mode() & 0o7777 == 0o1000) {
+                count += 1;
+                if example.is_empty() {
+                    example = p.display().to_string();
+                }
+            }
+        }
+    }
+    (count, example)
 }
 
 /// Shuts a graph from [`Daemon::client_graph`] down, off the runtime's

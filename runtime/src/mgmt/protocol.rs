@@ -126,6 +126,15 @@ pub enum Request {
         /// Allow bricks on the root file system.
         force: bool,
     },
+    /// `volume remove-brick NAME HOST:DIR... start|status|commit`.
+    RemoveBrick {
+        /// The volume.
+        name: String,
+        /// `HOST:DIR` each, whole replica sets.
+        bricks: Vec<String>,
+        /// What to do.
+        action: RemoveAction,
+    },
     /// `volume rebalance NAME fix-layout|start|status|stop`.
     Rebalance {
         /// The volume.
@@ -133,6 +142,18 @@ pub enum Request {
         /// What to do.
         action: RebalanceAction,
     },
+}
+
+/// What `volume remove-brick` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RemoveAction {
+    /// Stop giving the sets new files and move their files to the others.
+    Start,
+    /// Show the progress of the move.
+    Status,
+    /// Drop the bricks from the volume, once no file is left on them.
+    Commit,
 }
 
 /// What `volume rebalance` does.
@@ -154,7 +175,7 @@ pub enum RebalanceAction {
 pub struct RebalanceStatus {
     /// The volume.
     pub name: String,
-    /// `fix-layout` or `rebalance`.
+    /// `fix-layout`, `rebalance` or `remove-brick`.
     pub kind: String,
     /// `not started`, `in progress`, `completed`, `stopped` or `failed`.
     pub state: String,

@@ -34,6 +34,9 @@ pub enum Kind {
     FixLayout,
     /// Layouts, then files.
     Rebalance,
+    /// A rebalance that empties the sets a remove-brick is removing (the
+    /// volfile names them decommissioned).
+    RemoveBrick,
 }
 
 impl Kind {
@@ -41,7 +44,13 @@ impl Kind {
         match self {
             Kind::FixLayout => "fix-layout",
             Kind::Rebalance => "rebalance",
+            Kind::RemoveBrick => "remove-brick",
         }
+    }
+
+    /// Moves files.
+    fn moves(self) -> bool {
+        self != Kind::FixLayout
     }
 }
 
@@ -174,7 +183,7 @@ pub struct CrawlError {
 /// Runs `kind` over the volume through its distribute node `dht`.
 pub async fn run(dht: Child, kind: Kind, p: Arc<Progress>) -> Result<(), String> {
     let ctx = CallCtx::root("rebalance");
-    if kind == Kind::Rebalance {
+    if kind.moves() {
         let n = count(&dht, &ctx, &p).await.map_err(|e| e.to_string())?;
         p.total.store(n, Ordering::Relaxed);
     }
@@ -207,7 +216,7 @@ pub async fn run(dht: Child, kind: Kind, p: Arc<Progress>) -> Result<(), String>
                 }
                 continue;
             }
-            if kind != Kind::Rebalance {
+            if !kind.moves() {
                 continue;
             }
             if p.stop.load(Ordering::Relaxed) {
@@ -233,7 +242,7 @@ pub async fn run(dht: Child, kind: Kind, p: Arc<Progress>) -> Result<(), String>
                 Moved::Done(in_place) => all_in_place &= in_place,
             }
         }
-        if kind == Kind::Rebalance && all_in_place {
+        if kind.moves() && all_in_place {
             let settle = Request::new(Fop::Setxattr { loc: Loc::gfid(dir), xattrs: key(SETTLE_KEY), flags: 0 });
             if let Err(e) = dht.call(ctx.clone(), settle).await {
                 note(&p, format!("settling {path}: {e}"));

@@ -51,7 +51,9 @@
 //! - `min-free-disk` (default `10%`): percentage or size;
 //! - `lookup-optimize` (default on);
 //! - `force-migration`, `lock-migration`: accepted for GlusterFS volfiles,
-//!   without effect.
+//!   without effect;
+//! - `decommissioned-bricks` (default none): subvolumes being removed, which
+//!   new and repaired layouts give no range.
 //!
 //! **Rebalance** (see `migrate`): a rebalance process asks its own
 //! distribute node, through virtual setxattrs, to fix a directory's
@@ -121,7 +123,14 @@ const FORCE_MIGRATION: Opt<kind::Bool> = Opt::bool("force-migration", false).des
 const LOCK_MIGRATION: Opt<kind::Bool> = Opt::bool("lock-migration", false)
     .desc("Accepted for GlusterFS volfiles; no effect (POSIX locks on a migrated file are not moved with it).");
 
-const OPTIONS: &[OptionDecl] = &[MIN_FREE_DISK.decl, LOOKUP_OPTIMIZE.decl, FORCE_MIGRATION.decl, LOCK_MIGRATION.decl];
+const DECOMMISSIONED: Opt<kind::Str> = Opt::str("decommissioned-bricks", "").desc(
+    "Subvolumes being removed (remove-brick), comma-separated names: new and repaired directory layouts give them \
+     no hash range, so no new name lands on them, and rebalance moves their files to the others. Set by the \
+     volume generator during `xlfs volume remove-brick ... start`.",
+);
+
+const OPTIONS: &[OptionDecl] =
+    &[MIN_FREE_DISK.decl, LOOKUP_OPTIMIZE.decl, FORCE_MIGRATION.decl, LOCK_MIGRATION.decl, DECOMMISSIONED.decl];
 
 /// The translator type.
 pub const TYPE: XlatorType = XlatorType {
@@ -163,6 +172,7 @@ impl DirInfo {
 struct Config {
     min_free: xlfs_sdk::options::Share,
     lookup_optimize: bool,
+    decommissioned: Vec<String>,
 }
 
 impl Config {
@@ -173,7 +183,9 @@ impl Config {
                 "option 'min-free-disk': '{raw}' is neither a percentage (0 to 100, e.g. 10%) nor a size (e.g. 40GB)"
             )
         })?;
-        Ok(Config { min_free, lookup_optimize: LOOKUP_OPTIMIZE.get(o) })
+        let decommissioned =
+            DECOMMISSIONED.get(o).split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+        Ok(Config { min_free, lookup_optimize: LOOKUP_OPTIMIZE.get(o), decommissioned })
     }
 }
 
@@ -302,6 +314,14 @@ impl Inner {
 
     fn cfg(&self) -> Config {
         self.cfg.read().clone()
+    }
+
+    /// The subvolumes not being removed (all of them, or none if every
+    /// one is named: then all, as nothing else could hold files).
+    fn active(&self) -> Vec<bool> {
+        let cfg = self.cfg.read();
+        let a: Vec<bool> = self.children.iter().map(|c| !cfg.decommissioned.iter().any(|d| **d == *c.name)).collect();
+        if a.iter().any(|x| *x) { a } else { vec![true; self.n()] }
     }
 
     fn index_of(&self, name: &str) -> Option<usize> {
@@ -434,7 +454,12 @@ impl Xlator for Distribute {
 
     fn reconfigure(&self, options: &Options) -> Result<(), ReconfigureError> {
         let cfg = Config::from_options(options).map_err(ReconfigureError::Invalid)?;
+        let layouts_change = self.inner.cfg.read().decommissioned != cfg.decommissioned;
         *self.inner.cfg.write() = cfg;
+        if layouts_change {
+            // Read layouts again: rebalance rewrites them over the others.
+            self.inner.dirs.retain(|_, _| false);
+        }
         Ok(())
     }
 

@@ -169,7 +169,8 @@ impl Inner {
         };
         let r = async {
             let now = self.read_layout(&lctx, gfid, &all).await?;
-            let new = if settle { now.settled_form(gfid) } else { now.fixed(gfid) };
+            let active = self.active();
+            let new = if settle { now.settled_form_on(gfid, &active) } else { now.fixed_on(gfid, &active) };
             if let Some(new) = &new {
                 self.write_layout(&lctx, gfid, new, &all).await?;
                 tracing::info!(volume = %self.name, %gfid, settle, "layout rewritten");
@@ -380,19 +381,30 @@ impl Layout {
     /// already [`Layout::fresh`]'s; else the fresh layout, committed only
     /// when no subvolume that held a range would hold another one.
     pub fn fixed(&self, gfid: Gfid) -> Option<Layout> {
-        let fresh = Layout::fresh(gfid, self.ranges.len(), COMMITTED);
+        self.fixed_on(gfid, &vec![true; self.ranges.len()])
+    }
+
+    /// [`Layout::fixed`] over the subvolumes `active` marks (the others
+    /// being removed get empty ranges).
+    pub fn fixed_on(&self, gfid: Gfid, active: &[bool]) -> Option<Layout> {
+        let fresh = Layout::fresh_on(gfid, active, COMMITTED);
         let same = |a: &Option<Range>, b: &Option<Range>| a.map(|r| (r.start, r.stop)) == b.map(|r| (r.start, r.stop));
         if self.ranges.iter().zip(&fresh.ranges).all(|(a, b)| same(a, b)) {
             return None;
         }
-        Some(self.repaired(gfid))
+        Some(self.repaired_on(gfid, active))
     }
 
     /// settle's target: the same ranges committed, when they are whole
     /// and not committed yet; None otherwise.
     pub fn settled_form(&self, gfid: Gfid) -> Option<Layout> {
+        self.settled_form_on(gfid, &vec![true; self.ranges.len()])
+    }
+
+    /// [`Layout::settled_form`] over the subvolumes `active` marks.
+    pub fn settled_form_on(&self, gfid: Gfid, active: &[bool]) -> Option<Layout> {
         let all = vec![true; self.ranges.len()];
-        if self.settled(&all) || self.fixed(gfid).is_some() || !self.anomalies(&all).none() {
+        if self.settled(&all) || self.fixed_on(gfid, active).is_some() || !self.anomalies(&all).none() {
             return None;
         }
         let mut l = self.clone();
@@ -447,5 +459,21 @@ mod unit {
         assert_eq!(Layout::fresh(g, 3, COMMITTED).fixed(g), None);
         // A broken layout is not settled: fix it first.
         assert_eq!(grown.settled_form(g), None);
+    }
+
+    #[test]
+    fn decommissioned_subvolumes_get_no_range() {
+        let g = Gfid::random();
+        let all = Layout::fresh(g, 3, COMMITTED);
+        assert_eq!(Layout::fresh_on(g, &[true; 3], COMMITTED), all);
+        let active = [true, false, true];
+        let fixed = all.fixed_on(g, &active).expect("set 1 loses its range");
+        assert!(fixed.ranges[1].is_some_and(|r| r.is_empty()));
+        assert!(fixed.anomalies(&[true; 3]).none(), "{fixed:?}");
+        for name in ["a", "b", "c", "d", "e", "f", "g"] {
+            assert_ne!(fixed.hashed(name), Some(1), "{name}");
+        }
+        assert_eq!(fixed.fixed_on(g, &active), None);
+        assert!(fixed.settled_form_on(g, &active).is_some_and(|l| l.settled(&[true; 3])));
     }
 }
