@@ -6,6 +6,9 @@
 //! every file back, checking every byte against its model: no operation
 //! fails, no byte is lost, every file ends on exactly one replica set and
 //! each set holds a fair share, and `rebalance status` shows the counts.
+//! Then `rebalance fix-layout` on a 2 x 3 volume, and `remove-brick ...
+//! start` of one of its sets under the same kind of workload: commit is
+//! refused until every file has left the set, then drops it.
 
 mod kit;
 
@@ -255,6 +258,7 @@ fn grow_two_by_three_to_three_by_three_under_a_workload() {
         std::thread::sleep(Duration::from_millis(200));
     };
     let table = d.ok(&["rebalance", "gv", "status"]);
+    eprintln!("xlfs volume rebalance gv status\n{table}");
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         w.join().expect("workload thread");
@@ -344,6 +348,10 @@ fn remove_brick_moves_everything_off_before_commit() {
         a
     };
     let args = |v: &[String]| v.iter().map(String::clone).collect::<Vec<_>>();
+    assert!(d.ok(&["rebalance", "rv", "fix-layout"]).contains("fix-layout started"));
+    let fixed = wait_rebalanced(&d, "rv");
+    assert_eq!((fixed["state"].as_str(), fixed["kind"].as_str()), (Some("completed"), Some("fix-layout")), "{fixed}");
+    assert_eq!((fixed["dirs"].as_u64(), fixed["moved"].as_u64()), (Some(2), Some(0)), "{fixed}");
     let e = d.refused(&["remove-brick", "rv", &leaving[0], "start"]);
     assert!(e.contains("give every brick of each replica set"), "{e}");
     let e = d.refused(&args(&rm("commit")).iter().map(String::as_str).collect::<Vec<_>>());
@@ -372,8 +380,10 @@ fn remove_brick_moves_everything_off_before_commit() {
     assert_eq!(status["failed"], 0, "{status}");
     let st = d.ok(&args(&rm("status")).iter().map(String::as_str).collect::<Vec<_>>());
     assert!(st.contains("remove-brick of volume rv: completed"), "{st}");
+    eprintln!("xlfs volume remove-brick rv ... status\n{st}");
     let out = d.ok(&args(&rm("commit")).iter().map(String::as_str).collect::<Vec<_>>());
     assert!(out.contains("3 bricks removed"), "{out}");
+    eprintln!("{e}\n{out}");
     let spec = d.ok(&["getspec", "rv"]);
     assert!(!spec.contains("rv-client-3") && !spec.contains("decommissioned"), "{spec}");
     wait_for("the mount to drop the removed set", || {
