@@ -66,6 +66,9 @@ impl Inner {
                             }
                         })
                     }
+                    // Marked migrated, not to be found: an error, never
+                    // the dead copy's success.
+                    Err(e) if r.is_ok() && e != Errno::ENOENT && e != Errno::ESTALE => Err(e),
                     _ => r,
                 }
             }
@@ -157,9 +160,13 @@ impl Inner {
                 if !moved {
                     return self.finish_fd(r);
                 }
+                let marked = matches!(&r, Ok(rsp) if migrate::shows_migrated(rsp));
                 match self.move_fd(ctx, fd, i).await {
-                    Some(j) => self.wind(j, ctx, req).await,
-                    None => r,
+                    Ok(Some(j)) => self.wind(j, ctx, req).await,
+                    // The fop reached a migrated source and cannot follow
+                    // the file: an error, never the dead copy's success.
+                    Err(e) if marked => Err(e),
+                    Ok(None) | Err(_) => r,
                 }
             }
             Where::File(i) => self.wind(i, ctx, req).await,
@@ -186,32 +193,34 @@ impl Inner {
 
     /// An fd open on subvolume `was` whose file migrated: opened again by
     /// gfid where the file is now (same fd id, its open flags less the
-    /// creating ones), the old one released. The new subvolume, or None
-    /// when the file is not elsewhere (the original answer stands).
-    async fn move_fd(&self, ctx: &CallCtx, fd: Fd, was: usize) -> Option<usize> {
+    /// creating ones), the old one released. The new subvolume, None
+    /// when the file is not elsewhere (the original answer stands), or why
+    /// it could not be followed.
+    async fn move_fd(&self, ctx: &CallCtx, fd: Fd, was: usize) -> Result<Option<usize>, Errno> {
         let _one = self.fd_moves.lock().await;
         if let Some(Where::File(j)) = self.fds.get(&fd.id)
             && j != was
         {
-            return Some(j); // another fop on this fd moved it
+            return Ok(Some(j)); // another fop on this fd moved it
         }
         self.inodes.remove(&fd.gfid);
         let j = match self.lookup_gfid(ctx, fd.gfid, &Dict::new()).await {
             Ok((Where::File(j), _)) if j != was => j,
-            _ => return None,
+            Ok(_) | Err(Errno::ENOENT | Errno::ESTALE) => return Ok(None),
+            Err(e) => return Err(e),
         };
         let creating = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32;
         let flags = self.fd_flags.get(&fd.id).unwrap_or(libc::O_RDWR as u32) & !creating;
         let open = Request::new(Fop::Open { loc: Loc::gfid(fd.gfid), flags, fd: fd.id });
         if let Err(e) = self.wind(j, ctx, open).await {
             tracing::warn!(volume = %self.name, gfid = %fd.gfid, "reopening an fd where its file migrated: {e}");
-            return None;
+            return Err(e);
         }
         let _ = self.fds.insert(fd.id, Where::File(j));
         self.stats.fds_moved.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(volume = %self.name, gfid = %fd.gfid, from = %self.children[was].name, to = %self.children[j].name, "fd follows its migrated file");
         let _ = self.wind(was, ctx, Request::new(Fop::Release { fd })).await;
-        Some(j)
+        Ok(Some(j))
     }
 
     /// opendir: on every subvolume under the same fd id; a failure closes
