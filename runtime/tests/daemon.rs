@@ -7,11 +7,10 @@
 mod kit;
 mod plugin_kit;
 
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kit::daemon::{Daemon, free_port};
+use kit::daemon::{Daemon, brick_arg, brick_dirs, force_if_root, free_port, generation, graph_of, mount_status};
 use kit::fuse_mount::FuseMount;
 
 /// How long a condition may take to come true: a hang guard.
@@ -27,27 +26,6 @@ fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
         assert!(Instant::now() < end, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-/// `force` if `dir` is on the root file system (create refuses it otherwise).
-fn force_if_root(dir: &Path) -> Option<&'static str> {
-    let dev = |p: &Path| std::fs::metadata(p).expect("stat").dev();
-    (dev(dir) == dev(Path::new("/"))).then_some("force")
-}
-
-/// Makes `n` brick directories under `root`.
-fn brick_dirs(root: &Path, n: usize) -> Vec<PathBuf> {
-    (0..n)
-        .map(|i| {
-            let d = root.join(format!("b{i}"));
-            std::fs::create_dir_all(&d).expect("brick dir");
-            std::fs::canonicalize(&d).expect("canonical")
-        })
-        .collect()
-}
-
-fn brick_arg(d: &Path) -> String {
-    format!("127.0.0.1:{}", d.display())
 }
 
 /// `xlfs volume status --json VOL`: (port, pid, up, restarts) per brick.
@@ -74,26 +52,6 @@ fn shd(d: &Daemon, vol: &str) -> Option<u32> {
     let v: serde_json::Value = serde_json::from_str(&d.ok(&["status", vol, "--json"])).expect("status is JSON");
     let shd = &v["volumes"][0]["shd"];
     (shd["up"] == true).then(|| shd["pid"].as_u64().map(|p| p as u32)).flatten()
-}
-
-/// `xlfs status MOUNTPOINT`.
-fn mount_status(mnt: &Path) -> String {
-    let out = kit::run_xlfs(&["status".as_ref(), mnt.as_os_str()]);
-    assert!(out.status.success(), "xlfs status: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The running graph in a status (after its `graph:` line).
-fn graph_of(status: &str) -> &str {
-    status.split_once("\ngraph:\n").map_or("", |(_, g)| g)
-}
-
-fn generation(status: &str) -> u64 {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("generation: "))
-        .and_then(|g| g.trim().parse().ok())
-        .expect("status has a generation")
 }
 
 fn xattr_set(dir: &Path, name: &str) -> bool {

@@ -136,6 +136,12 @@ pub mod keys {
     /// On a create-type fop: the gfid the new inode must get (AFR sets the
     /// same gfid on every replica).
     pub const GFID_REQ: &str = "gfid-req";
+    /// On a metadata fop to cluster/replicate: the caller holds a write
+    /// inodelk covering the inode in replicate's own domain, with the
+    /// caller's lock owner (distribute's file migration), so the
+    /// transaction locks with that owner instead of a new one (granted at
+    /// once, where a new owner would wait behind the caller's lock).
+    pub const AFR_CALLER_LOCKED: &str = "xlfs.afr.caller-locked";
     /// The xattr that stores an inode's gfid on a brick.
     pub const GFID_XATTR: &str = "trusted.gfid";
     /// The brick root's volume-id xattr.

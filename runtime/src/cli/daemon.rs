@@ -23,7 +23,9 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use super::CliError;
 use crate::mgmt::daemon::{Daemon, StateDir};
-use crate::mgmt::protocol::{DEFAULT_ADDR, HealAction, ProtocolError, Reply, Request, call};
+use crate::mgmt::protocol::{
+    DEFAULT_ADDR, HealAction, ProtocolError, RebalanceAction, RebalanceStatus, RemoveAction, Reply, Request, call,
+};
 use crate::mgmt::shd::Shds;
 use crate::mgmt::store::{FileStore, StoreError};
 use crate::mgmt::supervisor::Supervisor;
@@ -226,6 +228,42 @@ pub enum VolumeCommand {
         /// The volume.
         name: String,
     },
+    /// Grow a volume by whole replica sets: `add-brick NAME [replica N]
+    /// HOST:DIR... [force]` (N must be the volume's replica count; `force`
+    /// allows bricks on the root file system). Mounted clients switch to
+    /// the grown graph live; `rebalance NAME start` then spreads the files.
+    AddBrick {
+        /// The volume.
+        name: String,
+        /// `[replica N] HOST:DIR... [force]`.
+        #[arg(required = true, num_args = 1.., value_name = "[replica N] HOST:DIR... [force]")]
+        args: Vec<String>,
+    },
+    /// Shrink a volume by whole replica sets: `remove-brick NAME HOST:DIR...
+    /// start` gives those sets no new files and moves their files to the
+    /// others (files stay readable and writable), `status` shows the move's
+    /// progress, `commit` drops the bricks from the volume once no file is
+    /// left on them (it refuses before).
+    RemoveBrick {
+        /// The volume.
+        name: String,
+        /// `HOST:DIR... start|status|commit`.
+        #[arg(required = true, num_args = 2.., value_name = "HOST:DIR... start|status|commit")]
+        args: Vec<String>,
+    },
+    /// Spread a volume over its replica sets: `fix-layout` rewrites every
+    /// directory's hash layout over all sets; `start` does that and moves
+    /// every file whose name now hashes to another set (files stay readable
+    /// and writable meanwhile); `status` shows the progress (files scanned,
+    /// moved, skipped, failed, bytes, time left); `stop` stops after the
+    /// file in progress.
+    Rebalance {
+        /// The volume.
+        name: String,
+        /// `fix-layout`, `start`, `status` or `stop`.
+        #[arg(value_parser = ["fix-layout", "start", "status", "stop"])]
+        action: String,
+    },
 }
 
 /// Parses `[replica N] HOST:DIR... [force]`.
@@ -278,6 +316,32 @@ impl VolumeCommand {
             }
             VolumeCommand::Profile { name, .. } => Request::Profile { name },
             VolumeCommand::Statedump { name } => Request::Statedump { name },
+            VolumeCommand::AddBrick { name, args } => {
+                let (replica, bricks, force) = create_args(&args)?;
+                Request::AddBrick { name, replica, bricks, force }
+            }
+            VolumeCommand::RemoveBrick { name, mut args } => {
+                let action = match args.pop().as_deref() {
+                    Some("start") => RemoveAction::Start,
+                    Some("status") => RemoveAction::Status,
+                    Some("commit") => RemoveAction::Commit,
+                    _ => {
+                        return Err(DaemonError::Usage(
+                            "usage: xlfs volume remove-brick NAME HOST:DIR... start|status|commit".into(),
+                        ));
+                    }
+                };
+                Request::RemoveBrick { name, bricks: args, action }
+            }
+            VolumeCommand::Rebalance { name, action } => {
+                let action = match action.as_str() {
+                    "fix-layout" => RebalanceAction::FixLayout,
+                    "start" => RebalanceAction::Start,
+                    "stop" => RebalanceAction::Stop,
+                    _ => RebalanceAction::Status,
+                };
+                Request::Rebalance { name, action }
+            }
         })
     }
 }
@@ -379,6 +443,7 @@ fn render(reply: &Reply) -> String {
             s
         }
         Reply::Profile { bundle } => bundle.clone(),
+        Reply::Rebalance { status } => render_rebalance(status),
         Reply::Statedump { bricks } => {
             let mut s = String::new();
             for b in bricks {
@@ -460,6 +525,45 @@ fn render_profile(bricks: &[BrickFops]) -> String {
     s
 }
 
+/// A rebalance's progress: a table, a bar and the time left.
+fn render_rebalance(s: &RebalanceStatus) -> String {
+    let mut out = format!("{} of volume {}: {}\n", s.kind_or_default(), s.name, s.state);
+    if s.state == "not started" {
+        return out;
+    }
+    let row = [
+        s.dirs.to_string(),
+        s.scanned.to_string(),
+        s.moved.to_string(),
+        s.skipped.to_string(),
+        s.failed.to_string(),
+        human_size(s.bytes),
+        format!("{:.1}s", s.elapsed_secs),
+        s.eta_secs.map_or("-".into(), |t| format!("{t:.0}s")),
+    ];
+    out += &table(&["Dirs", "Scanned", "Moved", "Skipped", "Failed", "Moved size", "Elapsed", "Time left"], &[row]);
+    if s.total > 0 {
+        out += &format!("{} {}/{} files\n", progress_bar(s.scanned, s.total, 30), s.scanned.min(s.total), s.total);
+    }
+    if let Some(e) = &s.error {
+        out += &format!("last error: {e}\n");
+    }
+    out
+}
+
+impl RebalanceStatus {
+    fn kind_or_default(&self) -> &str {
+        if self.kind.is_empty() { "rebalance" } else { &self.kind }
+    }
+}
+
+/// `[#####.....] 50%`.
+fn progress_bar(done: u64, total: u64, width: usize) -> String {
+    let frac = if total == 0 { 0.0 } else { (done as f64 / total as f64).min(1.0) };
+    let full = (frac * width as f64).round() as usize;
+    format!("[{}{}] {:>3.0}%", "#".repeat(full), ".".repeat(width - full), frac * 100.0)
+}
+
 fn human_size(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
     let mut v = b as f64;
@@ -510,5 +614,7 @@ mod tests {
         let t = table(&["A", "Bee"], &[["xx".to_string(), "1".to_string()]]);
         assert_eq!(t, "A   Bee\nxx  1\n");
         assert_eq!(human_size(3 * 1024 * 1024), "3.0MB");
+        assert_eq!(progress_bar(1, 4, 8), "[##......]  25%");
+        assert_eq!(progress_bar(9, 4, 4), "[####] 100%");
     }
 }

@@ -13,9 +13,10 @@ use xlfs_sdk::Gfid;
 
 use super::keys::{self, KEYS, KeyError};
 use super::protocol::{
-    BrickDump, BrickHeal, BrickStatus, HealAction, KeyValue, Reply, Request, Response, VolumeState, read_frame,
-    write_frame,
+    BrickDump, BrickHeal, BrickStatus, HealAction, KeyValue, RebalanceAction, RebalanceStatus, RemoveAction, Reply,
+    Request, Response, VolumeState, read_frame, write_frame,
 };
+use super::rebalance::{self, Progress};
 use super::shd::Shds;
 use super::spec::{BadBrick, BadName, BrickSpec, VolumeSpec, VolumeStatus, check_name};
 use super::store::{Expect, Store, StoreError, Versioned};
@@ -132,6 +133,67 @@ pub enum MgmtError {
     /// Portmap of a brick nobody serves.
     #[error("no brick {0} is served by this daemon")]
     NoSuchBrick(String),
+    /// add-brick with another replica count.
+    #[error(
+        "volume {name} has replica {have}; add-brick cannot change the replica count (give `replica {have}` or no replica count)"
+    )]
+    ReplicaChange {
+        /// The volume.
+        name: String,
+        /// Its replica count.
+        have: usize,
+    },
+    /// add-brick with a brick count that is not whole replica sets.
+    #[error(
+        "volume add-brick {name}: {bricks} bricks do not make whole replica sets of {replica}: give a multiple of {replica}"
+    )]
+    NotWholeSets {
+        /// The volume.
+        name: String,
+        /// Bricks given.
+        bricks: usize,
+        /// The replica count.
+        replica: usize,
+    },
+    /// A rebalance of a volume with one replica set.
+    #[error("volume {0} has a single replica set: there is nothing to rebalance (add bricks first)")]
+    NotDistributed(String),
+    /// A rebalance while one runs.
+    #[error("volume {0}: a rebalance is in progress (`xlfs volume rebalance {0} status`, or `stop` it)")]
+    RebalanceRunning(String),
+    /// remove-brick of a brick not in the volume.
+    #[error("brick {brick} is not part of volume {name}")]
+    NotInVolume {
+        /// The volume.
+        name: String,
+        /// The brick.
+        brick: String,
+    },
+    /// remove-brick of part of a replica set, or of every set.
+    #[error("volume remove-brick {name}: {why}")]
+    BadRemove {
+        /// The volume.
+        name: String,
+        /// Why.
+        why: String,
+    },
+    /// remove-brick commit while files are left on the bricks.
+    #[error(
+        "volume remove-brick {name} commit: {count} files are still on brick {brick} (e.g. {example}); run `xlfs volume remove-brick {name} ... start` again"
+    )]
+    FilesLeft {
+        /// The volume.
+        name: String,
+        /// A brick with files.
+        brick: BrickSpec,
+        /// How many files are on it.
+        count: u64,
+        /// One of them.
+        example: String,
+    },
+    /// Stop without a rebalance running.
+    #[error("volume {0}: no rebalance is in progress")]
+    NoRebalance(String),
 }
 
 /// The daemon's state: the store, the bricks, the registry for keys.
@@ -142,13 +204,22 @@ pub struct Daemon {
     registry: Registry,
     /// Serializes requests that change something.
     changes: tokio::sync::Mutex<()>,
+    /// The last or current rebalance run of each volume.
+    rebalances: parking_lot::Mutex<std::collections::BTreeMap<String, Arc<Progress>>>,
 }
 
 impl Daemon {
     /// A daemon over `store`, running bricks with `sup` and self-heal
     /// daemons with `shds`.
     pub fn new(store: Arc<dyn Store>, sup: Arc<Supervisor>, shds: Shds) -> Daemon {
-        Daemon { store, sup, shds, registry: Registry::builtin(), changes: tokio::sync::Mutex::new(()) }
+        Daemon {
+            store,
+            sup,
+            shds,
+            registry: Registry::builtin(),
+            changes: tokio::sync::Mutex::new(()),
+            rebalances: Default::default(),
+        }
     }
 
     /// Keeps a self-heal daemon running per started volume, over its
@@ -244,7 +315,11 @@ impl Daemon {
     pub async fn handle(&self, req: Request) -> Response {
         let logged = !matches!(
             req,
-            Request::Getspec { .. } | Request::Portmap { .. } | Request::Info { .. } | Request::Status { .. }
+            Request::Getspec { .. }
+                | Request::Portmap { .. }
+                | Request::Info { .. }
+                | Request::Status { .. }
+                | Request::Rebalance { action: RebalanceAction::Status, .. }
         );
         let what = format!("{req:?}");
         let r = self.apply(req).await;
@@ -387,6 +462,15 @@ impl Daemon {
                 drop_graph(graph).await;
                 Ok(Reply::Statedump { bricks })
             }
+            Request::AddBrick { name, replica, bricks, force } => {
+                let _one = self.changes.lock().await;
+                self.add_brick(&name, replica, &bricks, force).await
+            }
+            Request::Rebalance { name, action } => self.rebalance(&name, action).await,
+            Request::RemoveBrick { name, bricks, action } => {
+                let _one = self.changes.lock().await;
+                self.remove_brick(&name, &bricks, action).await
+            }
             Request::Portmap { brick } => {
                 let b = BrickSpec::parse(&brick)?;
                 let canonical = BrickSpec { dir: std::fs::canonicalize(&b.dir).unwrap_or(b.dir.clone()), ..b.clone() };
@@ -501,6 +585,7 @@ impl Daemon {
             status: VolumeStatus::Created,
             bricks: list,
             options: Default::default(),
+            removing: Vec::new(),
         };
         // Refuses layouts volgen cannot serve, before anything is marked.
         client_volfile(&spec, &[])?;
@@ -555,6 +640,229 @@ impl Daemon {
         Ok(done(format!("volume start: {name}: {what}")))
     }
 
+    /// `volume add-brick`: whole replica sets appended to the volume; a
+    /// started volume's new bricks are served before the spec changes, so
+    /// mounts (which follow `getspec`) switch to a graph whose new sets
+    /// are up. Refused with nothing changed on any error.
+    async fn add_brick(
+        &self,
+        name: &str,
+        replica: Option<usize>,
+        bricks: &[String],
+        force: bool,
+    ) -> Result<Reply, MgmtError> {
+        let v = self.get(name)?;
+        let have = v.spec.replica;
+        if replica.is_some_and(|r| r != have) {
+            return Err(MgmtError::ReplicaChange { name: name.to_string(), have });
+        }
+        if bricks.is_empty() {
+            return Err(MgmtError::NoBricks(name.to_string()));
+        }
+        if !bricks.len().is_multiple_of(have) {
+            return Err(MgmtError::NotWholeSets { name: name.to_string(), bricks: bricks.len(), replica: have });
+        }
+        let known = self.store.list()?;
+        let mut added: Vec<BrickSpec> = Vec::new();
+        for raw in bricks {
+            let b = check_brick(&BrickSpec::parse(raw)?, force, &known)?;
+            if added.contains(&b) {
+                return Err(MgmtError::Duplicate(b));
+            }
+            added.push(b);
+        }
+        let mut spec = v.spec.clone();
+        spec.bricks.extend(added.iter().cloned());
+        client_volfile(&spec, &[])?;
+        let id = Gfid::parse(&spec.id).unwrap_or_default();
+        let mut marked: Vec<&BrickSpec> = Vec::new();
+        for b in &added {
+            if let Err(source) = set_xattr(&b.dir, &id.0) {
+                unmark(&marked);
+                return Err(MgmtError::Xattr { brick: b.clone(), what: "setting", source });
+            }
+            marked.push(b);
+        }
+        let started = spec.status == VolumeStatus::Started;
+        if started {
+            let new_jobs = jobs(&spec).into_iter().filter(|j| added.contains(&j.brick));
+            for job in new_jobs {
+                if let Err(e) = self.sup.start(job).await {
+                    self.sup.stop_bricks(name, |b| added.contains(b)).await;
+                    unmark(&marked);
+                    return Err(MgmtError::Start(Box::new(e)));
+                }
+            }
+        }
+        if let Err(e) = self.store.put(&spec, Expect::Revision(v.revision)) {
+            if started {
+                self.sup.stop_bricks(name, |b| added.contains(b)).await;
+            }
+            unmark(&marked);
+            return Err(e.into());
+        }
+        let sets = spec.bricks.len() / have;
+        Ok(done(format!(
+            "volume add-brick: {name}: success: {} bricks added, {sets} replica sets of {have}; spread existing files with `xlfs volume rebalance {name} start`",
+            added.len()
+        )))
+    }
+
+    /// `volume rebalance NAME fix-layout|start|status|stop`.
+    async fn rebalance(&self, name: &str, action: RebalanceAction) -> Result<Reply, MgmtError> {
+        let current = self.rebalances.lock().get(name).cloned();
+        match action {
+            RebalanceAction::Status => {
+                self.get(name)?;
+                let status = current.map(|p| p.status()).unwrap_or_else(|| RebalanceStatus {
+                    name: name.to_string(),
+                    state: "not started".into(),
+                    ..RebalanceStatus::default()
+                });
+                Ok(Reply::Rebalance { status })
+            }
+            RebalanceAction::Stop => {
+                let p = current.filter(|p| p.running()).ok_or_else(|| MgmtError::NoRebalance(name.to_string()))?;
+                p.request_stop();
+                Ok(done(format!("volume rebalance: {name}: stopping after the file in progress")))
+            }
+            RebalanceAction::FixLayout | RebalanceAction::Start => {
+                if current.is_some_and(|p| p.running()) {
+                    return Err(MgmtError::RebalanceRunning(name.to_string()));
+                }
+                let kind = if action == RebalanceAction::Start {
+                    rebalance::Kind::Rebalance
+                } else {
+                    rebalance::Kind::FixLayout
+                };
+                self.start_run(name, kind).await
+            }
+        }
+    }
+
+    /// Starts a rebalance run of `kind` in the background.
+    async fn start_run(&self, name: &str, kind: rebalance::Kind) -> Result<Reply, MgmtError> {
+        {
+            {
+                let v = self.get(name)?;
+                if v.spec.bricks.len() <= v.spec.replica {
+                    return Err(MgmtError::NotDistributed(name.to_string()));
+                }
+                let (_, graph) = self.client_graph(name).await?;
+                let up = graph.wait_up(GRAPH_WAIT).await;
+                crate::cli::heal::wait_children(&graph, GRAPH_WAIT).await;
+                let dht = graph.nodes_of_type(xlfs_xlators::cluster::distribute::TYPE.name).into_iter().next();
+                let (dht, up) = match (dht, up) {
+                    (Some((dht, _)), Ok(())) => (dht, Ok(())),
+                    (None, _) => (graph.top(), Err(MgmtError::NotDistributed(name.to_string()))),
+                    (_, Err(e)) => (graph.top(), Err(MgmtError::Graph { name: name.to_string(), why: e.to_string() })),
+                };
+                if let Err(e) = up {
+                    drop_graph(graph).await;
+                    return Err(e);
+                }
+                let p = Progress::new(name, kind);
+                let busy = {
+                    let mut runs = self.rebalances.lock();
+                    let busy = runs.get(name).is_some_and(|p| p.running());
+                    if !busy {
+                        runs.insert(name.to_string(), p.clone());
+                    }
+                    busy
+                };
+                if busy {
+                    drop_graph(graph).await;
+                    return Err(MgmtError::RebalanceRunning(name.to_string()));
+                }
+                let vol = name.to_string();
+                tokio::spawn(async move {
+                    let r = rebalance::run(dht, kind, p.clone()).await;
+                    match &r {
+                        Ok(()) => tracing::info!(volume = %vol, status = ?p.status(), "rebalance ended"),
+                        Err(e) => tracing::error!(volume = %vol, "rebalance failed: {e}"),
+                    }
+                    p.finish(r);
+                    drop_graph(graph).await;
+                });
+                let what = match kind {
+                    rebalance::Kind::Rebalance => "rebalance",
+                    rebalance::Kind::FixLayout => "fix-layout",
+                    rebalance::Kind::RemoveBrick => "remove-brick",
+                };
+                Ok(done(format!("volume {what}: {name}: {what} started; see its status")))
+            }
+        }
+    }
+
+    /// `volume remove-brick NAME HOST:DIR... start|status|commit`.
+    async fn remove_brick(&self, name: &str, bricks: &[String], action: RemoveAction) -> Result<Reply, MgmtError> {
+        let mut v = self.get(name)?;
+        let bad = |why: String| MgmtError::BadRemove { name: name.to_string(), why };
+        let mut given = Vec::new();
+        for raw in bricks {
+            let b = BrickSpec::parse(raw)?;
+            let b = BrickSpec { dir: std::fs::canonicalize(&b.dir).unwrap_or(b.dir.clone()), ..b };
+            if !v.spec.bricks.contains(&b) {
+                return Err(MgmtError::NotInVolume { name: name.to_string(), brick: raw.clone() });
+            }
+            given.push(b);
+        }
+        let r = v.spec.replica.max(1);
+        let sets: std::collections::BTreeSet<usize> =
+            v.spec.bricks.iter().enumerate().filter(|(_, b)| given.contains(b)).map(|(i, _)| i / r).collect();
+        let leaving: Vec<BrickSpec> =
+            v.spec.bricks.iter().enumerate().filter(|(i, _)| sets.contains(&(i / r))).map(|(_, b)| b.clone()).collect();
+        if given.is_empty() || leaving.iter().any(|b| !given.contains(b)) {
+            return Err(bad(format!("give every brick of each replica set to remove (sets of {r})")));
+        }
+        let running = self.rebalances.lock().get(name).is_some_and(|p| p.running());
+        match action {
+            RemoveAction::Start => {
+                if sets.len() * r >= v.spec.bricks.len() {
+                    return Err(bad("cannot remove every replica set".into()));
+                }
+                if v.spec.status != VolumeStatus::Started {
+                    return Err(MgmtError::NotStarted(name.to_string()));
+                }
+                if running {
+                    return Err(MgmtError::RebalanceRunning(name.to_string()));
+                }
+                if !v.spec.removing.is_empty() && v.spec.removing != leaving {
+                    return Err(bad("another remove-brick is under way; commit it first".into()));
+                }
+                if v.spec.removing != leaving {
+                    v.spec.removing = leaving;
+                    self.store.put(&v.spec, Expect::Revision(v.revision))?;
+                }
+                self.start_run(name, rebalance::Kind::RemoveBrick).await
+            }
+            RemoveAction::Status => self.rebalance(name, RebalanceAction::Status).await,
+            RemoveAction::Commit => {
+                if v.spec.removing != leaving {
+                    return Err(bad("these bricks are not being removed; run `start` first".into()));
+                }
+                if running {
+                    return Err(MgmtError::RebalanceRunning(name.to_string()));
+                }
+                for b in &leaving {
+                    let (count, example) = data_files(&b.dir);
+                    if count > 0 {
+                        return Err(MgmtError::FilesLeft { name: name.to_string(), brick: b.clone(), count, example });
+                    }
+                }
+                v.spec.bricks.retain(|b| !leaving.contains(b));
+                v.spec.removing.clear();
+                self.store.put(&v.spec, Expect::Revision(v.revision))?;
+                self.sup.stop_bricks(name, |b| leaving.contains(b)).await;
+                unmark(&leaving.iter().collect::<Vec<_>>());
+                Ok(done(format!(
+                    "volume remove-brick: {name}: commit: {} bricks removed (their directories keep directories and stale link files only)",
+                    leaving.len()
+                )))
+            }
+        }
+    }
+
     async fn stop(&self, name: &str) -> Result<Reply, MgmtError> {
         let mut v = self.get(name)?;
         if v.spec.status != VolumeStatus::Started {
@@ -577,6 +885,33 @@ impl Daemon {
             "volume delete: {name}: success (the data stays in the brick directories; their {VOLUME_ID_XATTR} mark is removed)"
         )))
     }
+}
+
+/// Data files left in brick directory `dir` (regular files other than
+/// link files, outside `.glusterfs`): how many, and one of them.
+fn data_files(dir: &Path) -> (u64, String) {
+    let mut count = 0;
+    let mut example = String::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            if d == dir && e.file_name() == ".glusterfs" {
+                continue;
+            }
+            let Ok(m) = std::fs::symlink_metadata(&p) else { continue };
+            if m.is_dir() {
+                todo.push(p);
+            } else if !(m.is_file() && m.mode() & 0o7777 == 0o1000) {
+                count += 1;
+                if example.is_empty() {
+                    example = p.display().to_string();
+                }
+            }
+        }
+    }
+    (count, example)
 }
 
 /// Shuts a graph from [`Daemon::client_graph`] down, off the runtime's

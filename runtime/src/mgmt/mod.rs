@@ -12,6 +12,8 @@
 //! - [`shd`]: a self-heal daemon (`xlfs heal --daemon`) per started
 //!   volume, following its volfile;
 //! - [`protocol`]: the CLI's framed JSON requests and responses;
+//! - [`rebalance`]: `volume rebalance`'s crawl, run by the daemon as a
+//!   client of the volume, and its progress;
 //! - [`daemon`]: request handling and the TCP server.
 //!
 //! The CLI side is `runtime/src/cli/daemon.rs` (`xlfs daemon`, `xlfs
@@ -20,6 +22,7 @@
 pub mod daemon;
 pub mod keys;
 pub mod protocol;
+pub mod rebalance;
 pub mod shd;
 pub mod spec;
 pub mod store;

@@ -115,6 +115,90 @@ pub enum Request {
         /// The volume.
         name: String,
     },
+    /// `volume add-brick NAME [replica N] HOST:DIR... [force]`.
+    AddBrick {
+        /// The volume.
+        name: String,
+        /// The replica count, if given (it must be the volume's).
+        replica: Option<usize>,
+        /// `HOST:DIR` each, a whole number of replica sets.
+        bricks: Vec<String>,
+        /// Allow bricks on the root file system.
+        force: bool,
+    },
+    /// `volume remove-brick NAME HOST:DIR... start|status|commit`.
+    RemoveBrick {
+        /// The volume.
+        name: String,
+        /// `HOST:DIR` each, whole replica sets.
+        bricks: Vec<String>,
+        /// What to do.
+        action: RemoveAction,
+    },
+    /// `volume rebalance NAME fix-layout|start|status|stop`.
+    Rebalance {
+        /// The volume.
+        name: String,
+        /// What to do.
+        action: RebalanceAction,
+    },
+}
+
+/// What `volume remove-brick` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RemoveAction {
+    /// Stop giving the sets new files and move their files to the others.
+    Start,
+    /// Show the progress of the move.
+    Status,
+    /// Drop the bricks from the volume, once no file is left on them.
+    Commit,
+}
+
+/// What `volume rebalance` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebalanceAction {
+    /// Rewrite every directory's layout over all replica sets.
+    FixLayout,
+    /// fix-layout, then move every file whose name hashes elsewhere.
+    Start,
+    /// Show the progress of the last or current run.
+    Status,
+    /// Stop the current run after the file in progress.
+    Stop,
+}
+
+/// A rebalance run's progress, as `volume rebalance NAME status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RebalanceStatus {
+    /// The volume.
+    pub name: String,
+    /// `fix-layout`, `rebalance` or `remove-brick`.
+    pub kind: String,
+    /// `not started`, `in progress`, `completed`, `stopped` or `failed`.
+    pub state: String,
+    /// Directories whose layout was fixed.
+    pub dirs: u64,
+    /// Files looked at.
+    pub scanned: u64,
+    /// Files moved to another replica set.
+    pub moved: u64,
+    /// Files left where they are (already in place, or not movable).
+    pub skipped: u64,
+    /// Files whose move failed (they stay where they were, whole).
+    pub failed: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Files counted before the run (0 while counting).
+    pub total: u64,
+    /// Seconds since the run started.
+    pub elapsed_secs: f64,
+    /// Estimated seconds left (None until there is a rate).
+    pub eta_secs: Option<f64>,
+    /// Why the run failed, or the last failure.
+    pub error: Option<String>,
 }
 
 /// What `volume heal` does.
@@ -256,6 +340,11 @@ pub enum Reply {
     Statedump {
         /// The dumps.
         bricks: Vec<BrickDump>,
+    },
+    /// A rebalance's progress.
+    Rebalance {
+        /// The progress.
+        status: RebalanceStatus,
     },
 }
 

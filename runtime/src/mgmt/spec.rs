@@ -81,6 +81,11 @@ pub struct VolumeSpec {
     /// The keys users set (`xlfs volume set`), key to value.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
+    /// Bricks being removed (`volume remove-brick ... start`, whole replica
+    /// sets): still served, given no new files, emptied by a rebalance;
+    /// `remove-brick ... commit` drops them.
+    #[serde(default)]
+    pub removing: Vec<BrickSpec>,
 }
 
 /// Why a volume name was refused.
@@ -135,6 +140,7 @@ mod tests {
             status: VolumeStatus::Started,
             bricks: vec![BrickSpec::parse("h:/b1").expect("brick")],
             options: [("performance.write-behind".to_string(), "off".to_string())].into(),
+            removing: Vec::new(),
         };
         let text = spec.to_toml();
         assert!(text.contains("status = \"started\""), "{text}");

@@ -246,6 +246,7 @@ mod tests {
             status: VolumeStatus::Created,
             bricks: vec![BrickSpec::parse("h:/b").expect("brick")],
             options: Default::default(),
+            removing: Vec::new(),
         }
     }
 

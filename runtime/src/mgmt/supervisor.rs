@@ -345,9 +345,16 @@ impl Supervisor {
     /// Stops every brick of `volume` (SIGTERM, SIGKILL after a grace
     /// period) and waits for them to exit.
     pub async fn stop_volume(&self, volume: &str) {
+        self.stop_bricks(volume, |_| true).await;
+    }
+
+    /// Stops the bricks of `volume` that `which` picks (SIGTERM, SIGKILL
+    /// after a grace period) and waits for them to exit: add-brick's undo
+    /// and remove-brick's commit.
+    pub async fn stop_bricks(&self, volume: &str, which: impl Fn(&BrickSpec) -> bool) {
         let list: Vec<Arc<Supervised>> = {
             let mut b = self.bricks.lock();
-            let keys: Vec<_> = b.keys().filter(|(v, _)| v == volume).cloned().collect();
+            let keys: Vec<_> = b.keys().filter(|(v, br)| v == volume && which(br)).cloned().collect();
             keys.iter().filter_map(|k| b.remove(k)).collect()
         };
         for s in &list {

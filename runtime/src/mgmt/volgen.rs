@@ -2,7 +2,8 @@
 //! GlusterFS's glusterd does: one protocol/client per brick (with the
 //! brick's current port), cluster/replicate over each replica set (bricks
 //! in order, `replica` per set), cluster/distribute (`VOL-dht`) over the
-//! sets when there is more than one, the
+//! sets when there is more than one (`decommissioned-bricks` naming the
+//! sets a remove-brick is emptying), the
 //! performance translators the keys leave on, the plugins of `plugin.NAME`
 //! keys (where a user translator sits: above the performance translators,
 //! below io-stats, in the order of their names, the first lowest), and
@@ -97,14 +98,19 @@ pub fn client_volfile(spec: &VolumeSpec, ports: &[u16]) -> Result<String, Volgen
             options_of("protocol/client"),
         );
     }
-    let mut below = replica_sets(
-        &mut v,
-        name,
-        &clients,
-        spec.replica,
-        &options_of("cluster/replicate"),
-        &options_of("cluster/distribute"),
-    );
+    let mut dht = options_of("cluster/distribute");
+    let mut leaving: Vec<String> = spec
+        .bricks
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| spec.removing.contains(b))
+        .map(|(i, _)| format!("{name}-replicate-{}", i / spec.replica))
+        .collect();
+    leaving.dedup();
+    if !leaving.is_empty() {
+        dht += &format!("    option decommissioned-bricks {}\n", leaving.join(","));
+    }
+    let mut below = replica_sets(&mut v, name, &clients, spec.replica, &options_of("cluster/replicate"), &dht);
     for p in PERF_ORDER.iter().rev() {
         let ty = perf_type(p);
         if !on.get(ty).copied().unwrap_or(false) {
@@ -196,6 +202,7 @@ mod tests {
             status: VolumeStatus::Started,
             bricks: (0..bricks).map(|i| BrickSpec::parse(&format!("127.0.0.1:/b{i}")).expect("brick")).collect(),
             options: Default::default(),
+            removing: Vec::new(),
         }
     }
 
@@ -275,6 +282,11 @@ mod tests {
         );
         assert!(text.contains("volume gv0-write-behind\n    type performance/write-behind\n"), "{text}");
         assert!(text.contains("subvolumes gv0-dht\nend-volume"), "{text}");
+        let mut leaving = spec(6, 3);
+        leaving.removing = leaving.bricks[3..].to_vec();
+        let text = client_volfile(&leaving, &[1, 2, 3, 4, 5, 6]).expect("volgen");
+        GraphSpec::validate(&Volfile::parse(&text, "gen").expect("parses"), &Registry::builtin()).expect("valid");
+        assert!(text.contains("option decommissioned-bricks gv0-replicate-1\n"), "{text}");
         let e = client_volfile(&spec(5, 3), &[]).expect_err("not a multiple");
         assert!(e.to_string().contains("multiple of the replica count"), "{e}");
     }

@@ -1,9 +1,11 @@
 //! [`Daemon`]: a real `xlfs daemon` on a temporary state directory and a
 //! free loopback port, stopped (SIGTERM, which stops its bricks; SIGKILL
 //! if it hangs) when dropped, also when a test panics (then its log is
-//! printed); and [`Daemon::volume`] to run `xlfs volume --daemon ADDR ...`.
+//! printed); and [`Daemon::volume`] to run `xlfs volume --daemon ADDR ...`;
+//! helpers for brick directories and a mount's `xlfs status`.
 
 use super::*;
+use std::os::unix::fs::MetadataExt;
 
 /// A running `xlfs daemon`.
 pub struct Daemon {
@@ -17,6 +19,49 @@ pub struct Daemon {
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     l.local_addr().expect("local addr").port()
+}
+
+/// `force` if `dir` is on the root file system (create refuses it otherwise).
+pub fn force_if_root(dir: &Path) -> Option<&'static str> {
+    let dev = |p: &Path| std::fs::metadata(p).expect("stat").dev();
+    (dev(dir) == dev(Path::new("/"))).then_some("force")
+}
+
+/// Makes `n` brick directories under `root`.
+pub fn brick_dirs(root: &Path, n: usize) -> Vec<PathBuf> {
+    (0..n)
+        .map(|i| {
+            let d = root.join(format!("b{i}"));
+            std::fs::create_dir_all(&d).expect("brick dir");
+            std::fs::canonicalize(&d).expect("canonical")
+        })
+        .collect()
+}
+
+/// `127.0.0.1:DIR`: a brick argument for `xlfs volume`.
+pub fn brick_arg(d: &Path) -> String {
+    format!("127.0.0.1:{}", d.display())
+}
+
+/// `xlfs status MOUNTPOINT`.
+pub fn mount_status(mnt: &Path) -> String {
+    let out = super::run_xlfs(&["status".as_ref(), mnt.as_os_str()]);
+    assert!(out.status.success(), "xlfs status: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The running graph in a status (after its `graph:` line).
+pub fn graph_of(status: &str) -> &str {
+    status.split_once("\ngraph:\n").map_or("", |(_, g)| g)
+}
+
+/// The graph generation a mount's status shows.
+pub fn generation(status: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("generation: "))
+        .and_then(|g| g.trim().parse().ok())
+        .expect("status has a generation")
 }
 
 impl Daemon {

@@ -51,13 +51,22 @@
 //! - `min-free-disk` (default `10%`): percentage or size;
 //! - `lookup-optimize` (default on);
 //! - `force-migration`, `lock-migration`: accepted for GlusterFS volfiles,
-//!   without effect (no rebalance yet).
+//!   without effect;
+//! - `decommissioned-bricks` (default none): subvolumes being removed, which
+//!   new and repaired layouts give no range.
+//!
+//! **Rebalance** (see `migrate`): a rebalance process asks its own
+//! distribute node, through virtual setxattrs, to fix a directory's
+//! layout, to move a file where its name hashes, and to settle a
+//! directory; an fd or inode whose file was migrated under it is found
+//! again and its fop sent again there (see `inode`).
 
 mod entry;
 mod hash;
 mod inode;
 mod layout;
 mod lookup;
+mod migrate;
 mod readdir;
 mod space;
 
@@ -78,6 +87,7 @@ use xlfs_sdk::{
 
 pub use self::hash::dm_hash;
 pub use self::layout::{LAYOUT_XATTR, Layout, Range};
+pub use self::migrate::{BUSY, Decision, FIX_LAYOUT_KEY, MIGRATE_KEY, MIGRATED_KEY, SETTLE_KEY, SKIPPED_KEY, decide};
 
 use self::space::Space;
 
@@ -106,12 +116,21 @@ const LOOKUP_OPTIMIZE: Opt<kind::Bool> = Opt::bool("lookup-optimize", true).desc
      unsettled (its commit hash says ranges moved since files were placed): only then is it looked for on every \
      subvolume. Off: every such miss is looked for everywhere (one lookup per subvolume per negative lookup).",
 );
-const FORCE_MIGRATION: Opt<kind::Bool> =
-    Opt::bool("force-migration", false).desc("Accepted for GlusterFS volfiles; no effect (xlfs has no rebalance yet).");
-const LOCK_MIGRATION: Opt<kind::Bool> =
-    Opt::bool("lock-migration", false).desc("Accepted for GlusterFS volfiles; no effect (xlfs has no rebalance yet).");
+const FORCE_MIGRATION: Opt<kind::Bool> = Opt::bool("force-migration", false).desc(
+    "Accepted for GlusterFS volfiles; no effect (xlfs migrates files with open fds always: writers wait on the \
+     migration's lock and follow the file).",
+);
+const LOCK_MIGRATION: Opt<kind::Bool> = Opt::bool("lock-migration", false)
+    .desc("Accepted for GlusterFS volfiles; no effect (POSIX locks on a migrated file are not moved with it).");
 
-const OPTIONS: &[OptionDecl] = &[MIN_FREE_DISK.decl, LOOKUP_OPTIMIZE.decl, FORCE_MIGRATION.decl, LOCK_MIGRATION.decl];
+const DECOMMISSIONED: Opt<kind::Str> = Opt::str("decommissioned-bricks", "").desc(
+    "Subvolumes being removed (remove-brick), comma-separated names: new and repaired directory layouts give them \
+     no hash range, so no new name lands on them, and rebalance moves their files to the others. Set by the \
+     volume generator during `xlfs volume remove-brick ... start`.",
+);
+
+const OPTIONS: &[OptionDecl] =
+    &[MIN_FREE_DISK.decl, LOOKUP_OPTIMIZE.decl, FORCE_MIGRATION.decl, LOCK_MIGRATION.decl, DECOMMISSIONED.decl];
 
 /// The translator type.
 pub const TYPE: XlatorType = XlatorType {
@@ -153,6 +172,7 @@ impl DirInfo {
 struct Config {
     min_free: xlfs_sdk::options::Share,
     lookup_optimize: bool,
+    decommissioned: Vec<String>,
 }
 
 impl Config {
@@ -163,7 +183,9 @@ impl Config {
                 "option 'min-free-disk': '{raw}' is neither a percentage (0 to 100, e.g. 10%) nor a size (e.g. 40GB)"
             )
         })?;
-        Ok(Config { min_free, lookup_optimize: LOOKUP_OPTIMIZE.get(o) })
+        let decommissioned =
+            DECOMMISSIONED.get(o).split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+        Ok(Config { min_free, lookup_optimize: LOOKUP_OPTIMIZE.get(o), decommissioned })
     }
 }
 
@@ -177,6 +199,8 @@ struct Stats {
     layouts_healed: AtomicU64,
     redirected_creates: AtomicU64,
     relocated: AtomicU64,
+    migrated: AtomicU64,
+    fds_moved: AtomicU64,
 }
 
 /// The translator's state.
@@ -187,6 +211,10 @@ struct Inner {
     inodes: InodeSlots<Where>,
     dirs: InodeSlots<Arc<DirInfo>>,
     fds: FdSlots<Where>,
+    /// Each open fd's open flags, to open it again where its file moved.
+    fd_flags: FdSlots<u32>,
+    /// Serializes the moves of fds whose file migrated.
+    fd_moves: tokio::sync::Mutex<()>,
     space: Space,
     /// Children up (bit i) and those that have said anything; whether the
     /// parents were told up.
@@ -226,6 +254,8 @@ impl Distribute {
             inodes: InodeSlots::with_capacity(CACHE_CAP),
             dirs: InodeSlots::with_capacity(CACHE_CAP / 4),
             fds: FdSlots::with_capacity(CACHE_CAP),
+            fd_flags: FdSlots::with_capacity(CACHE_CAP),
+            fd_moves: tokio::sync::Mutex::new(()),
             space: Space::new(n),
             up: Mutex::new((vec![false; n], vec![false; n], false)),
             owner_base: u64::from_le_bytes(base),
@@ -286,6 +316,14 @@ impl Inner {
         self.cfg.read().clone()
     }
 
+    /// The subvolumes not being removed (all of them, or none if every
+    /// one is named: then all, as nothing else could hold files).
+    fn active(&self) -> Vec<bool> {
+        let cfg = self.cfg.read();
+        let a: Vec<bool> = self.children.iter().map(|c| !cfg.decommissioned.iter().any(|d| **d == *c.name)).collect();
+        if a.iter().any(|x| *x) { a } else { vec![true; self.n()] }
+    }
+
     fn index_of(&self, name: &str) -> Option<usize> {
         self.children.iter().position(|c| &*c.name == name)
     }
@@ -321,6 +359,18 @@ impl Inner {
     }
 
     async fn dispatch(&self, ctx: CallCtx, req: Request) -> FopResult {
+        let open = match &req.fop {
+            Fop::Open { fd, flags, .. } | Fop::Create { fd, flags, .. } => Some((*fd, *flags)),
+            _ => None,
+        };
+        let r = self.dispatch_fop(ctx, req).await;
+        if let (Some((fd, flags)), Ok(_)) = (open, &r) {
+            let _ = self.fd_flags.insert(fd, flags);
+        }
+        r
+    }
+
+    async fn dispatch_fop(&self, ctx: CallCtx, req: Request) -> FopResult {
         let Request { fop, xdata } = req;
         match fop {
             Fop::Lookup { loc } => self.lookup(&ctx, loc, xdata).await,
@@ -344,6 +394,10 @@ impl Inner {
             Fop::Ipc { op } => {
                 let r = self.fan(&self.all(), &ctx, &Request::with_xdata(Fop::Ipc { op }, xdata)).await;
                 r.into_iter().next().unwrap_or(Err(Errno::ENOTCONN))
+            }
+            Fop::Setxattr { loc, ref xattrs, .. } if xattrs.keys().any(|k| migrate::is_rebalance_key(k)) => {
+                let key = xattrs.keys().find(|k| migrate::is_rebalance_key(k)).cloned().unwrap_or_default();
+                self.rebalance_op(&ctx, loc, &key).await
             }
             Fop::Getxattr { ref name, .. } | Fop::Fgetxattr { ref name, .. } if is_private(name) => Err(Errno::ENODATA),
             Fop::Setxattr { ref xattrs, .. } | Fop::Fsetxattr { ref xattrs, .. }
@@ -400,7 +454,12 @@ impl Xlator for Distribute {
 
     fn reconfigure(&self, options: &Options) -> Result<(), ReconfigureError> {
         let cfg = Config::from_options(options).map_err(ReconfigureError::Invalid)?;
+        let layouts_change = self.inner.cfg.read().decommissioned != cfg.decommissioned;
         *self.inner.cfg.write() = cfg;
+        if layouts_change {
+            // Read layouts again: rebalance rewrites them over the others.
+            self.inner.dirs.retain(|_, _| false);
+        }
         Ok(())
     }
 
@@ -424,6 +483,8 @@ impl Xlator for Distribute {
             ("layouts-healed", &s.layouts_healed),
             ("redirected-creates", &s.redirected_creates),
             ("relocated", &s.relocated),
+            ("migrated", &s.migrated),
+            ("fds-moved", &s.fds_moved),
         ] {
             out.push((k.to_string(), v.load(Ordering::Relaxed).to_string()));
         }

@@ -191,7 +191,7 @@ impl Inner {
             }
             return Err(e);
         }
-        let layout = Layout::fresh(gfid, self.n(), COMMITTED);
+        let layout = Layout::fresh_on(gfid, &self.active(), COMMITTED);
         self.write_layout(ctx, gfid, &layout, &self.all()).await?;
         self.remember(gfid, Where::Dir);
         let info = DirInfo { layout, present: vec![true; self.n()] };

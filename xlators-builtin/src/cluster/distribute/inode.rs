@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use xlfs_sdk::{CallCtx, Dict, Errno, Fd, Fop, FopResult, Gfid, Loc, Reply, Request};
 
-use super::{Inner, Where, fd_id_of, first_error, strip_private};
+use super::{Inner, Where, fd_id_of, first_error, migrate, strip_private};
 
 /// Fops on a directory that change it: sent to every subvolume.
 fn dir_change(fop: &Fop) -> bool {
@@ -48,8 +48,13 @@ impl Inner {
         let open_id = fd_id_of(&req.fop);
         let w = self.locate(ctx, gfid).await?;
         let r = self.on_inode(ctx, w, &req).await;
+        let moved = match &r {
+            Err(Errno::ESTALE | Errno::ENOENT) => true,
+            Ok(rsp) => migrate::shows_migrated(rsp),
+            Err(_) => false,
+        };
         let r = match r {
-            Err(Errno::ESTALE | Errno::ENOENT) if matches!(w, Where::File(_)) => {
+            _ if moved && matches!(w, Where::File(_)) => {
                 // Moved, or a stale memory: find it again and retry there once.
                 self.inodes.remove(&gfid);
                 match self.lookup_gfid(ctx, gfid, &Dict::new()).await {
@@ -61,6 +66,9 @@ impl Inner {
                             }
                         })
                     }
+                    // Marked migrated, not to be found: an error, never
+                    // the dead copy's success.
+                    Err(e) if r.is_ok() && e != Errno::ENOENT && e != Errno::ESTALE => Err(e),
                     _ => r,
                 }
             }
@@ -139,8 +147,28 @@ impl Inner {
         };
         if release {
             self.fds.remove(&fd.id);
+            self.fd_flags.remove(&fd.id);
         }
         let r = match w {
+            Where::File(i) if !release => {
+                let r = self.wind(i, ctx, req.clone()).await;
+                let moved = match &r {
+                    Err(Errno::ESTALE | Errno::ENOENT | Errno::EBADF) => true,
+                    Ok(rsp) => migrate::shows_migrated(rsp),
+                    Err(_) => false,
+                };
+                if !moved {
+                    return self.finish_fd(r);
+                }
+                let marked = matches!(&r, Ok(rsp) if migrate::shows_migrated(rsp));
+                match self.move_fd(ctx, fd, i).await {
+                    Ok(Some(j)) => self.wind(j, ctx, req).await,
+                    // The fop reached a migrated source and cannot follow
+                    // the file: an error, never the dead copy's success.
+                    Err(e) if marked => Err(e),
+                    Ok(None) | Err(_) => r,
+                }
+            }
             Where::File(i) => self.wind(i, ctx, req).await,
             Where::Dir if dir_change(&req.fop) => self.on_all(ctx, &req).await,
             // Directory reads and locks through an fd: the first subvolume.
@@ -149,6 +177,11 @@ impl Inner {
         if release {
             return Ok(Reply::Empty.into());
         }
+        self.finish_fd(r)
+    }
+
+    /// An fd fop's answer without the translator's own xattrs.
+    fn finish_fd(&self, r: FopResult) -> FopResult {
         r.map(|mut rsp| {
             rsp.xdata = strip_private(rsp.xdata);
             if let Reply::Xattrs(d) = rsp.reply {
@@ -156,6 +189,38 @@ impl Inner {
             }
             rsp
         })
+    }
+
+    /// An fd open on subvolume `was` whose file migrated: opened again by
+    /// gfid where the file is now (same fd id, its open flags less the
+    /// creating ones), the old one released. The new subvolume, None
+    /// when the file is not elsewhere (the original answer stands), or why
+    /// it could not be followed.
+    async fn move_fd(&self, ctx: &CallCtx, fd: Fd, was: usize) -> Result<Option<usize>, Errno> {
+        let _one = self.fd_moves.lock().await;
+        if let Some(Where::File(j)) = self.fds.get(&fd.id)
+            && j != was
+        {
+            return Ok(Some(j)); // another fop on this fd moved it
+        }
+        self.inodes.remove(&fd.gfid);
+        let j = match self.lookup_gfid(ctx, fd.gfid, &Dict::new()).await {
+            Ok((Where::File(j), _)) if j != was => j,
+            Ok(_) | Err(Errno::ENOENT | Errno::ESTALE) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let creating = (libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC) as u32;
+        let flags = self.fd_flags.get(&fd.id).unwrap_or(libc::O_RDWR as u32) & !creating;
+        let open = Request::new(Fop::Open { loc: Loc::gfid(fd.gfid), flags, fd: fd.id });
+        if let Err(e) = self.wind(j, ctx, open).await {
+            tracing::warn!(volume = %self.name, gfid = %fd.gfid, "reopening an fd where its file migrated: {e}");
+            return Err(e);
+        }
+        let _ = self.fds.insert(fd.id, Where::File(j));
+        self.stats.fds_moved.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(volume = %self.name, gfid = %fd.gfid, from = %self.children[was].name, to = %self.children[j].name, "fd follows its migrated file");
+        let _ = self.wind(was, ctx, Request::new(Fop::Release { fd })).await;
+        Ok(Some(j))
     }
 
     /// opendir: on every subvolume under the same fd id; a failure closes

@@ -21,8 +21,9 @@
 //! a subvolume that held one (no file can be away from where its name
 //! hashes), and [`UNSETTLED`] when a repair moved ranges, so lookups of
 //! missing names in that directory look on every subvolume
-//! (`lookup-optimize`). A rebalance (not implemented yet) is what would
-//! settle it again.
+//! (`lookup-optimize`). Rebalance settles it again (`migrate`:
+//! [`Layout::fixed`], [`Layout::settled_form`]) once every file in the
+//! directory is where its name hashes.
 
 use xlfs_sdk::Gfid;
 
@@ -30,8 +31,7 @@ use super::hash::dm_hash;
 
 /// The xattr holding a directory's range on a subvolume.
 pub const LAYOUT_XATTR: &str = "trusted.glusterfs.dht";
-/// The commit hash of a settled layout (the volume's commit hash: fixed
-/// until rebalance exists).
+/// The commit hash of a settled layout.
 pub const COMMITTED: u32 = 1;
 /// The commit hash of a layout whose ranges moved: names may be away from
 /// their hashed subvolume.
@@ -71,7 +71,7 @@ impl Range {
         Some(Range { commit: w(0)?, start: w(8)?, stop: w(12)? })
     }
 
-    fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.stop < self.start
     }
 }
@@ -108,16 +108,31 @@ impl Layout {
     /// The layout xlfs gives a directory with this gfid over `n`
     /// subvolumes: equal ranges from a gfid-dependent first subvolume.
     pub fn fresh(gfid: Gfid, n: usize, commit: u32) -> Layout {
-        let mut l = Layout::empty(n);
-        if n == 0 {
+        Layout::fresh_on(gfid, &vec![true; n], commit)
+    }
+
+    /// [`Layout::fresh`] over the subvolumes `active` marks only; the
+    /// others (being removed: `decommissioned-bricks`) get an empty range,
+    /// so no name hashes to them. With every subvolume active it is
+    /// `fresh`'s layout exactly.
+    pub fn fresh_on(gfid: Gfid, active: &[bool], commit: u32) -> Layout {
+        let mut l = Layout::empty(active.len());
+        let idx: Vec<usize> = (0..active.len()).filter(|i| active[*i]).collect();
+        let m = idx.len();
+        if m == 0 {
             return l;
         }
-        let first = dm_hash(gfid.to_string().as_bytes()) as usize % n;
-        let chunk = u32::MAX / n as u32;
-        for k in 0..n {
+        for (i, a) in active.iter().enumerate() {
+            if !a {
+                l.ranges[i] = Some(Range { commit, start: u32::MAX, stop: 0 });
+            }
+        }
+        let first = dm_hash(gfid.to_string().as_bytes()) as usize % m;
+        let chunk = u32::MAX / m as u32;
+        for k in 0..m {
             let start = chunk * k as u32;
-            let stop = if k + 1 == n { u32::MAX } else { chunk * (k as u32 + 1) - 1 };
-            l.ranges[(first + k) % n] = Some(Range { commit, start, stop });
+            let stop = if k + 1 == m { u32::MAX } else { chunk * (k as u32 + 1) - 1 };
+            l.ranges[idx[(first + k) % m]] = Some(Range { commit, start, stop });
         }
         l
     }
@@ -167,12 +182,18 @@ impl Layout {
     /// The layout a repair writes: [`Layout::fresh`], committed only when
     /// no subvolume that held a range would hold another one.
     pub fn repaired(&self, gfid: Gfid) -> Layout {
-        let fresh = Layout::fresh(gfid, self.ranges.len(), COMMITTED);
+        self.repaired_on(gfid, &vec![true; self.ranges.len()])
+    }
+
+    /// [`Layout::repaired`] over the subvolumes `active` marks.
+    pub fn repaired_on(&self, gfid: Gfid, active: &[bool]) -> Layout {
+        let fresh = Layout::fresh_on(gfid, active, COMMITTED);
         let moved = self.ranges.iter().zip(&fresh.ranges).any(|(old, new)| match (old, new) {
             (Some(o), Some(n)) => !o.is_empty() && (o.start, o.stop) != (n.start, n.stop),
+            (Some(o), None) => !o.is_empty(),
             _ => false,
         });
-        if moved { Layout::fresh(gfid, self.ranges.len(), UNSETTLED) } else { fresh }
+        if moved { Layout::fresh_on(gfid, active, UNSETTLED) } else { fresh }
     }
 }
 

@@ -322,7 +322,7 @@ impl Inner {
         if whole {
             return Ok(now);
         }
-        let new = now.repaired(gfid);
+        let new = now.repaired_on(gfid, &self.active());
         self.write_layout(ctx, gfid, &new, at).await?;
         self.stats.layouts_healed.fetch_add(1, Ordering::Relaxed);
         tracing::info!(volume = %self.name, %gfid, "layout repaired");

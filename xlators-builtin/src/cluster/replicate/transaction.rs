@@ -216,7 +216,11 @@ impl Inner {
             Ok(up) => up,
             Err(e) => return fail(e),
         };
-        let lctx = ctx.with_lk_owner(self.new_owner());
+        let lctx = if req.xdata.get(xlfs_sdk::dict::keys::AFR_CALLER_LOCKED).is_some() {
+            ctx.clone()
+        } else {
+            ctx.with_lk_owner(self.new_owner())
+        };
         let held = match self.lock(lctx, locks, up, false).await {
             Ok(h) => h,
             Err(e) => return fail(e),

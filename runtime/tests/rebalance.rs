@@ -1,0 +1,399 @@
+//! Growing a volume end to end, through a real `xlfs daemon`, real brick
+//! processes and a real FUSE mount: a 2 x 3 volume holding 300 files is
+//! grown to 3 x 3 with `xlfs volume add-brick` (the mount switches to the
+//! grown graph live) and spread with `xlfs volume rebalance start`, while
+//! a workload appends to files it keeps open, overwrites files and reads
+//! every file back, checking every byte against its model: no operation
+//! fails, no byte is lost, every file ends on exactly one replica set and
+//! each set holds a fair share, and `rebalance status` shows the counts.
+//! Then `rebalance fix-layout` on a 2 x 3 volume, and `remove-brick ...
+//! start` of one of its sets under the same kind of workload: commit is
+//! refused until every file has left the set, then drops it.
+
+mod kit;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kit::daemon::{Daemon, brick_arg, brick_dirs, force_if_root, graph_of, mount_status};
+use kit::fuse_mount::FuseMount;
+
+const REPLICA: usize = 3;
+const FILES: usize = 300;
+const DEADLINE: Duration = Duration::from_secs(90);
+
+/// Waits until `f` returns `Some`, at most [`DEADLINE`].
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// File `k`'s first content: mostly a few KiB, every tenth 300 KB.
+fn content(k: usize, round: usize) -> Vec<u8> {
+    let len = if k.is_multiple_of(10) { 300_000 } else { 1000 + (k * 37) % 9000 };
+    (0..len).map(|i| ((k * 7 + i + round * 13) % 251) as u8).collect()
+}
+
+fn rel(k: usize) -> String {
+    if k < 200 { format!("f{k}") } else { format!("d/f{k}") }
+}
+
+/// The replica sets whose three bricks all hold `rel` as data (a link
+/// file is not data), or why a set's copies disagree (entry operations
+/// may still be on their way to the bricks).
+fn sets_holding(bricks: &[PathBuf], rel: &str) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for (s, set) in bricks.chunks(REPLICA).enumerate() {
+        let kinds: Vec<bool> = set
+            .iter()
+            .map(|b| {
+                let p = b.join(rel);
+                p.symlink_metadata().is_ok() && xlfs_sdk::testing::xattr(&p, "trusted.glusterfs.dht.linkto").is_none()
+            })
+            .collect();
+        if kinds.iter().any(|k| *k != kinds[0]) {
+            return Err(format!("{rel}: the copies of set {s} disagree: {kinds:?}"));
+        }
+        if kinds[0] {
+            out.push(s);
+        }
+    }
+    Ok(out)
+}
+
+/// `volume rebalance VOL status --json`.
+fn rebalance_status(d: &Daemon, vol: &str) -> serde_json::Value {
+    let out = d.ok(&["rebalance", vol, "status", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("status is JSON");
+    v["status"].clone()
+}
+
+/// What the workload expects each file to hold, and what went wrong.
+#[derive(Default)]
+struct Model {
+    files: BTreeMap<String, Vec<u8>>,
+    errors: Vec<String>,
+}
+
+/// Appends to `open.len()` files kept open, reading each back after its
+/// write, until `stop`.
+fn appender(mnt: PathBuf, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>) {
+    let names: Vec<String> = (0..6).map(|j| format!("live/w{j}")).collect();
+    let mut open: Vec<std::fs::File> = names
+        .iter()
+        .map(|n| std::fs::OpenOptions::new().create(true).append(true).open(mnt.join(n)).expect("open a live file"))
+        .collect();
+    let mut want: Vec<Vec<u8>> = vec![Vec::new(); names.len()];
+    let mut round = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        for (j, f) in open.iter_mut().enumerate() {
+            let chunk: Vec<u8> = (0..4096).map(|i| ((round * 31 + j * 17 + i) % 253) as u8).collect();
+            if let Err(e) = f.write_all(&chunk) {
+                model.lock().expect("model").errors.push(format!("append to {}: {e}", names[j]));
+                return;
+            }
+            want[j].extend_from_slice(&chunk);
+        }
+        let j = round % names.len();
+        match std::fs::read(mnt.join(&names[j])) {
+            Ok(got) if got == want[j] => {}
+            Ok(got) => {
+                let at = got.iter().zip(&want[j]).position(|(a, b)| a != b);
+                model.lock().expect("model").errors.push(format!(
+                    "{}: read {} bytes, wrote {}, first difference at {at:?}",
+                    names[j],
+                    got.len(),
+                    want[j].len()
+                ));
+                return;
+            }
+            Err(e) => {
+                model.lock().expect("model").errors.push(format!("read {}: {e}", names[j]));
+                return;
+            }
+        }
+        round += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut m = model.lock().expect("model");
+    for (n, w) in names.into_iter().zip(want) {
+        m.files.insert(n, w);
+    }
+}
+
+/// Reads every file and compares it with the model; rewrites every
+/// seventh one it visits; until `stop`.
+fn checker(mnt: PathBuf, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>) {
+    let mut round = 1;
+    while !stop.load(Ordering::Relaxed) {
+        for k in 0..FILES {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let name = rel(k);
+            if (k + round).is_multiple_of(7) {
+                let new = content(k, round);
+                // Held while writing, so a reader never sees a half-made model.
+                let mut m = model.lock().expect("model");
+                if let Err(e) = std::fs::write(mnt.join(&name), &new) {
+                    m.errors.push(format!("rewrite {name}: {e}"));
+                    return;
+                }
+                m.files.insert(name, new);
+                continue;
+            }
+            let want = model.lock().expect("model").files.get(&name).cloned().unwrap_or_default();
+            match std::fs::read(mnt.join(&name)) {
+                Ok(got) if got == want => {}
+                Ok(got) => {
+                    model.lock().expect("model").errors.push(format!(
+                        "{name}: read {} bytes, want {}",
+                        got.len(),
+                        want.len()
+                    ));
+                    return;
+                }
+                Err(e) => {
+                    model.lock().expect("model").errors.push(format!("read {name}: {e}"));
+                    return;
+                }
+            }
+        }
+        round += 1;
+    }
+}
+
+#[test]
+fn grow_two_by_three_to_three_by_three_under_a_workload() {
+    kit::init_tracing();
+    let started = Instant::now();
+    let tmp = tempfile::Builder::new().prefix("xlfs-rebal-").tempdir().expect("tempdir");
+    let dirs = brick_dirs(tmp.path(), 3 * REPLICA);
+    let force = force_if_root(tmp.path());
+    let d = Daemon::start();
+    let mut create: Vec<String> = ["create", "gv", "replica", "3"].map(String::from).to_vec();
+    create.extend(dirs[..2 * REPLICA].iter().map(|p| brick_arg(p)));
+    create.extend(force.map(String::from));
+    d.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
+    d.ok(&["start", "gv"]);
+    assert!(d.refused(&["rebalance", "gv", "stop"]).contains("no rebalance is in progress"));
+    assert!(d.ok(&["rebalance", "gv", "status"]).contains("not started"));
+
+    let m = FuseMount::start_by_name(&format!("{}:/gv", d.addr()), "", &["--spec-interval", "0.3"]);
+    let mnt = m.path().to_path_buf();
+    std::fs::create_dir(mnt.join("d")).expect("mkdir d");
+    std::fs::create_dir(mnt.join("live")).expect("mkdir live");
+    let model = Arc::new(Mutex::new(Model::default()));
+    for k in 0..FILES {
+        let c = content(k, 0);
+        std::fs::write(mnt.join(rel(k)), &c).expect("write a file");
+        model.lock().expect("model").files.insert(rel(k), c);
+    }
+
+    // Bad add-bricks are refused, naming the reason.
+    let refused = |args: &[&str]| {
+        let mut all: Vec<&str> = vec!["add-brick", "gv"];
+        all.extend_from_slice(args);
+        all.extend(force);
+        d.refused(&all)
+    };
+    let (b6, b7, b8) = (brick_arg(&dirs[6]), brick_arg(&dirs[7]), brick_arg(&dirs[8]));
+    let e = refused(&["replica", "2", &b6, &b7]);
+    assert!(e.contains("cannot change the replica count"), "{e}");
+    let e = refused(&[&b6]);
+    assert!(e.contains("whole replica sets of 3"), "{e}");
+    let e = refused(&[&brick_arg(&dirs[0]), &b7, &b8]);
+    assert!(e.contains(&format!("brick {} is already part of volume gv", brick_arg(&dirs[0]))), "{e}");
+    let e = refused(&["127.0.0.1:/no/such/dir", &b7, &b8]);
+    assert!(e.contains("brick 127.0.0.1:/no/such/dir"), "{e}");
+    let e = refused(&[&b6, &b6, &b8]);
+    assert!(e.contains("listed more than once"), "{e}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = [appender as fn(PathBuf, Arc<Mutex<Model>>, Arc<AtomicBool>), checker]
+        .into_iter()
+        .map(|f| {
+            let (mnt, model, stop) = (mnt.clone(), model.clone(), stop.clone());
+            std::thread::spawn(move || f(mnt, model, stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Grow: the mount switches to distribute over three sets, live.
+    let mut add: Vec<String> = ["add-brick", "gv", "replica", "3"].map(String::from).to_vec();
+    add.extend(dirs[2 * REPLICA..].iter().map(|p| brick_arg(p)));
+    add.extend(force.map(String::from));
+    let out = d.ok(&add.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.contains("volume add-brick: gv: success: 3 bricks added, 3 replica sets of 3"), "{out}");
+    assert!(d.ok(&["getspec", "gv"]).contains("subvolumes gv-replicate-0 gv-replicate-1 gv-replicate-2\n"));
+    wait_for("the mount to switch to three sets", || {
+        graph_of(&mount_status(&mnt)).contains("gv-replicate-2").then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Rebalance while the workload runs.
+    assert!(d.ok(&["rebalance", "gv", "start"]).contains("rebalance started"));
+    assert!(d.refused(&["rebalance", "gv", "start"]).contains("in progress"));
+    let end = Instant::now() + DEADLINE;
+    let status = loop {
+        let s = rebalance_status(&d, "gv");
+        if s["state"] != "in progress" {
+            break s;
+        }
+        if Instant::now() > end {
+            let dump = d.ok(&["statedump", "gv"]);
+            let locks: Vec<&str> = dump.lines().filter(|l| l.contains("inodelk") || l.contains("entrylk")).collect();
+            panic!("the rebalance did not complete: {s}\nlocks:\n{}", locks.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let table = d.ok(&["rebalance", "gv", "status"]);
+    eprintln!("xlfs volume rebalance gv status\n{table}");
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().expect("workload thread");
+    }
+    let model = Arc::try_unwrap(model).ok().expect("sole owner").into_inner().expect("model");
+    assert!(model.errors.is_empty(), "the workload saw errors: {:?}\nstatus: {status}", model.errors);
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(status["failed"], 0, "{status}");
+    let scanned = status["scanned"].as_u64().expect("scanned");
+    let moved = status["moved"].as_u64().expect("moved");
+    assert!(scanned >= FILES as u64, "{status}");
+    assert!(moved > 50 && status["bytes"].as_u64().expect("bytes") > 0, "{status}");
+    assert!(table.contains("rebalance of volume gv: completed") && table.contains("Moved"), "{table}");
+    assert!(table.contains(&format!("{moved}")), "{table}");
+
+    // Every byte is there, through the mount and on exactly one set.
+    for (name, want) in &model.files {
+        let got = std::fs::read(mnt.join(name)).unwrap_or_else(|e| panic!("read {name}: {e}"));
+        assert!(got == *want, "{name}: {} bytes, want {}", got.len(), want.len());
+    }
+    let per_set = wait_for("every file on exactly one set, its copies alike", || {
+        let mut per_set = [0usize; 3];
+        for name in model.files.keys() {
+            match sets_holding(&dirs, name) {
+                Ok(sets) if sets.len() == 1 => per_set[sets[0]] += 1,
+                Ok(sets) => {
+                    eprintln!("{name} is data on sets {sets:?}");
+                    return None;
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    return None;
+                }
+            }
+        }
+        Some(per_set)
+    });
+    let n = model.files.len();
+    for (s, c) in per_set.iter().enumerate() {
+        assert!(*c * 5 >= n, "set {s} holds {c} of {n} files: {per_set:?}");
+    }
+    // Directories exist on the new bricks with a layout.
+    for b in &dirs[2 * REPLICA..] {
+        for dir in ["", "d", "live"] {
+            let p = b.join(dir);
+            assert!(xlfs_sdk::testing::xattr(&p, "trusted.glusterfs.dht").is_some(), "{}", p.display());
+        }
+    }
+    eprintln!("files per set {per_set:?}; status {status}; wall {:?}", started.elapsed());
+    drop(m);
+}
+
+/// `volume rebalance VOL status --json` until it is no longer in progress.
+fn wait_rebalanced(d: &Daemon, vol: &str) -> serde_json::Value {
+    wait_for("the run to end", || {
+        let s = rebalance_status(d, vol);
+        (s["state"] != "in progress").then_some(s)
+    })
+}
+
+#[test]
+fn remove_brick_moves_everything_off_before_commit() {
+    kit::init_tracing();
+    let tmp = tempfile::Builder::new().prefix("xlfs-rmbrick-").tempdir().expect("tempdir");
+    let dirs = brick_dirs(tmp.path(), 2 * REPLICA);
+    let force = force_if_root(tmp.path());
+    let d = Daemon::start();
+    let mut create: Vec<String> = ["create", "rv", "replica", "3"].map(String::from).to_vec();
+    create.extend(dirs.iter().map(|p| brick_arg(p)));
+    create.extend(force.map(String::from));
+    d.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
+    d.ok(&["start", "rv"]);
+    let m = FuseMount::start_by_name(&format!("{}:/rv", d.addr()), "", &["--spec-interval", "0.3"]);
+    let mnt = m.path().to_path_buf();
+    std::fs::create_dir(mnt.join("d")).expect("mkdir d");
+    let model = Arc::new(Mutex::new(Model::default()));
+    for k in 0..FILES {
+        let c = content(k, 0);
+        std::fs::write(mnt.join(rel(k)), &c).expect("write a file");
+        model.lock().expect("model").files.insert(rel(k), c);
+    }
+    let leaving: Vec<String> = dirs[REPLICA..].iter().map(|p| brick_arg(p)).collect();
+    let rm = |what: &str| -> Vec<String> {
+        let mut a: Vec<String> = vec!["remove-brick".into(), "rv".into()];
+        a.extend(leaving.iter().cloned());
+        a.push(what.into());
+        a
+    };
+    let args = |v: &[String]| v.iter().map(String::clone).collect::<Vec<_>>();
+    assert!(d.ok(&["rebalance", "rv", "fix-layout"]).contains("fix-layout started"));
+    let fixed = wait_rebalanced(&d, "rv");
+    assert_eq!((fixed["state"].as_str(), fixed["kind"].as_str()), (Some("completed"), Some("fix-layout")), "{fixed}");
+    assert_eq!((fixed["dirs"].as_u64(), fixed["moved"].as_u64()), (Some(2), Some(0)), "{fixed}");
+    let e = d.refused(&["remove-brick", "rv", &leaving[0], "start"]);
+    assert!(e.contains("give every brick of each replica set"), "{e}");
+    let e = d.refused(&args(&rm("commit")).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(e.contains("not being removed"), "{e}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let (mnt, model, stop) = (mnt.clone(), model.clone(), stop.clone());
+        std::thread::spawn(move || checker(mnt, model, stop))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let out = d.ok(&args(&rm("start")).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.contains("remove-brick started"), "{out}");
+    assert!(d.ok(&["getspec", "rv"]).contains("option decommissioned-bricks rv-replicate-1\n"));
+    // Not before every file has left.
+    let e = d.refused(&args(&rm("commit")).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(e.contains("in progress") || e.contains("files are still on brick"), "{e}");
+    let status = wait_rebalanced(&d, "rv");
+    stop.store(true, Ordering::Relaxed);
+    worker.join().expect("workload thread");
+    assert_eq!(
+        (status["state"].as_str(), status["kind"].as_str()),
+        (Some("completed"), Some("remove-brick")),
+        "{status}"
+    );
+    assert_eq!(status["failed"], 0, "{status}");
+    let st = d.ok(&args(&rm("status")).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(st.contains("remove-brick of volume rv: completed"), "{st}");
+    eprintln!("xlfs volume remove-brick rv ... status\n{st}");
+    let out = d.ok(&args(&rm("commit")).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.contains("3 bricks removed"), "{out}");
+    eprintln!("{e}\n{out}");
+    let spec = d.ok(&["getspec", "rv"]);
+    assert!(!spec.contains("rv-client-3") && !spec.contains("decommissioned"), "{spec}");
+    wait_for("the mount to drop the removed set", || {
+        (!graph_of(&mount_status(&mnt)).contains("rv-replicate-1")).then_some(())
+    });
+    let model = Arc::try_unwrap(model).ok().expect("sole owner").into_inner().expect("model");
+    assert!(model.errors.is_empty(), "the workload saw errors: {:?}\nstatus: {status}", model.errors);
+    for (name, want) in &model.files {
+        let got = std::fs::read(mnt.join(name)).unwrap_or_else(|e| panic!("read {name} after commit: {e}"));
+        assert!(got == *want, "{name}: {} bytes, want {}", got.len(), want.len());
+    }
+    drop(m);
+}
