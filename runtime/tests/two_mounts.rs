@@ -9,6 +9,7 @@
 
 mod kit;
 
+use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
@@ -161,4 +162,28 @@ fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
     eventually("unlinks and a create", SEEN_WITHIN, || {
         (names(&a.join("big")) == want).then_some(()).ok_or("differs".into())
     });
+}
+
+/// Two mounts writing one file: the holder of the eager lock hands it over
+/// when a brick tells it that the other waits (the default `notify`
+/// policy). The brick names the holder by the id it gave the holder's
+/// connection, not the mount's own: replicate once ignored every such
+/// upcall over the wire, and the waiter waited for the holder's post-op
+/// delay (here 600 s: the write would not finish within the test's run).
+#[test]
+fn a_writer_on_another_mount_gets_the_eager_lock_at_once() {
+    let c = Cluster::start(3);
+    let vol = c.replica_volfile(&[("post-op-delay-secs", "600")]);
+    let (ma, mb) = (FuseMount::start(&vol, ""), FuseMount::start(&vol, ""));
+    let (a, b) = (ma.path(), mb.path());
+    std::fs::write(a.join("f"), b"").expect("create on a");
+    // a writes and keeps its window (the file stays open, the delay is long).
+    let mut fa = std::fs::OpenOptions::new().write(true).open(a.join("f")).expect("open on a");
+    fa.write_all(b"aaaa").expect("write on a");
+    fa.sync_all().expect("fsync on a");
+    let fb = std::fs::OpenOptions::new().write(true).open(b.join("f")).expect("open on b");
+    std::os::unix::fs::FileExt::write_all_at(&fb, b"bb", 4).expect("write on b");
+    fb.sync_all().expect("fsync on b: a gave the lock up");
+    assert!(counter(a, "rep3-replicate-0.contention-upcalls") >= 1, "a heard that b waits");
+    assert_eq!(read(&b.join("f")).expect("read"), b"aaaabb");
 }

@@ -544,11 +544,17 @@ impl Inner {
         }
     }
 
-    /// A contention upcall for a lock AFR may hold.
+    /// A contention upcall for a lock AFR may hold. The holder is known by
+    /// its lock owner (unique per lock: [`Inner::new_owner`]): the client id
+    /// a brick names is the one it gave this connection (`client-id#N`),
+    /// not the caller's this translator locked with, and a brick sends the
+    /// upcall to the holder's connection only. An in-process child names
+    /// the caller's id, which matches too.
     pub fn contention(self: &Arc<Self>, gfid: Gfid, holder_client: &str, holder_owner: u64) {
         let Some(st) = self.inodes.get(&gfid) else { return };
         let mut s = st.s.lock();
-        let ours = s.owner.as_ref().is_some_and(|(c, o)| &**c == holder_client && *o == holder_owner);
+        let ours = s.owner.as_ref().is_some_and(|(_, o)| *o == holder_owner);
+        tracing::trace!(%gfid, holder_client, ours, "inodelk contention");
         if !ours {
             return;
         }
