@@ -21,6 +21,11 @@
 //!   to run a bash script on it.
 //! - [`workload`]: the foundation's client-API workload, run in-process and
 //!   over the network with the same assertions.
+//! - [`netns`]: hosts in network namespaces on a bridge (bricks started in
+//!   them with [`netns::Net::brick`] configs), links cut or degraded, and
+//!   small loop-mounted file systems; [`ledger`]: a writer through a mount
+//!   that records what it was promised and checks it afterwards, and a
+//!   watch for threads stuck in D state.
 //!
 //! Everything is per test (no fixed ports, no shared directories), so tests
 //! run in parallel. Spawned processes get `PR_SET_PDEATHSIG`, so they die
@@ -30,6 +35,8 @@
 
 pub mod daemon;
 pub mod fuse_mount;
+pub mod ledger;
+pub mod netns;
 mod process;
 pub mod raw;
 mod replica;
@@ -166,6 +173,18 @@ pub struct BrickConfig {
     /// the brick is started from a volfile (`--print-volfile`, these options
     /// added, then `--volfile`) instead of `--dir`.
     pub server_options: Vec<(String, String)>,
+    /// Options of the brick's storage/posix (`--posix KEY=VALUE`).
+    pub posix: Vec<(String, String)>,
+    /// The network namespace the brick runs in (`ip netns exec NS`; see
+    /// [`netns`]); `None`: this one.
+    pub netns: Option<String>,
+    /// The address the brick listens on and clients reach it at (default
+    /// `127.0.0.1`).
+    pub host: Option<String>,
+    /// The directory in which the brick's `brick` directory is made (for
+    /// bricks on a file system of the test's own); default: the brick's
+    /// temporary directory.
+    pub parent: Option<PathBuf>,
 }
 
 impl BrickConfig {
@@ -216,7 +235,7 @@ impl Brick {
 
     fn new(config: BrickConfig) -> Brick {
         let root = tempfile::Builder::new().prefix("xlfs-kit-").tempdir().expect("brick temp dir");
-        let dir = root.path().join("brick");
+        let dir = config.parent.as_deref().unwrap_or(root.path()).join("brick");
         std::fs::create_dir(&dir).expect("brick dir");
         let dir = std::fs::canonicalize(&dir).expect("canonical brick dir");
         Brick { root, dir, config, port: 0, child: None }
@@ -227,14 +246,19 @@ impl Brick {
         &self.dir
     }
 
-    /// The brick's TCP port on 127.0.0.1.
+    /// The brick's TCP port on [`Brick::host`].
     pub fn port(&self) -> u16 {
         self.port
     }
 
+    /// The address it listens on (`127.0.0.1` unless configured).
+    pub fn host(&self) -> &str {
+        self.config.host.as_deref().unwrap_or("127.0.0.1")
+    }
+
     /// Its address.
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
+        SocketAddr::new(self.host().parse().expect("brick host is an IP address"), self.port)
     }
 
     /// The name clients give as `remote-subvolume`: the brick path.
@@ -288,10 +312,13 @@ impl Brick {
         let port = self.port.to_string();
         let mut args: Vec<String> = ["brick", "--log-file", &log].map(String::from).to_vec();
         if self.config.server_options.is_empty() {
-            args.extend(["--dir", &self.subvolume(), "--port", &port, "--host", "127.0.0.1"].map(String::from));
+            args.extend(["--dir", &self.subvolume(), "--port", &port, "--host", self.host()].map(String::from));
             if !self.config.allow.is_empty() {
                 args.push("--allow".into());
                 args.extend(self.config.allow.iter().cloned());
+            }
+            for (k, v) in &self.config.posix {
+                args.extend(["--posix".to_string(), format!("{k}={v}")]);
             }
         } else {
             let vol = self.write_volfile(&port);
@@ -304,10 +331,14 @@ impl Brick {
     /// `port`) and returns its path.
     fn write_volfile(&self, port: &str) -> PathBuf {
         let mut argv =
-            vec!["brick", "--dir", self.dir.to_str().expect("utf-8 path"), "--port", port, "--host", "127.0.0.1"];
+            vec!["brick", "--dir", self.dir.to_str().expect("utf-8 path"), "--port", port, "--host", self.host()];
         if !self.config.allow.is_empty() {
             argv.push("--allow");
             argv.extend(self.config.allow.iter().map(String::as_str));
+        }
+        let posix: Vec<String> = self.config.posix.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        for kv in &posix {
+            argv.extend(["--posix", kv.as_str()]);
         }
         argv.push("--print-volfile");
         let out = run_xlfs(&argv);
@@ -331,7 +362,15 @@ impl Brick {
     fn launch(&self) -> Launch {
         assert!(self.child.is_none(), "brick already running");
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).expect("open brick log");
-        let mut cmd = Command::new(XLFS);
+        // `ip netns exec` execs the brick in place: the pid is the brick's.
+        let mut cmd = match &self.config.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, XLFS]);
+                c
+            }
+            None => Command::new(XLFS),
+        };
         cmd.args(self.args())
             .env("XLFS_LOG", log_filter())
             .stdin(Stdio::null())
@@ -499,7 +538,12 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` default bricks (all spawned first, then each awaited).
     pub fn start(n: usize) -> Cluster {
-        let mut bricks: Vec<Brick> = (0..n).map(|_| Brick::new(BrickConfig::default())).collect();
+        Cluster::start_with((0..n).map(|_| BrickConfig::default()).collect())
+    }
+
+    /// Starts one brick per config (all spawned first, then each awaited).
+    pub fn start_with(configs: Vec<BrickConfig>) -> Cluster {
+        let mut bricks: Vec<Brick> = configs.into_iter().map(Brick::new).collect();
         let launches: Vec<Launch> = bricks.iter().map(Brick::launch).collect();
         for (b, l) in bricks.iter_mut().zip(launches) {
             b.finish_start(l);
@@ -515,6 +559,30 @@ impl Cluster {
     pub fn replica_volfile(&self, afr: &[(&str, &str)]) -> String {
         let bricks: Vec<(u16, String)> = self.bricks.iter().map(|b| (b.port(), b.subvolume())).collect();
         xlfs_runtime::cli::replica_volfile("rep3", &bricks, afr)
+    }
+
+    /// [`Cluster::replica_volfile`] with each protocol/client reaching its
+    /// brick at [`Brick::host`] and given `client` options too.
+    pub fn replica_volfile_with(&self, afr: &[(&str, &str)], client: &[(&str, &str)]) -> String {
+        let to: Vec<(String, u16)> = self.bricks.iter().map(|b| (b.host().to_string(), b.port())).collect();
+        self.replica_volfile_to(&to, afr, client)
+    }
+
+    /// [`Cluster::replica_volfile_with`] with brick `i` reached at
+    /// `to[i]` (host, port): through a relay, for example.
+    pub fn replica_volfile_to(&self, to: &[(String, u16)], afr: &[(&str, &str)], client: &[(&str, &str)]) -> String {
+        let bricks: Vec<(u16, String)> = to.iter().zip(&self.bricks).map(|((_, p), b)| (*p, b.subvolume())).collect();
+        let text = xlfs_runtime::cli::replica_volfile("rep3", &bricks, afr);
+        let at = "    option remote-host 127.0.0.1\n";
+        let parts: Vec<&str> = text.split(at).collect();
+        assert_eq!(parts.len(), self.bricks.len() + 1, "one remote-host per brick in:\n{text}");
+        let extra: String = client.iter().map(|(k, v)| format!("    option {k} {v}\n")).collect();
+        let mut out = parts[0].to_string();
+        for ((host, _), rest) in to.iter().zip(&parts[1..]) {
+            out += &format!("    option remote-host {host}\n{extra}");
+            out += rest;
+        }
+        out
     }
 }
 
