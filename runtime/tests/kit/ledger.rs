@@ -261,23 +261,24 @@ impl Ledger {
     /// Checks that `dir` (the writer's directory seen through the mount, or
     /// on a brick) holds every promised byte and, past them, only the
     /// pattern or zeros (a write that failed may or may not have landed).
-    /// Returns the number of bytes checked.
+    /// Returns the number of bytes checked; panics with what is wrong.
     pub fn verify_tree(&self, dir: &Path) -> u64 {
+        self.check_tree(dir).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Ledger::verify_tree`], saying what is wrong instead of panicking.
+    pub fn check_tree(&self, dir: &Path) -> Result<u64, String> {
         let mut checked = 0;
         for (n, f) in self.files.iter().enumerate() {
             let path = dir.join(&f.name);
             let data = match std::fs::read(&path) {
                 Ok(d) => d,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && f.promised == 0 => continue,
-                Err(e) => panic!("{}: {e} ({} bytes were promised)", path.display(), f.promised),
+                Err(e) => return Err(format!("{}: {e} ({} bytes were promised)", path.display(), f.promised)),
             };
-            assert!(
-                data.len() as u64 >= f.promised,
-                "{}: {} bytes, {} were promised",
-                path.display(),
-                data.len(),
-                f.promised
-            );
+            if (data.len() as u64) < f.promised {
+                return Err(format!("{}: {} bytes, {} were promised", path.display(), data.len(), f.promised));
+            }
             let want = pattern(n as u64, 0, data.len());
             let p = f.promised as usize;
             // Slices first (memcmp); byte by byte only to say where.
@@ -288,19 +289,20 @@ impl Ledger {
             } else {
                 None
             };
-            let bad = bad.map(|i| (i, (data[i], want[i])));
-            if let Some((i, (got, w))) = bad {
-                panic!(
-                    "{}: byte {i} is {got:#x}, want {w:#x} ({} bytes promised, {} written, {} on file)",
+            if let Some(i) = bad {
+                return Err(format!(
+                    "{}: byte {i} is {:#x}, want {:#x} ({} bytes promised, {} written, {} on file)",
                     path.display(),
+                    data[i],
+                    want[i],
                     f.promised,
                     f.written,
                     data.len()
-                );
+                ));
             }
             checked += data.len() as u64;
         }
-        checked
+        Ok(checked)
     }
 }
 
