@@ -8,25 +8,15 @@ mod kit;
 mod plugin_kit;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kit::daemon::{Daemon, brick_arg, brick_dirs, force_if_root, free_port, generation, graph_of, mount_status};
+use kit::daemon::{
+    Daemon, brick_arg, brick_dirs, force_if_root, free_port, generation, graph_of, mount_status, wait_for,
+};
 use kit::fuse_mount::FuseMount;
 
 /// How long a condition may take to come true: a hang guard.
 const DEADLINE: Duration = Duration::from_secs(60);
-
-/// Waits until `f` returns `Some`, at most [`DEADLINE`].
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// `xlfs volume status --json VOL`: (port, pid, up, restarts) per brick.
 fn bricks(d: &Daemon, vol: &str) -> Vec<(Option<u16>, Option<u32>, bool, u64)> {
@@ -93,7 +83,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     let b = bricks(&d, "gv0");
     assert!(b.iter().all(|(port, pid, up, _)| port.is_some() && pid.is_some() && *up), "{b:?}");
     // The volume's self-heal daemon runs (`volume status` shows it).
-    let shd_pid = wait_for("the self-heal daemon to run", || shd(&d, "gv0"));
+    let shd_pid = wait_for("the self-heal daemon to run", DEADLINE, || shd(&d, "gv0"));
     assert!(std::path::Path::new(&format!("/proc/{shd_pid}")).exists());
     let table = d.ok(&["status", "gv0"]);
     assert!(table.lines().any(|l| l.starts_with("Self-heal Daemon") && l.contains(&shd_pid.to_string())), "{table}");
@@ -116,7 +106,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     // volume set changes the mounted client's graph, without a remount.
     let pid = m.pid();
     assert!(d.ok(&["set", "gv0", "performance.write-behind", "off"]).contains("performance.write-behind = off"));
-    let after = wait_for("the mount to drop write-behind", || {
+    let after = wait_for("the mount to drop write-behind", DEADLINE, || {
         let s = mount_status(&mnt);
         (!graph_of(&s).contains("gv0-write-behind")).then_some(s)
     });
@@ -128,7 +118,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert!(got.contains("performance.write-behind") && got.contains("off") && got.contains("set"), "{got}");
     // An option key is reconfigured in place (the graph's shape stays).
     d.ok(&["set", "gv0", "performance.md-cache-timeout", "5"]);
-    let reconf = wait_for("md-cache-timeout reconfigured in the mount's graph", || {
+    let reconf = wait_for("md-cache-timeout reconfigured in the mount's graph", DEADLINE, || {
         let s = mount_status(&mnt);
         s.lines()
             .any(|l| l.starts_with("last reload") && l.contains("reconfigured") && l.contains("md-cache-timeout"))
@@ -141,7 +131,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     // out; the file stays readable throughout.
     let passthrough = format!("wasm:{}", plugin_kit::wasm("passthrough").display());
     assert!(d.ok(&["set", "gv0", "plugin.pt-probe", &passthrough]).contains("plugin.pt-probe"));
-    let with_plugin = wait_for("the mount to load the plugin", || {
+    let with_plugin = wait_for("the mount to load the plugin", DEADLINE, || {
         let s = mount_status(&mnt);
         graph_of(&s).contains("pt-probe").then_some(s)
     });
@@ -150,7 +140,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert_eq!(std::fs::read(mnt.join("hello")).expect("read through the plugin"), data);
     assert!(d.ok(&["get", "gv0", "all"]).lines().any(|l| l.starts_with("plugin.pt-probe") && l.ends_with("set")));
     d.ok(&["reset", "gv0", "plugin.pt-probe"]);
-    let without = wait_for("the mount to drop the plugin", || {
+    let without = wait_for("the mount to drop the plugin", DEADLINE, || {
         let s = mount_status(&mnt);
         (!graph_of(&s).contains("pt-probe")).then_some(s)
     });
@@ -166,7 +156,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     // SAFETY: kill(2) on the brick's pid, which the daemon reported.
     assert_eq!(unsafe { libc::kill(pid0 as libc::pid_t, libc::SIGKILL) }, 0);
     std::fs::write(mnt.join("while-down"), b"written while a brick was down").expect("write with 2 of 3 up");
-    let restarted = wait_for("the daemon to restart the killed brick", || {
+    let restarted = wait_for("the daemon to restart the killed brick", DEADLINE, || {
         let b = bricks(&d, "gv0");
         (b[0].2 && b[0].1.is_some_and(|p| p != pid0)).then_some(b)
     });
@@ -183,7 +173,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
         let line = format!("Brick {}: up, ", brick_arg(dir));
         assert!(info.lines().any(|l| l.starts_with(&line) && l.contains("to heal")), "{info}");
     }
-    wait_for("the self-heal daemon to leave nothing to heal", || {
+    wait_for("the self-heal daemon to leave nothing to heal", DEADLINE, || {
         let v: serde_json::Value = serde_json::from_str(&d.ok(&["heal", "gv0", "info", "--json"])).expect("JSON");
         let b = v["bricks"].as_array().expect("bricks").clone();
         let clean = b.len() == 3 && b.iter().all(|b| b["up"] == true && b["entries"] == 0);
@@ -228,9 +218,10 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     let pid1 = restarted[0].1.expect("pid");
     // SAFETY: kill(2) on the brick's pid, which the daemon reported.
     assert_eq!(unsafe { libc::kill(pid1 as libc::pid_t, libc::SIGKILL) }, 0);
-    let squatter =
-        wait_for("the old port to be free to take", || std::net::TcpListener::bind(("127.0.0.1", port0)).ok());
-    let moved = wait_for("the brick to come back on another port", || {
+    let squatter = wait_for("the old port to be free to take", DEADLINE, || {
+        std::net::TcpListener::bind(("127.0.0.1", port0)).ok()
+    });
+    let moved = wait_for("the brick to come back on another port", DEADLINE, || {
         let b = bricks(&d, "gv0");
         (b[0].2 && b[0].1.is_some_and(|p| p != pid1)).then_some(b)
     });
@@ -238,13 +229,13 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert_ne!(port2, port0, "the old port was taken");
     assert_eq!(d.ok(&["portmap", &brick_arg(&dirs[0])]).trim(), port2.to_string());
     assert!(d.ok(&["getspec", "gv0"]).contains(&format!("option remote-port {port2}\n")));
-    let followed = wait_for("the mount to load the volfile with the new port", || {
+    let followed = wait_for("the mount to load the volfile with the new port", DEADLINE, || {
         let s = mount_status(&mnt);
         (generation(&s) > gen_before).then_some(s)
     });
     assert!(followed.contains("(volfile server)"), "{followed}");
     let mut n = 0;
-    wait_for("a write through the mount to reach the moved brick", || {
+    wait_for("a write through the mount to reach the moved brick", DEADLINE, || {
         n += 1;
         let name = format!("probe-{n}");
         std::fs::write(mnt.join(&name), b"probe").expect("write");
@@ -257,17 +248,17 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     let gen_before = generation(&mount_status(&mnt));
     d.restart();
     assert!(d.ok(&["info", "gv0"]).contains("status = \"started\""));
-    let again = wait_for("the restarted daemon to serve all bricks", || {
+    let again = wait_for("the restarted daemon to serve all bricks", DEADLINE, || {
         let b = bricks(&d, "gv0");
         b.iter().all(|(_, pid, up, _)| *up && pid.is_some()).then_some(b)
     });
     assert_eq!(again.len(), 3);
     assert!(d.ok(&["get", "gv0", "performance.write-behind"]).contains("off"), "keys survive the restart");
-    wait_for("the mount to follow the restarted bricks", || {
+    wait_for("the mount to follow the restarted bricks", DEADLINE, || {
         (generation(&mount_status(&mnt)) > gen_before).then_some(())
     });
     std::fs::write(mnt.join("after-restart"), b"daemon restarted").expect("write after the daemon restart");
-    wait_for("the write to reach every brick", || {
+    wait_for("the write to reach every brick", DEADLINE, || {
         dirs.iter()
             .all(|d| std::fs::read(d.join("after-restart")).is_ok_and(|c| c == b"daemon restarted"))
             .then_some(())
@@ -280,7 +271,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert!(m.stop_with(libc::SIGTERM).success(), "unmounted cleanly");
     assert!(d.ok(&["stop", "gv0"]).contains("volume stop: gv0: success"));
     assert!(bricks(&d, "gv0").iter().all(|(_, pid, up, _)| pid.is_none() && !up));
-    wait_for("the self-heal daemon to stop with the volume", || shd(&d, "gv0").is_none().then_some(()));
+    wait_for("the self-heal daemon to stop with the volume", DEADLINE, || shd(&d, "gv0").is_none().then_some(()));
     assert!(d.refused(&["getspec", "gv0"]).contains("volume gv0 is not started"));
     assert!(d.refused(&["heal", "gv0", "info"]).contains("volume gv0 is not started"));
     assert!(d.ok(&["delete", "gv0"]).contains("volume delete: gv0: success"));

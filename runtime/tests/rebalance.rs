@@ -19,24 +19,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kit::daemon::{Daemon, brick_arg, brick_dirs, force_if_root, graph_of, mount_status};
+use kit::daemon::{Daemon, brick_arg, brick_dirs, force_if_root, graph_of, mount_status, wait_for};
 use kit::fuse_mount::FuseMount;
 
 const REPLICA: usize = 3;
 const FILES: usize = 300;
 const DEADLINE: Duration = Duration::from_secs(90);
-
-/// Waits until `f` returns `Some`, at most [`DEADLINE`].
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// File `k`'s first content: mostly a few KiB, every tenth 300 KB.
 fn content(k: usize, round: usize) -> Vec<u8> {
@@ -236,7 +224,7 @@ fn grow_two_by_three_to_three_by_three_under_a_workload() {
     let out = d.ok(&add.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(out.contains("volume add-brick: gv: success: 3 bricks added, 3 replica sets of 3"), "{out}");
     assert!(d.ok(&["getspec", "gv"]).contains("subvolumes gv-replicate-0 gv-replicate-1 gv-replicate-2\n"));
-    wait_for("the mount to switch to three sets", || {
+    wait_for("the mount to switch to three sets", DEADLINE, || {
         graph_of(&mount_status(&mnt)).contains("gv-replicate-2").then_some(())
     });
     std::thread::sleep(Duration::from_millis(500));
@@ -279,7 +267,7 @@ fn grow_two_by_three_to_three_by_three_under_a_workload() {
         let got = std::fs::read(mnt.join(name)).unwrap_or_else(|e| panic!("read {name}: {e}"));
         assert!(got == *want, "{name}: {} bytes, want {}", got.len(), want.len());
     }
-    let per_set = wait_for("every file on exactly one set, its copies alike", || {
+    let per_set = wait_for("every file on exactly one set, its copies alike", DEADLINE, || {
         let mut per_set = [0usize; 3];
         for name in model.files.keys() {
             match sets_holding(&dirs, name) {
@@ -313,7 +301,7 @@ fn grow_two_by_three_to_three_by_three_under_a_workload() {
 
 /// `volume rebalance VOL status --json` until it is no longer in progress.
 fn wait_rebalanced(d: &Daemon, vol: &str) -> serde_json::Value {
-    wait_for("the run to end", || {
+    wait_for("the run to end", DEADLINE, || {
         let s = rebalance_status(d, vol);
         (s["state"] != "in progress").then_some(s)
     })
@@ -386,7 +374,7 @@ fn remove_brick_moves_everything_off_before_commit() {
     eprintln!("{e}\n{out}");
     let spec = d.ok(&["getspec", "rv"]);
     assert!(!spec.contains("rv-client-3") && !spec.contains("decommissioned"), "{spec}");
-    wait_for("the mount to drop the removed set", || {
+    wait_for("the mount to drop the removed set", DEADLINE, || {
         (!graph_of(&mount_status(&mnt)).contains("rv-replicate-1")).then_some(())
     });
     let model = Arc::try_unwrap(model).ok().expect("sole owner").into_inner().expect("model");

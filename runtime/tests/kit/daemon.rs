@@ -179,3 +179,16 @@ impl Drop for Daemon {
         }
     }
 }
+
+/// Waits (blocking, polling every 100 ms) until `f` returns `Some`, at
+/// most `within`; panics naming `what` after that.
+pub fn wait_for<T>(what: &str, within: std::time::Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = std::time::Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(std::time::Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

@@ -306,18 +306,7 @@ impl Inner {
         at: &[usize],
         present: &[bool],
     ) -> Result<Layout, Errno> {
-        let mut now = Layout::empty(self.n());
-        let read = Request::new(Fop::Getxattr { loc: Loc::gfid(gfid), name: LAYOUT_XATTR.to_string() });
-        for (i, r) in at.iter().zip(self.fan(at, ctx, &read).await) {
-            match r {
-                Ok(rsp) => {
-                    let d = rsp.reply.into_xattrs()?;
-                    now.ranges[*i] = d.get_bytes(LAYOUT_XATTR).and_then(|b| Range::decode(&b));
-                }
-                Err(Errno::ENODATA) => {}
-                Err(e) => return Err(e),
-            }
-        }
+        let now = self.read_layout(ctx, gfid, at).await?;
         let whole = now.anomalies(present).none() && at.iter().all(|i| now.ranges[*i].is_some());
         if whole {
             return Ok(now);

@@ -187,7 +187,7 @@ impl Inner {
     }
 
     /// Each subvolume's range of directory `gfid` as stored now.
-    async fn read_layout(&self, ctx: &CallCtx, gfid: Gfid, at: &[usize]) -> Result<Layout, Errno> {
+    pub(super) async fn read_layout(&self, ctx: &CallCtx, gfid: Gfid, at: &[usize]) -> Result<Layout, Errno> {
         let mut now = Layout::empty(self.n());
         let read = Request::new(Fop::Getxattr { loc: Loc::gfid(gfid), name: LAYOUT_XATTR.to_string() });
         for (i, r) in at.iter().zip(self.fan(at, ctx, &read).await) {
