@@ -274,14 +274,7 @@ impl Inner {
         let at: Vec<usize> = (0..self.n()).filter(|i| present[*i]).collect();
         let Some(&lock_on) = at.first() else { return Err(Errno::ENOENT) };
         let lctx = ctx.with_lk_owner(self.owner());
-        let lock = |ty: LockType, cmd: LkCmd| {
-            Request::new(Fop::Inodelk {
-                domain: HEAL_DOMAIN.to_string(),
-                loc: Loc::gfid(gfid),
-                cmd,
-                lock: Flock::whole(ty, lctx.lk_owner),
-            })
-        };
+        let lock = |ty: LockType, cmd: LkCmd| layout_lock(gfid, lctx.lk_owner, ty, cmd);
         match self.wind(lock_on, &lctx, lock(LockType::Write, LkCmd::SetLkw)).await {
             Ok(_) => {}
             // No features/locks below (a bare posix child): nobody else can
@@ -347,4 +340,15 @@ impl Inner {
             None => Ok(()),
         }
     }
+}
+
+/// The whole-directory lock in the layout heal domain that layout heals
+/// and migrations of a directory's files take.
+pub(super) fn layout_lock(gfid: Gfid, owner: u64, ty: LockType, cmd: LkCmd) -> Request {
+    Request::new(Fop::Inodelk {
+        domain: HEAL_DOMAIN.to_string(),
+        loc: Loc::gfid(gfid),
+        cmd,
+        lock: Flock::whole(ty, owner),
+    })
 }

@@ -56,7 +56,8 @@ use xlfs_sdk::{
 };
 
 use super::layout::{COMMITTED, LAYOUT_XATTR, Layout, Range};
-use super::{DirInfo, HEAL_DOMAIN, Inner, LINK_MODE, LINKTO_XATTR, Where, linkto_of};
+use super::lookup::layout_lock;
+use super::{DirInfo, Inner, LINK_MODE, LINKTO_XATTR, Where, linkto_of};
 
 /// Setxattr key: rewrite this directory's layout over every subvolume.
 pub const FIX_LAYOUT_KEY: &str = "xlfs.dht.fix-layout";
@@ -154,14 +155,7 @@ impl Inner {
         }
         let all = self.all();
         let lctx = ctx.with_lk_owner(self.owner());
-        let lock = |ty: LockType, cmd: LkCmd| {
-            Request::new(Fop::Inodelk {
-                domain: HEAL_DOMAIN.to_string(),
-                loc: Loc::gfid(gfid),
-                cmd,
-                lock: Flock::whole(ty, lctx.lk_owner),
-            })
-        };
+        let lock = |ty: LockType, cmd: LkCmd| layout_lock(gfid, lctx.lk_owner, ty, cmd);
         let locked = match self.wind(0, &lctx, lock(LockType::Write, LkCmd::SetLkw)).await {
             Ok(_) => true,
             Err(Errno::ENOSYS) => false,
