@@ -195,7 +195,7 @@ fn rows_of(
     };
     // The brick cannot tell which calls were behind on this side: both
     // sides' calls are its entry's.
-    let at_brick = p.entry().and_then(|e| e.fops.iter().find(|f| f.kind == kind && f.count > 0));
+    let at_brick = p.entry().and_then(|e| times(e, kind, Side::Latency));
     let Some(at_brick) = at_brick else {
         row.note = Some(format!("wire; brick {} counted no {}", brick.remote, kind.name()));
         return vec![row];
@@ -219,7 +219,7 @@ fn rows_of(
     }];
     let place = format!("brick {}", brick.remote);
     for bn in &p.nodes {
-        if let Some(f) = bn.fops.iter().find(|f| f.kind == kind && f.count > 0) {
+        if let Some(f) = times(bn, kind, Side::Latency) {
             let r = node_row(bn, f, &place, factor.map(|k| k * scale));
             out.push(Row { self_ns: r.self_ns * scale, estimated: true, ..r });
         }

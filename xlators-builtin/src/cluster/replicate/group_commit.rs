@@ -95,7 +95,9 @@ impl Inner {
             let notified = gc.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let covers = {
+            // What this run covers, and whether that is only this caller's
+            // ticket (then its file is enough).
+            let run = {
                 let mut c = gc.children[i].lock();
                 if c.covered >= ticket {
                     return c.ok(ticket);
@@ -104,15 +106,13 @@ impl Inner {
                     None
                 } else {
                     c.running = true;
-                    Some(c.asked)
+                    Some((c.asked, c.asked == ticket && c.covered + 1 == ticket))
                 }
             };
-            let Some(covers) = covers else {
+            let Some((covers, alone)) = run else {
                 notified.await;
                 continue;
             };
-            // Covering only this caller's ticket: its file is enough.
-            let alone = covers == ticket && gc.children[i].lock().covered + 1 == ticket;
             let mut xdata = Dict::new();
             if alone {
                 gc.file_syncs.fetch_add(1, Ordering::Relaxed);

@@ -540,13 +540,15 @@ async fn a_listing_that_read_the_file_before_a_write_landed_shows_the_write() {
         write_ok(&xl, fd(1), 0, b"file 118\n".to_vec()).await;
         let reads = Arc::new(Semaphore::new(0));
         *file.read_gate.lock() = Some(reads.clone());
-        let fop = if lookup {
-            Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") }
-        } else {
-            Fop::Readdirp { fd: Fd { id: FdId(9), gfid: Gfid::ROOT }, size: 4096, offset: 0 }
+        let fop = move || {
+            if lookup {
+                Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") }
+            } else {
+                Fop::Readdirp { fd: Fd { id: FdId(9), gfid: Gfid::ROOT }, size: 4096, offset: 0 }
+            }
         };
         let x = xl.clone();
-        let listing = tokio::spawn(async move { x.call(ctx(), Request::new(fop)).await });
+        let listing = tokio::spawn(async move { x.call(ctx(), Request::new(fop())).await });
         settle().await;
         writes.add_permits(10);
         while dump(&xl, "queued-bytes") != 0 {
@@ -564,12 +566,7 @@ async fn a_listing_that_read_the_file_before_a_write_landed_shows_the_write() {
         assert_eq!(iatt.size, 9, "lookup {lookup}: the size after the write");
         assert!(content.is_none(), "lookup {lookup}: the content read before the write is not passed up");
         // With nothing written meanwhile, the child's reply passes as it is.
-        let again = if lookup {
-            Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") }
-        } else {
-            Fop::Readdirp { fd: Fd { id: FdId(9), gfid: Gfid::ROOT }, size: 4096, offset: 0 }
-        };
-        let rsp = xl.call(ctx(), Request::new(again)).await.expect("again");
+        let rsp = xl.call(ctx(), Request::new(fop())).await.expect("again");
         assert!(rsp.xdata.len() == 1, "lookup {lookup}: content kept: {:?}", rsp.xdata);
     }
 }
