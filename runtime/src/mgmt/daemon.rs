@@ -473,8 +473,7 @@ impl Daemon {
             }
             Request::Portmap { brick } => {
                 let b = BrickSpec::parse(&brick)?;
-                let canonical = BrickSpec { dir: std::fs::canonicalize(&b.dir).unwrap_or(b.dir.clone()), ..b.clone() };
-                let port = self.sup.port(&b).or_else(|| self.sup.port(&canonical));
+                let port = self.sup.port(&b).or_else(|| self.sup.port(&b.canonical()));
                 Ok(Reply::Port { port: port.ok_or(MgmtError::NoSuchBrick(brick))? })
             }
         }
@@ -742,56 +741,53 @@ impl Daemon {
 
     /// Starts a rebalance run of `kind` in the background.
     async fn start_run(&self, name: &str, kind: rebalance::Kind) -> Result<Reply, MgmtError> {
-        {
-            {
-                let v = self.get(name)?;
-                if v.spec.bricks.len() <= v.spec.replica {
-                    return Err(MgmtError::NotDistributed(name.to_string()));
-                }
-                let (_, graph) = self.client_graph(name).await?;
-                let up = graph.wait_up(GRAPH_WAIT).await;
-                crate::cli::heal::wait_children(&graph, GRAPH_WAIT).await;
-                let dht = graph.nodes_of_type(xlfs_xlators::cluster::distribute::TYPE.name).into_iter().next();
-                let (dht, up) = match (dht, up) {
-                    (Some((dht, _)), Ok(())) => (dht, Ok(())),
-                    (None, _) => (graph.top(), Err(MgmtError::NotDistributed(name.to_string()))),
-                    (_, Err(e)) => (graph.top(), Err(MgmtError::Graph { name: name.to_string(), why: e.to_string() })),
-                };
-                if let Err(e) = up {
-                    drop_graph(graph).await;
-                    return Err(e);
-                }
-                let p = Progress::new(name, kind);
-                let busy = {
-                    let mut runs = self.rebalances.lock();
-                    let busy = runs.get(name).is_some_and(|p| p.running());
-                    if !busy {
-                        runs.insert(name.to_string(), p.clone());
-                    }
-                    busy
-                };
-                if busy {
-                    drop_graph(graph).await;
-                    return Err(MgmtError::RebalanceRunning(name.to_string()));
-                }
-                let vol = name.to_string();
-                tokio::spawn(async move {
-                    let r = rebalance::run(dht, kind, p.clone()).await;
-                    match &r {
-                        Ok(()) => tracing::info!(volume = %vol, status = ?p.status(), "rebalance ended"),
-                        Err(e) => tracing::error!(volume = %vol, "rebalance failed: {e}"),
-                    }
-                    p.finish(r);
-                    drop_graph(graph).await;
-                });
-                let what = match kind {
-                    rebalance::Kind::Rebalance => "rebalance",
-                    rebalance::Kind::FixLayout => "fix-layout",
-                    rebalance::Kind::RemoveBrick => "remove-brick",
-                };
-                Ok(done(format!("volume {what}: {name}: {what} started; see its status")))
-            }
+        let v = self.get(name)?;
+        if v.spec.bricks.len() <= v.spec.replica {
+            return Err(MgmtError::NotDistributed(name.to_string()));
         }
+        let (_, graph) = self.client_graph(name).await?;
+        let up = graph.wait_up(GRAPH_WAIT).await;
+        crate::cli::heal::wait_children(&graph, GRAPH_WAIT).await;
+        let dht = graph.nodes_of_type(xlfs_xlators::cluster::distribute::TYPE.name).into_iter().next();
+        let dht = match (dht, up) {
+            (Some((dht, _)), Ok(())) => dht,
+            (found, up) => {
+                drop_graph(graph).await;
+                return Err(match up {
+                    Err(e) if found.is_some() => MgmtError::Graph { name: name.to_string(), why: e.to_string() },
+                    _ => MgmtError::NotDistributed(name.to_string()),
+                });
+            }
+        };
+        let p = Progress::new(name, kind);
+        let busy = {
+            let mut runs = self.rebalances.lock();
+            let busy = runs.get(name).is_some_and(|p| p.running());
+            if !busy {
+                runs.insert(name.to_string(), p.clone());
+            }
+            busy
+        };
+        if busy {
+            drop_graph(graph).await;
+            return Err(MgmtError::RebalanceRunning(name.to_string()));
+        }
+        let vol = name.to_string();
+        tokio::spawn(async move {
+            let r = rebalance::run(dht, kind, p.clone()).await;
+            match &r {
+                Ok(()) => tracing::info!(volume = %vol, status = ?p.status(), "rebalance ended"),
+                Err(e) => tracing::error!(volume = %vol, "rebalance failed: {e}"),
+            }
+            p.finish(r);
+            drop_graph(graph).await;
+        });
+        let what = match kind {
+            rebalance::Kind::Rebalance => "rebalance",
+            rebalance::Kind::FixLayout => "fix-layout",
+            rebalance::Kind::RemoveBrick => "remove-brick",
+        };
+        Ok(done(format!("volume {what}: {name}: {what} started; see its status")))
     }
 
     /// `volume remove-brick NAME HOST:DIR... start|status|commit`.
@@ -800,8 +796,7 @@ impl Daemon {
         let bad = |why: String| MgmtError::BadRemove { name: name.to_string(), why };
         let mut given = Vec::new();
         for raw in bricks {
-            let b = BrickSpec::parse(raw)?;
-            let b = BrickSpec { dir: std::fs::canonicalize(&b.dir).unwrap_or(b.dir.clone()), ..b };
+            let b = BrickSpec::parse(raw)?.canonical();
             if !v.spec.bricks.contains(&b) {
                 return Err(MgmtError::NotInVolume { name: name.to_string(), brick: raw.clone() });
             }

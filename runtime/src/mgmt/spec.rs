@@ -63,6 +63,16 @@ impl BrickSpec {
         }
         Ok(BrickSpec { host: host.to_string(), dir: PathBuf::from(dir) })
     }
+
+    /// The same brick with its directory canonical where it exists here
+    /// (symlinks and `..` resolved), as the daemon stores bricks; as given
+    /// otherwise.
+    pub fn canonical(&self) -> BrickSpec {
+        BrickSpec {
+            host: self.host.clone(),
+            dir: std::fs::canonicalize(&self.dir).unwrap_or_else(|_| self.dir.clone()),
+        }
+    }
 }
 
 /// A volume as the daemon keeps it.
