@@ -121,9 +121,11 @@ const CRASH_LIMIT: Opt<kind::Int> = Opt::int("crash-loop-limit", "5").range(1.0,
 );
 const CRASH_WINDOW: Opt<kind::Time> =
     Opt::time("crash-loop-window", "60s").range(0.001, 86400.0).desc("The window crash-loop-limit counts crashes in.");
-const WASM_MODULE: Opt<kind::Module> = Opt::optional("module")
+/// The option naming a plugin's module file.
+pub(crate) const MODULE_OPTION: &str = "module";
+const WASM_MODULE: Opt<kind::Module> = Opt::optional(MODULE_OPTION)
     .desc("The plugin: a core WebAssembly module built for wasm32-unknown-unknown against xlfs-sdk (feature guest).");
-const DYLIB_MODULE: Opt<kind::Module> = Opt::optional("module").desc(
+const DYLIB_MODULE: Opt<kind::Module> = Opt::optional(MODULE_OPTION).desc(
     "The plugin: a native shared library (cdylib) built against xlfs-sdk (feature guest). It runs in the process \
      and is trusted.",
 );
@@ -318,6 +320,23 @@ pub(crate) fn load(kind: Kind, path: &Path) -> Result<Arc<Loaded>, PluginError> 
         }
     }
     Ok(loaded)
+}
+
+/// The content hash of the loaded module whose options `decls` are (the
+/// type [`specialize`] gave a volume), if `decls` came from one: what a
+/// graph validated against that module names, even if the file has
+/// changed since.
+pub(crate) fn loaded_hash(decls: &[OptionDecl]) -> Option<[u8; 32]> {
+    let c = cache().lock();
+    c.decls.iter().find(|&(_, &d)| std::ptr::eq(d, decls)).map(|(k, _)| k.1)
+}
+
+/// Remembers `decls` as those of a module with content `bytes`, as
+/// [`load`] does (for tests that need no real module).
+#[cfg(test)]
+pub(crate) fn remember_decls(kind: Kind, bytes: &[u8], plugin: &[DeclaredOption]) -> &'static [OptionDecl] {
+    let key: Key = (kind, Sha256::digest(bytes).into());
+    *cache().lock().decls.entry(key).or_insert_with(|| leak_decls(kind.host_options(), plugin))
 }
 
 fn leak(s: &str) -> &'static str {

@@ -172,11 +172,18 @@ pub(super) fn module_files<'a>(
 }
 
 /// The content hash of each module file a node's options name, by option.
-/// A file larger than [`MAX_HASHED_FILE`] or unreadable hashes as what
-/// went wrong (a later readable one differs).
+/// A plugin's own module hashes as the content its declarations (`decls`)
+/// were read from, so that a file rewritten during validation is seen as
+/// changed by the next reload rather than run under the old module's
+/// options. Other files are read: one larger than [`MAX_HASHED_FILE`] or
+/// unreadable hashes as what went wrong (a later readable one differs).
 pub(super) fn files_hash(decls: &[OptionDecl], options: &Options) -> Vec<(String, [u8; 32])> {
+    let loaded = crate::plugin::loaded_hash(decls);
     module_files(decls, options)
         .map(|(key, path)| {
+            if let (Some(hash), crate::plugin::MODULE_OPTION) = (loaded, key) {
+                return (key.to_string(), hash);
+            }
             let bytes = match std::fs::metadata(&path) {
                 Ok(m) if m.len() > MAX_HASHED_FILE => format!("larger than {MAX_HASHED_FILE} bytes").into_bytes(),
                 _ => std::fs::read(&path).unwrap_or_else(|e| e.to_string().into_bytes()),

@@ -485,6 +485,24 @@ fn a_changed_module_file_is_a_structural_change() {
 }
 
 #[test]
+fn a_plugin_module_hashes_as_what_its_options_were_checked_against() {
+    // The file was rewritten after the module's declarations were read
+    // (during a reload's validation): the spec must name the content it
+    // validated, so that the next reload sees the change.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let file = tmp.path().join("plug.wasm");
+    std::fs::write(&file, b"the new build").expect("write");
+    let loaded = crate::plugin::remember_decls(crate::plugin::Kind::Wasm, b"the old build", &[]);
+    let module = format!("{}", file.display());
+    let options = Options::resolve(loaded, [("module", module.as_str())]).expect("valid");
+    let digest = |b: &[u8]| -> [u8; 32] { Sha256::digest(b).into() };
+    assert_eq!(files_hash(loaded, &options), vec![("module".to_string(), digest(b"the old build"))]);
+    // Declarations that come from no loaded module: the file is read.
+    let generic = crate::plugin::WASM_TYPE.options;
+    assert_eq!(files_hash(generic, &options), vec![("module".to_string(), digest(b"the new build"))]);
+}
+
+#[test]
 fn reconfigure_is_all_or_nothing() {
     let g = build(CHAIN);
     take_log();
