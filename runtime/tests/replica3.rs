@@ -149,7 +149,10 @@ fn quorum_auto_with_two_bricks_down_refuses_writes_and_keeps_reads() {
     let m = FuseMount::start(&c.replica_volfile(&[]), "");
     let tmp = tempfile::tempdir().expect("tmp");
     let vol = volfile_file(tmp.path(), &c.replica_volfile(&[]));
-    sh(m.path(), &[], "mkdir d && printf 'healthy data\\n' > d/f && sync");
+    // `sync FILE DIR` fsyncs them: a bare `sync` (syncfs) never reaches a
+    // FUSE daemon, and close returns before write-behind's write lands
+    // (flush-behind), so without it the bricks may be killed first.
+    sh(m.path(), &[], "mkdir d && printf 'healthy data\\n' > d/f && sync d/f d");
     c[1].kill();
     c[2].kill();
     // Wait for the client to notice (ENOTCONN on the next fops).

@@ -256,10 +256,10 @@ impl Inner {
         if let Some(bad) = known {
             return (bad, false);
         }
-        if self.lookup(ctx, Loc::gfid(gfid), Dict::new()).await.is_err() {
-            return (0, true);
-        }
-        (self.known_bad(gfid, kind), true)
+        // A failed lookup tells nothing new: what was known still holds
+        // (a copy known to have missed a write is not read).
+        let fresh = self.lookup(ctx, Loc::gfid(gfid), Dict::new()).await.is_ok();
+        (self.known_bad(gfid, kind), fresh)
     }
 
     /// A read fop on one child, failing over to the next; returns the child

@@ -34,6 +34,21 @@ async fn reads_go_to_one_child_and_fail_over() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_known_stale_is_not_read_when_the_recheck_fails() {
+    let c = Cluster::new();
+    let (n, fd) = child_2_missed_a_write(&c).await;
+    // Child 2 (the preferred one) comes back; the lookup that would look
+    // at the copies again fails everywhere. What was known still holds.
+    n.up(2);
+    for i in 0..N {
+        n.fail(i, &[FopKind::Lookup], Errno::EIO);
+    }
+    assert_eq!(n.read(fd, 0, 3).await.expect("read"), Bytes::from_static(b"two"));
+    assert_eq!(n.seen(2, &[FopKind::Readv]), 0, "no read from the stale child");
+    n.close(fd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookup_content_comes_only_from_a_copy_a_read_would_use() {
     use xlfs_sdk::Value;
     use xlfs_sdk::dict::keys::CONTENT;
