@@ -179,21 +179,100 @@ impl Layout {
         self.ranges.iter().zip(present).all(|(r, p)| !*p || r.is_some_and(|r| r.commit == COMMITTED))
     }
 
-    /// The layout a repair writes: [`Layout::fresh`], committed only when
-    /// no subvolume that held a range would hold another one.
+    /// The layout a repair writes: [`Layout::balanced_on`] over every
+    /// subvolume, committed only when no subvolume that held a range would
+    /// hold another one.
     pub fn repaired(&self, gfid: Gfid) -> Layout {
         self.repaired_on(gfid, &vec![true; self.ranges.len()])
     }
 
     /// [`Layout::repaired`] over the subvolumes `active` marks.
     pub fn repaired_on(&self, gfid: Gfid, active: &[bool]) -> Layout {
-        let fresh = Layout::fresh_on(gfid, active, COMMITTED);
-        let moved = self.ranges.iter().zip(&fresh.ranges).any(|(old, new)| match (old, new) {
+        let mut new = self.balanced_on(gfid, active, COMMITTED);
+        let moved = self.ranges.iter().zip(&new.ranges).any(|(old, new)| match (old, new) {
             (Some(o), Some(n)) => !o.is_empty() && (o.start, o.stop) != (n.start, n.stop),
             (Some(o), None) => !o.is_empty(),
             _ => false,
         });
-        if moved { Layout::fresh_on(gfid, active, UNSETTLED) } else { fresh }
+        if moved {
+            new.ranges.iter_mut().flatten().for_each(|r| r.commit = UNSETTLED);
+        }
+        new
+    }
+
+    /// The equal ranges of [`Layout::fresh_on`] over the subvolumes
+    /// `active` marks, each handed to the subvolume that already holds
+    /// most of it (GlusterFS's `dht_selfheal_layout_maximize_overlap`), so
+    /// that as few names as possible change subvolume: growing from two
+    /// subvolumes to three moves a third of the hash space, not two thirds.
+    /// A range no subvolume holds any of goes where `fresh_on` puts it, so
+    /// a directory with no range anywhere gets `fresh_on`'s layout, and so
+    /// does one that has it already. Deterministic: two clients repairing
+    /// the same layout write the same one.
+    pub fn balanced_on(&self, gfid: Gfid, active: &[bool], commit: u32) -> Layout {
+        let fresh = Layout::fresh_on(gfid, active, commit);
+        // Each range to hand out, with the subvolume fresh_on gives it to.
+        let slots: Vec<(usize, Range)> =
+            (0..active.len()).filter(|&i| active[i]).filter_map(|i| fresh.ranges[i].map(|r| (i, r))).collect();
+        let held = |j: usize, r: &Range| -> u64 {
+            match self.ranges.get(j).copied().flatten() {
+                Some(o) if active[j] && !o.is_empty() => {
+                    let (lo, hi) = (o.start.max(r.start), o.stop.min(r.stop));
+                    if lo <= hi { u64::from(hi - lo) + 1 } else { 0 }
+                }
+                _ => 0,
+            }
+        };
+        // (overlap, not fresh_on's pair, slot, subvolume), best first.
+        let mut pairs: Vec<(u64, bool, usize, usize)> = Vec::new();
+        for (s, (owner, r)) in slots.iter().enumerate() {
+            for j in (0..active.len()).filter(|&j| active[j]) {
+                let o = held(j, r);
+                if o > 0 {
+                    pairs.push((o, j != *owner, s, j));
+                }
+            }
+        }
+        pairs.sort_unstable_by(|a, b| b.0.cmp(&a.0).then((a.1, a.2, a.3).cmp(&(b.1, b.2, b.3))));
+        let mut to: Vec<Option<usize>> = vec![None; slots.len()];
+        let mut taken = vec![false; active.len()];
+        for (_, _, s, j) in pairs {
+            if to[s].is_none() && !taken[j] {
+                to[s] = Some(j);
+                taken[j] = true;
+            }
+        }
+        for (s, (owner, _)) in slots.iter().enumerate() {
+            if to[s].is_none() {
+                let j = if taken[*owner] { (0..active.len()).find(|&j| active[j] && !taken[j]) } else { Some(*owner) };
+                if let Some(j) = j {
+                    to[s] = Some(j);
+                    taken[j] = true;
+                }
+            }
+        }
+        let mut l = fresh.clone();
+        for (s, (_, r)) in slots.iter().enumerate() {
+            if let Some(j) = to[s] {
+                l.ranges[j] = Some(*r);
+            }
+        }
+        l
+    }
+
+    /// How many hash values change subvolume from this layout to `new`.
+    pub fn moved_to(&self, new: &Layout) -> u64 {
+        let kept: u64 = self
+            .ranges
+            .iter()
+            .zip(&new.ranges)
+            .filter_map(|(o, n)| {
+                let (o, n) = ((*o)?, (*n)?);
+                let (lo, hi) = (o.start.max(n.start), o.stop.min(n.stop));
+                (!o.is_empty() && !n.is_empty() && lo <= hi).then(|| u64::from(hi - lo) + 1)
+            })
+            .sum();
+        (1u64 << 32) - kept
     }
 }
 
@@ -232,5 +311,55 @@ mod tests {
         assert_eq!(l.repaired(g), Layout::fresh(g, 3, COMMITTED));
         assert!(o.repaired(g).ranges.iter().flatten().all(|r| r.commit == UNSETTLED));
         assert_eq!(Range::decode(&[0u8; 15]), None);
+    }
+
+    /// Every order of `0..n`.
+    fn permutations(n: usize) -> Vec<Vec<usize>> {
+        if n == 0 {
+            return vec![Vec::new()];
+        }
+        let mut out = Vec::new();
+        for p in permutations(n - 1) {
+            for at in 0..=p.len() {
+                let mut q = p.clone();
+                q.insert(at, n - 1);
+                out.push(q);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn growing_keeps_as_much_of_each_range_as_it_can() {
+        for _ in 0..50 {
+            let g = Gfid::random();
+            for n in 1..=5usize {
+                // n subvolumes laid out, one more added: the new one's share
+                // (1/(n+1) of the hash space) moves, within rounding.
+                let mut grown = Layout::empty(n + 1);
+                grown.ranges[..n].copy_from_slice(&Layout::fresh(g, n, COMMITTED).ranges);
+                let fixed = grown.repaired(g);
+                assert!(fixed.anomalies(&vec![true; n + 1]).none(), "{fixed:?}");
+                // As little as any order of the equal ranges would move.
+                let fresh = Layout::fresh(g, n + 1, COMMITTED);
+                let best = permutations(n + 1)
+                    .into_iter()
+                    .map(|p| grown.moved_to(&Layout { ranges: p.iter().map(|&k| fresh.ranges[k]).collect() }))
+                    .min()
+                    .expect("one order at least");
+                let moved = grown.moved_to(&fixed);
+                assert_eq!(moved, best, "{n} -> {}: {moved} moved, {best} could", n + 1);
+                if n == 2 {
+                    let third = (moved as f64 / 2f64.powi(32) - 1.0 / 3.0).abs();
+                    assert!(third < 1e-6, "2 -> 3 moves a third of the hash space: {moved}");
+                }
+                assert_eq!(fixed.moved_to(&fixed.repaired(g)), 0, "repairing again changes nothing");
+            }
+            // Nothing held anywhere, or fresh already: fresh's layout.
+            assert_eq!(Layout::empty(4).repaired(g), Layout::fresh(g, 4, COMMITTED));
+            let fresh = Layout::fresh(g, 4, COMMITTED);
+            assert_eq!(fresh.repaired(g), fresh);
+            assert_eq!(fresh.moved_to(&fresh), 0);
+        }
     }
 }

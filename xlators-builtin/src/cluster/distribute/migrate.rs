@@ -372,8 +372,9 @@ impl Inner {
 
 impl Layout {
     /// fix-layout's target for directory `gfid`: None when the ranges are
-    /// already [`Layout::fresh`]'s; else the fresh layout, committed only
-    /// when no subvolume that held a range would hold another one.
+    /// already balanced ([`Layout::balanced_on`]); else the balanced
+    /// layout, committed only when no subvolume that held a range would
+    /// hold another one.
     pub fn fixed(&self, gfid: Gfid) -> Option<Layout> {
         self.fixed_on(gfid, &vec![true; self.ranges.len()])
     }
@@ -381,12 +382,12 @@ impl Layout {
     /// [`Layout::fixed`] over the subvolumes `active` marks (the others
     /// being removed get empty ranges).
     pub fn fixed_on(&self, gfid: Gfid, active: &[bool]) -> Option<Layout> {
-        let fresh = Layout::fresh_on(gfid, active, COMMITTED);
+        let target = self.repaired_on(gfid, active);
         let same = |a: &Option<Range>, b: &Option<Range>| a.map(|r| (r.start, r.stop)) == b.map(|r| (r.start, r.stop));
-        if self.ranges.iter().zip(&fresh.ranges).all(|(a, b)| same(a, b)) {
+        if self.ranges.iter().zip(&target.ranges).all(|(a, b)| same(a, b)) {
             return None;
         }
-        Some(self.repaired_on(gfid, active))
+        Some(target)
     }
 
     /// settle's target: the same ranges committed, when they are whole

@@ -141,9 +141,8 @@ pub(super) fn read_at(f: &OpenFd, size: usize, offset: u64) -> Sys<Vec<u8>> {
         let n = sys::pread_full(file, buf.as_mut_slice(), offset)?;
         return Ok(buf.as_slice()[..n].to_vec());
     }
-    let mut buf = vec![0u8; size];
-    let n = sys::pread_full(file, &mut buf, offset)?;
-    buf.truncate(n);
+    let mut buf = sys::pread_vec(file, size, offset)?;
+    let n = buf.len();
     // A short read (end of file) gives back what it did not fill, so the
     // reply does not hold the whole requested size until it is written.
     if n < size / 2 {

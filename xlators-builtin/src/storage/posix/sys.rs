@@ -354,6 +354,27 @@ pub(crate) fn pread_full(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> Sys
     Ok(done)
 }
 
+/// Reads up to `size` bytes at `offset` (fewer at end of file) into a new
+/// buffer, which is not zeroed first: a 1 MiB read spends no time in
+/// memset.
+pub(crate) fn pread_vec(fd: BorrowedFd<'_>, size: usize, offset: u64) -> Sys<Vec<u8>> {
+    let mut buf: Vec<u8> = Vec::with_capacity(size);
+    while buf.len() < size {
+        let done = buf.len();
+        let at = off(offset.checked_add(done as u64).ok_or(Errno::EINVAL)?)?;
+        let rest = &mut buf.spare_capacity_mut()[..size - done];
+        let n = sys!(libc::pread(fd.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len(), at))?;
+        if n == 0 {
+            break;
+        }
+        let n = usize::try_from(n).map_err(|_| Errno::EIO)?.min(size - done);
+        // SAFETY: pread initialized the n bytes that follow the `done`
+        // initialized ones, within the capacity.
+        unsafe { buf.set_len(done + n) };
+    }
+    Ok(buf)
+}
+
 /// `pwrite` that retries short writes until all of `data` is written.
 pub(crate) fn pwrite_all(fd: BorrowedFd<'_>, data: &[u8], offset: u64) -> Sys<()> {
     let mut done = 0;
