@@ -336,7 +336,7 @@ pub(crate) fn loaded_hash(decls: &[OptionDecl]) -> Option<[u8; 32]> {
 #[cfg(test)]
 pub(crate) fn remember_decls(kind: Kind, bytes: &[u8], plugin: &[DeclaredOption]) -> &'static [OptionDecl] {
     let key: Key = (kind, Sha256::digest(bytes).into());
-    *cache().lock().decls.entry(key).or_insert_with(|| leak_decls(kind.host_options(), plugin))
+    cache().lock().decls.entry(key).or_insert_with(|| leak_decls(kind.host_options(), plugin))
 }
 
 fn leak(s: &str) -> &'static str {

@@ -18,25 +18,6 @@ use kit::fuse_mount::FuseMount;
 /// How long a condition may take to come true: a hang guard.
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// `xlfs volume status --json VOL`: (port, pid, up, restarts) per brick.
-fn bricks(d: &Daemon, vol: &str) -> Vec<(Option<u16>, Option<u32>, bool, u64)> {
-    let out = d.ok(&["status", vol, "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&out).expect("status is JSON");
-    v["volumes"][0]["bricks"]
-        .as_array()
-        .expect("bricks")
-        .iter()
-        .map(|b| {
-            (
-                b["port"].as_u64().map(|p| p as u16),
-                b["pid"].as_u64().map(|p| p as u32),
-                b["up"].as_bool().expect("up"),
-                b["restarts"].as_u64().expect("restarts"),
-            )
-        })
-        .collect()
-}
-
 /// The pid of the volume's self-heal daemon, if `volume status` shows it up.
 fn shd(d: &Daemon, vol: &str) -> Option<u32> {
     let v: serde_json::Value = serde_json::from_str(&d.ok(&["status", vol, "--json"])).expect("status is JSON");
@@ -80,7 +61,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     );
 
     assert!(d.ok(&["start", "gv0"]).contains("volume start: gv0: success"));
-    let b = bricks(&d, "gv0");
+    let b = d.bricks("gv0");
     assert!(b.iter().all(|(port, pid, up, _)| port.is_some() && pid.is_some() && *up), "{b:?}");
     // The volume's self-heal daemon runs (`volume status` shows it).
     let shd_pid = wait_for("the self-heal daemon to run", DEADLINE, || shd(&d, "gv0"));
@@ -157,7 +138,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert_eq!(unsafe { libc::kill(pid0 as libc::pid_t, libc::SIGKILL) }, 0);
     std::fs::write(mnt.join("while-down"), b"written while a brick was down").expect("write with 2 of 3 up");
     let restarted = wait_for("the daemon to restart the killed brick", DEADLINE, || {
-        let b = bricks(&d, "gv0");
+        let b = d.bricks("gv0");
         (b[0].2 && b[0].1.is_some_and(|p| p != pid0)).then_some(b)
     });
     assert!(restarted[0].3 >= 1, "a restart is counted: {restarted:?}");
@@ -222,7 +203,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
         std::net::TcpListener::bind(("127.0.0.1", port0)).ok()
     });
     let moved = wait_for("the brick to come back on another port", DEADLINE, || {
-        let b = bricks(&d, "gv0");
+        let b = d.bricks("gv0");
         (b[0].2 && b[0].1.is_some_and(|p| p != pid1)).then_some(b)
     });
     let port2 = moved[0].0.expect("port");
@@ -249,7 +230,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     d.restart();
     assert!(d.ok(&["info", "gv0"]).contains("status = \"started\""));
     let again = wait_for("the restarted daemon to serve all bricks", DEADLINE, || {
-        let b = bricks(&d, "gv0");
+        let b = d.bricks("gv0");
         b.iter().all(|(_, pid, up, _)| *up && pid.is_some()).then_some(b)
     });
     assert_eq!(again.len(), 3);
@@ -270,7 +251,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     let mut m = m;
     assert!(m.stop_with(libc::SIGTERM).success(), "unmounted cleanly");
     assert!(d.ok(&["stop", "gv0"]).contains("volume stop: gv0: success"));
-    assert!(bricks(&d, "gv0").iter().all(|(_, pid, up, _)| pid.is_none() && !up));
+    assert!(d.bricks("gv0").iter().all(|(_, pid, up, _)| pid.is_none() && !up));
     wait_for("the self-heal daemon to stop with the volume", DEADLINE, || shd(&d, "gv0").is_none().then_some(()));
     assert!(d.refused(&["getspec", "gv0"]).contains("volume gv0 is not started"));
     assert!(d.refused(&["heal", "gv0", "info"]).contains("volume gv0 is not started"));

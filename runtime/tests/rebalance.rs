@@ -8,7 +8,10 @@
 //! each set holds a fair share, and `rebalance status` shows the counts.
 //! Then `rebalance fix-layout` on a 2 x 3 volume, and `remove-brick ...
 //! start` of one of its sets under the same kind of workload: commit is
-//! refused until every file has left the set, then drops it.
+//! refused until every file has left the set, then drops it. And a
+//! rebalance during which a whole replica set goes away (two of its three
+//! bricks killed and kept down): it pauses, says why, and resumes once
+//! the set is back, with nothing lost or left behind.
 
 mod kit;
 
@@ -57,6 +60,24 @@ fn sets_holding(bricks: &[PathBuf], rel: &str) -> Result<Vec<usize>, String> {
         }
     }
     Ok(out)
+}
+
+/// Writes the FILES files (under `d/` from the 200th: `d` must exist)
+/// and returns their model. The directories are fsynced: the mount
+/// creates files asynchronously (async-dirops), and until a create has
+/// reached the bricks another client (the daemon's rebalance) does not
+/// list the name.
+fn seed(mnt: &std::path::Path) -> Model {
+    let mut model = Model::default();
+    for k in 0..FILES {
+        let c = content(k, 0);
+        std::fs::write(mnt.join(rel(k)), &c).expect("write a file");
+        model.files.insert(rel(k), c);
+    }
+    for dir in [mnt.to_path_buf(), mnt.join("d")] {
+        std::fs::File::open(&dir).and_then(|d| d.sync_all()).expect("fsync the directory");
+    }
+    model
 }
 
 /// `volume rebalance VOL status --json`.
@@ -181,12 +202,7 @@ fn grow_two_by_three_to_three_by_three_under_a_workload() {
     let mnt = m.path().to_path_buf();
     std::fs::create_dir(mnt.join("d")).expect("mkdir d");
     std::fs::create_dir(mnt.join("live")).expect("mkdir live");
-    let model = Arc::new(Mutex::new(Model::default()));
-    for k in 0..FILES {
-        let c = content(k, 0);
-        std::fs::write(mnt.join(rel(k)), &c).expect("write a file");
-        model.lock().expect("model").files.insert(rel(k), c);
-    }
+    let model = Arc::new(Mutex::new(seed(&mnt)));
 
     // Bad add-bricks are refused, naming the reason.
     let refused = |args: &[&str]| {
@@ -235,7 +251,7 @@ fn grow_two_by_three_to_three_by_three_under_a_workload() {
     let end = Instant::now() + DEADLINE;
     let status = loop {
         let s = rebalance_status(&d, "gv");
-        if s["state"] != "in progress" {
+        if s["state"] != "in progress" && s["state"] != "paused" {
             break s;
         }
         if Instant::now() > end {
@@ -299,11 +315,11 @@ fn grow_two_by_three_to_three_by_three_under_a_workload() {
     drop(m);
 }
 
-/// `volume rebalance VOL status --json` until it is no longer in progress.
+/// `volume rebalance VOL status --json` once the run has ended.
 fn wait_rebalanced(d: &Daemon, vol: &str) -> serde_json::Value {
     wait_for("the run to end", DEADLINE, || {
         let s = rebalance_status(d, vol);
-        (s["state"] != "in progress").then_some(s)
+        (s["state"] != "in progress" && s["state"] != "paused").then_some(s)
     })
 }
 
@@ -322,12 +338,7 @@ fn remove_brick_moves_everything_off_before_commit() {
     let m = FuseMount::start_by_name(&format!("{}:/rv", d.addr()), "", &["--spec-interval", "0.3"]);
     let mnt = m.path().to_path_buf();
     std::fs::create_dir(mnt.join("d")).expect("mkdir d");
-    let model = Arc::new(Mutex::new(Model::default()));
-    for k in 0..FILES {
-        let c = content(k, 0);
-        std::fs::write(mnt.join(rel(k)), &c).expect("write a file");
-        model.lock().expect("model").files.insert(rel(k), c);
-    }
+    let model = Arc::new(Mutex::new(seed(&mnt)));
     let leaving: Vec<String> = dirs[REPLICA..].iter().map(|p| brick_arg(p)).collect();
     let rm = |what: &str| -> Vec<String> {
         let mut a: Vec<String> = vec!["remove-brick".into(), "rv".into()];
@@ -383,5 +394,87 @@ fn remove_brick_moves_everything_off_before_commit() {
         let got = std::fs::read(mnt.join(name)).unwrap_or_else(|e| panic!("read {name} after commit: {e}"));
         assert!(got == *want, "{name}: {} bytes, want {}", got.len(), want.len());
     }
+    drop(m);
+}
+
+#[test]
+fn a_rebalance_pauses_while_a_replica_set_is_away_and_resumes() {
+    kit::init_tracing();
+    let tmp = tempfile::Builder::new().prefix("xlfs-rebal-away-").tempdir().expect("tempdir");
+    let dirs = brick_dirs(tmp.path(), 3 * REPLICA);
+    let force = force_if_root(tmp.path());
+    let d = Daemon::start();
+    let mut create: Vec<String> = ["create", "pv", "replica", "3"].map(String::from).to_vec();
+    create.extend(dirs[..2 * REPLICA].iter().map(|p| brick_arg(p)));
+    create.extend(force.map(String::from));
+    d.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
+    d.ok(&["start", "pv"]);
+    let m = FuseMount::start_by_name(&format!("{}:/pv", d.addr()), "", &["--spec-interval", "0.3"]);
+    let mnt = m.path().to_path_buf();
+    std::fs::create_dir(mnt.join("d")).expect("mkdir d");
+    let model = seed(&mnt);
+    let mut add: Vec<String> = ["add-brick", "pv", "replica", "3"].map(String::from).to_vec();
+    add.extend(dirs[2 * REPLICA..].iter().map(|p| brick_arg(p)));
+    add.extend(force.map(String::from));
+    d.ok(&add.iter().map(String::as_str).collect::<Vec<_>>());
+    wait_for("the mount to switch to three sets", DEADLINE, || {
+        graph_of(&mount_status(&mnt)).contains("pv-replicate-2").then_some(())
+    });
+
+    assert!(d.ok(&["rebalance", "pv", "start"]).contains("rebalance started"));
+    wait_for("a few files moved", DEADLINE, || (rebalance_status(&d, "pv")["moved"].as_u64() >= Some(3)).then_some(()));
+    // The new set loses two of its three bricks, and they stay down: their
+    // directories are moved away, so the daemon's restarts fail.
+    let pids: Vec<u32> = d.bricks("pv")[2 * REPLICA..2 * REPLICA + 2].iter().map(|b| b.1.expect("pid")).collect();
+    let away: Vec<(PathBuf, PathBuf)> =
+        dirs[2 * REPLICA..2 * REPLICA + 2].iter().map(|p| (p.clone(), p.with_extension("away"))).collect();
+    for ((from, to), pid) in away.iter().zip(&pids) {
+        std::fs::rename(from, to).expect("move the brick directory away");
+        // SAFETY: kill(2) on a brick's pid, which the daemon reported.
+        assert_eq!(unsafe { libc::kill(*pid as libc::pid_t, libc::SIGKILL) }, 0);
+    }
+    let paused = wait_for("the rebalance to pause", DEADLINE, || {
+        let s = rebalance_status(&d, "pv");
+        assert_ne!(s["state"], "completed", "completed without the set: {s}");
+        (s["state"] == "paused").then_some(s)
+    });
+    assert!(paused["error"].as_str().is_some_and(|e| e.contains("paused at") && e.contains("ENOTCONN")), "{paused}");
+    let table = d.ok(&["rebalance", "pv", "status"]);
+    assert!(table.contains("rebalance of volume pv: paused") && table.contains("waiting: paused at"), "{table}");
+    eprintln!("while the set is away:\n{table}");
+    // Still paused a while later: nothing is skipped or failed meanwhile.
+    std::thread::sleep(Duration::from_secs(2));
+    let still = rebalance_status(&d, "pv");
+    assert_eq!((still["state"].as_str(), still["failed"].as_u64()), (Some("paused"), Some(0)), "{still}");
+
+    // The set comes back (the daemon's next restart finds the directories).
+    for (from, to) in &away {
+        std::fs::rename(to, from).expect("move the brick directory back");
+    }
+    let status = wait_rebalanced(&d, "pv");
+    let table = d.ok(&["rebalance", "pv", "status"]);
+    eprintln!("after the set came back:\n{table}");
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(status["failed"], 0, "{status}");
+    assert!(status["pauses"].as_u64() >= Some(1), "{status}");
+    assert!(table.contains("paused 1 time") || table.contains("paused 2 time"), "{table}");
+
+    // Nothing lost, every file on exactly one set, spread over the three.
+    for (name, want) in &model.files {
+        let got = std::fs::read(mnt.join(name)).unwrap_or_else(|e| panic!("read {name}: {e}"));
+        assert!(got == *want, "{name}: {} bytes, want {}", got.len(), want.len());
+    }
+    let per_set = wait_for("every file on exactly one set, its copies alike", DEADLINE, || {
+        let mut per_set = [0usize; 3];
+        for name in model.files.keys() {
+            match sets_holding(&dirs, name) {
+                Ok(sets) if sets.len() == 1 => per_set[sets[0]] += 1,
+                _ => return None,
+            }
+        }
+        Some(per_set)
+    });
+    assert!(per_set.iter().all(|c| c * 5 >= FILES), "{per_set:?}");
+    eprintln!("files per set {per_set:?}; status {status}");
     drop(m);
 }

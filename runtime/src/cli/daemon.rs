@@ -546,7 +546,10 @@ fn render_rebalance(s: &RebalanceStatus) -> String {
         out += &format!("{} {}/{} files\n", progress_bar(s.scanned, s.total, 30), s.scanned.min(s.total), s.total);
     }
     if let Some(e) = &s.error {
-        out += &format!("last error: {e}\n");
+        out += &format!("{}: {e}\n", if s.state == "paused" { "waiting" } else { "last error" });
+    }
+    if s.pauses > 0 {
+        out += &format!("paused {} time(s) while a replica set was unreachable\n", s.pauses);
     }
     out
 }

@@ -177,7 +177,8 @@ pub struct RebalanceStatus {
     pub name: String,
     /// `fix-layout`, `rebalance` or `remove-brick`.
     pub kind: String,
-    /// `not started`, `in progress`, `completed`, `stopped` or `failed`.
+    /// `not started`, `in progress`, `paused` (waiting for a replica set
+    /// to be reachable again), `completed`, `stopped` or `failed`.
     pub state: String,
     /// Directories whose layout was fixed.
     pub dirs: u64,
@@ -199,6 +200,9 @@ pub struct RebalanceStatus {
     pub eta_secs: Option<f64>,
     /// Why the run failed, or the last failure.
     pub error: Option<String>,
+    /// Times the run paused because a replica set could not be reached.
+    #[serde(default)]
+    pub pauses: u64,
 }
 
 /// What `volume heal` does.

@@ -13,7 +13,16 @@
 //! elsewhere, then its subdirectories. Before a `start`, the tree is
 //! counted once, for the time-left estimate. A stop is seen between two
 //! files. Progress lives in [`Progress`] and is shown by `status`.
+//!
+//! A step that fails with ENOTCONN (a replica set without quorum, or a
+//! subvolume down) is not counted as failed: the run pauses, says which
+//! step waits and why, tries it again every [`RETRY`] and goes on from
+//! there once the set is back (GlusterFS's rebalance likewise stops
+//! rather than skip what it cannot reach). A file whose move was cut
+//! short stays whole where it was; the link file the move left on the
+//! destination is reused by the next try.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -26,6 +35,8 @@ use super::protocol::RebalanceStatus;
 
 /// Bytes asked per readdirp.
 const READDIR_SIZE: u32 = 128 << 10;
+/// How often a paused run tries its step again.
+const RETRY: Duration = Duration::from_secs(1);
 
 /// What a run does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +82,9 @@ pub struct Progress {
     ended: Mutex<Option<Instant>>,
     state: Mutex<State>,
     last_error: Mutex<Option<String>>,
+    /// What the run waits for while paused.
+    paused: Mutex<Option<String>>,
+    pauses: AtomicU64,
     stop: AtomicBool,
     dirs: AtomicU64,
     scanned: AtomicU64,
@@ -91,6 +105,8 @@ impl Progress {
             ended: Mutex::new(None),
             state: Mutex::new(State::Running),
             last_error: Mutex::new(None),
+            paused: Mutex::new(None),
+            pauses: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             dirs: AtomicU64::new(0),
             scanned: AtomicU64::new(0),
@@ -132,14 +148,17 @@ impl Progress {
             State::Running => eta(elapsed, scanned, total).map(|d| d.as_secs_f64()),
             _ => None,
         };
+        let paused = self.paused.lock().clone();
         let error = match &state {
             State::Failed(e) => Some(e.clone()),
+            State::Running if paused.is_some() => paused.clone(),
             _ => self.last_error.lock().clone(),
         };
         RebalanceStatus {
             name: self.name.clone(),
             kind: self.kind.name().to_string(),
             state: match state {
+                State::Running if paused.is_some() => "paused",
                 State::Running => "in progress",
                 State::Completed => "completed",
                 State::Stopped => "stopped",
@@ -156,6 +175,44 @@ impl Progress {
             elapsed_secs: elapsed.as_secs_f64(),
             eta_secs: eta,
             error,
+            pauses: self.pauses.load(Ordering::Relaxed),
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Runs `op` until it does not fail with ENOTCONN, pausing the run
+    /// meanwhile (`what` says which step waits). None when a stop was
+    /// asked for while paused.
+    async fn patiently<T, Fut>(&self, what: &str, mut op: impl FnMut() -> Fut) -> Option<Result<T, Errno>>
+    where
+        Fut: Future<Output = Result<T, Errno>>,
+    {
+        loop {
+            match op().await {
+                Err(Errno::ENOTCONN) => {
+                    let mut paused = self.paused.lock();
+                    if paused.is_none() {
+                        self.pauses.fetch_add(1, Ordering::Relaxed);
+                        let why = format!("paused at {what}: {}; trying again every {RETRY:?}", Errno::ENOTCONN);
+                        tracing::warn!(volume = %self.name, "rebalance: {why}");
+                        *paused = Some(why);
+                    }
+                }
+                r => {
+                    if self.paused.lock().take().is_some() {
+                        tracing::info!(volume = %self.name, "rebalance: resumed at {what}");
+                    }
+                    return Some(r);
+                }
+            }
+            if self.stopping() {
+                *self.paused.lock() = None;
+                return None;
+            }
+            tokio::time::sleep(RETRY).await;
         }
     }
 }
@@ -189,26 +246,31 @@ pub async fn run(dht: Child, kind: Kind, p: Arc<Progress>) -> Result<(), String>
     }
     let mut todo: Vec<(Gfid, String)> = vec![(Gfid::ROOT, "/".to_string())];
     while let Some((dir, path)) = todo.pop() {
-        if p.stop.load(Ordering::Relaxed) {
+        if p.stopping() {
             return Ok(());
         }
-        let fix = Request::new(Fop::Setxattr { loc: Loc::gfid(dir), xattrs: key(FIX_LAYOUT_KEY), flags: 0 });
-        dht.call(ctx.clone(), fix)
-            .await
-            .map_err(|errno| CrawlError { what: "fix-layout of", path: path.clone(), errno }.to_string())?;
+        let fix = || {
+            let req = Request::new(Fop::Setxattr { loc: Loc::gfid(dir), xattrs: key(FIX_LAYOUT_KEY), flags: 0 });
+            dht.call(ctx.clone(), req)
+        };
+        let Some(fixed) = p.patiently(&format!("fix-layout of {path}"), fix).await else { return Ok(()) };
+        fixed.map_err(|errno| CrawlError { what: "fix-layout of", path: path.clone(), errno }.to_string())?;
         p.dirs.fetch_add(1, Ordering::Relaxed);
-        let entries = list(&dht, &ctx, dir)
-            .await
-            .map_err(|errno| CrawlError { what: "listing", path: path.clone(), errno }.to_string())?;
+        let Some(entries) = p.patiently(&format!("listing {path}"), || list(&dht, &ctx, dir)).await else {
+            return Ok(());
+        };
+        let entries = entries.map_err(|errno| CrawlError { what: "listing", path: path.clone(), errno }.to_string())?;
         let mut all_in_place = true;
         let mut busy = Vec::new();
         for (name, ty, gfid) in entries {
             let child = format!("{}{name}", if path == "/" { "/".to_string() } else { format!("{path}/") });
             if ty == FileType::Directory {
-                // A lookup by name makes it where it is missing.
-                let look = Request::new(Fop::Lookup { loc: Loc::entry(dir, name.clone()) });
-                match dht.call(ctx.clone(), look).await.and_then(|r| r.reply.into_entry().map_err(Errno::from)) {
-                    Ok(iatt) => todo.push((iatt.gfid, child)),
+                let Some(looked) = p.patiently(&format!("lookup of {child}"), || lookup(&dht, &ctx, dir, &name)).await
+                else {
+                    return Ok(());
+                };
+                match looked {
+                    Ok(gfid) => todo.push((gfid, child)),
                     Err(e) => {
                         all_in_place = false;
                         note(&p, format!("lookup of {child}: {e}"));
@@ -219,33 +281,40 @@ pub async fn run(dht: Child, kind: Kind, p: Arc<Progress>) -> Result<(), String>
             if !kind.moves() {
                 continue;
             }
-            if p.stop.load(Ordering::Relaxed) {
+            if p.stopping() {
                 return Ok(());
             }
             p.scanned.fetch_add(1, Ordering::Relaxed);
             match migrate_one(&dht, &ctx, &p, dir, &name, gfid, &child).await {
-                Moved::Busy => busy.push((name, gfid, child)),
-                Moved::Done(in_place) => all_in_place &= in_place,
+                None => return Ok(()),
+                Some(Moved::Busy) => busy.push((name, gfid, child)),
+                Some(Moved::Done(in_place)) => all_in_place &= in_place,
             }
         }
         // Files whose lock stayed taken: once more, after the others.
         for (name, gfid, child) in busy {
-            if p.stop.load(Ordering::Relaxed) {
+            if p.stopping() {
                 return Ok(());
             }
             match migrate_one(&dht, &ctx, &p, dir, &name, gfid, &child).await {
-                Moved::Busy => {
+                None => return Ok(()),
+                Some(Moved::Busy) => {
                     all_in_place = false;
                     p.skipped.fetch_add(1, Ordering::Relaxed);
                     note(&p, format!("not moved: {child}: {BUSY}"));
                 }
-                Moved::Done(in_place) => all_in_place &= in_place,
+                Some(Moved::Done(in_place)) => all_in_place &= in_place,
             }
         }
         if kind.moves() && all_in_place {
-            let settle = Request::new(Fop::Setxattr { loc: Loc::gfid(dir), xattrs: key(SETTLE_KEY), flags: 0 });
-            if let Err(e) = dht.call(ctx.clone(), settle).await {
-                note(&p, format!("settling {path}: {e}"));
+            let settle = || {
+                let req = Request::new(Fop::Setxattr { loc: Loc::gfid(dir), xattrs: key(SETTLE_KEY), flags: 0 });
+                dht.call(ctx.clone(), req)
+            };
+            match p.patiently(&format!("settling {path}"), settle).await {
+                None => return Ok(()),
+                Some(Err(e)) => note(&p, format!("settling {path}: {e}")),
+                Some(Ok(_)) => {}
             }
         }
     }
@@ -261,7 +330,8 @@ enum Moved {
     Busy,
 }
 
-/// Asks distribute to move one file; counts the outcome.
+/// Asks distribute to move one file (pausing while its replica sets are
+/// unreachable); counts the outcome. None when a stop was asked for.
 async fn migrate_one(
     dht: &Child,
     ctx: &CallCtx,
@@ -270,13 +340,16 @@ async fn migrate_one(
     name: &str,
     gfid: Gfid,
     child: &str,
-) -> Moved {
-    let mig = Request::new(Fop::Setxattr {
-        loc: Loc::entry(dir, name.to_string()).with_gfid(gfid),
-        xattrs: key(MIGRATE_KEY),
-        flags: 0,
-    });
-    match dht.call(ctx.clone(), mig).await {
+) -> Option<Moved> {
+    let mig = || {
+        let req = Request::new(Fop::Setxattr {
+            loc: Loc::entry(dir, name.to_string()).with_gfid(gfid),
+            xattrs: key(MIGRATE_KEY),
+            flags: 0,
+        });
+        dht.call(ctx.clone(), req)
+    };
+    Some(match p.patiently(&format!("moving {child}"), mig).await? {
         Ok(rsp) => match (rsp.xdata.get(MIGRATED_KEY), rsp.xdata.get(SKIPPED_KEY)) {
             (Some(Value::U64(b)), _) => {
                 p.moved.fetch_add(1, Ordering::Relaxed);
@@ -305,7 +378,14 @@ async fn migrate_one(
             note(p, format!("moving {child}: {e}"));
             Moved::Done(false)
         }
-    }
+    })
+}
+
+/// A subdirectory's gfid, looked up by name (which makes it on the
+/// replica sets that lack it).
+async fn lookup(dht: &Child, ctx: &CallCtx, dir: Gfid, name: &str) -> Result<Gfid, Errno> {
+    let look = Request::new(Fop::Lookup { loc: Loc::entry(dir, name.to_string()) });
+    dht.call(ctx.clone(), look).await.and_then(|r| r.reply.into_entry().map_err(Errno::from)).map(|iatt| iatt.gfid)
 }
 
 fn note(p: &Progress, e: String) {
@@ -325,17 +405,14 @@ async fn count(dht: &Child, ctx: &CallCtx, p: &Progress) -> Result<u64, CrawlErr
         if p.stop.load(Ordering::Relaxed) {
             break;
         }
-        let entries =
-            list(dht, ctx, dir).await.map_err(|errno| CrawlError { what: "counting", path: dir.to_string(), errno })?;
-        for (name, ty, _) in entries {
+        let err = |errno| CrawlError { what: "counting", path: dir.to_string(), errno };
+        let Some(entries) = p.patiently("counting", || list(dht, ctx, dir)).await else { break };
+        for (name, ty, _) in entries.map_err(err)? {
             if ty == FileType::Directory {
                 // By name: a lookup makes the directory where it is missing
                 // (a new replica set), so it can be opened everywhere.
-                let look = Request::new(Fop::Lookup { loc: Loc::entry(dir, name) });
-                match dht.call(ctx.clone(), look).await.and_then(|r| r.reply.into_entry().map_err(Errno::from)) {
-                    Ok(iatt) => todo.push(iatt.gfid),
-                    Err(errno) => return Err(CrawlError { what: "counting", path: dir.to_string(), errno }),
-                }
+                let Some(gfid) = p.patiently("counting", || lookup(dht, ctx, dir, &name)).await else { break };
+                todo.push(gfid.map_err(err)?);
             } else {
                 n += 1;
             }

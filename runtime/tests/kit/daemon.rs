@@ -143,6 +143,25 @@ impl Daemon {
         err
     }
 
+    /// `xlfs volume status --json VOL`: (port, pid, up, restarts) per brick.
+    pub fn bricks(&self, vol: &str) -> Vec<(Option<u16>, Option<u32>, bool, u64)> {
+        let out = self.ok(&["status", vol, "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("status is JSON");
+        v["volumes"][0]["bricks"]
+            .as_array()
+            .expect("bricks")
+            .iter()
+            .map(|b| {
+                (
+                    b["port"].as_u64().map(|p| p as u16),
+                    b["pid"].as_u64().map(|p| p as u32),
+                    b["up"].as_bool().expect("up"),
+                    b["restarts"].as_u64().expect("restarts"),
+                )
+            })
+            .collect()
+    }
+
     /// Stops it (SIGTERM, exit 0 expected) and starts it again on the same
     /// state directory and address.
     pub fn restart(&mut self) {
