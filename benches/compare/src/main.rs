@@ -70,6 +70,10 @@ pub struct Args {
     /// case), and a tmpfs directory as their local reference.
     #[arg(long)]
     pub tmpfs: bool,
+    /// Replica-3 sets of the xlfs and GlusterFS columns: more than one puts
+    /// distribute over them (`xlfs up --sets N`; a GlusterFS N x 3 volume).
+    #[arg(long, default_value_t = 1)]
+    pub sets: u32,
     /// One more xlfs column: NAME='xlfs up arguments', e.g. wb='-o writeback-cache'
     /// or noperf='--perf none'; repeatable.
     #[arg(long = "xlfs-column", value_name = "NAME=ARGS")]

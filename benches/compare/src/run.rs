@@ -74,6 +74,28 @@ struct Ctx {
     count_locks: bool,
 }
 
+/// gluster-ref.sh's `up` for a distributed-replicated volume of `sets`
+/// replica-3 sets (bricks DIR/b1..b{3 x sets}); prints MNT= and REMOUNT=
+/// as the script does. Its `down` tears it down as well.
+fn gluster_sets_up(dir: &Path, vol: &str, sets: u32) -> String {
+    let d = sq(&dir.to_string_lossy());
+    let bricks: Vec<String> = (1..=3 * sets).map(|i| format!("\"$HOST:\"{d}/b{i}")).collect();
+    format!(
+        r#"set -euo pipefail
+HOST=$(hostname)
+pgrep -x glusterd >/dev/null || {{ mkdir -p /var/log/glusterfs; glusterd; sleep 3; }}
+mkdir -p {d}/mnt {dirs}
+gluster volume info {vol} >/dev/null 2>&1 || gluster --mode=script volume create {vol} replica 3 {bricks} force >/dev/null
+gluster volume info {vol} | grep -q 'Status: Started' || gluster volume start {vol} >/dev/null
+mountpoint -q {d}/mnt || mount -t glusterfs "$HOST:/{vol}" {d}/mnt
+echo "MNT='{raw}/mnt'"
+echo "REMOUNT='umount {raw}/mnt && mount -t glusterfs $HOST:/{vol} {raw}/mnt'""#,
+        raw = dir.display(),
+        dirs = (1..=3 * sets).map(|i| format!("{d}/b{i}")).collect::<Vec<_>>().join(" "),
+        bricks = bricks.join(" "),
+    )
+}
+
 fn gluster_pids() -> Vec<u32> {
     cpu::pids()
         .into_iter()
@@ -124,13 +146,17 @@ impl Ctx {
                 }
                 (mnt, remount)
             }
-            Kind::Gluster { vol, set } => {
+            Kind::Gluster { vol, set, sets } => {
                 if !self.gluster_dirs.iter().any(|(d, _)| *d == s.dir) {
                     self.gluster_dirs.push((s.dir.clone(), vol.clone()));
                 }
                 let script = self.bench.join("gluster-ref.sh");
-                let out = setup_cmd(Command::new("bash").arg(&script).arg("up").arg(&s.dir).arg(vol), &mut self.log)
-                    .with_context(|| format!("bringing up {}", s.name))?;
+                let out = if *sets > 1 {
+                    setup_cmd(Command::new("bash").arg("-c").arg(gluster_sets_up(&s.dir, vol, *sets)), &mut self.log)
+                } else {
+                    setup_cmd(Command::new("bash").arg(&script).arg("up").arg(&s.dir).arg(vol), &mut self.log)
+                }
+                .with_context(|| format!("bringing up {}", s.name))?;
                 let get = |k: &str| {
                     out.lines()
                         .find_map(|l| l.strip_prefix(k))

@@ -496,6 +496,35 @@ impl Xlator for Distribute {
 }
 
 /// The entry attributes of a lookup-type reply.
+/// The attributes a reply carries about its inode (not its parent's).
+fn inode_iatt(reply: &mut Reply) -> Option<&mut xlfs_sdk::Iatt> {
+    match reply {
+        Reply::Entry { iatt, .. } | Reply::Attr(iatt) | Reply::PrePost { post: iatt, .. } => Some(iatt),
+        _ => None,
+    }
+}
+
+/// A directory's attributes as one (GlusterFS's `dht_iatt_merge`): every
+/// subvolume holds a copy, changed as names land on it, so `into` (one
+/// copy's reply) gets the latest times and the largest size and blocks of
+/// all the copies' replies in `all`. Every path (lookup, stat, setattr)
+/// then gives the same answer, and a name made on any subvolume moves the
+/// directory's times (`tar` and `make` compare them).
+fn merge_dir(into: &mut Response, all: &mut [FopResult]) {
+    let Some(t) = inode_iatt(&mut into.reply) else { return };
+    for r in all.iter_mut().flatten() {
+        let Some(o) = inode_iatt(&mut r.reply) else { continue };
+        if o.gfid != t.gfid {
+            continue;
+        }
+        t.atime = t.atime.max(o.atime);
+        t.mtime = t.mtime.max(o.mtime);
+        t.ctime = t.ctime.max(o.ctime);
+        t.size = t.size.max(o.size);
+        t.blocks = t.blocks.max(o.blocks);
+    }
+}
+
 fn entry_iatt(rsp: &Response) -> Result<xlfs_sdk::Iatt, Errno> {
     match &rsp.reply {
         Reply::Entry { iatt, .. } => Ok(*iatt),

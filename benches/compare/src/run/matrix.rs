@@ -9,9 +9,11 @@ pub(super) enum Kind {
     /// `xlfs up DIR ARGS`, then, when set, read-ahead's `policy` option
     /// written into the client volfile (and the client remounted).
     Xlfs { args: Vec<String>, ra_policy: Option<String> },
-    /// gluster-ref.sh with this volume, then these `gluster volume set`
-    /// options (and the client remounted).
-    Gluster { vol: String, set: Vec<(String, String)> },
+    /// gluster-ref.sh with this volume (or, for more than one replica-3
+    /// set, the same steps with `3 x sets` bricks: distribute over
+    /// replicate), then these `gluster volume set` options (and the
+    /// client remounted).
+    Gluster { vol: String, set: Vec<(String, String)>, sets: u32 },
     /// A directory.
     Local,
 }
@@ -50,15 +52,19 @@ pub(super) struct Workload {
 /// The systems of the standard comparison or of a preset.
 pub(super) fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>> {
     let mut v = Vec::new();
-    let xlfs = |name: &str, dir: PathBuf, args: Vec<String>| System {
-        name: name.into(),
-        kind: Kind::Xlfs { args, ra_policy: None },
-        dir,
-        fresh: false,
+    if args.sets == 0 {
+        bail!("--sets: at least one replica set");
+    }
+    let sets = args.sets;
+    let xlfs = |name: &str, dir: PathBuf, mut args: Vec<String>| {
+        if sets > 1 {
+            args.extend(["--sets".to_string(), sets.to_string()]);
+        }
+        System { name: name.into(), kind: Kind::Xlfs { args, ra_policy: None }, dir, fresh: false }
     };
     let gluster = |name: &str, dir: PathBuf, vol: String| System {
         name: name.into(),
-        kind: Kind::Gluster { vol, set: Vec::new() },
+        kind: Kind::Gluster { vol, set: Vec::new(), sets: args.sets },
         dir,
         fresh: false,
     };
@@ -92,6 +98,7 @@ pub(super) fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>
                     name: format!("glusterfs ra={ra} iot={iot}"),
                     kind: Kind::Gluster {
                         vol: vol.into(),
+                        sets: 1,
                         set: vec![
                             ("performance.read-ahead".into(), ra.into()),
                             ("performance.client-io-threads".into(), iot.into()),

@@ -33,7 +33,7 @@ use xlfs_sdk::{CallCtx, Dict, Errno, Fop, FopResult, Gfid, Loc, Reply, Request, 
 
 use super::layout::{COMMITTED, Layout};
 use super::lookup::Found;
-use super::{DirInfo, Inner, LINK_MODE, LINKTO_XATTR, Where, first_error};
+use super::{DirInfo, Inner, LINK_MODE, LINKTO_XATTR, Where, entry_iatt, first_error};
 
 /// The gfid a creating fop asked for, or a new one.
 fn gfid_for(xdata: &Dict) -> Gfid {
@@ -74,6 +74,22 @@ impl Inner {
             self.stats.links_made.fetch_add(1, Ordering::Relaxed);
         }
         r
+    }
+
+    /// A link file of `gfid` (to subvolume `to`) named `at` on `on`. When
+    /// `on` already holds an inode of that gfid (a link file of the same
+    /// file under another name: a brick has one inode per gfid), `at`
+    /// becomes another name of it, as GlusterFS links the source's link
+    /// file in a rename or link.
+    async fn link_file(&self, ctx: &CallCtx, on: usize, at: &Loc, gfid: Gfid, to: usize) -> Result<(), Errno> {
+        match self.make_link(ctx, on, at, gfid, to).await {
+            Ok(_) => Ok(()),
+            Err(Errno::EEXIST) => {
+                let req = Request::new(Fop::Link { old: Loc::gfid(gfid), new: Loc::entry(at.parent, at.name.clone()) });
+                self.wind(on, ctx, req).await.map(|_| ())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Removes the entry `name` in `parent` on subvolume `on` if it still
@@ -246,15 +262,22 @@ impl Inner {
     /// new name's hashed subvolume first when that is another.
     pub(super) async fn link(&self, ctx: &CallCtx, fop: Fop, xdata: Dict) -> FopResult {
         let Fop::Link { old, new } = fop else { return Err(Errno::EINVAL) };
-        let f = self.find(ctx, &old, &Dict::new()).await?;
-        let iatt = f.iatt();
+        // FUSE names the old inode by gfid alone.
+        let (c, iatt) = if old.name.is_empty() {
+            match self.lookup_gfid(ctx, old.gfid, &Dict::new()).await? {
+                (Where::File(i), rsp) => (i, entry_iatt(&rsp)?),
+                (Where::Dir, _) => return Err(Errno::EPERM),
+            }
+        } else {
+            let f = self.find(ctx, &old, &Dict::new()).await?;
+            (f.cached, f.iatt())
+        };
         if iatt.is_dir() {
             return Err(Errno::EPERM);
         }
         let nh = self.hashed_of(ctx, &new).await?;
-        let c = f.cached;
         if nh != c {
-            self.make_link(ctx, nh, &new, iatt.gfid, c).await?;
+            self.link_file(ctx, nh, &new, iatt.gfid, c).await?;
         }
         let req = Request::with_xdata(Fop::Link { old: old.with_gfid(iatt.gfid), new: new.clone() }, xdata);
         let r = self.wind(c, ctx, req).await;
@@ -345,38 +368,47 @@ impl Inner {
     ) -> Result<Undo, Errno> {
         match dst {
             Some(d) if d.linked && d.hashed == Some(dh) => {
-                // The old `new`'s link file: point it at C.
-                let dg = d.iatt().gfid;
-                let mut x = Dict::new();
-                x.set_bytes(LINKTO_XATTR, self.children[c].name.as_bytes().to_vec());
-                let req = Request::new(Fop::Setxattr { loc: Loc::gfid(dg), xattrs: x, flags: 0 });
-                self.wind(dh, ctx, req).await?;
-                Ok(Undo::Repoint { gfid: dg, to: d.cached })
+                // The old `new`'s link file names the old `new`'s gfid: a
+                // link file of the source's gfid replaces it, at once.
+                self.replace_link(ctx, dh, new, gfid, c).await?;
+                Ok(Undo::Replace { old: d.iatt().gfid, to: d.cached })
             }
             Some(d) if d.cached == dh => {
                 // The old `new`'s data is on DH: it goes now (rename would
                 // replace it anyway), and a link takes its place.
                 self.remove_on(ctx, dh, new.parent, &new.name, d.iatt().gfid).await?;
-                self.make_link(ctx, dh, new, gfid, c).await?;
+                self.link_file(ctx, dh, new, gfid, c).await?;
                 Ok(Undo::Remove { gfid })
             }
             _ => {
-                self.make_link(ctx, dh, new, gfid, c).await?;
+                self.link_file(ctx, dh, new, gfid, c).await?;
                 Ok(Undo::Remove { gfid })
             }
         }
+    }
+
+    /// Makes `new` on subvolume `on` a link file of `gfid` to subvolume
+    /// `to`, replacing the link file there: made under a hidden name
+    /// (link files are never listed), then renamed over `new`, so that
+    /// `new` never goes missing on `on`.
+    async fn replace_link(&self, ctx: &CallCtx, on: usize, new: &Loc, gfid: Gfid, to: usize) -> Result<(), Errno> {
+        let tmp = Loc::entry(new.parent, format!(".xlfs-link-{gfid}"));
+        self.remove_on(ctx, on, tmp.parent, &tmp.name, gfid).await?;
+        self.link_file(ctx, on, &tmp, gfid, to).await?;
+        let swap =
+            Fop::Rename { old: tmp.clone().with_gfid(gfid), new: Loc::entry(new.parent, new.name.clone()), flags: 0 };
+        if let Err(e) = self.wind(on, ctx, Request::new(swap)).await {
+            let _ = self.remove_on(ctx, on, tmp.parent, &tmp.name, gfid).await;
+            return Err(e);
+        }
+        Ok(())
     }
 
     async fn undo_route(&self, ctx: &CallCtx, new: &Loc, dh: usize, undo: Undo) {
         let r = match undo {
             Undo::None => Ok(()),
             Undo::Remove { gfid } => self.remove_on(ctx, dh, new.parent, &new.name, gfid).await,
-            Undo::Repoint { gfid, to } => {
-                let mut x = Dict::new();
-                x.set_bytes(LINKTO_XATTR, self.children[to].name.as_bytes().to_vec());
-                let req = Request::new(Fop::Setxattr { loc: Loc::gfid(gfid), xattrs: x, flags: 0 });
-                self.wind(dh, ctx, req).await.map(|_| ())
-            }
+            Undo::Replace { old, to, .. } => self.replace_link(ctx, dh, new, old, to).await,
         };
         if let Err(e) = r {
             tracing::warn!(volume = %self.name, name = %new.name, "rename undo: {e}");
@@ -409,9 +441,10 @@ enum Undo {
     Remove {
         gfid: Gfid,
     },
-    /// The old `new`'s link file, to point back at its subvolume.
-    Repoint {
-        gfid: Gfid,
+    /// The old `new`'s link file (gfid `old`, to subvolume `to`), replaced
+    /// by one of the source's gfid: to be put back.
+    Replace {
+        old: Gfid,
         to: usize,
     },
 }

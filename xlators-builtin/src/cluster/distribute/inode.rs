@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use xlfs_sdk::{CallCtx, Dict, Errno, Fd, Fop, FopResult, Gfid, Loc, Reply, Request};
 
-use super::{Inner, Where, fd_id_of, first_error, migrate, strip_private};
+use super::{Inner, Where, fd_id_of, first_error, merge_dir, migrate, strip_private};
 
 /// Fops on a directory that change it: sent to every subvolume.
 fn dir_change(fop: &Fop) -> bool {
@@ -111,16 +111,28 @@ impl Inner {
     /// Sends to every subvolume; the first error fails it, else the first
     /// subvolume's answer.
     async fn on_all(&self, ctx: &CallCtx, req: &Request) -> FopResult {
-        let res = self.fan(&self.all(), ctx, req).await;
+        let mut res = self.fan(&self.all(), ctx, req).await;
         if let Some(e) = first_error(&res, &[]) {
             return Err(e);
         }
-        res.into_iter().next().unwrap_or(Err(Errno::ENOTCONN))
+        let mut first = res.first().cloned().unwrap_or(Err(Errno::ENOTCONN))?;
+        merge_dir(&mut first, &mut res);
+        Ok(first)
     }
 
-    /// Sends to subvolume 0, then on ENOENT to the next ones (a directory
-    /// read: any copy answers).
+    /// A directory read: a stat asks every copy and merges their
+    /// attributes ([`merge_dir`]); anything else goes to subvolume 0, then
+    /// on ENOENT to the next ones (any copy answers).
     async fn first_having(&self, ctx: &CallCtx, req: &Request) -> FopResult {
+        if matches!(req.fop, Fop::Stat { .. } | Fop::Fstat { .. }) {
+            let mut res = self.fan(&self.all(), ctx, req).await;
+            let Some(i) = res.iter().position(Result::is_ok) else {
+                return res.into_iter().next().unwrap_or(Err(Errno::ENOENT));
+            };
+            let mut first = res[i].clone()?;
+            merge_dir(&mut first, &mut res);
+            return Ok(first);
+        }
         let mut last = Err(Errno::ENOENT);
         for i in 0..self.n() {
             last = self.wind(i, ctx, req.clone()).await;
@@ -171,6 +183,8 @@ impl Inner {
             }
             Where::File(i) => self.wind(i, ctx, req).await,
             Where::Dir if dir_change(&req.fop) => self.on_all(ctx, &req).await,
+            // A directory's fstat: every copy, merged.
+            Where::Dir if matches!(req.fop, Fop::Fstat { .. }) => self.first_having(ctx, &req).await,
             // Directory reads and locks through an fd: the first subvolume.
             Where::Dir => self.wind(0, ctx, req).await,
         };

@@ -18,7 +18,9 @@ use xlfs_sdk::{
 };
 
 use super::layout::{LAYOUT_XATTR, Layout, Range};
-use super::{DirInfo, HEAL_DOMAIN, Inner, Where, entry_iatt, first_error, linkto_of, strip_private, with_private_keys};
+use super::{
+    DirInfo, HEAL_DOMAIN, Inner, Where, entry_iatt, first_error, linkto_of, merge_dir, strip_private, with_private_keys,
+};
 
 /// A name found by [`Inner::find`].
 pub(super) struct Found {
@@ -156,7 +158,9 @@ impl Inner {
         for (i, r) in others.into_iter().zip(res) {
             replies[i] = Some(r);
         }
-        let replies: Vec<FopResult> = replies.into_iter().map(|r| r.unwrap_or(Err(Errno::EIO))).collect();
+        let mut replies: Vec<FopResult> = replies.into_iter().map(|r| r.unwrap_or(Err(Errno::EIO))).collect();
+        let mut rsp = rsp;
+        merge_dir(&mut rsp, &mut replies);
         self.settle_dir(ctx, Some(&l), iatt, replies).await?;
         Ok(rsp)
     }
@@ -170,7 +174,7 @@ impl Inner {
     ) -> Result<(Where, Response), Errno> {
         let xd = with_private_keys(xdata);
         let req = Request::with_xdata(Fop::Lookup { loc: Loc::gfid(gfid) }, xd);
-        let res = self.fan(&self.all(), ctx, &req).await;
+        let mut res = self.fan(&self.all(), ctx, &req).await;
         if let Some(e) = first_error(&res, &[Errno::ENOENT, Errno::ESTALE]) {
             return Err(e);
         }
@@ -179,8 +183,9 @@ impl Inner {
             let iatt = entry_iatt(rsp).ok()?;
             (iatt.is_dir() || linkto_of(&iatt, &rsp.xdata).is_none()).then_some((i, iatt, rsp.clone()))
         });
-        let Some((i, iatt, rsp)) = found else { return Err(Errno::ENOENT) };
+        let Some((i, iatt, mut rsp)) = found else { return Err(Errno::ENOENT) };
         if iatt.is_dir() {
+            merge_dir(&mut rsp, &mut res);
             self.settle_dir(ctx, None, iatt, res).await?;
             return Ok((Where::Dir, rsp));
         }

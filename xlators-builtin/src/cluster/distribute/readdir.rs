@@ -18,9 +18,11 @@
 //! from an offset is done: the listing goes on at the start of the next.
 //!
 //! **What is listed.** Directories (with `.` and `..`) only from subvolume
-//! 0, where every directory exists; link files (mode `01000`, size 0, with
-//! a linkto xattr) never. A readdir is sent as a readdirp, so that link
-//! files can be told apart, and answered without the attributes.
+//! 0, where every directory exists, with the attributes of all their
+//! copies merged (a lookup of each); link files (mode `01000`, size 0,
+//! with a linkto xattr) never.
+//! A readdir is sent as a readdirp, so that link files can be told apart,
+//! and answered without the attributes.
 
 use xlfs_sdk::dict::keys::{DIRENT_XATTRS, dirent_xattr, parse_dirent_xattr};
 use xlfs_sdk::{CallCtx, Dict, DirEntry, Errno, Fd, FileType, Fop, FopResult, Iatt, Reply, Request, Response, Value};
@@ -105,6 +107,9 @@ impl Inner {
                 off = resume;
                 continue;
             }
+            if plus {
+                self.merge_subdirs(ctx, &mut keep).await;
+            }
             let mut out = Dict::new();
             for (k, v) in got {
                 let private = is_private(&k);
@@ -119,6 +124,36 @@ impl Inner {
             return Ok(Response { reply: Reply::Dirents(keep), xdata: out });
         }
         Ok(Response::from(Reply::Dirents(Vec::new())))
+    }
+}
+
+impl Inner {
+    /// A subdirectory's attributes in a listing are one copy's; they are
+    /// replaced by all copies' merged, as a lookup gives them
+    /// ([`super::merge_dir`]), so that what a listing feeds the kernel's
+    /// cache and what a stat answers agree (`tar` checks that a directory
+    /// did not change while it read it). Kept as listed where the lookup
+    /// fails.
+    async fn merge_subdirs(&self, ctx: &CallCtx, entries: &mut [DirEntry]) {
+        let dirs: Vec<usize> = (0..entries.len())
+            .filter(|&k| {
+                let e = &entries[k];
+                e.iatt.is_dir() && !e.iatt.gfid.is_null() && !matches!(e.name.as_str(), "." | "..")
+            })
+            .collect();
+        if dirs.is_empty() || self.n() < 2 {
+            return;
+        }
+        let none = Dict::new();
+        let looks = dirs.iter().map(|&k| self.lookup_gfid(ctx, entries[k].iatt.gfid, &none)).collect();
+        for (k, r) in dirs.into_iter().zip(crate::cluster::replicate::join_all(looks).await) {
+            if let Ok((_, rsp)) = r
+                && let Reply::Entry { iatt, .. } = rsp.reply
+                && iatt.gfid == entries[k].iatt.gfid
+            {
+                entries[k].iatt = iatt;
+            }
+        }
     }
 }
 

@@ -279,6 +279,84 @@ async fn mkdir_makes_the_directory_everywhere_with_a_layout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_made_by_link_renames_to_where_its_link_file_is() {
+    // git's pack: data on 0 under `tmp`, linked as `mid` (hashed to 1:
+    // a link file there), `tmp` unlinked, then `mid` renamed to `fin`,
+    // also hashed to 1, where `mid`'s link file already has the gfid.
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let (tmp, mid, fin) = (c.name_on(".", 0, "tmp"), c.name_on(".", 1, "mid"), c.name_on(".", 1, "fin"));
+    let fd = node.create(Gfid::ROOT, &tmp).await.expect("create");
+    node.call(Fop::Writev { fd, data: Bytes::from_static(b"pack"), offset: 0, flags: 0 }).await.expect("write");
+    node.release(fd).await;
+    node.call(Fop::Link { old: Loc::gfid(fd.gfid), new: Loc::entry(Gfid::ROOT, mid.clone()) }).await.expect("link");
+    node.call(Fop::Unlink { loc: Loc::entry(Gfid::ROOT, tmp.clone()), flags: 0 }).await.expect("unlink");
+    node.rename(&mid, &fin).await.expect("rename onto the subvolume of the source's link file");
+    // And a second hard link whose name hashes there too.
+    let again = c.name_on(".", 1, "again");
+    node.call(Fop::Link { old: Loc::gfid(fd.gfid), new: Loc::entry(Gfid::ROOT, again.clone()) }).await.expect("link 2");
+    let other = c.node(&[]);
+    other.root().await;
+    for name in [&fin, &again] {
+        assert_eq!(other.lookup(Gfid::ROOT, name).await.expect("lookup").gfid, fd.gfid, "{name}");
+    }
+    assert_eq!(other.lookup(Gfid::ROOT, &mid).await.err(), Some(Errno::ENOENT));
+    assert_eq!(std::fs::read(c.path(0, &fin)).expect("data"), b"pack");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_link_by_gfid_then_unlink_keeps_the_data() {
+    // What git does with each object (and what FUSE sends: the old inode
+    // by gfid alone): write a temporary file, link it to its final name,
+    // unlink the temporary one.
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    for (tmp, obj) in
+        [(c.name_on(".", 0, "tmp"), c.name_on(".", 1, "obj")), (c.name_on(".", 1, "t2"), c.name_on(".", 1, "o2"))]
+    {
+        let fd = node.create(Gfid::ROOT, &tmp).await.expect("create");
+        node.call(Fop::Writev { fd, data: Bytes::from_static(b"object"), offset: 0, flags: 0 }).await.expect("write");
+        node.release(fd).await;
+        let link = Fop::Link { old: Loc::gfid(fd.gfid), new: Loc::entry(Gfid::ROOT, obj.clone()) };
+        node.call(link).await.unwrap_or_else(|e| panic!("link {tmp} -> {obj}: {e}"));
+        node.call(Fop::Unlink { loc: Loc::entry(Gfid::ROOT, tmp.clone()), flags: 0 }).await.expect("unlink");
+        let other = c.node(&[]);
+        other.root().await;
+        assert_eq!(other.lookup(Gfid::ROOT, &obj).await.expect("lookup").gfid, fd.gfid, "{obj}");
+        assert_eq!(other.lookup(Gfid::ROOT, &tmp).await.err(), Some(Errno::ENOENT), "{tmp}");
+        let (data, _) = c.places(&obj);
+        assert_eq!(std::fs::read(c.path(data[0], &obj)).expect("data"), b"object");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renaming_over_a_name_again_and_again_keeps_it_found() {
+    // What git and editors do: write `x.lock`, rename it over `x`, again
+    // and again, with `x` hashing to another subvolume than `x.lock`.
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let lock = c.name_on(".", 0, "lock");
+    let target = c.name_on(".", 1, "index");
+    for round in 0..4u8 {
+        let fd = node.create(Gfid::ROOT, &lock).await.expect("create");
+        let data = Bytes::from(vec![b'a' + round; 3]);
+        node.call(Fop::Writev { fd, data, offset: 0, flags: 0 }).await.expect("write");
+        node.release(fd).await;
+        node.rename(&lock, &target).await.unwrap_or_else(|e| panic!("round {round}: rename: {e}"));
+        let other = c.node(&[]);
+        other.root().await;
+        let found = other.lookup(Gfid::ROOT, &target).await.unwrap_or_else(|e| panic!("round {round}: lookup: {e}"));
+        assert_eq!(found.gfid, fd.gfid, "round {round}: the name leads to the file renamed last");
+        assert_eq!(c.places(&target), (vec![0], vec![1]), "round {round}: data on 0, one link file on 1");
+        assert_eq!(std::fs::read(c.path(0, &target)).expect("data"), vec![b'a' + round; 3]);
+        assert_eq!(node.lookup(Gfid::ROOT, &lock).await.err(), Some(Errno::ENOENT));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookup_follows_a_link_file_and_rename_keeps_one_name() {
     let c = Cluster::new();
     let node = c.node(&[]);
