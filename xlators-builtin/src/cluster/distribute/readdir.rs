@@ -25,7 +25,9 @@
 //! and answered without the attributes.
 
 use xlfs_sdk::dict::keys::{DIRENT_XATTRS, dirent_xattr, parse_dirent_xattr};
-use xlfs_sdk::{CallCtx, Dict, DirEntry, Errno, Fd, FileType, Fop, FopResult, Iatt, Reply, Request, Response, Value};
+use xlfs_sdk::{
+    CallCtx, Dict, DirEntry, Errno, Fd, FileType, Fop, FopResult, Iatt, Loc, Reply, Request, Response, Value,
+};
 
 use super::{Inner, LINK_MODE, LINKTO_XATTR, is_private};
 
@@ -128,12 +130,11 @@ impl Inner {
 }
 
 impl Inner {
-    /// A subdirectory's attributes in a listing are one copy's; they are
-    /// replaced by all copies' merged, as a lookup gives them
-    /// ([`super::merge_dir`]), so that what a listing feeds the kernel's
-    /// cache and what a stat answers agree (`tar` checks that a directory
-    /// did not change while it read it). Kept as listed where the lookup
-    /// fails.
+    /// A subdirectory's attributes in a listing are one copy's (subvolume
+    /// 0's); the other copies are asked (a stat each, at once) and their
+    /// times merged in as a lookup merges them ([`super::merge_dir`]), so
+    /// that what a listing feeds the kernel's cache and what a stat
+    /// answers agree. A copy that does not answer is left out.
     async fn merge_subdirs(&self, ctx: &CallCtx, entries: &mut [DirEntry]) {
         let dirs: Vec<usize> = (0..entries.len())
             .filter(|&k| {
@@ -144,13 +145,19 @@ impl Inner {
         if dirs.is_empty() || self.n() < 2 {
             return;
         }
-        let none = Dict::new();
-        let looks = dirs.iter().map(|&k| self.lookup_gfid(ctx, entries[k].iatt.gfid, &none)).collect();
-        for (k, r) in dirs.into_iter().zip(crate::cluster::replicate::join_all(looks).await) {
-            if let Ok((_, rsp)) = r
-                && let Reply::Entry { iatt, .. } = rsp.reply
-                && iatt.gfid == entries[k].iatt.gfid
-            {
+        let stats = dirs
+            .iter()
+            .flat_map(|&k| {
+                let gfid = entries[k].iatt.gfid;
+                (1..self.n()).map(move |i| self.wind(i, ctx, Request::new(Fop::Stat { loc: Loc::gfid(gfid) })))
+            })
+            .collect();
+        let mut answers = crate::cluster::replicate::join_all(stats).await.into_iter();
+        for k in dirs {
+            let mut merged = Response::from(Reply::Attr(entries[k].iatt));
+            let mut copies: Vec<FopResult> = answers.by_ref().take(self.n() - 1).collect();
+            super::merge_dir(&mut merged, &mut copies);
+            if let Reply::Attr(iatt) = merged.reply {
                 entries[k].iatt = iatt;
             }
         }

@@ -357,6 +357,37 @@ async fn renaming_over_a_name_again_and_again_keeps_it_found() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_shows_the_latest_times_of_its_copies() {
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    let d = node.mkdir(Gfid::ROOT, "d").await.expect("mkdir");
+    // One copy changed last (a name made on its subvolume).
+    let late = std::time::UNIX_EPOCH + Duration::from_secs(2_000_000_000);
+    std::fs::File::open(c.path(1, "d"))
+        .and_then(|f| f.set_times(std::fs::FileTimes::new().set_modified(late)))
+        .expect("set a copy's mtime");
+    let other = c.node(&[]);
+    other.root().await;
+    assert_eq!(other.lookup(Gfid::ROOT, "d").await.expect("lookup").mtime.sec, 2_000_000_000, "lookup by name");
+    let Reply::Attr(st) = other.call(Fop::Stat { loc: Loc::gfid(d.gfid) }).await.expect("stat").reply else {
+        panic!("stat reply")
+    };
+    assert_eq!(st.mtime.sec, 2_000_000_000, "stat");
+    let id = FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed));
+    other.call(Fop::Opendir { loc: Loc::gfid(Gfid::ROOT), fd: id }).await.expect("opendir");
+    let fd = Fd { id, gfid: Gfid::ROOT };
+    let Reply::Dirents(ents) =
+        other.call(Fop::Readdirp { fd, size: 64 << 10, offset: 0 }).await.expect("readdirp").reply
+    else {
+        panic!("readdirp reply")
+    };
+    let e = ents.iter().find(|e| e.name == "d").expect("d listed");
+    assert_eq!(e.iatt.mtime.sec, 2_000_000_000, "a listing's entry");
+    other.call(Fop::Releasedir { fd }).await.expect("releasedir");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookup_follows_a_link_file_and_rename_keeps_one_name() {
     let c = Cluster::new();
     let node = c.node(&[]);
