@@ -62,6 +62,23 @@ fn sets_holding(bricks: &[PathBuf], rel: &str) -> Result<Vec<usize>, String> {
     Ok(out)
 }
 
+/// `volume create NAME replica 3 BRICKS... [force]`, then `start`.
+fn create_started(d: &Daemon, name: &str, bricks: &[PathBuf], force: Option<&'static str>) {
+    let mut create: Vec<String> = ["create", name, "replica", "3"].map(String::from).to_vec();
+    create.extend(bricks.iter().map(|p| brick_arg(p)));
+    create.extend(force.map(String::from));
+    d.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
+    d.ok(&["start", name]);
+}
+
+/// `volume add-brick NAME replica 3 BRICKS... [force]`: what it printed.
+fn add_bricks(d: &Daemon, name: &str, bricks: &[PathBuf], force: Option<&'static str>) -> String {
+    let mut add: Vec<String> = ["add-brick", name, "replica", "3"].map(String::from).to_vec();
+    add.extend(bricks.iter().map(|p| brick_arg(p)));
+    add.extend(force.map(String::from));
+    d.ok(&add.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
 /// Writes the FILES files (under `d/` from the 200th: `d` must exist)
 /// and returns their model. The directories are fsynced: the mount
 /// creates files asynchronously (async-dirops), and until a create has
@@ -190,11 +207,7 @@ fn grow_two_by_three_to_three_by_three_under_a_workload() {
     let dirs = brick_dirs(tmp.path(), 3 * REPLICA);
     let force = force_if_root(tmp.path());
     let d = Daemon::start();
-    let mut create: Vec<String> = ["create", "gv", "replica", "3"].map(String::from).to_vec();
-    create.extend(dirs[..2 * REPLICA].iter().map(|p| brick_arg(p)));
-    create.extend(force.map(String::from));
-    d.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
-    d.ok(&["start", "gv"]);
+    create_started(&d, "gv", &dirs[..2 * REPLICA], force);
     assert!(d.refused(&["rebalance", "gv", "stop"]).contains("no rebalance is in progress"));
     assert!(d.ok(&["rebalance", "gv", "status"]).contains("not started"));
 
@@ -234,10 +247,7 @@ fn grow_two_by_three_to_three_by_three_under_a_workload() {
     std::thread::sleep(Duration::from_millis(500));
 
     // Grow: the mount switches to distribute over three sets, live.
-    let mut add: Vec<String> = ["add-brick", "gv", "replica", "3"].map(String::from).to_vec();
-    add.extend(dirs[2 * REPLICA..].iter().map(|p| brick_arg(p)));
-    add.extend(force.map(String::from));
-    let out = d.ok(&add.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = add_bricks(&d, "gv", &dirs[2 * REPLICA..], force);
     assert!(out.contains("volume add-brick: gv: success: 3 bricks added, 3 replica sets of 3"), "{out}");
     assert!(d.ok(&["getspec", "gv"]).contains("subvolumes gv-replicate-0 gv-replicate-1 gv-replicate-2\n"));
     wait_for("the mount to switch to three sets", DEADLINE, || {
@@ -330,11 +340,7 @@ fn remove_brick_moves_everything_off_before_commit() {
     let dirs = brick_dirs(tmp.path(), 2 * REPLICA);
     let force = force_if_root(tmp.path());
     let d = Daemon::start();
-    let mut create: Vec<String> = ["create", "rv", "replica", "3"].map(String::from).to_vec();
-    create.extend(dirs.iter().map(|p| brick_arg(p)));
-    create.extend(force.map(String::from));
-    d.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
-    d.ok(&["start", "rv"]);
+    create_started(&d, "rv", &dirs, force);
     let m = FuseMount::start_by_name(&format!("{}:/rv", d.addr()), "", &["--spec-interval", "0.3"]);
     let mnt = m.path().to_path_buf();
     std::fs::create_dir(mnt.join("d")).expect("mkdir d");
@@ -404,19 +410,12 @@ fn a_rebalance_pauses_while_a_replica_set_is_away_and_resumes() {
     let dirs = brick_dirs(tmp.path(), 3 * REPLICA);
     let force = force_if_root(tmp.path());
     let d = Daemon::start();
-    let mut create: Vec<String> = ["create", "pv", "replica", "3"].map(String::from).to_vec();
-    create.extend(dirs[..2 * REPLICA].iter().map(|p| brick_arg(p)));
-    create.extend(force.map(String::from));
-    d.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
-    d.ok(&["start", "pv"]);
+    create_started(&d, "pv", &dirs[..2 * REPLICA], force);
     let m = FuseMount::start_by_name(&format!("{}:/pv", d.addr()), "", &["--spec-interval", "0.3"]);
     let mnt = m.path().to_path_buf();
     std::fs::create_dir(mnt.join("d")).expect("mkdir d");
     let model = seed(&mnt);
-    let mut add: Vec<String> = ["add-brick", "pv", "replica", "3"].map(String::from).to_vec();
-    add.extend(dirs[2 * REPLICA..].iter().map(|p| brick_arg(p)));
-    add.extend(force.map(String::from));
-    d.ok(&add.iter().map(String::as_str).collect::<Vec<_>>());
+    add_bricks(&d, "pv", &dirs[2 * REPLICA..], force);
     wait_for("the mount to switch to three sets", DEADLINE, || {
         graph_of(&mount_status(&mnt)).contains("pv-replicate-2").then_some(())
     });

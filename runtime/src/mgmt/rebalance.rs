@@ -16,7 +16,7 @@
 //!
 //! A step that fails with ENOTCONN (a replica set without quorum, or a
 //! subvolume down) is not counted as failed: the run pauses, says which
-//! step waits and why, tries it again every [`RETRY`] and goes on from
+//! step waits and why, tries it again every second and goes on from
 //! there once the set is back (GlusterFS's rebalance likewise stops
 //! rather than skip what it cannot reach). A file whose move was cut
 //! short stays whole where it was; the link file the move left on the

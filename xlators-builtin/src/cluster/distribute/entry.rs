@@ -408,7 +408,7 @@ impl Inner {
         let r = match undo {
             Undo::None => Ok(()),
             Undo::Remove { gfid } => self.remove_on(ctx, dh, new.parent, &new.name, gfid).await,
-            Undo::Replace { old, to, .. } => self.replace_link(ctx, dh, new, old, to).await,
+            Undo::Replace { old, to } => self.replace_link(ctx, dh, new, old, to).await,
         };
         if let Err(e) = r {
             tracing::warn!(volume = %self.name, name = %new.name, "rename undo: {e}");
