@@ -17,7 +17,7 @@ mod kit;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -62,6 +62,37 @@ fn sets_holding(bricks: &[PathBuf], rel: &str) -> Result<Vec<usize>, String> {
     Ok(out)
 }
 
+/// Every file of `model` reads back whole through `mnt`, and (once any
+/// heal has finished) is data on exactly one set, all its copies alike:
+/// how many files each set holds. A timeout says what was last wrong,
+/// with the end of the volume `vol`'s self-heal daemon log.
+fn check_spread(d: &Daemon, vol: &str, mnt: &Path, dirs: &[PathBuf], model: &Model) -> [usize; 3] {
+    for (name, want) in &model.files {
+        let got = std::fs::read(mnt.join(name)).unwrap_or_else(|e| panic!("read {name}: {e}"));
+        assert!(got == *want, "{name}: {} bytes, want {}", got.len(), want.len());
+    }
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let mut per_set = [0usize; 3];
+        let wrong = model.files.keys().find_map(|name| match sets_holding(dirs, name) {
+            Ok(sets) if sets.len() == 1 => {
+                per_set[sets[0]] += 1;
+                None
+            }
+            Ok(sets) => Some(format!("{name} is data on sets {sets:?}")),
+            Err(e) => Some(e),
+        });
+        let Some(wrong) = wrong else { return per_set };
+        if Instant::now() > end {
+            let shd = std::fs::read_to_string(d.state_dir().join(format!("logs/{vol}-shd.log"))).unwrap_or_default();
+            let tail: Vec<&str> = shd.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!("files not on exactly one set after {DEADLINE:?}: {wrong}\nshd log:\n{}", tail.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// `volume create NAME replica 3 BRICKS... [force]`, then `start`.
 fn create_started(d: &Daemon, name: &str, bricks: &[PathBuf], force: Option<&'static str>) {
     let mut create: Vec<String> = ["create", name, "replica", "3"].map(String::from).to_vec();
@@ -84,7 +115,7 @@ fn add_bricks(d: &Daemon, name: &str, bricks: &[PathBuf], force: Option<&'static
 /// creates files asynchronously (async-dirops), and until a create has
 /// reached the bricks another client (the daemon's rebalance) does not
 /// list the name.
-fn seed(mnt: &std::path::Path) -> Model {
+fn seed(mnt: &Path) -> Model {
     let mut model = Model::default();
     for k in 0..FILES {
         let c = content(k, 0);
@@ -288,28 +319,7 @@ fn grow_two_by_three_to_three_by_three_under_a_workload() {
     assert!(table.contains("rebalance of volume gv: completed") && table.contains("Moved"), "{table}");
     assert!(table.contains(&format!("{moved}")), "{table}");
 
-    // Every byte is there, through the mount and on exactly one set.
-    for (name, want) in &model.files {
-        let got = std::fs::read(mnt.join(name)).unwrap_or_else(|e| panic!("read {name}: {e}"));
-        assert!(got == *want, "{name}: {} bytes, want {}", got.len(), want.len());
-    }
-    let per_set = wait_for("every file on exactly one set, its copies alike", DEADLINE, || {
-        let mut per_set = [0usize; 3];
-        for name in model.files.keys() {
-            match sets_holding(&dirs, name) {
-                Ok(sets) if sets.len() == 1 => per_set[sets[0]] += 1,
-                Ok(sets) => {
-                    eprintln!("{name} is data on sets {sets:?}");
-                    return None;
-                }
-                Err(e) => {
-                    eprintln!("{e}");
-                    return None;
-                }
-            }
-        }
-        Some(per_set)
-    });
+    let per_set = check_spread(&d, "gv", &mnt, &dirs, &model);
     let n = model.files.len();
     for (s, c) in per_set.iter().enumerate() {
         assert!(*c * 5 >= n, "set {s} holds {c} of {n} files: {per_set:?}");
@@ -458,21 +468,7 @@ fn a_rebalance_pauses_while_a_replica_set_is_away_and_resumes() {
     assert!(status["pauses"].as_u64() >= Some(1), "{status}");
     assert!(table.contains("paused 1 time") || table.contains("paused 2 time"), "{table}");
 
-    // Nothing lost, every file on exactly one set, spread over the three.
-    for (name, want) in &model.files {
-        let got = std::fs::read(mnt.join(name)).unwrap_or_else(|e| panic!("read {name}: {e}"));
-        assert!(got == *want, "{name}: {} bytes, want {}", got.len(), want.len());
-    }
-    let per_set = wait_for("every file on exactly one set, its copies alike", DEADLINE, || {
-        let mut per_set = [0usize; 3];
-        for name in model.files.keys() {
-            match sets_holding(&dirs, name) {
-                Ok(sets) if sets.len() == 1 => per_set[sets[0]] += 1,
-                _ => return None,
-            }
-        }
-        Some(per_set)
-    });
+    let per_set = check_spread(&d, "pv", &mnt, &dirs, &model);
     assert!(per_set.iter().all(|c| c * 5 >= FILES), "{per_set:?}");
     eprintln!("files per set {per_set:?}; status {status}");
     drop(m);

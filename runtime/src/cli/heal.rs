@@ -25,7 +25,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand, ValueEnum};
 use tokio::signal::unix::{SignalKind, signal};
@@ -173,6 +173,14 @@ impl Counts {
         }
     }
 
+    /// A pass that healed something, failed, or left entries in the
+    /// indices: more may be due soon (a heal makes entries to heal, a
+    /// client that has not yet seen a child come back still writes
+    /// around it), so the daemon sweeps again early.
+    fn unfinished(&self) -> bool {
+        self.healed + self.failed + self.remaining > 0
+    }
+
     fn summary(&self) -> String {
         format!(
             "healed {}, failed {}, split-brain {}, remaining {}",
@@ -268,20 +276,29 @@ impl HealArgs {
         let mut int = signal(SignalKind::interrupt()).map_err(HealError::Signal)?;
         let interval = Duration::from_secs(self.interval.max(1));
         let mut ups = children_up(graph).0;
+        // When a child last came up (the start counts: children come up
+        // as the daemon connects).
+        let mut came_up_at = Instant::now();
         // The start line (`xlfs up` waits for it); afterwards only the log
         // hears from the daemon, as whoever started it may be gone.
         writeln!(out, "{DAEMON_PREFIX}self-heal daemon for {} (pid {})", self.volfile.display(), std::process::id())?;
         out.flush()?;
+        let mut backoff = Duration::ZERO;
         loop {
-            match self.heal_once(client).await {
+            let unfinished = match self.heal_once(client).await {
                 Ok(c) => {
                     tracing::info!("self-heal: {}", c.summary());
                     if !c.report.is_empty() {
                         tracing::warn!("self-heal left:\n{}", c.report);
                     }
+                    c.unfinished() || came_up_at.elapsed() < SETTLE
                 }
-                Err(e) => tracing::warn!("self-heal: {e}"),
-            }
+                Err(e) => {
+                    tracing::warn!("self-heal: {e}");
+                    true
+                }
+            };
+            let wait = next_wait(&mut backoff, unfinished, interval);
             let mut waited = Duration::ZERO;
             // Sleep in one-second steps, waking early when a child comes up.
             loop {
@@ -295,14 +312,37 @@ impl HealArgs {
                 let came_up = now > ups;
                 ups = now;
                 if came_up {
+                    came_up_at = Instant::now();
+                    backoff = Duration::ZERO;
                     tracing::info!("a replicate child came up: healing now");
                     break;
                 }
-                if waited >= interval {
+                if waited >= wait {
                     break;
                 }
             }
         }
+    }
+}
+
+/// How long after a child comes up the self-heal daemon keeps sweeping
+/// early even when a pass finds nothing: other clients notice the child
+/// (and stop writing around it) only when they reconnect, and what they
+/// write meanwhile is listed after the first sweep.
+const SETTLE: Duration = Duration::from_secs(60);
+
+/// The self-heal daemon's wait before its next sweep: after a pass left
+/// work, one second, doubling while passes keep leaving work, up to
+/// `interval`; after a clean pass, `interval` (GlusterFS's shd sweeps
+/// again a second after any pass that healed something).
+/// `backoff` carries the doubling from pass to pass.
+fn next_wait(backoff: &mut Duration, unfinished: bool, interval: Duration) -> Duration {
+    if unfinished {
+        *backoff = (*backoff * 2).clamp(Duration::from_secs(1), interval);
+        *backoff
+    } else {
+        *backoff = Duration::ZERO;
+        interval
     }
 }
 
@@ -410,6 +450,19 @@ mod tests {
             Command::Heal(h) => Ok(h),
             other => panic!("not a heal command: {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_daemon_sweeps_again_soon_while_passes_leave_work() {
+        let interval = Duration::from_secs(600);
+        let mut b = Duration::ZERO;
+        let waits: Vec<u64> = (0..12).map(|_| next_wait(&mut b, true, interval).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 600, 600]);
+        assert_eq!(next_wait(&mut b, false, interval), interval, "a clean pass waits the interval");
+        assert_eq!(next_wait(&mut b, true, interval).as_secs(), 1, "and the next unfinished one starts over");
+        let busy = Counts { remaining: 1, ..Counts::default() };
+        assert!(busy.unfinished() && !Counts::default().unfinished());
+        assert!(Counts { healed: 3, ..Counts::default() }.unfinished());
     }
 
     #[test]

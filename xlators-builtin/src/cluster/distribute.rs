@@ -294,7 +294,17 @@ fn strip_private(mut d: Dict) -> Dict {
 /// The subvolume name a link file points at, if `iatt` and `xdata` (its
 /// lookup reply) are a link file's.
 fn linkto_of(iatt: &xlfs_sdk::Iatt, xdata: &Dict) -> Option<String> {
-    if iatt.file_type() != xlfs_sdk::FileType::Regular || iatt.mode & 0o7777 != LINK_MODE {
+    if iatt.mode & 0o7777 != LINK_MODE {
+        return None;
+    }
+    linkto_xattr(iatt, xdata)
+}
+
+/// The subvolume a regular file's linkto xattr names, whatever its mode:
+/// a link file's, or a migration's destination between its switch to a
+/// data file and the end of the switch (`migrate.rs`, steps 4 to 6).
+fn linkto_xattr(iatt: &xlfs_sdk::Iatt, xdata: &Dict) -> Option<String> {
+    if iatt.file_type() != xlfs_sdk::FileType::Regular {
         return None;
     }
     let v = xdata.get_bytes(LINKTO_XATTR)?;

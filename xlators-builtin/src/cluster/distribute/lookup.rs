@@ -19,7 +19,8 @@ use xlfs_sdk::{
 
 use super::layout::{LAYOUT_XATTR, Layout, Range};
 use super::{
-    DirInfo, HEAL_DOMAIN, Inner, Where, entry_iatt, first_error, linkto_of, merge_dir, strip_private, with_private_keys,
+    DirInfo, HEAL_DOMAIN, Inner, Where, entry_iatt, first_error, linkto_of, linkto_xattr, merge_dir, strip_private,
+    with_private_keys,
 };
 
 /// A name found by [`Inner::find`].
@@ -68,16 +69,22 @@ impl Inner {
                         let rsp = self.dir_everywhere(ctx, loc, &xd, h, rsp).await?;
                         return Ok(Found { hashed, cached: h, linked: false, rsp });
                     }
-                    let Some(target) = linkto_of(&iatt, &rsp.xdata) else {
+                    let Some(target) = linkto_xattr(&iatt, &rsp.xdata) else {
                         self.remember(iatt.gfid, Where::File(h));
                         return Ok(Found { hashed, cached: h, linked: false, rsp });
                     };
+                    // A data file that still names where it came from: a
+                    // migration's switch is under way or was cut short. The
+                    // data is where it came from while the source is not yet
+                    // marked migrated, and here afterwards.
+                    let switching = linkto_of(&iatt, &rsp.xdata).is_none();
                     if let Some(t) = self.index_of(&target).filter(|t| *t != h) {
                         self.stats.links_followed.fetch_add(1, Ordering::Relaxed);
                         match self.wind(t, ctx, req.clone()).await {
                             Ok(r) => {
                                 let ia = entry_iatt(&r)?;
-                                if !ia.is_dir() && linkto_of(&ia, &r.xdata).is_none() {
+                                let ours = !switching || ia.gfid == iatt.gfid;
+                                if !ia.is_dir() && linkto_of(&ia, &r.xdata).is_none() && ours {
                                     self.remember(ia.gfid, Where::File(t));
                                     return Ok(Found { hashed, cached: t, linked: true, rsp: r });
                                 }
@@ -87,6 +94,10 @@ impl Inner {
                         }
                     } else {
                         tracing::warn!(volume = %self.name, name = %loc.name, %target, "link file names no other subvolume");
+                    }
+                    if switching {
+                        self.remember(iatt.gfid, Where::File(h));
+                        return Ok(Found { hashed, cached: h, linked: false, rsp });
                     }
                 }
                 Err(Errno::ENOENT) if dir.settled() && self.cfg().lookup_optimize => return Err(Errno::ENOENT),
@@ -178,11 +189,17 @@ impl Inner {
         if let Some(e) = first_error(&res, &[Errno::ENOENT, Errno::ESTALE]) {
             return Err(e);
         }
-        let found = res.iter().enumerate().find_map(|(i, r)| {
-            let rsp = r.as_ref().ok()?;
-            let iatt = entry_iatt(rsp).ok()?;
-            (iatt.is_dir() || linkto_of(&iatt, &rsp.xdata).is_none()).then_some((i, iatt, rsp.clone()))
-        });
+        // Not a link file; of two data files (a migration's switch cut
+        // short before the source was marked), the one that names no source.
+        let found = res
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                let rsp = r.as_ref().ok()?;
+                let iatt = entry_iatt(rsp).ok()?;
+                (iatt.is_dir() || linkto_of(&iatt, &rsp.xdata).is_none()).then_some((i, iatt, rsp.clone()))
+            })
+            .min_by_key(|(_, iatt, rsp)| linkto_xattr(iatt, &rsp.xdata).is_some());
         let Some((i, iatt, mut rsp)) = found else { return Err(Errno::ENOENT) };
         if iatt.is_dir() {
             merge_dir(&mut rsp, &mut res);

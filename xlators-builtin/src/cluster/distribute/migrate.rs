@@ -29,12 +29,14 @@
 //!    still leads to the data on `S`;
 //! 3. copy: truncate the destination to the source's size, copy it in
 //!    1 MiB reads and writes;
-//! 4. switch the destination to a data file (mode, owner, times of the
-//!    source; linkto xattr removed): from here a lookup of the name finds
-//!    the data on `D`;
+//! 4. switch the destination to a data file: mode, owner and times of the
+//!    source, its linkto xattr kept. A lookup that finds a data file still
+//!    naming a source looks there, and takes the data from the source
+//!    while the source is not marked;
 //! 5. mark the source migrated: linkto xattr naming `D`, then mode
-//!    [`LINK_MODE`]; then remove the source's name on `S` (the inode
-//!    lives on while fds are open on it);
+//!    [`LINK_MODE`] (from here a lookup of the name finds the data on
+//!    `D`); then remove the source's name on `S` (the inode lives on while
+//!    fds are open on it) and last the destination's linkto xattr;
 //! 6. unlock through the fd and close it.
 //!
 //! **Why no write is lost.** A write reaches the source only under
@@ -46,6 +48,13 @@
 //! the file again by gfid (link files are not data), reopens the fd there
 //! with its flags and sends the fop again (see `inode.rs`), so the write
 //! lands on `D` and what it did to the dead source is discarded.
+//!
+//! **A migration cut short** (a replica set losing quorum, a crash) is
+//! finished by the next rebalance. Before step 5 the source is still the
+//! data (writes after the unlock land there, and lookups go there): the
+//! file is copied again into the same destination. After it, the data is
+//! on `D`: the next run finds the file in place with a linkto xattr left
+//! and ends the switch.
 
 use std::sync::atomic::Ordering;
 
@@ -57,7 +66,7 @@ use xlfs_sdk::{
 
 use super::layout::{COMMITTED, LAYOUT_XATTR, Layout, Range};
 use super::lookup::layout_lock;
-use super::{DirInfo, Inner, LINK_MODE, LINKTO_XATTR, Where, linkto_of};
+use super::{DirInfo, Inner, LINK_MODE, LINKTO_XATTR, Where, linkto_of, linkto_xattr};
 
 /// Setxattr key: rewrite this directory's layout over every subvolume.
 pub const FIX_LAYOUT_KEY: &str = "xlfs.dht.fix-layout";
@@ -205,7 +214,12 @@ impl Inner {
         let found = self.find(ctx, &loc, &Dict::new()).await?;
         let iatt = found.iatt();
         let (from, to) = match decide(found.hashed, found.cached, &iatt) {
-            Decision::Stay => return skipped("in place"),
+            Decision::Stay => {
+                if let Some(src) = linkto_xattr(&iatt, &found.rsp.xdata) {
+                    self.end_switch(ctx, &loc, iatt.gfid, found.cached, &src).await?;
+                }
+                return skipped("in place");
+            }
             Decision::Skip(why) => return skipped(why),
             Decision::Move { from, to } => (from, to),
         };
@@ -291,7 +305,9 @@ impl Inner {
                     )
                     .await?;
                 let ia = super::entry_iatt(&rsp)?;
-                if ia.gfid != gfid || linkto_of(&ia, &rsp.xdata).is_none() {
+                // (Or this file's destination from a run whose switch was
+                // cut short before the source was marked: copied again.)
+                if ia.gfid != gfid || linkto_xattr(&ia, &rsp.xdata).is_none() {
                     return Err(Errno::EEXIST);
                 }
             }
@@ -318,7 +334,10 @@ impl Inner {
             }
             return Err(e);
         }
-        // Switch: the destination becomes the data file.
+        // Switch: the destination becomes the data file (still naming the
+        // source, so that until the source is marked a lookup goes on
+        // finding the data there: an fd open on the source may write to
+        // it once the lock is let go, if the switch is cut short).
         let attr = SetAttr {
             mode: Some(st.mode & 0o7777),
             uid: Some(st.uid),
@@ -327,9 +346,7 @@ impl Inner {
             mtime: Some(TimeSet::At(st.mtime)),
         };
         self.wind(to, ctx, Request::new(Fop::Setattr { loc: Loc::gfid(gfid), attr })).await?;
-        self.wind(to, ctx, Request::new(Fop::Removexattr { loc: Loc::gfid(gfid), name: LINKTO_XATTR.to_string() }))
-            .await?;
-        // Mark the source migrated, then drop its name.
+        // Mark the source migrated: from here the data is on `to`.
         let mut x = Dict::new();
         x.set_bytes(LINKTO_XATTR, self.children[to].name.as_bytes().to_vec());
         // Under this caller's lock (replicate locks with its owner).
@@ -339,13 +356,43 @@ impl Inner {
         let mark = SetAttr { mode: Some(LINK_MODE), ..SetAttr::default() };
         self.wind(from, ctx, Request::with_xdata(Fop::Setattr { loc: Loc::gfid(gfid), attr: mark }, held())).await?;
         self.remember(gfid, Where::File(to));
-        let un = Fop::Unlink { loc: entry.with_gfid(gfid), flags: 0 };
-        match self.wind(from, ctx, Request::new(un)).await {
-            Ok(_) | Err(Errno::ENOENT) => {}
-            // A stale link file is skipped by lookups: logged, not failed.
-            Err(e) => tracing::warn!(volume = %self.name, name = %loc.name, "removing the migrated source: {e}"),
-        }
+        let src = self.children[from].name.to_string();
+        self.end_switch(ctx, &entry, gfid, to, &src).await?;
         Ok(Some(st.size))
+    }
+
+    /// The end of a switch (also of one cut short, found by a later
+    /// run): the marked source's name `loc` on subvolume `src` removed,
+    /// then the destination's linkto xattr on `at`. A source not yet marked
+    /// (the data still there) is left alone: its file is moved again.
+    async fn end_switch(&self, ctx: &CallCtx, loc: &Loc, gfid: Gfid, at: usize, src: &str) -> Result<(), Errno> {
+        let entry = Loc::entry(loc.parent, loc.name.clone());
+        if let Some(from) = self.index_of(src).filter(|f| *f != at) {
+            let look = Request::with_xdata(Fop::Lookup { loc: entry.clone() }, super::with_private_keys(&Dict::new()));
+            match self.wind(from, ctx, look).await {
+                Ok(rsp) => {
+                    let ia = super::entry_iatt(&rsp)?;
+                    if ia.gfid == gfid && linkto_of(&ia, &rsp.xdata).is_none() {
+                        return Ok(());
+                    }
+                    if ia.gfid == gfid {
+                        let un = Fop::Unlink { loc: entry.with_gfid(gfid), flags: 0 };
+                        match self.wind(from, ctx, Request::new(un)).await {
+                            Ok(_) | Err(Errno::ENOENT) => {}
+                            // A stale link file is skipped by lookups: logged, not failed.
+                            Err(e) => {
+                                tracing::warn!(volume = %self.name, name = %loc.name, "removing the migrated source: {e}")
+                            }
+                        }
+                    }
+                }
+                Err(Errno::ENOENT | Errno::ESTALE) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let rm = Fop::Removexattr { loc: Loc::gfid(gfid), name: LINKTO_XATTR.to_string() };
+        self.wind(at, ctx, Request::new(rm)).await?;
+        Ok(())
     }
 
     /// Copies `size` bytes from `src` on `from` to `dst` on `to`.

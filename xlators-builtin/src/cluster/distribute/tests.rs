@@ -811,3 +811,75 @@ async fn layouts_are_written_without_a_locks_translator() {
     };
     assert!(l.anomalies(&[true; 2]).none(), "{l:?}");
 }
+
+/// Asks `node` to move `name` (in the root) where it hashes.
+async fn migrate(node: &Node, name: &str, gfid: Gfid) -> FopResult {
+    let xattrs = Dict::new().with(MIGRATE_KEY, xlfs_sdk::Value::U64(1));
+    node.call(Fop::Setxattr { loc: Loc::entry(Gfid::ROOT, name).with_gfid(gfid), xattrs, flags: 0 }).await
+}
+
+/// Reads (`data` None) or overwrites file `gfid` from its start through a
+/// fresh client that finds it by `name`: what it holds after.
+async fn through_fresh(c: &Cluster, name: &str, gfid: Gfid, data: Option<&'static [u8]>) -> Bytes {
+    let n = c.node(&[]);
+    n.root().await;
+    assert_eq!(n.lookup(Gfid::ROOT, name).await.expect("lookup").gfid, gfid);
+    let fd = Fd { id: FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed)), gfid };
+    n.call(Fop::Open { loc: Loc::gfid(gfid), flags: libc::O_RDWR as u32, fd: fd.id }).await.expect("open");
+    if let Some(d) = data {
+        n.call(Fop::Writev { fd, data: Bytes::from_static(d), offset: 0, flags: 0 }).await.expect("write");
+    }
+    let rd = n.call(Fop::Readv { fd, size: 64, offset: 0, flags: 0 }).await.expect("read");
+    n.release(fd).await;
+    rd.reply.into_read().expect("data")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_cut_short_is_finished_by_the_next_and_loses_no_write() {
+    use std::os::unix::fs::MetadataExt;
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    // Two files whose data is on subvolume 0 under names that hash to 1
+    // (renamed there: a link file on 1 leads to the data).
+    let mut files = Vec::new();
+    for p in ["a", "c"] {
+        let from = c.name_on(".", 0, p);
+        let to = c.name_on(".", 1, &format!("{p}-moved-"));
+        let fd = node.create(Gfid::ROOT, &from).await.expect("create");
+        node.call(Fop::Writev { fd, data: Bytes::from_static(b"hello"), offset: 0, flags: 0 }).await.expect("write");
+        node.release(fd).await;
+        node.rename(&from, &to).await.expect("rename");
+        assert_eq!(c.places(&to), (vec![0], vec![1]));
+        files.push((to, fd.gfid));
+    }
+
+    // Cut short before the source is marked: the source stays the data.
+    let (b, g) = &files[0];
+    c.faults[0].fail(Some((vec![FopKind::Setxattr], Errno::ENOTCONN)));
+    assert_eq!(migrate(&node, b, *g).await.err(), Some(Errno::ENOTCONN));
+    c.faults[0].fail(None);
+    let dst = c.path(1, b).symlink_metadata().expect("destination");
+    assert_eq!(dst.mode() & 0o7777, 0o644, "the destination was switched to a data file");
+    assert!(xattr(&c.path(1, b), LINKTO_XATTR).is_some(), "still naming the source");
+    // A write now (the lock is let go) lands where lookups find the data.
+    assert_eq!(&through_fresh(&c, b, *g, Some(b"HELLO")).await[..], b"HELLO");
+    assert_eq!(std::fs::read(c.path(0, b)).expect("source"), b"HELLO");
+    let done = migrate(&node, b, *g).await.expect("the next run");
+    assert!(done.xdata.contains(MIGRATED_KEY), "{:?}", done.xdata);
+    assert_eq!(c.places(b), (vec![1], vec![]), "moved, source gone");
+    assert_eq!(&through_fresh(&c, b, *g, None).await[..], b"HELLO", "the write after the cut is kept");
+
+    // Cut short after the source is marked: the data is on 1 already.
+    let (d, g) = &files[1];
+    c.faults[1].fail(Some((vec![FopKind::Removexattr], Errno::ENOTCONN)));
+    assert_eq!(migrate(&node, d, *g).await.err(), Some(Errno::ENOTCONN));
+    c.faults[1].fail(None);
+    assert!(!c.exists(0, d), "the marked source's name is removed");
+    assert!(xattr(&c.path(1, d), LINKTO_XATTR).is_some());
+    assert_eq!(&through_fresh(&c, d, *g, Some(b"WORLD")).await[..], b"WORLD");
+    let again = migrate(&node, d, *g).await.expect("the next run");
+    assert_eq!(again.xdata.get_str(SKIPPED_KEY), Some("in place"));
+    assert_eq!(c.places(d), (vec![1], vec![]), "the switch was ended: no linkto xattr left");
+    assert_eq!(&through_fresh(&c, d, *g, None).await[..], b"WORLD");
+}
