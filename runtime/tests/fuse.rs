@@ -319,6 +319,11 @@ fn random_read_write_truncate(v: Volume) {
         }
     }
     assert!(counts.iter().all(|&c| c > 0), "every kind of op ran: {counts:?}");
+    // Synced before the bricks are read: a close returns before its writes
+    // reach the bricks (flush-behind).
+    for f in &files {
+        f.sync_all().expect("fsync");
+    }
     drop(files);
     // The bricks hold exactly the model.
     for (i, m) in model.iter().enumerate() {

@@ -15,7 +15,11 @@
 //!   xattrop fops with `notify` and `inodelk-count` than with `fd-count`,
 //!   and two clients writing one file both make progress under every
 //!   policy;
-//! - `xlfs up` / `xlfs down` bring a volume up and down and keep its data.
+//! - `xlfs up` / `xlfs down` bring a volume up and down and keep its data;
+//! - on 2 x 3 (distribute over two replica sets): a brick of each set
+//!   restarted under the writer and healed to identical copies per set,
+//!   heal info covering both sets; quorum lost in one set refuses only the
+//!   writes to its files.
 
 mod kit;
 
@@ -472,4 +476,124 @@ fn a_burst_of_files_is_read_renamed_and_read_back_at_once() {
         "#,
     );
     assert!(out.is_empty(), "files read back wrong:\n{out}");
+}
+
+/// A 2 x 3 volume (distribute over two replica sets, as `xlfs up --sets 2`
+/// writes it): its bricks, a mount, and the volfile on disk for `xlfs heal`.
+struct TwoByThree {
+    c: Cluster,
+    m: FuseMount,
+    vol: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl TwoByThree {
+    fn start() -> TwoByThree {
+        let c = Cluster::start(2 * N);
+        let bricks: Vec<(u16, String)> = c.bricks.iter().map(|b| (b.port(), b.subvolume())).collect();
+        let text = xlfs_runtime::cli::distributed_volfile("d23", &bricks, N, &[], xlfs_runtime::cli::DEFAULT_PERF);
+        let m = FuseMount::start(&text, "");
+        let tmp = tempfile::tempdir().expect("tmp");
+        let vol = volfile_file(tmp.path(), &text);
+        TwoByThree { c, m, vol, _tmp: tmp }
+    }
+
+    /// The set whose bricks hold `rel` as data (not a link file).
+    fn set_of(&self, rel: &str) -> usize {
+        let holds = |s: usize| {
+            let p = self.c[s * N].dir().join(rel);
+            p.exists() && xlfs_sdk::testing::xattr(&p, "trusted.glusterfs.dht.linkto").is_none()
+        };
+        (0..2).find(|s| holds(*s)).unwrap_or_else(|| panic!("{rel} is on no set"))
+    }
+
+    /// Each set's three copies are identical and, with `clean`, blame no one.
+    fn assert_sets_identical(&self, clean: bool) {
+        for s in 0..2 {
+            let roots: Vec<PathBuf> = (s * N..(s + 1) * N).map(|i| self.c[i].dir().to_path_buf()).collect();
+            let counters: Vec<String> = (s * N..(s + 1) * N).map(|j| format!("trusted.afr.d23-client-{j}")).collect();
+            kit::assert_copies_identical(&roots, &counters, clean);
+        }
+    }
+}
+
+#[test]
+fn two_by_three_writer_survives_a_brick_restart_in_each_set_and_heal_makes_copies_identical() {
+    let mut v = TwoByThree::start();
+    let (stop, ops) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let w = {
+        let (mnt, stop, ops) = (v.m.path().to_path_buf(), stop.clone(), ops.clone());
+        std::thread::spawn(move || writer(mnt, stop, ops))
+    };
+    progress(&ops, 100);
+    v.c[1].kill();
+    v.c[N + 2].kill();
+    progress(&ops, 300);
+    sh(
+        v.m.path(),
+        &[],
+        "mkdir -p w/made-while-down/sub && echo x > w/made-while-down/sub/f && ln -s f w/made-while-down/sub/l",
+    );
+    v.c[1].restart();
+    v.c[N + 2].restart();
+    progress(&ops, 300);
+    stop.store(true, Ordering::Relaxed);
+    let (model, errors) = w.join().expect("writer thread");
+    assert!(errors.is_empty(), "the application saw errors: {errors:?}");
+    // The writer's files are on both sets, so both sets had heals to do.
+    let sets: std::collections::BTreeSet<usize> = model.keys().map(|n| v.set_of(n)).collect();
+    assert_eq!(sets.len(), 2, "files on both sets: {sets:?}");
+    let log = heal_until_clean(&v.vol);
+    for (name, want) in &model {
+        let got = std::fs::read(v.m.path().join(name)).expect("read back through the mount");
+        assert!(got == *want, "{name}: {} bytes read, {} expected", got.len(), want.len());
+    }
+    v.assert_sets_identical(true);
+    // Heal info covers both sets (every child of the volume), all clean.
+    let (ok, info) = heal(&v.vol, &["info"]);
+    assert!(ok, "{info}");
+    for j in 0..2 * N {
+        assert!(info.contains(&format!("d23-client-{j}: up, 0 entries")), "child {j} in heal info:\n{info}");
+    }
+    eprintln!("{} writes; heal said:\n{log}\ninfo after:\n{info}", ops.load(Ordering::Relaxed));
+}
+
+#[test]
+fn two_by_three_quorum_lost_in_one_set_refuses_only_its_writes() {
+    let mut v = TwoByThree::start();
+    let mnt = v.m.path().to_path_buf();
+    std::fs::create_dir(mnt.join("d")).expect("mkdir");
+    for k in 0..16 {
+        let p = mnt.join(format!("d/f{k}"));
+        std::fs::write(&p, format!("data {k}\n")).expect("write");
+        std::fs::File::open(&p).and_then(|f| f.sync_all()).expect("fsync");
+    }
+    std::fs::File::open(mnt.join("d")).and_then(|f| f.sync_all()).expect("fsync d");
+    let on = |s: usize| (0..16).map(|k| format!("d/f{k}")).find(|n| v.set_of(n) == s).expect("a file on each set");
+    let (healthy, lost) = (on(0), on(1));
+    v.c[N + 1].kill();
+    v.c[N + 2].kill();
+    std::thread::sleep(Duration::from_millis(300));
+    let append = |rel: &str| {
+        std::fs::OpenOptions::new().append(true).open(mnt.join(rel)).and_then(|mut f| {
+            std::io::Write::write_all(&mut f, b"more\n")?;
+            f.sync_all()
+        })
+    };
+    // The set that kept quorum takes writes; the other refuses them and
+    // still serves reads.
+    append(&healthy).expect("write to the set with quorum");
+    assert!(append(&lost).is_err(), "a write to the set without quorum was acknowledged");
+    assert_eq!(std::fs::read(mnt.join(&lost)).expect("read"), std::fs::read(v.c[N].dir().join(&lost)).expect("brick"));
+    assert!(std::fs::read(mnt.join(&healthy)).expect("read").ends_with(b"more\n"));
+    v.c[N + 1].restart();
+    v.c[N + 2].restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while append(&lost).is_err() {
+        assert!(Instant::now() < deadline, "writes did not come back after the bricks restarted");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    heal_until_clean(&v.vol);
+    assert!(std::fs::read(mnt.join(&lost)).expect("read").ends_with(b"more\n"));
+    v.assert_sets_identical(true);
 }

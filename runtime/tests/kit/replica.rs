@@ -44,8 +44,15 @@ pub fn rep3_counters(path: &Path, j: usize) -> [i32; 3] {
 /// `clean`, also that no counter blames anyone. Returns the tree
 /// (relative paths).
 pub fn assert_bricks_identical(c: &Cluster, clean: bool) -> Vec<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
     let roots: Vec<PathBuf> = c.bricks.iter().map(|b| b.dir().to_path_buf()).collect();
+    let counters: Vec<String> = (0..roots.len()).map(|j| format!("trusted.afr.rep3-client-{j}")).collect();
+    assert_copies_identical(&roots, &counters, clean)
+}
+
+/// [`assert_bricks_identical`] for the copies of one replica set: brick
+/// directories `roots`, whose AFR counters are the xattrs `counters`.
+pub fn assert_copies_identical(roots: &[PathBuf], counters: &[String], clean: bool) -> Vec<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
     let want = workload::brick_tree(&roots[0]);
     for r in &roots[1..] {
         assert_eq!(workload::brick_tree(r), want, "names on {} vs {}", r.display(), roots[0].display());
@@ -81,15 +88,15 @@ pub fn assert_bricks_identical(c: &Cluster, clean: bool) -> Vec<PathBuf> {
         }
     }
     if clean {
-        for r in &roots {
+        for r in roots {
             for rel in
                 want.iter().filter(|rel| !r.join(rel).symlink_metadata().expect("lstat").file_type().is_symlink())
             {
-                for j in 0..c.bricks.len() {
+                for key in counters {
                     assert_eq!(
-                        rep3_counters(&r.join(rel), j),
+                        workload::afr_counters(&r.join(rel), key),
                         [0, 0, 0],
-                        "{} on {} blames child {j}",
+                        "{} on {} blames {key}",
                         rel.display(),
                         r.display()
                     );

@@ -60,9 +60,14 @@
 //! layout, to move a file where its name hashes, and to settle a
 //! directory; an fd or inode whose file was migrated under it is found
 //! again and its fop sent again there (see `inode`).
+//!
+//! **Heal control** (see `heal_control`): replicate's heal runs and heal
+//! info on the root go to every subvolume, and their answers are merged,
+//! so `xlfs heal` and the self-heal daemon see every replica set.
 
 mod entry;
 mod hash;
+mod heal_control;
 mod inode;
 mod layout;
 mod lookup;
@@ -408,6 +413,9 @@ impl Inner {
             Fop::Setxattr { loc, ref xattrs, .. } if xattrs.keys().any(|k| migrate::is_rebalance_key(k)) => {
                 let key = xattrs.keys().find(|k| migrate::is_rebalance_key(k)).cloned().unwrap_or_default();
                 self.rebalance_op(&ctx, loc, &key).await
+            }
+            fop if heal_control::is_heal_control(&fop) => {
+                self.heal_control(&ctx, Request::with_xdata(fop, xdata)).await
             }
             Fop::Getxattr { ref name, .. } | Fop::Fgetxattr { ref name, .. } if is_private(name) => Err(Errno::ENODATA),
             Fop::Setxattr { ref xattrs, .. } | Fop::Fsetxattr { ref xattrs, .. }
