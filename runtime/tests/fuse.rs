@@ -98,6 +98,11 @@ fn posix_workload_with_ordinary_tools() {
     posix_workload(volume(""));
 }
 
+#[test]
+fn posix_workload_on_two_by_three() {
+    posix_workload(volume_two_by_three(""));
+}
+
 fn posix_workload(v: Volume) {
     let local = tempfile::tempdir().expect("local dir");
     sh(

@@ -207,6 +207,11 @@ pub mod keys {
     /// again and drops the clean ones.
     pub const INDEX_PURGE: &str = "xlfs.index.purge";
 
+    /// Xdata key of a fop that changes an inode: the client's time of the
+    /// change (nanoseconds since the epoch, u64), which storage/posix keeps
+    /// as the inode's times (features/utime stamps it).
+    pub const UTIME: &str = "xlfs.utime";
+
     /// Setxattr key on the root, to cluster/replicate: heal what the
     /// indices list (`index`) or the whole tree (`full`).
     pub const HEAL_RUN: &str = "xlfs.heal.run";

@@ -127,6 +127,16 @@ impl Timespec {
         let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         Timespec { sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nsec: d.subsec_nanos() }
     }
+
+    /// Nanoseconds since the epoch (0 before it, saturating far after).
+    pub fn to_nanos(self) -> u64 {
+        u64::try_from(self.sec).unwrap_or(0).saturating_mul(1_000_000_000).saturating_add(u64::from(self.nsec))
+    }
+
+    /// The time `ns` nanoseconds after the epoch.
+    pub fn from_nanos(ns: u64) -> Timespec {
+        Timespec { sec: i64::try_from(ns / 1_000_000_000).unwrap_or(i64::MAX), nsec: (ns % 1_000_000_000) as u32 }
+    }
 }
 
 /// An inode's attributes, GlusterFS's `struct iatt`.

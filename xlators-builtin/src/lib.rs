@@ -21,10 +21,11 @@ pub mod cluster {
 }
 
 pub mod features {
-    //! Brick-side features.
+    //! Brick-side features, and the client's change stamps.
     pub mod index;
     pub mod locks;
     pub mod upcall;
+    pub mod utime;
 }
 
 pub mod protocol {
@@ -58,6 +59,7 @@ pub fn builtin_types() -> Vec<XlatorType> {
         features::locks::TYPE,
         features::index::TYPE,
         features::upcall::TYPE,
+        features::utime::TYPE,
         debug::io_stats::TYPE,
         debug::error_gen::TYPE,
         performance::io_threads::TYPE,

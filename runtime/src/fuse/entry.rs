@@ -40,7 +40,10 @@ fn unsupported_xattr(opts: &super::options::MountOptions, name: &str) -> bool {
 }
 
 fn internal_xattr(name: &str) -> bool {
-    name == "trusted.gfid" || name.starts_with("trusted.glusterfs.") || name.starts_with("trusted.afr.")
+    name == "trusted.gfid"
+        || name.starts_with("trusted.glusterfs.")
+        || name.starts_with("trusted.afr.")
+        || name.starts_with("trusted.xlfs.")
 }
 
 impl Core {

@@ -140,10 +140,11 @@ pub fn client_volfile(spec: &VolumeSpec, ports: &[u16]) -> Result<String, Volgen
 }
 
 /// Appends cluster/replicate over each `replica` consecutive `clients`
-/// (`VOLUME-replicate-N`, with the `afr` option lines) and, when there is
-/// more than one set, cluster/distribute over the sets (`VOLUME-dht`, with
-/// the `dht` option lines); returns the name of the volume on top. A last
-/// set with fewer clients takes what is left.
+/// (`VOLUME-replicate-N`, with the `afr` option lines), when there is
+/// more than one set cluster/distribute over the sets (`VOLUME-dht`, with
+/// the `dht` option lines), and features/utime on top (`VOLUME-utime`:
+/// every copy and set gets one time per change); returns the name of the
+/// volume on top. A last set with fewer clients takes what is left.
 pub(crate) fn replica_sets(
     v: &mut String,
     volume: &str,
@@ -162,7 +163,7 @@ pub(crate) fn replica_sets(
         );
         sets.push(name);
     }
-    match sets.as_slice() {
+    let top = match sets.as_slice() {
         [one] => one.clone(),
         _ => {
             let name = format!("{volume}-dht");
@@ -172,7 +173,10 @@ pub(crate) fn replica_sets(
             );
             name
         }
-    }
+    };
+    let name = format!("{volume}-utime");
+    *v += &format!("volume {name}\n    type features/utime\n    subvolumes {top}\nend-volume\n\n");
+    name
 }
 
 fn perf_type(short: &str) -> &'static str {
@@ -222,6 +226,7 @@ mod tests {
                 "protocol/client",
                 "protocol/client",
                 "cluster/replicate",
+                "features/utime",
                 "performance/write-behind",
                 "performance/readdir-ahead",
                 "performance/open-behind",

@@ -47,6 +47,7 @@ mod entry_ops;
 mod fd_table;
 mod handle;
 mod inode_fd_ops;
+mod mdata;
 mod reserve;
 mod sys;
 #[cfg(test)]
@@ -129,6 +130,13 @@ const O_DIRECT_MIN_SIZE: Opt<kind::Size> = Opt::size("o-direct-min-size", "512KB
          store: nothing to go around, and the aligned copy would only cost). Reads of such data come from the disk, not the \
          brick's cache. 0: off (GlusterFS's behaviour).",
     );
+const CTIME: Opt<kind::Bool> = Opt::bool("ctime", true).desc(
+    "Keep each inode's ctime, mtime and atime as the client stamped them (features/utime in the client \
+         graph), in the xattr trusted.xlfs.mdata, and answer with those (GlusterFS's storage.ctime, on by \
+         default there too): the copies of a replica set then show the same times, and the bricks' own \
+         bookkeeping (replicate's changelog, the index) does not move them, so tar and make see no change \
+         that did not happen. Off: every copy shows its own file system's times.",
+);
 
 const OPTIONS: &[OptionDecl] = &[
     DIRECTORY.decl,
@@ -142,6 +150,7 @@ const OPTIONS: &[OptionDecl] = &[
     INLINE_FOPS.decl,
     RESERVE.decl,
     O_DIRECT_MIN_SIZE.decl,
+    CTIME.decl,
 ];
 
 /// Creating fops (create, mknod, mkdir, symlink) set the request xdata's
@@ -227,6 +236,10 @@ struct Inner {
     nfds: AtomicUsize,
     /// Open fds per inode (entries exist only while some fd is open).
     open: Mutex<HashMap<Gfid, u32>>,
+    /// `ctime`: stamped times kept and answered with (see `mdata`).
+    ctime: AtomicBool,
+    /// Stored times of recently seen inodes.
+    times: mdata::Cache,
 }
 
 impl Posix {
@@ -252,6 +265,8 @@ impl Posix {
             fds: FdSlots::with_capacity(max.max(65536).saturating_mul(16)),
             nfds: AtomicUsize::new(0),
             open: Mutex::new(HashMap::new()),
+            ctime: AtomicBool::new(CTIME.get(o)),
+            times: mdata::Cache::default(),
             brick,
         };
         tracing::info!(brick = %dir.display(), "storage/posix ready");
@@ -342,7 +357,24 @@ impl Inner {
         Ok(iatt(&self.brick.target(n).stat()?, n.gfid))
     }
 
+    /// A fop, its reply given the inodes' stored times (`ctime` on; a
+    /// stamped change recorded first: see `mdata`).
     fn dispatch(&self, ctx: &CallCtx, req: Request) -> FopResult {
+        if !self.ctime.load(Ordering::Relaxed) {
+            return self.dispatch_fop(ctx, req);
+        }
+        let stamp = req.xdata.get_u64(mdata::UTIME).map(Timespec::from_nanos);
+        let fop = stamp.map(|_| req.fop.clone());
+        let mut rsp = self.dispatch_fop(ctx, req)?;
+        let stamped = match (stamp, &fop) {
+            (Some(t), Some(fop)) => self.stamp(fop, &rsp, t),
+            _ => Vec::new(),
+        };
+        self.with_times(&mut rsp, &stamped);
+        Ok(rsp)
+    }
+
+    fn dispatch_fop(&self, ctx: &CallCtx, req: Request) -> FopResult {
         let Request { fop, xdata } = req;
         // Held until the fop has finished: its bytes count as pending.
         let _space = takes_space(&fop).map(|grow| self.reserve.admit(self.brick.root_fd(), grow)).transpose()?;
@@ -722,6 +754,7 @@ impl Xlator for Posix {
         self.inner.shared.store(SHARED_BRICK_COUNT.count(o).max(1) as u64, Ordering::Relaxed);
         self.inner.inline.store(INLINE_FOPS.get(o), Ordering::Relaxed);
         self.inner.direct_min.store(O_DIRECT_MIN_SIZE.get(o), Ordering::Relaxed);
+        self.inner.ctime.store(CTIME.get(o), Ordering::Relaxed);
         self.inner.reserve.set(parse_reserve(o).map_err(|e| ReconfigureError::Invalid(e.to_string()))?);
         Ok(())
     }

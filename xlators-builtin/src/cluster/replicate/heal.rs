@@ -92,6 +92,13 @@ mod metadata;
 pub(crate) use control::is_control;
 use control::*;
 
+/// Xdata that makes storage/posix keep `ctime` (a source's) as the
+/// changed inode's ctime: a sink given the source's attributes shows its
+/// times too.
+fn stamped(ctime: xlfs_sdk::Timespec) -> Dict {
+    Dict::new().with(xlfs_sdk::dict::keys::UTIME, Value::U64(ctime.to_nanos()))
+}
+
 /// Data heal block size.
 pub const BLOCK: u64 = 128 << 10;
 /// Most gfids `xlfs.heal.info` shows per child.
@@ -262,7 +269,7 @@ impl Inner {
         self.wind(i, ctx.clone(), Request::new(fop)).await
     }
 
-    async fn on_x(&self, i: usize, ctx: &CallCtx, fop: Fop, xdata: Dict) -> FopResult {
+    pub(super) async fn on_x(&self, i: usize, ctx: &CallCtx, fop: Fop, xdata: Dict) -> FopResult {
         self.wind(i, ctx.clone(), Request::with_xdata(fop, xdata)).await
     }
 
@@ -540,6 +547,8 @@ mod tests {
         assert!(is_control(&Fop::Getxattr { loc: Loc::root(), name: HEAL_INFO.into() }));
         assert!(!is_control(&Fop::Getxattr { loc: Loc::root(), name: "user.x".into() }));
         assert!(healable_xattr("user.a") && healable_xattr("trusted.x"));
+        assert!(healable_xattr("trusted.glusterfs.dht") && healable_xattr("trusted.glusterfs.dht.linkto"));
+        assert!(!healable_xattr("trusted.glusterfs.volume-id"));
         assert!(
             !healable_xattr("trusted.afr.c-0") && !healable_xattr(GFID_XATTR) && !healable_xattr("security.selinux")
         );

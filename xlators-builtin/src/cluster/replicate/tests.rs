@@ -583,3 +583,53 @@ async fn full_heal_gives_every_child_a_name_only_one_has() {
         assert_eq!(c.gfid_on(i, "d/stray").as_deref(), Some(&g.0[..]), "stray on brick {i}");
     }
 }
+
+/// Distribute's link target removed while a child was down (a migration's
+/// last step): heal removes it there too, or that copy stays a link file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_removes_a_dht_xattr_the_source_no_longer_has() {
+    const LINKTO: &str = "trusted.glusterfs.dht.linkto";
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    let fd = n.create("f").await.expect("create");
+    n.close(fd).await;
+    let mut x = Dict::new();
+    x.set_bytes(LINKTO, bytes::Bytes::from_static(b"vol-replicate-0\0"));
+    n.call(Fop::Setxattr { loc: Loc::gfid(fd.gfid), xattrs: x, flags: 0 }).await.expect("setxattr");
+    assert!((0..N).all(|i| xattr(&c.bricks[i].dir.join("f"), LINKTO).is_some()));
+    n.down(0);
+    n.call(Fop::Removexattr { loc: Loc::gfid(fd.gfid), name: LINKTO.into() }).await.expect("removexattr");
+    n.up(0);
+    assert!(xattr(&c.bricks[0].dir.join("f"), LINKTO).is_some(), "child 0 missed the removal");
+    let mut run = Dict::new();
+    run.set_bytes(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index"));
+    n.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await.expect("heal");
+    for i in 0..N {
+        assert_eq!(xattr(&c.bricks[i].dir.join("f"), LINKTO), None, "the link target on brick {i}");
+    }
+}
+
+/// A copy healed after missing a stamped write shows the source's times
+/// (storage/posix keeps the stamp the heal passes on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healed_copy_shows_the_sources_times() {
+    use xlfs_sdk::dict::keys::UTIME;
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    let fd = n.create("f").await.expect("create");
+    n.down(0);
+    let t = xlfs_sdk::Timespec { sec: 1_600_000_000, nsec: 42 };
+    let w = Fop::Writev { fd, data: Bytes::from_static(b"data"), offset: 0, flags: 0 };
+    let x = Dict::new().with(UTIME, xlfs_sdk::Value::U64(t.to_nanos()));
+    n.afr.call(n.ctx.clone(), Request::with_xdata(w, x)).await.expect("stamped write");
+    n.close(fd).await;
+    n.up(0);
+    let mut run = Dict::new();
+    run.set_bytes(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index"));
+    n.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await.expect("heal");
+    for i in 0..N {
+        let st = c.bricks[i].locks.call(CallCtx::root("t"), Request::new(Fop::Stat { loc: Loc::gfid(fd.gfid) })).await;
+        let Reply::Attr(ia) = st.expect("stat").reply else { panic!("attr") };
+        assert_eq!((ia.mtime, ia.ctime, ia.size), (t, t, 4), "brick {i}");
+    }
+}

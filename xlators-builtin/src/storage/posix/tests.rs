@@ -13,6 +13,7 @@ use super::*;
 mod entry_ops;
 mod fd_table;
 mod inode_fd_ops;
+mod mdata;
 mod xattr;
 
 struct Env {

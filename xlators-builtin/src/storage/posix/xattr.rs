@@ -99,10 +99,10 @@ pub(super) fn add_arrays(cur: &mut [u8], delta: &[u8], width: usize) {
     }
 }
 
-/// xattrs clients may not change: the gfid anywhere, the volume id on the
-/// root.
+/// xattrs clients may not change: the gfid and the stored times anywhere,
+/// the volume id on the root.
 pub(super) fn is_protected(gfid: Gfid, name: &str) -> bool {
-    name == GFID_XATTR || (gfid == Gfid::ROOT && name == VOLUME_ID_XATTR)
+    name == GFID_XATTR || name == super::mdata::MDATA_XATTR || (gfid == Gfid::ROOT && name == VOLUME_ID_XATTR)
 }
 
 pub(super) fn set_xattrs(t: Target<'_>, gfid: Gfid, xattrs: &Dict, flags: u32) -> Sys<()> {
@@ -133,6 +133,10 @@ pub(super) fn get_xattrs(t: Target<'_>, name: &str) -> Sys<Dict> {
     }
     for n in t.listxattr()? {
         let Ok(key) = String::from_utf8(n) else { continue };
+        // The stored times are the brick's: heal gives them by a stamp.
+        if key == super::mdata::MDATA_XATTR {
+            continue;
+        }
         match t.getxattr(&xattr_name(&key)?) {
             Ok(v) => out.set_bytes(key, v),
             Err(Errno::ENODATA) => {}

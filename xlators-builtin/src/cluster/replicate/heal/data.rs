@@ -52,10 +52,14 @@ impl Inner {
             mtime: Some(TimeSet::At(src_iatt.mtime)),
             ..Default::default()
         };
-        for fop in
-            [Fop::Ftruncate { fd, offset: size }, Fop::Fsync { fd, datasync: true }, Fop::Fsetattr { fd, attr: times }]
-        {
-            for (i, r) in self.fan(ctx, live, &Request::new(fop)).await {
+        // The times last: stamped with the source's ctime, so the sinks
+        // keep the source's times (storage/posix's `ctime`).
+        for req in [
+            Request::new(Fop::Ftruncate { fd, offset: size }),
+            Request::new(Fop::Fsync { fd, datasync: true }),
+            Request::with_xdata(Fop::Fsetattr { fd, attr: times }, stamped(src_iatt.ctime)),
+        ] {
+            for (i, r) in self.fan(ctx, live, &req).await {
                 if let Err(e) = r {
                     tracing::warn!(volume = %self.name, %gfid, child = %self.children[i].name, %e, "data heal failed on a sink");
                     live &= !bit(i);

@@ -3,11 +3,16 @@
 
 use super::*;
 
+/// Xattrs a sink is given (and has removed when the source lacks them):
+/// user and trusted ones, distribute's layouts and link targets among them
+/// (a migration that removed a link target while a copy was down must not
+/// leave that copy a link file); not the changelog, the gfid or the
+/// bricks' other own `trusted.glusterfs.*` (the volume id).
 pub(super) fn healable_xattr(k: &str) -> bool {
     (k.starts_with("user.") || k.starts_with("trusted."))
         && !k.starts_with(pending::PREFIX)
         && k != GFID_XATTR
-        && !k.starts_with("trusted.glusterfs.")
+        && (!k.starts_with("trusted.glusterfs.") || k.starts_with("trusted.glusterfs.dht"))
 }
 
 pub(super) fn xattrs_of(r: FopResult) -> Result<Dict, Errno> {
@@ -33,7 +38,7 @@ impl Inner {
         let futs = members(sinks).map(|i| {
             let want = &want;
             async move {
-                self.on(i, ctx, Fop::Setattr { loc: Loc::gfid(gfid), attr }).await?;
+                self.on_x(i, ctx, Fop::Setattr { loc: Loc::gfid(gfid), attr }, stamped(ia.ctime)).await?;
                 let have = xattrs_of(self.on(i, ctx, all_x()).await)?;
                 for k in have.keys().filter(|k| !want.contains(k)) {
                     match self.on(i, ctx, Fop::Removexattr { loc: Loc::gfid(gfid), name: k.clone() }).await {

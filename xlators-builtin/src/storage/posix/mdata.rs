@@ -1,0 +1,355 @@
+//! Times kept as the client stamped them (GlusterFS's `ctime` feature,
+//! posix-metadata.c): a copy's own ctime, mtime and atime are set by its
+//! brick's clock, differ between the copies of a replica set, and move
+//! when the bricks' own bookkeeping (replicate's changelog xattrs, the
+//! index) touches the inode. So a client's features/utime stamps each
+//! change with one time ([`UTIME`] in the xdata, the same for every copy),
+//! and this brick stores the inode's times in the xattr [`MDATA_XATTR`]:
+//!
+//! - data (write, truncate, fallocate, discard, zero-fill, copy_file_range
+//!   into it, open with O_TRUNC): mtime and ctime;
+//! - attributes (setattr, xattrs): ctime, and the atime and mtime a setattr
+//!   sets (a time given, or the stamp for "now");
+//! - an inode made (create, mknod, mkdir, symlink): all three; its parent's
+//!   mtime and ctime; a link, unlink, rmdir or rename: the parents' mtime
+//!   and ctime, and the inode's ctime.
+//!
+//! Every attribute this brick answers with carries the stored times of the
+//! inode (an inode without them, made before the feature or by a fop with
+//! no stamp, shows its own). Fops without a stamp (heal's data writes, the
+//! bricks' bookkeeping) leave the stored times alone; heal gives a sink
+//! the source's times through a stamped setattr.
+//!
+//! The stored times are cached per gfid ([`Cache`], bounded), so a stat
+//! costs no extra system call once the inode has been seen.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::os::fd::AsFd;
+
+use parking_lot::Mutex;
+use xlfs_sdk::{Errno, Fop, Gfid, Iatt, Reply, Response, SetAttr, TimeSet, Timespec};
+
+use super::Inner;
+use super::handle::handle_rel;
+use super::sys::Target;
+
+pub use xlfs_sdk::dict::keys::UTIME;
+
+/// The xattr holding an inode's times.
+pub const MDATA_XATTR: &str = "trusted.xlfs.mdata";
+const MDATA_C: &CStr = c"trusted.xlfs.mdata";
+/// The encoding's version (first byte).
+const VERSION: u8 = 1;
+const LEN: usize = 1 + 3 * 12;
+/// Gfids whose times are cached (two generations of half as many).
+const CACHE_ENTRIES: usize = 1 << 16;
+
+/// An inode's stored times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mdata {
+    /// Change time.
+    pub ctime: Timespec,
+    /// Modification time.
+    pub mtime: Timespec,
+    /// Access time.
+    pub atime: Timespec,
+}
+
+impl Mdata {
+    fn of(ia: &Iatt) -> Mdata {
+        Mdata { ctime: ia.ctime, mtime: ia.mtime, atime: ia.atime }
+    }
+
+    fn encode(&self) -> [u8; LEN] {
+        let mut out = [0u8; LEN];
+        out[0] = VERSION;
+        for (k, t) in [self.ctime, self.mtime, self.atime].iter().enumerate() {
+            let at = 1 + 12 * k;
+            out[at..at + 8].copy_from_slice(&t.sec.to_be_bytes());
+            out[at + 8..at + 12].copy_from_slice(&t.nsec.to_be_bytes());
+        }
+        out
+    }
+
+    fn decode(v: &[u8]) -> Option<Mdata> {
+        if v.len() != LEN || v[0] != VERSION {
+            return None;
+        }
+        let t = |k: usize| {
+            let at = 1 + 12 * k;
+            let sec = i64::from_be_bytes(v[at..at + 8].try_into().ok()?);
+            let nsec = u32::from_be_bytes(v[at + 8..at + 12].try_into().ok()?);
+            (nsec < 1_000_000_000).then_some(Timespec { sec, nsec })
+        };
+        Some(Mdata { ctime: t(0)?, mtime: t(1)?, atime: t(2)? })
+    }
+
+    /// `ia` with these times.
+    pub fn apply(&self, ia: &mut Iatt) {
+        (ia.ctime, ia.mtime, ia.atime) = (self.ctime, self.mtime, self.atime);
+    }
+}
+
+/// The directory flag of an inode of unknown type: read and written
+/// through the resolved inode, which works for every type.
+const ANY: bool = true;
+
+/// What a stamped fop changed of one inode.
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    /// Its content (or a directory's entries): mtime and ctime.
+    Data,
+    /// Its attributes: ctime, and the times a setattr sets.
+    Attr { atime: Option<TimeSet>, mtime: Option<TimeSet> },
+    /// Made by this fop: all three.
+    New,
+}
+
+/// The stored times of recently seen gfids (None: the inode has none).
+#[derive(Default)]
+pub(super) struct Cache {
+    gens: Mutex<[HashMap<Gfid, Option<Mdata>>; 2]>,
+}
+
+impl Cache {
+    fn get(&self, g: &Gfid) -> Option<Option<Mdata>> {
+        let mut gens = self.gens.lock();
+        if let Some(v) = gens[0].get(g) {
+            return Some(*v);
+        }
+        let v = gens[1].remove(g)?;
+        Self::put_in(&mut gens, *g, v);
+        Some(v)
+    }
+
+    fn put(&self, g: Gfid, v: Option<Mdata>) {
+        Self::put_in(&mut self.gens.lock(), g, v);
+    }
+
+    fn put_in(gens: &mut [HashMap<Gfid, Option<Mdata>>; 2], g: Gfid, v: Option<Mdata>) {
+        if gens[0].len() >= CACHE_ENTRIES / 2 {
+            gens[1] = std::mem::take(&mut gens[0]);
+        }
+        gens[0].insert(g, v);
+    }
+}
+
+/// The inodes a stamped fop changed, and how: from the fop (before it
+/// runs) and its reply.
+fn changes(fop: &Fop, rsp: &Response) -> Vec<(Gfid, bool, Change)> {
+    let mut out = Vec::new();
+    let parent = |out: &mut Vec<(Gfid, bool, Change)>, g: Gfid| {
+        if !g.is_null() {
+            out.push((g, true, Change::Data));
+        }
+    };
+    match (fop, &rsp.reply) {
+        (
+            Fop::Writev { .. }
+            | Fop::Truncate { .. }
+            | Fop::Ftruncate { .. }
+            | Fop::Fallocate { .. }
+            | Fop::Discard { .. }
+            | Fop::Zerofill { .. },
+            Reply::PrePost { post, .. },
+        )
+        | (Fop::CopyFileRange { .. }, Reply::Copied { post, .. }) => out.push((post.gfid, post.is_dir(), Change::Data)),
+        (Fop::Setattr { attr, .. } | Fop::Fsetattr { attr, .. }, Reply::PrePost { post, .. }) => {
+            let SetAttr { atime, mtime, .. } = *attr;
+            out.push((post.gfid, post.is_dir(), Change::Attr { atime, mtime }));
+        }
+        (
+            Fop::Create { .. } | Fop::Mknod { .. } | Fop::Mkdir { .. } | Fop::Symlink { .. },
+            Reply::Entry { iatt, postparent },
+        ) => {
+            out.push((iatt.gfid, iatt.is_dir(), Change::New));
+            parent(&mut out, postparent.gfid);
+        }
+        (Fop::Link { .. }, Reply::Entry { iatt, postparent }) => {
+            out.push((iatt.gfid, false, Change::Attr { atime: None, mtime: None }));
+            parent(&mut out, postparent.gfid);
+        }
+        (Fop::Unlink { .. } | Fop::Rmdir { .. }, Reply::Parent { post, .. }) => parent(&mut out, post.gfid),
+        // Of an inode of either type: the directory case is found out
+        // where its times are written (a gfid names one inode).
+        (Fop::Setxattr { loc, .. } | Fop::Removexattr { loc, .. }, _) => {
+            out.push((loc.gfid, ANY, Change::Attr { atime: None, mtime: None }));
+        }
+        (Fop::Fsetxattr { fd, .. } | Fop::Fremovexattr { fd, .. }, _) => {
+            out.push((fd.gfid, ANY, Change::Attr { atime: None, mtime: None }));
+        }
+        (Fop::Open { loc, flags, .. }, _) if *flags & libc::O_TRUNC as u32 != 0 => {
+            out.push((loc.gfid, false, Change::Data));
+        }
+        (Fop::Rename { old, new, .. }, Reply::Rename { iatt }) => {
+            out.push((iatt.gfid, iatt.is_dir(), Change::Attr { atime: None, mtime: None }));
+            parent(&mut out, old.parent);
+            if new.parent != old.parent {
+                parent(&mut out, new.parent);
+            }
+        }
+        _ => {}
+    }
+    // The same inode twice (a rename within one directory names it once).
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|(g, _, _)| !g.is_null() && seen.insert(*g));
+    out
+}
+
+impl Inner {
+    /// Where the times of `g` are read and written: a directory through its
+    /// descriptor (its handle is a symlink), anything else by its handle.
+    fn mdata_io<R>(&self, g: Gfid, dir: bool, f: impl FnOnce(Target<'_>) -> Result<R, Errno>) -> Result<R, Errno> {
+        if dir || g == Gfid::ROOT {
+            let n = self.brick.resolve_gfid(g)?;
+            f(self.brick.target(&n))
+        } else {
+            let h = handle_rel(&g);
+            f(Target::At(self.brick.gfs(), &h))
+        }
+    }
+
+    /// The stored times of `g` (cached), None when it has none.
+    fn mdata(&self, g: Gfid, dir: bool) -> Option<Mdata> {
+        if let Some(v) = self.times.get(&g) {
+            return v;
+        }
+        let v = match self.mdata_io(g, dir, |t| t.getxattr(MDATA_C)) {
+            Ok(bytes) => Mdata::decode(&bytes),
+            Err(Errno::ENODATA) => None,
+            // Unreadable now (gone, or a race with its removal): not cached.
+            Err(_) => return None,
+        };
+        self.times.put(g, v);
+        v
+    }
+
+    /// Records what stamped fop `fop` (answered `rsp`) changed at time `t`;
+    /// returns the inodes' times before and after.
+    pub(super) fn stamp(&self, fop: &Fop, rsp: &Response, t: Timespec) -> Vec<(Gfid, Option<Mdata>, Mdata)> {
+        let mut out = Vec::new();
+        for (g, dir, change) in changes(fop, rsp) {
+            // Through the fop's own descriptor when it has one (a write's):
+            // no path to resolve.
+            let open = fop.fd().filter(|f| f.gfid == g).and_then(|f| self.fd(f.id).ok());
+            let io = |f: &dyn Fn(Target<'_>) -> Result<(), Errno>| match &open {
+                Some(o) => f(Target::Fd(o.fd.as_fd())),
+                None => self.mdata_io(g, dir, f),
+            };
+            let before = if matches!(change, Change::New) { None } else { self.mdata(g, dir) };
+            // An inode without stored times starts from its own (a new one
+            // takes the stamp for all three).
+            let base = match (before, change) {
+                (Some(m), _) => m,
+                (None, Change::New) => Mdata { ctime: t, mtime: t, atime: t },
+                (None, _) => match self.mdata_io(g, dir, |t| t.stat()) {
+                    Ok(st) => Mdata::of(&super::iatt(&st, g)),
+                    Err(_) => continue,
+                },
+            };
+            let at = |ts: Option<TimeSet>, keep: Timespec| match ts {
+                None => keep,
+                Some(TimeSet::Now) => t,
+                Some(TimeSet::At(x)) => x,
+            };
+            let after = match change {
+                Change::Data => Mdata { ctime: t, mtime: t, atime: base.atime },
+                Change::Attr { atime, mtime } => {
+                    Mdata { ctime: t, mtime: at(mtime, base.mtime), atime: at(atime, base.atime) }
+                }
+                Change::New => Mdata { ctime: t, mtime: t, atime: t },
+            };
+            match io(&|tg| tg.setxattr(MDATA_C, &after.encode(), 0)) {
+                Ok(()) => {
+                    self.times.put(g, Some(after));
+                    out.push((g, before, after));
+                }
+                Err(e) => tracing::debug!(%g, "storing the stamped times: {e}"),
+            }
+        }
+        out
+    }
+
+    /// Gives every attribute in `rsp` its inode's stored times: a `pre`
+    /// the times before `stamped`, the rest the times now.
+    pub(super) fn with_times(&self, rsp: &mut Response, stamped: &[(Gfid, Option<Mdata>, Mdata)]) {
+        let now = |ia: &mut Iatt| {
+            if ia.gfid.is_null() {
+                return;
+            }
+            let m = match stamped.iter().find(|(g, _, _)| *g == ia.gfid) {
+                Some((_, _, after)) => Some(*after),
+                None => self.mdata(ia.gfid, ia.is_dir()),
+            };
+            if let Some(m) = m {
+                m.apply(ia);
+            }
+        };
+        let before = |ia: &mut Iatt| match stamped.iter().find(|(g, _, _)| *g == ia.gfid) {
+            Some((_, Some(b), _)) => b.apply(ia),
+            // It had no stored times before this fop: its own were shown.
+            Some((_, None, _)) => {}
+            None => now(ia),
+        };
+        match &mut rsp.reply {
+            Reply::Entry { iatt, postparent } => {
+                now(iatt);
+                now(postparent);
+            }
+            Reply::Attr(ia) | Reply::Rename { iatt: ia } | Reply::Read { iatt: ia, .. } => now(ia),
+            Reply::Readlink { iatt, .. } => now(iatt),
+            Reply::Copied { post, .. } => now(post),
+            Reply::PrePost { pre, post } | Reply::Parent { pre, post } => {
+                before(pre);
+                now(post);
+            }
+            Reply::Dirents(entries) => {
+                for e in entries.iter_mut() {
+                    now(&mut e.iatt);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip_and_bad_values_are_refused() {
+        let t = |sec, nsec| Timespec { sec, nsec };
+        let m = Mdata { ctime: t(1_700_000_000, 5), mtime: t(-3, 999_999_999), atime: t(0, 0) };
+        assert_eq!(Mdata::decode(&m.encode()), Some(m));
+        let mut bad = m.encode();
+        bad[0] = 9;
+        assert_eq!(Mdata::decode(&bad), None, "another version");
+        assert_eq!(Mdata::decode(&m.encode()[..20]), None, "short");
+        let mut big = m.encode();
+        big[9..13].copy_from_slice(&2_000_000_000u32.to_be_bytes());
+        assert_eq!(Mdata::decode(&big), None, "nanoseconds out of range");
+        assert_eq!(Timespec::from_nanos(1_500_000_000_250), t(1500, 250));
+        assert_eq!(t(1500, 250).to_nanos(), 1_500_000_000_250);
+    }
+
+    #[test]
+    fn the_cache_stays_bounded_and_keeps_what_is_used() {
+        let c = Cache::default();
+        let g = |i: u64| {
+            let mut b = [0u8; 16];
+            b[8..].copy_from_slice(&i.to_be_bytes());
+            Gfid(b)
+        };
+        c.put(g(0), None);
+        for i in 1..(CACHE_ENTRIES as u64 * 2) {
+            c.put(g(i), None);
+            if i % 1000 == 0 {
+                assert!(c.get(&g(0)).is_some(), "a gfid in use stays");
+            }
+        }
+        let gens = c.gens.lock();
+        assert!(gens[0].len() + gens[1].len() <= CACHE_ENTRIES);
+    }
+}

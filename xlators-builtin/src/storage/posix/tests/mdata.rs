@@ -1,0 +1,96 @@
+//! The stamped times (`ctime`, see `mdata`).
+
+use xlfs_sdk::dict::keys::UTIME;
+
+use crate::storage::posix::mdata::MDATA_XATTR;
+
+use super::*;
+
+fn at(sec: i64, nsec: u32) -> Timespec {
+    Timespec { sec, nsec }
+}
+
+fn stamp(t: Timespec) -> Dict {
+    Dict::new().with(UTIME, Value::U64(t.to_nanos()))
+}
+
+fn times(ia: &Iatt) -> (Timespec, Timespec, Timespec) {
+    (ia.ctime, ia.mtime, ia.atime)
+}
+
+/// A file made and written with stamps on two bricks shows the same times
+/// on both, whatever their own clocks did; the bricks' bookkeeping moves
+/// nothing, and a setattr keeps the times it was given.
+#[tokio::test]
+async fn two_bricks_given_the_same_stamps_show_the_same_times() {
+    let (a, b) = (env(), env());
+    let made = at(1_700_000_000, 111);
+    let wrote = at(1_700_000_100, 222);
+    let g = Gfid::random();
+    let mut seen = Vec::new();
+    for e in [&a, &b] {
+        let id = e.fd_id();
+        let create =
+            Fop::Create { loc: Loc::entry(Gfid::ROOT, "f"), flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, fd: id };
+        let mut x = stamp(made);
+        x.set(GFID_REQ, Value::Gfid(g));
+        let ia = e.entry_of(create, x).await.expect("create");
+        assert_eq!(times(&ia), (made, made, made), "a new inode's times are the stamp");
+        let fd = Fd { id, gfid: g };
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let w = Fop::Writev { fd, data: Bytes::from_static(b"hello"), offset: 0, flags: 0 };
+        let Reply::PrePost { pre, post } = e.runx(w, stamp(wrote)).await.expect("write").reply else { panic!("reply") };
+        assert_eq!((pre.mtime, post.mtime, post.ctime, post.atime), (made, wrote, wrote, made));
+        // Replicate's changelog: an unstamped xattrop on the inode.
+        let mut add = Dict::new();
+        add.set_bytes("trusted.afr.v-client-1", vec![0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+        e.run(Fop::Fxattrop { fd, op: XattropOp::AddArray, xattrs: add }).await.expect("xattrop");
+        let st = e.stat(g).await.expect("stat");
+        assert_eq!(times(&st), (wrote, wrote, made), "the bookkeeping moved no time");
+        let root = e.lookup(Gfid::ROOT, "f").await.expect("lookup");
+        assert_eq!(times(&root), times(&st));
+        seen.push(st);
+        e.release(fd).await;
+    }
+    assert_eq!(times(&seen[0]), times(&seen[1]));
+    // The copies' own ctimes differ from what is shown (set by the clock).
+    let own = std::fs::symlink_metadata(a.brick.join("f")).expect("brick file");
+    assert_ne!((own.ctime(), own.ctime_nsec()), (wrote.sec, i64::from(wrote.nsec)));
+
+    // setattr: the times it gives, ctime the stamp; a listing shows them.
+    let set = at(1_700_000_200, 0);
+    let mtime = at(1_000_000_000, 5);
+    let attr = SetAttr { mtime: Some(TimeSet::At(mtime)), atime: Some(TimeSet::Now), ..SetAttr::default() };
+    a.runx(Fop::Setattr { loc: Loc::gfid(g), attr }, stamp(set)).await.expect("setattr");
+    assert_eq!(times(&a.stat(g).await.expect("stat")), (set, mtime, set));
+    let id = a.fd_id();
+    a.run(Fop::Opendir { loc: Loc::root(), fd: id }).await.expect("opendir");
+    let Reply::Dirents(list) =
+        a.reply(Fop::Readdirp { fd: Fd { id, gfid: Gfid::ROOT }, size: 65536, offset: 0 }).await.expect("readdirp")
+    else {
+        panic!("dirents")
+    };
+    let f = list.iter().find(|d| d.name == "f").expect("f listed");
+    assert_eq!(times(&f.iatt), (set, mtime, set));
+    // The directory took the create's stamp.
+    assert_eq!(a.stat(Gfid::ROOT).await.expect("root").mtime, made);
+    // Clients can neither see nor set the stored times.
+    let all = a.reply(Fop::Getxattr { loc: Loc::gfid(g), name: String::new() }).await.expect("getxattr");
+    assert!(!all.into_xattrs().expect("xattrs").contains(MDATA_XATTR));
+    let forge = bytes_xdata(MDATA_XATTR, &[1; 37]);
+    let r = a.run(Fop::Setxattr { loc: Loc::gfid(g), xattrs: forge, flags: 0 }).await;
+    assert_eq!(r.err(), Some(Errno::EPERM));
+}
+
+/// With `ctime off`, stamps are ignored: the file system's own times.
+#[tokio::test]
+async fn ctime_off_shows_the_file_systems_times() {
+    let e = env_with(&[("ctime", "off")]);
+    let old = at(1_000, 0);
+    let id = e.fd_id();
+    let create =
+        Fop::Create { loc: Loc::entry(Gfid::ROOT, "f"), flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, fd: id };
+    let ia = e.entry_of(create, stamp(old)).await.expect("create");
+    assert!(ia.mtime.sec > 1_000_000_000, "{:?}", ia.mtime);
+    assert_eq!(xattr(&e.brick.join("f"), MDATA_XATTR), None);
+}
