@@ -336,10 +336,22 @@ async fn lock_policies_over_the_network() {
 
 #[test]
 fn up_and_down_keep_the_data() {
+    up_and_down(1);
+}
+
+#[test]
+fn two_by_three_up_and_down_keep_the_data() {
+    up_and_down(2);
+}
+
+/// `xlfs up --sets SETS`, writes, umount and mount again, `up` refused
+/// while up, `down`, `up` again: the data stays, on one set's bricks.
+fn up_and_down(sets: usize) {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("vol");
     let _down = Down(dir.clone());
-    let up = run_xlfs(&["up".as_ref(), dir.as_os_str()]);
+    let n = sets.to_string();
+    let up = run_xlfs(&["up".as_ref(), dir.as_os_str(), "--sets".as_ref(), n.as_ref()]);
     let text = String::from_utf8_lossy(&up.stdout).into_owned() + &String::from_utf8_lossy(&up.stderr);
     assert!(up.status.success(), "xlfs up: {text}");
     assert!(text.contains("mounted on") && text.contains("xlfs down"), "{text}");
@@ -352,10 +364,12 @@ fn up_and_down_keep_the_data() {
         f.write_all(b"across up and down\n").expect("write through the mount");
         f.sync_all().expect("fsync");
     }
-    for i in 0..N {
-        let copy = dir.join(format!("bricks/b{i}/kept"));
-        assert_eq!(std::fs::read(&copy).expect("brick copy"), b"across up and down\n");
-    }
+    let copies: Vec<Vec<u8>> = (0..N * sets)
+        .filter_map(|i| std::fs::read(dir.join(format!("bricks/b{i}/kept"))).ok())
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(copies.len(), N, "the copies of one set");
+    assert!(copies.iter().all(|c| c == b"across up and down\n"), "{copies:?}");
     // `xlfs umount` returns once the mount process let go of the mount
     // point (its control socket included): mounting again at once works.
     for round in 0..3 {
@@ -375,6 +389,11 @@ fn up_and_down_keep_the_data() {
     assert!(down.status.success(), "{}", String::from_utf8_lossy(&down.stderr));
     assert!(!is_mounted(&mnt));
     assert!(std::fs::read_dir(dir.join("run")).expect("run dir").next().is_none(), "pid files removed");
+    // Brought back as it was made: another --sets is refused, none needed.
+    let other = (sets % 2 + 1).to_string();
+    let refused = run_xlfs(&["up".as_ref(), dir.as_os_str(), "--sets".as_ref(), other.as_ref()]);
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && why.contains(&format!("holds a volume of {sets} replica set")), "{why}");
     let up = run_xlfs(&["up".as_ref(), dir.as_os_str()]);
     assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
     assert_eq!(std::fs::read(mnt.join("kept")).expect("read after up"), b"across up and down\n");
@@ -461,8 +480,19 @@ fn available(path: &Path) -> u64 {
 fn a_burst_of_files_is_read_renamed_and_read_back_at_once() {
     let c = Cluster::start(N);
     let m = FuseMount::start(&c.replica_volfile(&[]), "");
+    burst(m.path());
+}
+
+#[test]
+fn two_by_three_a_burst_of_files_is_read_renamed_and_read_back_at_once() {
+    // Half the renames move a name to the other set (a link file there).
+    let v = TwoByThree::start();
+    burst(v.m.path());
+}
+
+fn burst(mnt: &Path) {
     let out = sh(
-        m.path(),
+        mnt,
         &[],
         r#"
         for round in 1 2 3 4 5; do

@@ -74,8 +74,11 @@ pub struct UpArgs {
     pub no_shd: bool,
     /// Replica-3 sets; more than one puts cluster/distribute over them
     /// (bricks b0..b2 are the first set, b3..b5 the second, ...).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=MAX_SETS as i64))]
-    pub sets: u16,
+    /// Default: as many as DIR holds already, else 1. A DIR made with
+    /// another number is refused (a volume grows by add-brick and
+    /// rebalance under `xlfs daemon`, not by a new layout over its data).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=MAX_SETS as i64))]
+    pub sets: Option<u16>,
     /// The performance translators of the client graph, top first,
     /// comma-separated (`none` for none); default: md-cache, quick-read,
     /// open-behind, readdir-ahead, write-behind.
@@ -127,6 +130,20 @@ pub enum UpError {
         flag: &'static str,
         /// The value given.
         value: String,
+    },
+    /// `--sets` differs from what DIR holds.
+    #[error(
+        "{} holds a volume of {have} replica set(s); `xlfs up` brings it back as it is: drop --sets, or give \
+         --sets {have} (to grow a volume, use `xlfs volume add-brick` and `rebalance` under `xlfs daemon`)",
+        dir.display()
+    )]
+    SetsMismatch {
+        /// DIR.
+        dir: PathBuf,
+        /// The sets DIR holds.
+        have: usize,
+        /// The sets asked for.
+        want: usize,
     },
     /// Some processes did not stop.
     #[error("still running after {STOP_TIMEOUT:?}: {0}")]
@@ -182,6 +199,12 @@ impl Layout {
             .max()
             .unwrap_or(0);
         Layout::names_for(recorded.clamp(REPLICAS, REPLICAS * MAX_SETS))
+    }
+
+    /// The replica sets an earlier `up` made here (brick directories
+    /// b0, b1, ... in a row, by sets of three).
+    fn sets_made(&self) -> usize {
+        (0..REPLICAS * MAX_SETS).take_while(|i| self.brick(*i).is_dir()).count() / REPLICAS
     }
 
     fn mkdirs(&self, bricks: usize) -> Result<(), UpError> {
@@ -252,7 +275,14 @@ impl UpArgs {
         if !running.is_empty() {
             return Err(UpError::AlreadyUp { dir: lay.dir.clone(), running: running.join(", ") }.into());
         }
-        let bricks = REPLICAS * usize::from(self.sets);
+        let have = lay.sets_made();
+        let sets = match (self.sets.map(usize::from), have) {
+            (None, 0) => 1,
+            (None, n) => n,
+            (Some(want), n) if n == 0 || want == n => want,
+            (Some(want), n) => return Err(UpError::SetsMismatch { dir: lay.dir.clone(), have: n, want }.into()),
+        };
+        let bricks = REPLICAS * sets;
         lay.mkdirs(bricks)?;
         // A mount left behind by a process that died.
         if is_dead_mount(&lay.mnt()) {
