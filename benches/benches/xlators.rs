@@ -380,11 +380,12 @@ fn pass_through(c: &mut Criterion) {
     let stat = || Request::new(Fop::Stat { loc: Loc::gfid(Gfid::ROOT) });
     let fd = Fd { id: FdId(1), gfid: Gfid::ROOT };
     let read = move |offset: u64| Request::new(Fop::Readv { fd, size: 4096, offset, flags: 0 });
-    let configs: [(&str, &[Layer<'_>]); 4] = [
+    let configs: [(&str, &[Layer<'_>]); 5] = [
         ("read-ahead", &[("performance/read-ahead", &[])]),
         ("io-threads", &[("performance/io-threads", &[])]),
         ("error-gen", &[("debug/error-gen", &[("failure", "0")])]),
         ("index", &[("features/index", &[])]),
+        ("utime", &[("features/utime", &[])]),
     ];
     for (name, layers) in configs {
         let g = null_graph(&rt, layers);
@@ -421,6 +422,13 @@ fn pass_through(c: &mut Criterion) {
                 let x = Fop::Xattrop { loc: Loc::gfid(Gfid::ROOT), op: xlfs_sdk::XattropOp::AddArray, xattrs: d };
                 group.bench_function("xattrop-watched/index", |b| {
                     b.to_async(&rt).iter(|| top.call(ctx.clone(), Request::new(x.clone())))
+                });
+            }
+            // A change: stamped with the clock.
+            "utime" => {
+                let w = Fop::Writev { fd, data: Bytes::from_static(&[0; 4096]), offset: 0, flags: 0 };
+                group.bench_function("write-4k-stamped/utime", |b| {
+                    b.to_async(&rt).iter(|| top.call(ctx.clone(), Request::new(w.clone())))
                 });
             }
             _ => {}

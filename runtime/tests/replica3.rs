@@ -223,6 +223,9 @@ fn split_brain_is_eio_and_each_policy_resolves_it() {
             std::fs::write(&p, &data).expect("write brick copy");
             let age = if i == 1 { 0 } else { 3600 };
             sh(root, &[], &format!("touch -d '@{}' {name}", now_secs() - age));
+            // Without the times the mount stamped (storage/posix's `ctime`),
+            // the brick shows the file system's: the mtimes set above.
+            let _ = xlfs_sdk::testing::remove_xattr(&p, "trusted.xlfs.mdata");
             for j in 0..N {
                 set_pending(&p, j, if j == i { [0, 0, 0] } else { [1, 0, 0] });
             }
