@@ -234,7 +234,6 @@ fn random_read_write_truncate_matches_a_model() {
 }
 
 #[test]
-#[ignore = "known bug: an fstat on 2 x 3 sometimes shows the size from before an extending write (op 17727: 559459 for 1032629), about one run in five under load; run with --ignored while fixing it"]
 fn random_read_write_truncate_on_two_by_three() {
     random_read_write_truncate(volume_two_by_three(""));
 }

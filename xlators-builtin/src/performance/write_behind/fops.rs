@@ -111,15 +111,13 @@ impl Inner {
         drop(hold);
         // Not delayed: earlier writes first, then this one, synchronously.
         self.drain(fd.gfid, false).await;
-        let generation = {
+        {
             let mut t = self.t.lock();
             t.stats.writes_sync += 1;
-            t.generation(fd.gfid)
-        };
-        let res = self.child.call(ctx, req).await;
-        if let Ok(Response { reply: Reply::PrePost { post, .. }, .. }) = &res {
-            self.t.lock().observe(fd.gfid, generation, *post, true);
+            t.begin_change(fd.gfid);
         }
+        let res = self.child.call(ctx, req).await;
+        self.t.lock().end_change(fd.gfid, post_of(&res));
         res
     }
 
@@ -157,6 +155,12 @@ impl Inner {
 
     /// Sends a fop down and takes the attributes of its reply.
     pub(super) async fn forward(&self, gfid: Gfid, ctx: CallCtx, req: Request) -> FopResult {
+        if changes_attributes(&req.fop) {
+            self.t.lock().begin_change(gfid);
+            let res = self.child.call(ctx, req).await;
+            self.t.lock().end_change(gfid, post_of(&res));
+            return res;
+        }
         let generation = self.t.lock().generation(gfid);
         let reading = matches!(req.fop, Fop::Lookup { .. }).then(|| Reading::begin(&self.t));
         let seed = matches!(req.fop, Fop::Create { .. } | Fop::Lookup { .. } | Fop::Stat { .. } | Fop::Fstat { .. });
@@ -165,13 +169,7 @@ impl Inner {
         if let Ok(resp) = &mut res {
             let mut t = self.t.lock();
             match &fop {
-                Fop::Open { flags, fd, .. } => {
-                    track_fd(&mut t, *fd, *flags);
-                    if flags & O_TRUNC != 0 {
-                        // The brick truncated the file: its size is unknown here now.
-                        t.unknown(gfid);
-                    }
-                }
+                Fop::Open { flags, fd, .. } => track_fd(&mut t, *fd, *flags),
                 Fop::Create { flags, fd, .. } => track_fd(&mut t, *fd, *flags),
                 _ => {}
             }
@@ -194,7 +192,6 @@ impl Inner {
                 }
                 Reply::Attr(iatt) | Reply::Read { iatt, .. } => t.observe(gfid, generation, *iatt, seed),
                 Reply::PrePost { post, .. } => t.observe(gfid, generation, *post, false),
-                Reply::Copied { post, .. } => t.observe(gfid, generation, *post, false),
                 _ => {}
             }
         }
@@ -341,5 +338,30 @@ impl Inner {
             }
         }
         res
+    }
+}
+
+/// Fops that change the attributes of the inode they are forwarded for
+/// (see [`Table::begin_change`]); an open with `O_TRUNC` truncates the file.
+fn changes_attributes(fop: &Fop) -> bool {
+    match fop {
+        Fop::Open { flags, .. } => flags & O_TRUNC != 0,
+        Fop::Setattr { .. }
+        | Fop::Fsetattr { .. }
+        | Fop::Truncate { .. }
+        | Fop::Ftruncate { .. }
+        | Fop::Fallocate { .. }
+        | Fop::Discard { .. }
+        | Fop::Zerofill { .. }
+        | Fop::CopyFileRange { .. } => true,
+        _ => false,
+    }
+}
+
+/// The attributes after a change, from its reply.
+fn post_of(res: &FopResult) -> Option<Iatt> {
+    match res {
+        Ok(Response { reply: Reply::PrePost { post, .. } | Reply::Copied { post, .. }, .. }) => Some(*post),
+        _ => None,
     }
 }

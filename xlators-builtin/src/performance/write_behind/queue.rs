@@ -61,8 +61,15 @@ impl Entry {
 pub(super) struct InodeWb {
     /// The last attributes seen from the child.
     pub(super) base: Option<Iatt>,
-    /// Bumped at each change of `base`, so that an overtaken reply is ignored.
+    /// Bumped at each change of `base` and when a change is sent, so that
+    /// an overtaken reply is ignored.
     pub(super) generation: u64,
+    /// Changes of the inode's attributes sent and not yet answered
+    /// ([`Table::begin_change`]).
+    pub(super) changing: u32,
+    /// Another change was sent while one was in flight: which reply is
+    /// newest is not known.
+    pub(super) changes_overlapped: bool,
     /// When the last queued write was acknowledged (its mtime/ctime).
     pub(super) synth: Option<Timespec>,
     pub(super) entries: VecDeque<Entry>,
@@ -93,6 +100,8 @@ impl InodeWb {
         InodeWb {
             base: None,
             generation: 0,
+            changing: 0,
+            changes_overlapped: false,
             synth: None,
             entries: VecDeque::new(),
             bytes: 0,
@@ -109,7 +118,7 @@ impl InodeWb {
     }
 
     pub(super) fn idle(&self) -> bool {
-        self.entries.is_empty() && self.error.is_none() && self.busy == 0 && self.bg == 0
+        self.entries.is_empty() && self.error.is_none() && self.busy == 0 && self.bg == 0 && self.changing == 0
     }
 
     /// Idle, and no read of attributes that began at `oldest` (the oldest
@@ -351,6 +360,7 @@ impl Table {
         let now = self.clock;
         if let Some(i) = self.slot(gfid)
             && i.generation == generation
+            && i.changing == 0
         {
             let mut a = iatt;
             if a.gfid.is_null() {
@@ -360,6 +370,44 @@ impl Table {
             i.generation += 1;
             i.changed = now;
         }
+    }
+
+    /// A fop that changes the inode's attributes (truncate, setattr,
+    /// fallocate, a synchronous write...) is being sent. Until it is
+    /// answered ([`Table::end_change`]), no other reply's attributes are
+    /// taken: one that read the file before the change, answered before
+    /// the change's own reply or after it, would otherwise leave the size
+    /// from before the change here, and every write queued after it would
+    /// be answered with that size grown by the write.
+    pub(super) fn begin_change(&mut self, gfid: Gfid) {
+        if let Some(i) = self.slot(gfid) {
+            i.changes_overlapped |= i.changing > 0;
+            i.changing += 1;
+            i.generation += 1;
+        }
+    }
+
+    /// The change begun with [`Table::begin_change`] was answered: the
+    /// attributes after it (None when it failed, or when its reply carries
+    /// none) are the inode's. When changes overlapped, the last reply need
+    /// not be the newest, so the attributes become unknown.
+    pub(super) fn end_change(&mut self, gfid: Gfid, post: Option<Iatt>) {
+        self.clock += 1;
+        let now = self.clock;
+        let Some(i) = self.inodes.get_mut(&gfid) else { return };
+        i.changing = i.changing.saturating_sub(1);
+        let known = i.changing == 0 && !i.changes_overlapped;
+        if i.changing == 0 {
+            i.changes_overlapped = false;
+        }
+        i.base = post.filter(|_| known).map(|mut a| {
+            if a.gfid.is_null() {
+                a.gfid = gfid;
+            }
+            a
+        });
+        i.generation += 1;
+        i.changed = now;
     }
 
     /// The inode's attributes are no longer known here (truncated by an
