@@ -137,6 +137,8 @@ pub(crate) struct Core {
     /// it moves the locks.
     lk_gate: tokio::sync::RwLock<()>,
     held: locks::HeldLocks,
+    /// Releases on their way that drop locks, which later lock fops wait for.
+    unlocking: Arc<locks::Unlocking>,
     /// Set once the session runs: true when it ends.
     ended: OnceLock<watch::Receiver<bool>>,
     rt: Handle,
@@ -167,6 +169,7 @@ impl Core {
             active: parking_lot::RwLock::new(active),
             lk_gate: tokio::sync::RwLock::new(()),
             held: locks::HeldLocks::default(),
+            unlocking: Arc::default(),
             ended: OnceLock::new(),
             rt,
             inodes: InodeTable::new(opts.inode_lru_limit),

@@ -275,7 +275,17 @@ impl Filesystem for Bridge {
     ) {
         let (c, who) = (self.core.clone(), Caller::from(req));
         let owner = lock_owner.map(|o| o.0);
-        self.core.run(reply, async move { c.release(who, fh, owner, flush).await }, |r, ()| r.ok());
+        // Noted here, in the order the kernel sent it (see `locks::Unlocking`).
+        let unlocking = self.core.release_unlocks(fh);
+        self.core.run(
+            reply,
+            async move {
+                let r = c.release(who, fh, owner, flush).await;
+                drop(unlocking);
+                r
+            },
+            |r, ()| r.ok(),
+        );
     }
 
     fn fsync(&self, req: &FuseRequest, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {

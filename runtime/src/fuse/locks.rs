@@ -16,6 +16,17 @@
 //! brick's wait queue, and the kernel is answered EINTR (it restarts the
 //! call if the signal's handler asks for that).
 //!
+//! **Unlock by release, in order.** The kernel keeps no flock of its own
+//! for a FUSE file and sends no unlock when the last fd closes: the
+//! release says "drop the flock" (FUSE_RELEASE_FLOCK_UNLOCK), and the kernel
+//! does not wait for its answer. The bridge runs fops concurrently, so the
+//! flock of the next process (`flock f cmd1; flock -n f cmd2`) could reach
+//! the bricks before the release that frees it and fail with EWOULDBLOCK
+//! (seen in the FUSE suite on 2 x 3, where a release waits for
+//! write-behind and three copies). So a release of an fd that holds locks
+//! is noted when it is read from the device ([`Unlocking`]), and a lock fop
+//! on the same inode waits until the releases noted before it are done.
+//!
 //! **Locks across a graph switch.** The bricks know a lock by the
 //! connection it came on, so a new graph (new connections) holds none of
 //! the old one's. The bridge therefore remembers the locks it was granted
@@ -169,6 +180,11 @@ impl HeldLocks {
         self.0.lock().remove(&(gfid, owner));
     }
 
+    /// True when locks are held through the fd.
+    fn through(&self, fd: FdId) -> bool {
+        self.0.lock().values().any(|h| h.fd == Some(fd))
+    }
+
     /// A release: the bricks drop the locks taken through the fd.
     fn drop_fd(&self, fd: FdId) {
         self.0.lock().retain(|_, h| h.fd != Some(fd));
@@ -185,6 +201,53 @@ impl HeldLocks {
     /// How many (inode, owner) pairs hold locks.
     pub(super) fn len(&self) -> usize {
         self.0.lock().len()
+    }
+}
+
+/// Releases on their way that drop locks, per inode (see the module doc).
+#[derive(Default)]
+pub(super) struct Unlocking {
+    pending: Mutex<HashMap<Gfid, u32>>,
+    done: tokio::sync::Notify,
+}
+
+/// A release noted in [`Unlocking`]; done when dropped.
+pub(super) struct ReleaseUnlocks {
+    of: Arc<Unlocking>,
+    gfid: Gfid,
+}
+
+impl Drop for ReleaseUnlocks {
+    fn drop(&mut self) {
+        let mut m = self.of.pending.lock();
+        if let Some(n) = m.get_mut(&self.gfid) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.gfid);
+            }
+        }
+        drop(m);
+        self.of.done.notify_waiters();
+    }
+}
+
+impl Unlocking {
+    fn begin(self: &Arc<Self>, gfid: Gfid) -> ReleaseUnlocks {
+        *self.pending.lock().entry(gfid).or_insert(0) += 1;
+        ReleaseUnlocks { of: self.clone(), gfid }
+    }
+
+    /// Waits until no release that drops locks on `gfid` is on its way.
+    async fn settled(&self, gfid: Gfid) {
+        loop {
+            let done = self.done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if !self.pending.lock().contains_key(&gfid) {
+                return;
+            }
+            done.await;
+        }
     }
 }
 
@@ -218,6 +281,13 @@ async fn interrupted(pid: u32) {
 }
 
 impl Core {
+    /// Notes a release of `fh` that drops locks (None if it holds none):
+    /// lock fops on its inode read from the device after it wait for it.
+    pub(super) fn release_unlocks(&self, fh: FileHandle) -> Option<ReleaseUnlocks> {
+        let fd = self.fd(fh).ok()?;
+        self.held.through(fd.id).then(|| self.unlocking.begin(fd.gfid))
+    }
+
     pub(super) async fn getlk(
         self: Arc<Self>,
         who: Caller,
@@ -227,6 +297,7 @@ impl Core {
     ) -> Result<FuseLock, Errno> {
         let fd = self.fd(fh)?;
         let lock = to_flock(&lk, owner)?;
+        self.unlocking.settled(fd.gfid).await;
         let _gate = self.lk_gate.read().await;
         let f = self.call(self.ctx(who, owner, false), Fop::Lk { fd, cmd: LkCmd::GetLk, lock }).await?.into_lock()?;
         if f.ty == LockType::Unlock { Ok(FuseLock { typ: libc::F_UNLCK, pid: 0, ..lk }) } else { Ok(from_flock(&f)) }
@@ -244,6 +315,7 @@ impl Core {
         let lock = to_flock(&lk, owner)?;
         let wait = sleep && lock.ty != LockType::Unlock;
         let cmd = if wait { LkCmd::SetLkw } else { LkCmd::SetLk };
+        self.unlocking.settled(fd.gfid).await;
         loop {
             let gate = self.lk_gate.read().await;
             let entered = self.enter();
@@ -426,5 +498,25 @@ mod tests {
         // Our own thread has nothing pending: does not resolve.
         let own = std::process::id();
         assert!(tokio::time::timeout(SIGNAL_POLL * 4, interrupted(own)).await.is_err());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_lock_fop_waits_for_the_releases_noted_before_it() {
+        let u = Arc::new(Unlocking::default());
+        let (g, other) = (Gfid([1; 16]), Gfid([2; 16]));
+        let (first, second) = (u.begin(g), u.begin(g));
+        // Another inode is not held up.
+        tokio::time::timeout(Duration::from_secs(5), u.settled(other)).await.expect("other inode");
+        let waiter = {
+            let u = u.clone();
+            tokio::spawn(async move { u.settled(g).await })
+        };
+        tokio::task::yield_now().await;
+        drop(first);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "one release still on its way");
+        drop(second);
+        tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("settled").expect("task");
+        assert!(u.pending.lock().is_empty());
     }
 }
