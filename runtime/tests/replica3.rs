@@ -19,7 +19,8 @@
 //! - on 2 x 3 (distribute over two replica sets): a brick of each set
 //!   restarted under the writer and healed to identical copies per set,
 //!   heal info covering both sets; quorum lost in one set refuses only the
-//!   writes to its files.
+//!   writes to its files; split-brains in either set resolved by each
+//!   policy; a full volume reports ENOSPC and recovers.
 
 mod kit;
 
@@ -36,12 +37,6 @@ use kit::{Cluster, Down, SmallTmpfs, heal, heal_until_clean, run_xlfs, volfile_f
 use xlfs_runtime::client::Client;
 
 const N: usize = 3;
-
-fn set_pending(path: &Path, j: usize, v: [i32; 3]) {
-    let name = format!("trusted.afr.rep3-client-{j}");
-    xlfs_sdk::testing::set_xattr(path, &name, &kit::workload::afr_value(v))
-        .unwrap_or_else(|e| panic!("setxattr {name} on {}: {e}", path.display()));
-}
 
 /// A writer through the mount: overwrites and appends in a few long-lived
 /// fds, creates a new file now and then, fsyncs every few writes; keeps
@@ -203,65 +198,101 @@ printf 'refused as expected: '; printf 'x' >> d/f 2>&1 || true
 #[test]
 fn split_brain_is_eio_and_each_policy_resolves_it() {
     let mut c = Cluster::start(N);
+    let text = c.replica_volfile(&[]);
+    split_brain(&mut c, &text, "rep3");
+}
+
+#[test]
+fn two_by_three_split_brain_is_eio_and_each_policy_resolves_it() {
+    let mut c = Cluster::start(2 * N);
+    let text = two_by_three_volfile(&c);
+    split_brain(&mut c, &text, "d23");
+}
+
+/// Split-brains made on the bricks of `c` (volume `vol`, its client
+/// volfile `text`; one replica set per N bricks): EIO through the mount,
+/// named by heal info, and resolved by each policy of `xlfs heal
+/// split-brain`, in whichever set holds each file.
+fn split_brain(c: &mut Cluster, text: &str, vol: &str) {
     let tmp = tempfile::tempdir().expect("tmp");
-    let vol = volfile_file(tmp.path(), &c.replica_volfile(&[]));
+    let volfile = volfile_file(tmp.path(), text);
     {
-        let m = FuseMount::start(&c.replica_volfile(&[]), "");
+        let m = FuseMount::start(text, "");
         sh(m.path(), &[], "for f in big mtime source; do printf 'original\\n' > $f; done; sync");
     }
+    let sets = c.bricks.len() / N;
+    let dirs: Vec<PathBuf> = c.bricks.iter().map(|b| b.dir().to_path_buf()).collect();
+    let root = |i: usize| dirs[i].clone();
+    // The set holding each file as data (not a distribute link file).
+    let set_of = |name: &str| {
+        (0..sets)
+            .find(|s| {
+                let p = root(s * N).join(name);
+                p.exists() && xlfs_sdk::testing::xattr(&p, "trusted.glusterfs.dht.linkto").is_none()
+            })
+            .unwrap_or_else(|| panic!("{name} is on no set"))
+    };
+    let placed: Vec<(&str, usize)> = ["big", "mtime", "source"].into_iter().map(|n| (n, set_of(n))).collect();
+    eprintln!("sets holding the files: {placed:?}");
     // Each copy blames the others for data, with different contents:
-    // child 0 has the biggest copy, child 1 the newest, child 2 another.
-    let b: Vec<PathBuf> = c.bricks.iter().map(|b| b.dir().to_path_buf()).collect();
-    for name in ["big", "mtime", "source"] {
-        for (i, root) in b.iter().enumerate() {
-            let p = root.join(name);
-            let data = match i {
+    // copy 0 of the set has the biggest copy, copy 1 the newest, copy 2
+    // another.
+    for &(name, s) in &placed {
+        for k in 0..N {
+            let p = root(s * N + k).join(name);
+            let data = match k {
                 0 => b"copy zero, the biggest of the three\n".to_vec(),
                 1 => b"copy one\n".to_vec(),
                 _ => b"copy two!\n".to_vec(),
             };
             std::fs::write(&p, &data).expect("write brick copy");
-            let age = if i == 1 { 0 } else { 3600 };
-            sh(root, &[], &format!("touch -d '@{}' {name}", now_secs() - age));
+            let age = if k == 1 { 0 } else { 3600 };
+            sh(&root(s * N + k), &[], &format!("touch -d '@{}' {name}", now_secs() - age));
             // Without the times the mount stamped (storage/posix's `ctime`),
             // the brick shows the file system's: the mtimes set above.
             let _ = xlfs_sdk::testing::remove_xattr(&p, "trusted.xlfs.mdata");
             for j in 0..N {
-                set_pending(&p, j, if j == i { [0, 0, 0] } else { [1, 0, 0] });
+                let counter = format!("trusted.afr.{vol}-client-{}", s * N + j);
+                let v = if j == k { [0, 0, 0] } else { [1, 0, 0] };
+                xlfs_sdk::testing::set_xattr(&p, &counter, &kit::workload::afr_value(v))
+                    .unwrap_or_else(|e| panic!("setxattr {counter} on {}: {e}", p.display()));
             }
+            // As the brick's index would have recorded it (features/index
+            // keeps one empty file per gfid with pending counters and
+            // reloads them at start).
+            let index = root(s * N + k).join(".glusterfs/indices/xattrop");
+            std::fs::create_dir_all(&index).expect("index dir");
+            std::fs::write(index.join(kit::workload::gfid_xattr(&p).to_string()), b"").expect("index entry");
         }
     }
-    // As a brick's index would have recorded them (features/index keeps one
-    // empty file per gfid with pending counters and reloads them at start).
-    for (i, root) in b.iter().enumerate() {
-        let index = root.join(".glusterfs/indices/xattrop");
-        std::fs::create_dir_all(&index).expect("index dir");
-        for name in ["big", "mtime", "source"] {
-            let gfid = kit::workload::gfid_xattr(&root.join(name));
-            std::fs::write(index.join(gfid.to_string()), b"").expect("index entry");
-        }
+    for i in 0..c.bricks.len() {
         c[i].restart();
     }
-    let m = FuseMount::start(&c.replica_volfile(&[]), "");
-    for name in ["big", "mtime", "source"] {
+    let m = FuseMount::start(text, "");
+    for (name, _) in &placed {
         let err = std::fs::read(m.path().join(name)).expect_err("a split-brain file is not readable");
         assert_eq!(err.raw_os_error(), Some(libc::EIO), "{name}: {err}");
     }
-    let (ok, info) = heal(&vol, &["info"]);
+    let (ok, info) = heal(&volfile, &["info"]);
     assert!(ok || !info.is_empty(), "{info}");
     assert!(info.contains("split-brain"), "heal info names the split-brain: {info}");
     let resolve = |args: &[&str]| {
-        let (ok, text) = heal(&vol, args);
+        let (ok, text) = heal(&volfile, args);
         assert!(ok, "xlfs heal {args:?}: {text}");
     };
+    let source = format!("{vol}-client-{}", placed[2].1 * N + 2);
     resolve(&["split-brain", "bigger-file", "/big"]);
     resolve(&["split-brain", "latest-mtime", "/mtime"]);
-    resolve(&["split-brain", "source-brick", "/source", "--source-brick", "rep3-client-2"]);
+    resolve(&["split-brain", "source-brick", "/source", "--source-brick", &source]);
     let read = |name: &str| std::fs::read(m.path().join(name)).expect("readable after resolution");
     assert_eq!(read("big"), b"copy zero, the biggest of the three\n");
     assert_eq!(read("mtime"), b"copy one\n");
     assert_eq!(read("source"), b"copy two!\n");
-    kit::assert_bricks_identical(&c, true);
+    for s in 0..sets {
+        let roots: Vec<PathBuf> = (s * N..(s + 1) * N).map(root).collect();
+        let counters: Vec<String> = (s * N..(s + 1) * N).map(|j| format!("trusted.afr.{vol}-client-{j}")).collect();
+        kit::assert_copies_identical(&roots, &counters, true);
+    }
 }
 
 fn now_secs() -> u64 {
@@ -406,8 +437,20 @@ fn up_and_down(sets: usize) {
 
 #[test]
 fn a_full_volume_reports_enospc_and_writes_resume_once_space_is_freed() {
+    full_volume(1);
+}
+
+#[test]
+fn two_by_three_a_full_volume_reports_enospc_and_writes_resume_once_space_is_freed() {
+    full_volume(2);
+}
+
+/// `xlfs up --sets SETS` on one small tmpfs: a writer gets ENOSPC once the
+/// bricks reach their reserve, nothing written before is damaged, and
+/// writes go through again once space is freed.
+fn full_volume(sets: usize) {
     use std::io::{Read, Write};
-    // Three bricks on one 48 MiB tmpfs, each keeping 25 % of it free.
+    // The bricks on one 48 MiB tmpfs, each keeping 25 % of it free.
     let tmp = tempfile::tempdir().expect("tmp");
     let fs = tmp.path().join("small");
     std::fs::create_dir(&fs).expect("dir");
@@ -417,7 +460,15 @@ fn a_full_volume_reports_enospc_and_writes_resume_once_space_is_freed() {
     };
     let dir = fs.join("vol");
     let _down = Down(dir.clone());
-    let up = run_xlfs(&["up".as_ref(), dir.as_os_str(), "--posix".as_ref(), "reserve=25%".as_ref()]);
+    let n = sets.to_string();
+    let up = run_xlfs(&[
+        "up".as_ref(),
+        dir.as_os_str(),
+        "--posix".as_ref(),
+        "reserve=25%".as_ref(),
+        "--sets".as_ref(),
+        n.as_ref(),
+    ]);
     assert!(up.status.success(), "xlfs up: {}", String::from_utf8_lossy(&up.stderr));
     let mnt = std::fs::canonicalize(dir.join("mnt")).expect("mnt");
     // Each MiB takes three on the tmpfs: ENOSPC comes after about 12 MiB,
@@ -511,6 +562,13 @@ fn burst(mnt: &Path) {
     assert!(out.is_empty(), "files read back wrong:\n{out}");
 }
 
+/// The client volfile of volume "d23", distribute over replica sets of N
+/// of `c`'s bricks each, as `xlfs up --sets` writes it.
+fn two_by_three_volfile(c: &Cluster) -> String {
+    let bricks: Vec<(u16, String)> = c.bricks.iter().map(|b| (b.port(), b.subvolume())).collect();
+    xlfs_runtime::cli::distributed_volfile("d23", &bricks, N, &[], xlfs_runtime::cli::DEFAULT_PERF)
+}
+
 /// A 2 x 3 volume (distribute over two replica sets, as `xlfs up --sets 2`
 /// writes it): its bricks, a mount, and the volfile on disk for `xlfs heal`.
 struct TwoByThree {
@@ -523,8 +581,7 @@ struct TwoByThree {
 impl TwoByThree {
     fn start() -> TwoByThree {
         let c = Cluster::start(2 * N);
-        let bricks: Vec<(u16, String)> = c.bricks.iter().map(|b| (b.port(), b.subvolume())).collect();
-        let text = xlfs_runtime::cli::distributed_volfile("d23", &bricks, N, &[], xlfs_runtime::cli::DEFAULT_PERF);
+        let text = two_by_three_volfile(&c);
         let m = FuseMount::start(&text, "");
         let tmp = tempfile::tempdir().expect("tmp");
         let vol = volfile_file(tmp.path(), &text);
