@@ -6,14 +6,14 @@
 //! tar, mv, ln, chmod, chown, truncate, setfattr/getfattr and flock; a random
 //! read/write/truncate exerciser checked against an in-memory model; git;
 //! POSIX, OFD and flock locks with an interrupted wait; SIGTERM and SIGINT;
-//! daemon mode through the `mount.xlfs` helper. The model, git and lock
-//! tests run again on a 2 x 3 distributed-replicate volume (six brick
-//! processes, the volfile `xlfs up --sets 2` writes). (Not the POSIX
-//! workload: its `tar` of a tree just copied can see a directory's ctime
-//! move, as the copies of a replicated directory differ in ctime; see
-//! the README's known gaps.) Two tests mount in-process
-//! to see the bridge's insides (`fuse/in_process.rs`): invalidation upcalls
-//! and the inode table's bound.
+//! daemon mode through the `mount.xlfs` helper; ACL and SELinux xattrs as
+//! the mount options say; the page cache kept across the mount's own
+//! writes; set-user-ID dropped by other users' writes. All but the
+//! mount-process tests (signals, the helper, mount errors) run again on a
+//! 2 x 3 distributed-replicate volume (six brick processes, the volfile
+//! `xlfs up --sets 2` writes). Two tests mount in-process to see the
+//! bridge's insides (`fuse/in_process.rs`): invalidation upcalls and the
+//! inode table's bound.
 //!
 //! Every mount is a [`FuseMount`] guard: dropping it (also when a test
 //! panics) stops the mount process and detaches the mount if still there.
@@ -60,18 +60,28 @@ impl Volume {
         }
     }
 
-    /// What the bricks hold for `rel`: its bytes on every brick that has
-    /// it as data (a distribute link file is not data), all alike.
-    fn stored(&self, rel: &str) -> Vec<u8> {
-        let copies: Vec<Vec<u8>> = self
+    /// Where the bricks hold `rel` as data (a distribute link file is not
+    /// data): one path per copy.
+    fn copies(&self, rel: &str) -> Vec<PathBuf> {
+        let copies: Vec<PathBuf> = self
             .brick_dirs()
             .iter()
             .map(|d| d.join(rel))
             .filter(|p| p.exists() && xlfs_sdk::testing::xattr(p, "trusted.glusterfs.dht.linkto").is_none())
-            .map(|p| std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
             .collect();
         let want = if matches!(self.bricks, Bricks::One(_)) { 1 } else { 3 };
         assert_eq!(copies.len(), want, "{rel}: copies on the bricks");
+        copies
+    }
+
+    /// What the bricks hold for `rel`: its bytes on every brick that has
+    /// it as data (a distribute link file is not data), all alike.
+    fn stored(&self, rel: &str) -> Vec<u8> {
+        let copies: Vec<Vec<u8>> = self
+            .copies(rel)
+            .iter()
+            .map(|p| std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+            .collect();
         assert!(copies.windows(2).all(|w| w[0] == w[1]), "{rel}: the copies differ");
         copies.into_iter().next().unwrap_or_default()
     }
@@ -688,6 +698,15 @@ fn getxattr_errno(p: &Path, name: &str) -> i32 {
 /// remembers for the whole mount instead of asking for every file.
 #[test]
 fn acl_and_selinux_xattrs_follow_the_mount_options() {
+    xattrs_follow_the_mount_options(volume);
+}
+
+#[test]
+fn acl_and_selinux_xattrs_follow_the_mount_options_on_two_by_three() {
+    xattrs_follow_the_mount_options(volume_two_by_three);
+}
+
+fn xattrs_follow_the_mount_options(volume: fn(&str) -> Volume) {
     let v = volume("");
     let f = v.mount.path().join("f");
     std::fs::write(&f, b"x").expect("write");
@@ -720,7 +739,15 @@ fn reads_at_top(mount: &Path) -> u64 {
 /// each small overwrite and stat sends no READ (a database's pattern).
 #[test]
 fn own_writes_keep_the_page_cache() {
-    let v = volume("");
+    own_writes_keep_pages(volume(""));
+}
+
+#[test]
+fn own_writes_keep_the_page_cache_on_two_by_three() {
+    own_writes_keep_pages(volume_two_by_three(""));
+}
+
+fn own_writes_keep_pages(v: Volume) {
     let p = v.mount.path().join("db");
     let f = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&p).expect("create");
     let mut model = vec![1u8; 16 * 4096];
@@ -747,9 +774,16 @@ fn own_writes_keep_the_page_cache() {
 /// root keeps them, and set-group-ID without group execute stays.
 #[test]
 fn writes_by_other_users_drop_setuid_and_setgid() {
-    let v = volume("");
+    setuid_dropped(volume(""));
+}
+
+#[test]
+fn writes_by_other_users_drop_setuid_and_setgid_on_two_by_three() {
+    setuid_dropped(volume_two_by_three(""));
+}
+
+fn setuid_dropped(v: Volume) {
     let p = v.mount.path().join("s");
-    let backend = v.brick_dirs()[0].join("s");
     let mode = |path: &Path| std::fs::metadata(path).expect("stat").mode() & 0o7777;
     let set = |m: u32| std::fs::set_permissions(&p, std::fs::Permissions::from_mode(m)).expect("chmod");
     let as_nobody = |script: &str| {
@@ -757,6 +791,7 @@ fn writes_by_other_users_drop_setuid_and_setgid() {
         assert!(st.expect("sh").success(), "as nobody: {script}");
     };
     std::fs::write(&p, b"x").expect("create");
+    let backend = v.copies("s")[0].clone();
     set(0o6777);
     std::fs::OpenOptions::new().append(true).open(&p).expect("open").write_all(b"r").expect("root writes");
     assert_eq!(mode(&backend), 0o6777, "root's write keeps both bits");
