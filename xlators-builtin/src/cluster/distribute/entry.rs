@@ -5,21 +5,29 @@
 //! **Rename of a file** `old` -> `new`, the file held by subvolume `C`,
 //! `new` hashing to `DH` (GlusterFS's order, `dht-rename.c`):
 //! 1. when `DH != C`, make `new` on `DH` route to `C`: a new link file, or
-//!    the existing link file of an old `new` repointed to `C`, or, when an
-//!    old `new` has its data on `DH`, that file removed and a link file
-//!    made in its place;
+//!    the existing link file of an old `new` repointed to `C`;
 //! 2. rename `old` -> `new` on `C` (atomic on that subvolume);
 //! 3. remove what is left: `old`'s link file on its hashed subvolume, and
-//!    an old `new`'s data on a third subvolume.
+//!    an old `new`'s data on another subvolume.
 //!
 //! Until step 2, a lookup of `new` on `DH` follows the link to `C`, finds
 //! nothing there and looks everywhere, where only link files (skipped) or
-//! an old `new` are: the file is visible as `old` only. From step 2 on,
-//! `new` resolves through `DH` to `C` and `old` no longer exists on `C`
-//! (its link file, if any, dangles until step 3 and is skipped): the file
-//! is visible as `new` only. Step 2 is the single switch, so exactly one of
-//! the two names shows the file at every moment. A failure of step 2 undoes
-//! step 1 (best effort) and is reported.
+//! an old `new` are: the file is visible as `old` only, and an old `new`
+//! as `new`. From step 2 on, `new` resolves through `DH` to `C` and `old`
+//! no longer exists on `C` (its link file, if any, dangles until step 3
+//! and is skipped): the file is visible as `new` only. Step 2 is the single
+//! switch, so exactly one of the two names shows the file at every moment.
+//! A failure of step 2 undoes step 1 (best effort) and is reported.
+//!
+//! When an old `new` has its data on `DH` (and `C` is another subvolume),
+//! the switch is on `DH` instead, as in GlusterFS: the file first gets the
+//! name `new` on `C` as well (a hard link, not seen while `DH` answers for
+//! `new`), then a link file to `C`, made under a hidden name on `DH`, is
+//! renamed over the old `new` there, replacing it in one step; then `old`
+//! is unlinked on `C`. Until that rename `new` is the old file, after it
+//! the renamed one (`old` shows it too until the unlink, as a hard link
+//! would); a failure before it takes the hard link back and leaves both
+//! files as they were.
 //!
 //! **Rename of a directory** runs on the subvolume `new` hashes to, then on
 //! the others; it is not atomic across subvolumes (GlusterFS locks the
@@ -33,7 +41,7 @@ use xlfs_sdk::{CallCtx, Dict, Errno, Fop, FopResult, Gfid, Loc, Reply, Request, 
 
 use super::layout::{COMMITTED, Layout};
 use super::lookup::Found;
-use super::{DirInfo, Inner, LINK_MODE, LINKTO_XATTR, Where, entry_iatt, first_error};
+use super::{DirInfo, Inner, LINK_MODE, LINKTO_XATTR, Where, entry_iatt, first_error, linkto_of, with_private_keys};
 
 /// The gfid a creating fop asked for, or a new one.
 fn gfid_for(xdata: &Dict) -> Gfid {
@@ -318,6 +326,9 @@ impl Inner {
         }
         let c = src.cached;
         let dh = self.hashed_of(ctx, &new).await?;
+        if let Some(d) = dst.as_ref().filter(|d| dh != c && d.cached == dh) {
+            return self.rename_over_data(ctx, &old, &new, &src, d, dh, xdata).await;
+        }
         // Step 1: `new` on its hashed subvolume routes to C.
         let undo = if dh != c { self.route_new(ctx, &new, si.gfid, dst.as_ref(), dh, c).await? } else { Undo::None };
         // Step 2: the switch.
@@ -331,28 +342,95 @@ impl Inner {
             }
         };
         // Step 3: what is left.
-        let mut err = None;
-        if let Some(sh) = src.hashed.filter(|sh| src.linked && *sh != c)
-            && let Err(e) = self.remove_on(ctx, sh, old.parent, &old.name, si.gfid).await
-        {
-            err.get_or_insert(e);
-        }
+        let mut err = self.drop_source_link(ctx, &old, &src).await.err();
         if let Some(d) = &dst {
             let dg = d.iatt().gfid;
             if d.cached != c
-                && !(d.cached == dh && dh != c)
                 && let Err(e) = self.remove_on(ctx, d.cached, new.parent, &new.name, dg).await
             {
                 err.get_or_insert(e);
             }
             self.inodes.remove(&dg);
         }
+        self.cleaned_up(&new, err).map(|()| r)
+    }
+
+    /// A file rename over a destination whose data is on its hashed
+    /// subvolume `dh`, the source's data being elsewhere (GlusterFS renames
+    /// on `dh` in this case too). The source first gets the new name where
+    /// its data is (a hard link); then on `dh` a link file to it replaces
+    /// the destination in one rename there: the switch, before which the
+    /// name shows the old destination and after which the source. A
+    /// failure up to the switch leaves both files as they were (the hard
+    /// link is taken back). Last the old name goes.
+    #[allow(clippy::too_many_arguments)]
+    async fn rename_over_data(
+        &self,
+        ctx: &CallCtx,
+        old: &Loc,
+        new: &Loc,
+        src: &Found,
+        dst: &Found,
+        dh: usize,
+        xdata: Dict,
+    ) -> FopResult {
+        let (c, si) = (src.cached, src.iatt());
+        let gfid = si.gfid;
+        let link = Request::with_xdata(Fop::Link { old: old.clone().with_gfid(gfid), new: new.clone() }, xdata.clone());
+        let linked = match self.wind(c, ctx, link.clone()).await {
+            // A link file left on C under the new name (it is not where the
+            // name hashes): it goes, and the link is tried again.
+            Err(Errno::EEXIST) => {
+                let req = Request::with_xdata(Fop::Lookup { loc: new.clone() }, with_private_keys(&Dict::new()));
+                let stale = self.wind(c, ctx, req).await?;
+                let st = entry_iatt(&stale)?;
+                if linkto_of(&st, &stale.xdata).is_none() {
+                    return Err(Errno::EEXIST);
+                }
+                self.remove_on(ctx, c, new.parent, &new.name, st.gfid).await?;
+                self.wind(c, ctx, link).await
+            }
+            r => r,
+        };
+        let mut iatt = linked?.reply.into_entry()?;
+        // The hard link is gone again below: the file keeps its own count.
+        iatt.nlink = si.nlink;
+        if let Err(e) = self.replace_link(ctx, dh, new, gfid, c).await {
+            if let Err(u) = self.remove_on(ctx, c, new.parent, &new.name, gfid).await {
+                tracing::warn!(volume = %self.name, name = %new.name, "rename undo: {u}");
+            }
+            return Err(e);
+        }
+        self.inodes.remove(&dst.iatt().gfid);
+        let unlink = Request::with_xdata(Fop::Unlink { loc: old.clone().with_gfid(gfid), flags: 0 }, xdata);
+        let mut err = match self.wind(c, ctx, unlink).await {
+            Ok(_) | Err(Errno::ENOENT) => None,
+            Err(e) => Some(e),
+        };
+        if let Err(e) = self.drop_source_link(ctx, old, src).await {
+            err.get_or_insert(e);
+        }
+        self.cleaned_up(new, err).map(|()| Reply::Rename { iatt }.into())
+    }
+
+    /// Removes the link file the source's old name had on its hashed
+    /// subvolume, if any.
+    async fn drop_source_link(&self, ctx: &CallCtx, old: &Loc, src: &Found) -> Result<(), Errno> {
+        match src.hashed.filter(|sh| src.linked && *sh != src.cached) {
+            Some(sh) => self.remove_on(ctx, sh, old.parent, &old.name, src.iatt().gfid).await,
+            None => Ok(()),
+        }
+    }
+
+    /// A rename's outcome once switched: a cleanup that failed is logged
+    /// and reported.
+    fn cleaned_up(&self, new: &Loc, err: Option<Errno>) -> Result<(), Errno> {
         match err {
             Some(e) => {
                 tracing::warn!(volume = %self.name, name = %new.name, "rename done, cleanup failed: {e}");
                 Err(e)
             }
-            None => Ok(r),
+            None => Ok(()),
         }
     }
 
@@ -372,13 +450,6 @@ impl Inner {
                 // link file of the source's gfid replaces it, at once.
                 self.replace_link(ctx, dh, new, gfid, c).await?;
                 Ok(Undo::Replace { old: d.iatt().gfid, to: d.cached })
-            }
-            Some(d) if d.cached == dh => {
-                // The old `new`'s data is on DH: it goes now (rename would
-                // replace it anyway), and a link takes its place.
-                self.remove_on(ctx, dh, new.parent, &new.name, d.iatt().gfid).await?;
-                self.link_file(ctx, dh, new, gfid, c).await?;
-                Ok(Undo::Remove { gfid })
             }
             _ => {
                 self.link_file(ctx, dh, new, gfid, c).await?;

@@ -492,6 +492,67 @@ async fn rename_over_an_existing_file_elsewhere() {
     assert_eq!(other.lookup(Gfid::ROOT, &b).await.expect("b").gfid, fa.gfid);
 }
 
+/// A rename over a file whose data is on the subvolume its name hashes
+/// to, the source's data being on another: the name shows the old file
+/// until the switch and the renamed one after it, and a failure at any
+/// step before the switch leaves both files as they were. (It used to
+/// remove the old file first: the name was missing meanwhile, and a
+/// rename that then failed lost the old file.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rename_over_data_on_its_hashed_subvolume_is_all_or_nothing() {
+    let c: &'static Cluster = Box::leak(Box::new(Cluster::new()));
+    let node: &'static Node = Box::leak(Box::new(c.node(&[])));
+    node.root().await;
+    let watcher: &'static Node = Box::leak(Box::new(c.node(&[])));
+    watcher.root().await;
+    let pair = |k: usize| async move {
+        let (a, b) = (c.name_on(".", 0, &format!("a{k}-")), c.name_on(".", 1, &format!("b{k}-")));
+        let fa = node.create(Gfid::ROOT, &a).await.expect("a");
+        let fb = node.create(Gfid::ROOT, &b).await.expect("b");
+        node.release(fa).await;
+        node.release(fb).await;
+        (a, b, fa.gfid, fb.gfid)
+    };
+    let gfid_of = |name: String| async move { watcher.lookup(Gfid::ROOT, &name).await.map(|i| i.gfid) };
+    // Failing before the switch (the hard link on a's subvolume, the link
+    // file or the rename on b's): nothing changed. Failing where the old
+    // order switched (a rename on a's subvolume) is no longer in the way.
+    let faults = [(0, FopKind::Rename), (0, FopKind::Link), (1, FopKind::Mknod), (1, FopKind::Rename)];
+    for (k, (sub, kind)) in faults.into_iter().enumerate() {
+        let (a, b, ga, gb) = pair(k).await;
+        c.faults[sub].fail(Some((vec![kind], Errno::EIO)));
+        let r = node.rename(&a, &b).await;
+        c.faults[sub].fail(None);
+        if sub == 0 && kind == FopKind::Rename {
+            r.expect("a rename on a's subvolume is not needed");
+            assert_eq!(gfid_of(b.clone()).await, Ok(ga), "{kind:?} on {sub}: b is the renamed file");
+            assert_eq!(gfid_of(a.clone()).await, Err(Errno::ENOENT), "{kind:?} on {sub}: a is gone");
+            assert_eq!(c.places(&b), (vec![0], vec![1]));
+            assert_eq!(c.places(&a), (vec![], vec![]));
+        } else {
+            assert_eq!(r.err(), Some(Errno::EIO), "{kind:?} on {sub}: the failure is reported");
+            assert_eq!(gfid_of(b.clone()).await, Ok(gb), "{kind:?} on {sub}: b is still the old file");
+            assert_eq!(gfid_of(a.clone()).await, Ok(ga), "{kind:?} on {sub}: a is still there");
+            assert_eq!(c.places(&b), (vec![1], vec![]), "{kind:?} on {sub}: nothing left behind for b");
+            assert_eq!(c.places(&a), (vec![0], vec![]), "{kind:?} on {sub}: nothing left behind for a");
+        }
+    }
+    // Held at the switch: b is still the old file; released: the new one.
+    let (a, b, ga, gb) = pair(faults.len()).await;
+    c.holds[1].hold(Some(FopKind::Rename));
+    let (a2, b2) = (a.clone(), b.clone());
+    let task = tokio::spawn(async move { node.rename(&a2, &b2).await });
+    until("switch sent", Duration::from_secs(10), || c.holds[1].arrived.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(gfid_of(b.clone()).await, Ok(gb), "before the switch");
+    c.holds[1].release();
+    task.await.expect("task").expect("rename");
+    c.holds[1].hold(None);
+    assert_eq!(gfid_of(b.clone()).await, Ok(ga), "after the switch");
+    assert_eq!(gfid_of(a.clone()).await, Err(Errno::ENOENT));
+    let nlink = c.path(0, &b).symlink_metadata().map(|m| std::os::unix::fs::MetadataExt::nlink(&m));
+    assert_eq!(nlink.expect("data on 0"), 2, "one name and the brick's gfid handle");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_without_o_excl_opens_the_data_not_the_link_file() {
     let c = Cluster::new();
