@@ -153,6 +153,12 @@ pub(crate) struct Inner {
     /// Bumped whenever a child comes up: staleness learned before is
     /// looked up again.
     generation: AtomicU64,
+    /// Child-down events seen (from then on a copy may miss changes), and
+    /// the last of them after which every child's heal index was found
+    /// empty: the volume may need heal while the second is behind (see
+    /// [`Inner::need_heal`]).
+    down_epoch: AtomicU64,
+    clean_epoch: AtomicU64,
     inodes: Inodes,
     /// Directory delegations (`entry_lock`).
     dirs: entry_lock::Dirs,
@@ -567,6 +573,9 @@ impl Replicate {
             announce: Mutex::new((0, false)),
             local: AtomicU64::new(0),
             generation: AtomicU64::new(1),
+            // Not known clean until a lookup finds every index empty.
+            down_epoch: AtomicU64::new(1),
+            clean_epoch: AtomicU64::new(0),
             inodes: Inodes::new(),
             dirs: entry_lock::Dirs::default(),
             early: async_dirops::AsyncDirops::default(),
@@ -628,6 +637,7 @@ impl Xlator for Replicate {
                 } else {
                     let before = me.up.fetch_and(!bit(i), Ordering::AcqRel);
                     if before & bit(i) != 0 {
+                        me.down_epoch.fetch_add(1, Ordering::AcqRel);
                         tracing::warn!(volume = %me.name, child = %me.children[i].name, "child down");
                     }
                     before & !bit(i)

@@ -24,6 +24,8 @@
 //!   at most `index-list-max` of them; getxattr `xlfs.index.xattrop:<gfid>`
 //!   lists those after `<gfid>` (the next page). The reply also carries
 //!   [`INDEX_COUNT`] with the number recorded, as a decimal string.
+//! - a lookup whose xdata carries [`INDEX_COUNT`] is answered with that
+//!   key set to the number recorded (AFR asks while a copy may be behind).
 //! - setxattr [`INDEX_PURGE`] with gfids (one per line, at most 65536): each is checked
 //!   again and dropped when its inode is gone or its counters are all zero
 //!   (the heal daemon sends it for inodes it found clean or gone).
@@ -346,6 +348,12 @@ impl Xlator for Index {
                 let v = xattrs.get_bytes(INDEX_PURGE).unwrap_or_default();
                 Box::pin(async move { self.purge(&ctx, &v).await })
             }
+            // AFR asks while the volume may need heal (its `need_heal`).
+            Fop::Lookup { .. } if req.xdata.contains(INDEX_COUNT) => Box::pin(async move {
+                let mut rsp = self.child.call(ctx, req).await?;
+                rsp.xdata.set_str(INDEX_COUNT, self.set.lock().len().to_string());
+                Ok(rsp)
+            }),
             Fop::Setxattr { xattrs, .. } | Fop::Fsetxattr { xattrs, .. } if self.watched(xattrs) => {
                 // Counters written directly: what this index knows of the
                 // inode's raised keys no longer holds.

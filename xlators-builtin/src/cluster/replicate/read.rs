@@ -31,12 +31,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
-use xlfs_sdk::dict::keys::{self, CONTENT, IS_LOCAL, OPEN_FD_COUNT, READDIRP_CONTENT};
+use xlfs_sdk::dict::keys::{self, CONTENT, INDEX_COUNT, IS_LOCAL, OPEN_FD_COUNT, READDIRP_CONTENT};
 use xlfs_sdk::{CallCtx, Dict, Errno, Fd, Fop, FopResult, Gfid, Loc, Reply, Request, Response, Value};
 
 use super::Inner;
 use super::pending::{self, Kind, Mask, all, bit, members};
 use super::quorum::QUORUM_ERRNO;
+
+/// Readdirp entries looked up at once when their attributes are vetted.
+const VET_BATCH: usize = 64;
 
 /// Per-child read statistics for the load-based read modes.
 #[derive(Default)]
@@ -120,6 +123,12 @@ impl Inner {
         if want_fds && !x.contains(OPEN_FD_COUNT) {
             x.set_u64(OPEN_FD_COUNT, 0);
         }
+        // While the volume may need heal, each lookup asks the bricks how
+        // many inodes their heal index holds, to learn when it is clean.
+        let epoch = self.need_heal().then(|| self.down_epoch.load(Ordering::Acquire));
+        if epoch.is_some() && !x.contains(INDEX_COUNT) {
+            x.set_str(INDEX_COUNT, "");
+        }
         let root = loc.gfid == Gfid::ROOT && !loc.is_entry();
         if root && cfg.choose_local {
             x.set_u64(IS_LOCAL, 0);
@@ -132,6 +141,12 @@ impl Inner {
         let (parent, parent_missing_heal) = (loc.parent, loc.is_entry());
         let results = self.fan(ctx, up, &Request::with_xdata(Fop::Lookup { loc }, x)).await;
         let n = self.children.len();
+        if let Some(e) = epoch
+            && up == all(n)
+            && results.iter().all(|(_, r)| matches!(r, Ok(rsp) if rsp.xdata.get_str(INDEX_COUNT) == Some("0")))
+        {
+            self.clean_epoch.fetch_max(e, Ordering::AcqRel);
+        }
         let mut rows: Vec<Option<Vec<[i32; 3]>>> = vec![None; n];
         let mut ok: Vec<(usize, Response)> = Vec::new();
         let mut missing: Mask = 0;
@@ -231,7 +246,7 @@ impl Inner {
                 rsp.xdata.remove(CONTENT);
             }
         }
-        for k in self.keys.iter().map(String::as_str).chain([OPEN_FD_COUNT, IS_LOCAL]) {
+        for k in self.keys.iter().map(String::as_str).chain([OPEN_FD_COUNT, IS_LOCAL, INDEX_COUNT]) {
             if !xdata.contains(k) {
                 rsp.xdata.remove(k);
             }
@@ -341,14 +356,75 @@ impl Inner {
         ) else {
             return Err(Errno::EINVAL);
         };
-        if req.xdata.contains(READDIRP_CONTENT) {
-            let mut r = self.readdir_on(ctx, req, fd, offset).await;
-            if let Ok(rsp) = &mut r {
-                self.vet_dirent_content(ctx, rsp).await;
-            }
-            return r;
+        let (plus, content) = (matches!(req.fop, Fop::Readdirp { .. }), req.xdata.contains(READDIRP_CONTENT));
+        let (from, mut r) = self.readdir_on(ctx, req, fd, offset).await;
+        if let (Ok(rsp), Some(from)) = (&mut r, from.filter(|_| plus)) {
+            self.vet_dirent_attrs(ctx, from, rsp).await;
         }
-        self.readdir_on(ctx, req, fd, offset).await
+        if let (Ok(rsp), true) = (&mut r, content) {
+            self.vet_dirent_content(ctx, rsp).await;
+        }
+        r
+    }
+
+    /// True while a copy may have missed changes: a child went down since
+    /// every child's heal index was last found empty (GlusterFS's
+    /// `need_heal`, which it learns from the bricks' index counts too).
+    pub fn need_heal(&self) -> bool {
+        self.clean_epoch.load(Ordering::Acquire) < self.down_epoch.load(Ordering::Acquire)
+    }
+
+    /// Readdirp entries carry their attributes from the one child `from`
+    /// that lists the directory, and the kernel and md-cache keep them.
+    /// That child's copy of an inode may be stale: it missed writes while
+    /// it was away, or a heal is rebuilding it (seen as a file read back
+    /// short after a partition healed). So an entry whose copy there is
+    /// known stale, or, while the volume may need heal, whose inode this
+    /// client has not looked up since a child came up, is looked up (which
+    /// answers from a good copy and starts its heal); if that shows the
+    /// listing's copy stale, the entry takes the lookup's attributes and
+    /// its content for quick-read goes. GlusterFS
+    /// drops such entries' attributes instead (`afr_readdir_transform_entries`),
+    /// which costs the kernel a lookup of each later.
+    async fn vet_dirent_attrs(self: &Arc<Self>, ctx: &CallCtx, from: usize, rsp: &mut Response) {
+        let Response { reply: Reply::Dirents(entries), xdata } = rsp else { return };
+        let (need_heal, current) = (self.need_heal(), self.generation.load(Ordering::Acquire));
+        let suspect: Vec<usize> = (0..entries.len())
+            .filter(|&k| {
+                let e = &entries[k];
+                if e.name == "." || e.name == ".." || e.iatt.gfid.is_null() {
+                    return false;
+                }
+                let kind = if e.iatt.is_dir() { Kind::Entry } else { Kind::Data };
+                match self.inodes.get(&e.iatt.gfid) {
+                    Some(st) => {
+                        let s = st.s.lock();
+                        if s.seen_gen == current { bad_for(&s.stale, kind) & bit(from) != 0 } else { need_heal }
+                    }
+                    None => need_heal,
+                }
+            })
+            .collect();
+        for batch in suspect.chunks(VET_BATCH) {
+            let looks = batch.iter().map(|&k| {
+                let g = entries[k].iatt.gfid;
+                async move { (k, self.lookup(ctx, Loc::gfid(g), Dict::new()).await) }
+            });
+            for (k, r) in super::join_all(looks.collect()).await {
+                let e = &mut entries[k];
+                let kind = if e.iatt.is_dir() { Kind::Entry } else { Kind::Data };
+                let stale = r.is_err() || self.known_bad(e.iatt.gfid, kind) & bit(from) != 0;
+                if !stale {
+                    continue; // the listing's copy is a good one after all
+                }
+                xdata.remove(&keys::dirent_xattr(&e.name, CONTENT));
+                if let Ok(Response { reply: Reply::Entry { iatt, .. }, .. }) = r
+                    && iatt.gfid == e.iatt.gfid
+                {
+                    e.iatt = iatt;
+                }
+            }
+        }
     }
 
     /// Content that came with a readdirp's entries ([`READDIRP_CONTENT`])
@@ -384,21 +460,28 @@ impl Inner {
         }
     }
 
-    async fn readdir_on(self: &Arc<Self>, ctx: &CallCtx, req: Request, fd: Fd, offset: u64) -> FopResult {
+    /// A listing's page, and the child that gave it.
+    async fn readdir_on(
+        self: &Arc<Self>,
+        ctx: &CallCtx,
+        req: Request,
+        fd: Fd,
+        offset: u64,
+    ) -> (Option<usize>, FopResult) {
         let sticky = self.fds.get(fd.id).and_then(|f| f.readdir_child);
         match sticky {
             Some(i) if offset != 0 => {
                 if self.up_mask() & bit(i) == 0 {
-                    return Err(Errno::ENOTCONN);
+                    return (None, Err(Errno::ENOTCONN));
                 }
-                self.children[i].call(ctx.clone(), req).await
+                (Some(i), self.children[i].call(ctx.clone(), req).await)
             }
             _ => {
                 let (child, r) = self.read_on(ctx, req, Kind::Entry).await;
                 if let Some(i) = child {
                     self.fds.update(fd.id, |f| f.readdir_child = Some(i));
                 }
-                r
+                (child, r)
             }
         }
     }

@@ -120,3 +120,59 @@ async fn content_listing(n: &Node, d: Gfid) -> [Option<Bytes>; 2] {
     n.call(Fop::Releasedir { fd }).await.expect("releasedir");
     ["f", "g"].map(|name| rsp.xdata.get_bytes(&keys::dirent_xattr(name, keys::CONTENT)))
 }
+
+/// The attributes a readdirp brings come from the child listing the
+/// directory. When that child missed writes (it was down; a heal will
+/// rebuild it), a client that had not looked the file up gets the size
+/// a good copy has, not the stale one's (seen through FUSE after a
+/// partition: a file read back short). With every copy clean again, the
+/// listing's attributes pass as they are, with no lookup of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_from_a_child_that_missed_writes_shows_the_good_size() {
+    let c = Cluster::new();
+    let (n, fd) = child_2_missed_a_write(&c).await;
+    n.write(fd, 0, b"two, and longer").await.expect("write with a child down");
+    n.fsync(fd).await.expect("fsync");
+    n.close(fd).await;
+    n.up(2);
+    // Another client, listing from child 2, never looked f up.
+    let b = c.node("client-b", &[("read-subvolume-index", "2")]);
+    promptly("root lookup", b.call(Fop::Lookup { loc: Loc::root() })).await.expect("root");
+    assert!(b.afr.inner.need_heal(), "the bricks' indices list f");
+    assert_eq!(promptly("listing b", size_listed(&b)).await, 15, "client b: the good copies' size");
+    assert_eq!(b.seen(2, &[FopKind::Readdirp]), 1, "listed from child 2");
+    assert_eq!(promptly("listing a", size_listed(&n)).await, 15, "client a, which knows child 2 is stale");
+    n.close(n.create("g").await.expect("create")).await;
+}
+
+/// With every copy clean (every brick's heal index empty), a listing's
+/// attributes pass as they are, with no lookup of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_of_a_clean_volume_is_taken_as_it_is() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    let fd = n.create("f").await.expect("create");
+    n.write(fd, 0, b"fifteen bytes!!").await.expect("write");
+    n.close(fd).await;
+    n.quiesce().await;
+    let b = c.node("client-b", &[("read-subvolume-index", "2")]);
+    assert!(b.afr.inner.need_heal(), "not known clean before a lookup");
+    promptly("root lookup", b.call(Fop::Lookup { loc: Loc::root() })).await.expect("root");
+    assert!(!b.afr.inner.need_heal(), "clean: every index is empty");
+    let lookups = b.seen(2, &[FopKind::Lookup]);
+    assert_eq!(promptly("listing", size_listed(&b)).await, 15);
+    assert_eq!(b.seen(2, &[FopKind::Lookup]), lookups, "no lookup of the listed entries");
+    // A child going down makes the volume one that may need heal again.
+    b.down(0);
+    assert!(b.afr.inner.need_heal());
+}
+
+/// The size readdirp of the root lists for "f".
+async fn size_listed(node: &Node) -> u64 {
+    let fd = Fd { id: node.fd_id(), gfid: Gfid::ROOT };
+    node.call(Fop::Opendir { loc: Loc::gfid(Gfid::ROOT), fd: fd.id }).await.expect("opendir");
+    let rsp = node.call(Fop::Readdirp { fd, size: 64 << 10, offset: 0 }).await.expect("readdirp");
+    node.call(Fop::Releasedir { fd }).await.expect("releasedir");
+    let entries = rsp.reply.into_dirents().expect("dirents");
+    entries.iter().find(|e| e.name == "f").map(|e| e.iatt.size).expect("f listed")
+}
