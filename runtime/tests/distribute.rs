@@ -177,3 +177,112 @@ fn up_with_two_sets_and_down() {
     assert!(!is_mounted(&mnt));
     assert!(std::fs::read_dir(dir.join("run")).expect("run dir").next().is_none(), "pid files removed");
 }
+
+/// Files renamed through the mount from one set to the other (half of
+/// them over an existing file there) while another client looks both
+/// names up: once the old name is gone the new one shows the file, and
+/// once the new one shows it the old one is gone; never neither, never
+/// both; and a name being replaced always shows the old file or the new
+/// one. (Directory renames are not atomic across sets; see
+/// ARCHITECTURE.)
+#[test]
+fn renames_across_sets_under_a_concurrent_reader_show_one_name() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let c = Cluster::start(SETS * REPLICA);
+    let bricks: Vec<(u16, String)> = c.bricks.iter().map(|b| (b.port(), b.subvolume())).collect();
+    let dirs: Vec<PathBuf> = c.bricks.iter().map(|b| b.dir().to_path_buf()).collect();
+    let text = xlfs_runtime::cli::distributed_volfile("dist", &bricks, REPLICA, &[], xlfs_runtime::cli::DEFAULT_PERF);
+    let m = FuseMount::start(&text, "");
+    let mnt = m.path().to_path_buf();
+    std::fs::create_dir(mnt.join("d")).expect("mkdir");
+    let write = |rel: &str, data: &str| {
+        use std::io::Write;
+        let mut f = std::fs::File::create(mnt.join(rel)).expect("create");
+        f.write_all(data.as_bytes()).expect("write");
+        f.sync_all().expect("fsync");
+    };
+    // Pairs (f_k on one set, g_k hashing to the other); g_k exists for
+    // even k only.
+    let mut pairs = Vec::new();
+    for k in 0..120 {
+        let (f, g) = (format!("d/f{k}"), format!("d/g{k}"));
+        write(&f, &format!("file {k}\n"));
+        write(&g, &format!("old {k}\n"));
+        if sets_holding(&dirs, &f).0 == sets_holding(&dirs, &g).0 {
+            continue;
+        }
+        if k % 2 == 1 {
+            std::fs::remove_file(mnt.join(&g)).expect("unlink");
+        }
+        pairs.push(k);
+    }
+    assert!(pairs.len() > 30, "enough cross-set pairs: {}", pairs.len());
+    // The reader: a client of its own (no caches) over the same bricks.
+    let reader_vol = xlfs_runtime::cli::distributed_volfile("dist", &bricks, REPLICA, &[], &[]);
+    let (stop, ready) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let reader = {
+        let (stop, ready, pairs) = (stop.clone(), ready.clone(), pairs.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().expect("runtime");
+            rt.block_on(async move {
+                let g = kit::graph_from(&reader_vol);
+                g.wait_up(kit::UP_TIMEOUT).await.expect("reader up");
+                let cl = xlfs_runtime::client::Client::new(g.top());
+                let mut gfids = std::collections::HashMap::new();
+                for &k in &pairs {
+                    gfids.insert(k, cl.stat(&format!("/d/f{k}")).await.expect("stat f").gfid);
+                }
+                ready.store(true, Ordering::Relaxed);
+                let (mut checks, mut wrong) = (0u64, Vec::new());
+                let mut round = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    round += 1;
+                    for &k in &pairs {
+                        let (f, g, want) = (format!("/d/f{k}"), format!("/d/g{k}"), gfids[&k]);
+                        let shows = |r: &Result<xlfs_sdk::Iatt, xlfs_sdk::Errno>| matches!(r, Ok(i) if i.gfid == want);
+                        if round % 2 == 0 {
+                            // Old name gone: the new one shows the file.
+                            let rf = cl.stat(&f).await;
+                            let rg = cl.stat(&g).await;
+                            if rf == Err(xlfs_sdk::Errno::ENOENT) && !shows(&rg) {
+                                wrong.push(format!("f{k} gone but g{k} is {rg:?}"));
+                            }
+                            // A g that existed is the old file or the new, never missing.
+                            if k % 2 == 0 && rg.is_err() {
+                                wrong.push(format!("g{k}, replaced by the rename, is {rg:?}"));
+                            }
+                        } else {
+                            // New name shows it: the old one is gone.
+                            let rg = cl.stat(&g).await;
+                            let rf = cl.stat(&f).await;
+                            if shows(&rg) && rf.is_ok() {
+                                wrong.push(format!("g{k} shows the file and f{k} still is {rf:?}"));
+                            }
+                        }
+                        checks += 1;
+                    }
+                }
+                g.shutdown();
+                (checks, wrong)
+            })
+        })
+    };
+    xlfs_sdk::testing::eventually("the reader has every gfid", std::time::Duration::from_secs(60), || {
+        if ready.load(Ordering::Relaxed) { Ok(()) } else { Err("not yet".to_string()) }
+    });
+    for &k in &pairs {
+        std::fs::rename(mnt.join(format!("d/f{k}")), mnt.join(format!("d/g{k}"))).expect("rename");
+        std::thread::sleep(std::time::Duration::from_millis(30));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (checks, wrong) = reader.join().expect("reader");
+    assert!(wrong.is_empty(), "{} of {checks} checks saw a wrong name:\n{}", wrong.len(), wrong.join("\n"));
+    assert!(checks >= pairs.len() as u64 * 2, "the reader kept looking: {checks} checks");
+    for &k in &pairs {
+        assert_eq!(std::fs::read_to_string(mnt.join(format!("d/g{k}"))).expect("read"), format!("file {k}\n"));
+        assert!(!mnt.join(format!("d/f{k}")).exists());
+    }
+    eprintln!("{} renames across sets, {checks} reader checks", pairs.len());
+}
