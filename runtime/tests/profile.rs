@@ -26,8 +26,10 @@ fn profile(args: &[&str]) -> String {
 /// contains `needle` (`(storage/posix) brick`).
 fn calls(text: &str, fop: &str, needle: &str) -> Vec<u64> {
     // (translator and where, calls): a translator with calls both in the
-    // callers' latency and behind it (write-behind sent one write at once
-    // and the others behind) has a row in each table, summed here.
+    // callers' latency and behind it (an fsync that found its file's write
+    // not yet sent carried it, in the fsync's own round: write-behind's
+    // "fsync in one round"; the other writes went behind) has a row in
+    // each table, summed here.
     let mut out: Vec<(String, u64)> = Vec::new();
     let mut inside = false;
     for line in text.lines() {
@@ -106,7 +108,7 @@ fn profile_shows_each_translator_of_the_mount_and_its_bricks() {
             .and_then(|(_, p)| p.strip_suffix(" %)"))
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("no sum in {head:?}"));
-        // When write-behind sent some writes at once and the rest behind,
+        // When some writes went with their fsync and the rest behind,
         // the rows below replicate are estimated from per-call means over
         // both kinds and the sum strays (82-94 % seen, with or without
         // features/utime): checked only when every write went behind.
