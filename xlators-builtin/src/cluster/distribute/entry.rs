@@ -37,11 +37,17 @@
 use std::sync::atomic::Ordering;
 
 use xlfs_sdk::dict::keys::GFID_REQ;
-use xlfs_sdk::{CallCtx, Dict, Errno, Fop, FopResult, Gfid, Loc, Reply, Request, Value, rename_flags};
+use xlfs_sdk::{
+    CallCtx, Dict, Errno, Fd, FdId, Fop, FopResult, Gfid, Loc, Reply, Request, Response, Value, rename_flags,
+};
 
 use super::layout::{COMMITTED, Layout};
 use super::lookup::Found;
 use super::{DirInfo, Inner, LINK_MODE, LINKTO_XATTR, Where, entry_iatt, first_error, linkto_of, with_private_keys};
+
+/// Most stale link files an rmdir removes to let a directory go (more:
+/// ENOTEMPTY, as before).
+const MAX_STALE_LINKS: usize = 1024;
 
 /// The gfid a creating fop asked for, or a new one.
 fn gfid_for(xdata: &Dict) -> Gfid {
@@ -227,7 +233,8 @@ impl Inner {
 
     /// rmdir: the other subvolumes, then the hashed one (so the name stays
     /// found until the end); a failure anywhere is reported (a lookup makes
-    /// the copies again).
+    /// the copies again). Where the directory holds only stale link files,
+    /// they go first ([`Inner::clear_stale_links`]).
     pub(super) async fn rmdir(&self, ctx: &CallCtx, fop: Fop, xdata: Dict) -> FopResult {
         let loc = fop.loc().cloned().ok_or(Errno::EINVAL)?;
         let f = self.find(ctx, &loc, &Dict::new()).await?;
@@ -240,7 +247,15 @@ impl Inner {
         let req = Request::with_xdata(Fop::Rmdir { loc: loc.clone().with_gfid(iatt.gfid), flags }, xdata);
         let others: Vec<usize> = self.all().into_iter().filter(|i| *i != h).collect();
         let res = self.fan(&others, ctx, &req).await;
-        if let Some(e) = first_error(&res, &[Errno::ENOENT]) {
+        let mut err = first_error(&res, &[Errno::ENOENT]);
+        if err == Some(Errno::ENOTEMPTY) {
+            let full: Vec<usize> =
+                others.iter().zip(&res).filter(|(_, r)| matches!(r, Err(Errno::ENOTEMPTY))).map(|(i, _)| *i).collect();
+            if self.clear_stale_links(ctx, iatt.gfid, &full, h).await {
+                err = first_error(&self.fan(&full, ctx, &req).await, &[Errno::ENOENT]);
+            }
+        }
+        if let Some(e) = err {
             self.dirs.remove(&iatt.gfid);
             return Err(e);
         }
@@ -248,6 +263,59 @@ impl Inner {
         self.dirs.remove(&iatt.gfid);
         self.inodes.remove(&iatt.gfid);
         r
+    }
+
+    /// When every entry left in directory `dir` on the subvolumes `full`
+    /// (whose rmdir found it not empty) and on its hashed subvolume `h` is
+    /// a link file (left by a client that died between a file's unlink
+    /// and its link file's), removes them so that the directory can go,
+    /// as GlusterFS's rmdir does. False, removing nothing, when some entry
+    /// is anything else or a listing fails.
+    async fn clear_stale_links(&self, ctx: &CallCtx, dir: Gfid, full: &[usize], h: usize) -> bool {
+        let mut links = Vec::new();
+        for &i in full.iter().chain(std::iter::once(&h)) {
+            let Ok(entries) = self.list_on(ctx, i, dir).await else { return false };
+            for e in entries.into_iter().filter(|e| e.name != "." && e.name != "..") {
+                let link = e.iatt.file_type() == xlfs_sdk::FileType::Regular
+                    && e.iatt.mode & 0o7777 == LINK_MODE
+                    && e.iatt.size == 0;
+                if !link || links.len() >= MAX_STALE_LINKS {
+                    return false;
+                }
+                links.push((i, e.name, e.iatt.gfid));
+            }
+        }
+        for (i, name, gfid) in links {
+            if let Err(e) = self.remove_on(ctx, i, dir, &name, gfid).await {
+                tracing::warn!(volume = %self.name, %dir, name = %name, "rmdir: removing a stale link file: {e}");
+                return false;
+            }
+            tracing::info!(volume = %self.name, %dir, name = %name, subvolume = %self.children[i].name, "rmdir: removed a stale link file");
+        }
+        true
+    }
+
+    /// Every entry of directory `dir` on subvolume `i`.
+    async fn list_on(&self, ctx: &CallCtx, i: usize, dir: Gfid) -> Result<Vec<xlfs_sdk::DirEntry>, Errno> {
+        let fd = Fd { id: FdId(self.owner()), gfid: dir };
+        self.wind(i, ctx, Request::new(Fop::Opendir { loc: Loc::gfid(dir), fd: fd.id })).await?;
+        let (mut out, mut offset) = (Vec::new(), 0);
+        let r = loop {
+            match self.wind(i, ctx, Request::new(Fop::Readdirp { fd, size: 64 << 10, offset })).await {
+                Ok(Response { reply: Reply::Dirents(v), .. }) => {
+                    let Some(last) = v.last() else { break Ok(()) };
+                    offset = last.d_off;
+                    out.extend(v);
+                    if out.len() > MAX_STALE_LINKS + 2 {
+                        break Err(Errno::ENOTEMPTY);
+                    }
+                }
+                Ok(_) => break Err(Errno::EIO),
+                Err(e) => break Err(e),
+            }
+        };
+        let _ = self.wind(i, ctx, Request::new(Fop::Releasedir { fd })).await;
+        r.map(|()| out)
     }
 
     /// unlink: the data file, then its link file.

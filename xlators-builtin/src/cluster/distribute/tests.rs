@@ -553,6 +553,46 @@ async fn rename_over_data_on_its_hashed_subvolume_is_all_or_nothing() {
     assert_eq!(nlink.expect("data on 0"), 2, "one name and the brick's gfid handle");
 }
 
+/// A link file left behind (its client died after unlinking the data)
+/// does not keep its directory from being removed; a directory that still
+/// holds a file besides such links is not emptied of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmdir_removes_stale_link_files_but_never_a_file() {
+    let c = Cluster::new();
+    let node = c.node(&[]);
+    node.root().await;
+    for keep_a_file in [false, true] {
+        let dname = format!("d{keep_a_file}");
+        let d = node.mkdir(Gfid::ROOT, &dname).await.expect("mkdir");
+        let a = c.name_on(&dname, 0, "a");
+        let b = c.name_on(&dname, 1, "b");
+        let fd = node.create(d.gfid, &a).await.expect("create");
+        node.release(fd).await;
+        let mv = Fop::Rename { old: Loc::entry(d.gfid, &a), new: Loc::entry(d.gfid, &b), flags: 0 };
+        node.call(mv).await.expect("rename");
+        assert_eq!(c.places(&format!("{dname}/{b}")), (vec![0], vec![1]));
+        // The data goes; removing the link file fails (as if the client died).
+        c.faults[1].fail(Some((vec![FopKind::Unlink], Errno::EIO)));
+        assert!(node.call(Fop::Unlink { loc: Loc::entry(d.gfid, &b), flags: 0 }).await.is_err());
+        c.faults[1].fail(None);
+        assert_eq!(c.places(&format!("{dname}/{b}")), (vec![], vec![1]), "a stale link file is left");
+        if keep_a_file {
+            let fd = node.create(d.gfid, &a).await.expect("create");
+            node.release(fd).await;
+        }
+        let r = node.call(Fop::Rmdir { loc: Loc::entry(Gfid::ROOT, &dname), flags: 0 }).await;
+        if keep_a_file {
+            assert_eq!(r.err(), Some(Errno::ENOTEMPTY));
+            assert_eq!(c.places(&format!("{dname}/{b}")), (vec![], vec![1]), "the link stays while a file is there");
+        } else {
+            r.expect("rmdir of a directory holding only a stale link file");
+            for i in 0..N {
+                assert!(!c.exists(i, &dname), "{dname} gone from subvolume {i}");
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_without_o_excl_opens_the_data_not_the_link_file() {
     let c = Cluster::new();
