@@ -16,7 +16,10 @@
 //! per-inode state starts empty.
 //!
 //! `Core::switch`, given a new graph that is already up:
-//! 1. reopens every open fd on it while the old graph still serves;
+//! 1. drains the old graph's delayed work, then reopens every open fd on
+//!    the new one while the old graph still serves (a file created on the
+//!    old graph meanwhile, answered before it reached the bricks, waits
+//!    for step 5);
 //! 2. stops the lock fops (getlk/setlk, and flush and release, which drop
 //!    locks) at a gate; blocked SETLKW waits on the old graph are told to
 //!    let go and wait again afterwards;
@@ -204,7 +207,7 @@ impl Core {
             }
             _ => {
                 for fd in fop.fds() {
-                    self.ensure_open(a, fd).await?;
+                    self.ensure_open(a, fd, false).await?;
                 }
             }
         }
@@ -226,7 +229,11 @@ impl Core {
     }
 
     /// Opens `fd` on graph `a` if it is open in the mount but not there.
-    async fn ensure_open(&self, a: &Active, fd: Fd) -> Result<(), Errno> {
+    /// `early`: the old graph still serves, so a file just created there
+    /// may not have reached the bricks yet (replicate's async-dirops):
+    /// ENOENT leaves the fd for the pass after the old graph is drained
+    /// instead of failing it for good.
+    async fn ensure_open(&self, a: &Active, fd: Fd, early: bool) -> Result<(), Errno> {
         let known = |a: &Active| match a.fd_state(fd.id) {
             // An fd is used only once its open returned; a reopen pass
             // leaves an open in flight alone.
@@ -261,6 +268,11 @@ impl Core {
             }
             // The graph lost its bricks for now: the fd may reopen later.
             Err(Errno::ENOTCONN) => Err(Errno::ENOTCONN),
+            Err(err @ (Errno::ENOENT | Errno::ESTALE)) if early => {
+                tracing::debug!(fd = fd.id.0, %gfid, generation = a.generation, error = %err,
+                    "fd not reopened yet: its file may still be on its way to the bricks");
+                Err(err)
+            }
             Err(err) => {
                 tracing::warn!(fd = fd.id.0, %gfid, generation = a.generation, error = %err,
                     "fd could not be reopened on the new graph: EBADF from now on");
@@ -270,18 +282,19 @@ impl Core {
         }
     }
 
-    /// Reopens on `a` every fd the mount has open that is not open there;
-    /// returns (reopened, failed).
-    async fn reopen_all(&self, a: &Active) -> (usize, usize) {
+    /// Reopens on `a` every fd the mount has open that is not open there
+    /// (`early`: see [`Core::ensure_open`]); returns (reopened, failed).
+    async fn reopen_all(&self, a: &Active, early: bool) -> (usize, usize) {
         let (mut ok, mut failed) = (0, 0);
         for (id, e) in self.fds.entries() {
             if e.gfid.is_null() || a.fd_state(id).is_some() {
                 continue;
             }
-            match self.ensure_open(a, Fd { id, gfid: e.gfid }).await {
+            match self.ensure_open(a, Fd { id, gfid: e.gfid }, early).await {
                 Ok(()) => ok += 1,
-                // Released meanwhile.
+                // Released meanwhile, or left for the next pass.
                 Err(_) if self.fds.get(id).is_none() => {}
+                Err(Errno::ENOENT | Errno::ESTALE) if early => {}
                 Err(_) => failed += 1,
             }
         }
@@ -303,7 +316,7 @@ impl Core {
         if !crate::graph::drain(&old.top, DRAIN).await {
             tracing::warn!(generation = old.generation, "the old graph's delayed work is not done after {DRAIN:?}");
         }
-        let (ok, failed) = self.reopen_all(&new).await;
+        let (ok, failed) = self.reopen_all(&new, true).await;
         old.retired.send_replace(true);
         let gate = self.lk_gate.write().await;
         let paused = Instant::now();
@@ -316,7 +329,7 @@ impl Core {
         report.lock_pause = paused.elapsed();
         // And what it delayed since, before the fds opened meanwhile move.
         crate::graph::drain(&old.top, DRAIN).await;
-        let (ok2, failed2) = self.reopen_all(&new).await;
+        let (ok2, failed2) = self.reopen_all(&new, false).await;
         (report.fds_reopened, report.fds_failed) = (ok + ok2, failed + failed2);
         (report.locks_moved, report.locks_lost) = (moved, lost);
 
