@@ -156,9 +156,18 @@ impl Inner {
     /// Sends a fop down and takes the attributes of its reply.
     pub(super) async fn forward(&self, gfid: Gfid, ctx: CallCtx, req: Request) -> FopResult {
         if changes_attributes(&req.fop) {
+            let opened = match req.fop {
+                Fop::Open { flags, fd, .. } => Some((fd, flags)),
+                _ => None,
+            };
             self.t.lock().begin_change(gfid);
             let res = self.child.call(ctx, req).await;
-            self.t.lock().end_change(gfid, post_of(&res));
+            let mut t = self.t.lock();
+            t.end_change(gfid, post_of(&res));
+            if let (Some((fd, flags)), true) = (opened, res.is_ok()) {
+                track_fd(&mut t, fd, flags);
+            }
+            drop(t);
             return res;
         }
         let generation = self.t.lock().generation(gfid);

@@ -401,6 +401,21 @@ async fn with_resync_a_failed_write_is_retried_after_fsync() {
     fsync(&xl, fd(1)).await.expect("synced");
 }
 
+/// An open that truncates is a change of the file's attributes, and its
+/// fd's flags are still recorded: O_SYNC writes through it are not
+/// delayed.
+#[tokio::test(flavor = "current_thread")]
+async fn an_o_sync_fd_opened_with_o_trunc_writes_at_once() {
+    let (xl, file) = setup(&[]);
+    open(&xl, 1, O_SYNC | O_TRUNC).await;
+    // The first write would go at once anyway (the truncate left the size
+    // unknown); the second is the one the fd's flags keep from waiting.
+    write_ok(&xl, fd(1), 0, vec![1; 10]).await;
+    write_ok(&xl, fd(1), 10, vec![2; 10]).await;
+    assert_eq!(file.writes(), vec![(0, 10), (10, 10)], "sent and answered before the replies");
+    assert_eq!(dump(&xl, "writes-sync"), 2);
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn o_sync_and_o_direct_writes_are_not_delayed() {
     let (xl, file) = setup(&[]);
