@@ -27,8 +27,10 @@
 //! 4. moves the POSIX locks and flocks the mount holds (`HeldLocks`):
 //!    unlocks each on the old graph and takes it again on the new one;
 //! 5. opens the gate, reopens fds opened on the old graph meanwhile;
-//! 6. waits for the old graph's fops in flight to finish (bounded), sends
-//!    Release for every fd open on it, shuts it down and lets it go.
+//! 6. waits for the old graph's fops in flight to finish (bounded), drains
+//!    it again and reopens what they opened (the last pass: until it, a fop
+//!    on an fd whose file is not found on the new graph waits for it),
+//!    sends Release for every fd open on it, shuts it down and lets it go.
 //!
 //! Between unlocking on the old graph and locking on the new one another
 //! client can take a lock: the lock is then lost, which is logged and
@@ -85,6 +87,10 @@ pub(crate) struct Active {
     reopen: tokio::sync::Mutex<()>,
     /// Set when a switch away from this graph begins.
     retired: watch::Sender<bool>,
+    /// Set once the switch to this graph is over (at once for the first):
+    /// until then a file created on the old graph may not have reached
+    /// the bricks, and a reopen that does not find it is not final.
+    settled: watch::Sender<bool>,
 }
 
 impl Active {
@@ -97,7 +103,18 @@ impl Active {
             fds: Mutex::new(HashMap::new()),
             reopen: tokio::sync::Mutex::new(()),
             retired: watch::channel(false).0,
+            settled: watch::channel(generation == 1).0,
         }
+    }
+
+    fn is_settled(&self) -> bool {
+        *self.settled.borrow()
+    }
+
+    /// Resolves once the switch to this graph is over (or after `limit`).
+    async fn until_settled(&self, limit: Duration) {
+        let mut rx = self.settled.subscribe();
+        let _ = tokio::time::timeout(limit, rx.wait_for(|s| *s)).await;
     }
 
     /// Resolves once a switch away from this graph has begun.
@@ -207,7 +224,15 @@ impl Core {
             }
             _ => {
                 for fd in fop.fds() {
-                    self.ensure_open(a, fd, false).await?;
+                    match self.ensure_open(a, fd, !a.is_settled()).await {
+                        // Created on the old graph, maybe not sent yet: once
+                        // the switch is over it is there, or never will be.
+                        Err(Errno::ENOENT | Errno::ESTALE) if !a.is_settled() => {
+                            a.until_settled(DRAIN * 2).await;
+                            self.ensure_open(a, fd, false).await?;
+                        }
+                        r => r?,
+                    }
                 }
             }
         }
@@ -329,8 +354,7 @@ impl Core {
         report.lock_pause = paused.elapsed();
         // And what it delayed since, before the fds opened meanwhile move.
         crate::graph::drain(&old.top, DRAIN).await;
-        let (ok2, failed2) = self.reopen_all(&new, false).await;
-        (report.fds_reopened, report.fds_failed) = (ok + ok2, failed + failed2);
+        let (ok2, failed2) = self.reopen_all(&new, true).await;
         (report.locks_moved, report.locks_lost) = (moved, lost);
 
         report.drained = old.inflight.drained(DRAIN).await;
@@ -341,6 +365,12 @@ impl Core {
                 "the old graph still has fops in flight after {DRAIN:?}; shutting it down anyway"
             );
         }
+        // Creates still in flight on the old graph until now: their delayed
+        // work too, then the last pass, which decides.
+        crate::graph::drain(&old.top, DRAIN).await;
+        let (ok3, failed3) = self.reopen_all(&new, false).await;
+        new.settled.send_replace(true);
+        (report.fds_reopened, report.fds_failed) = (ok + ok2 + ok3, failed + failed2 + failed3);
         let open: Vec<(u64, FdOn)> = old.fds.lock().drain().filter(|(_, f)| f.state == FdState::Open).collect();
         for (id, f) in open {
             let fd = Fd { id: FdId(id), gfid: f.gfid };
