@@ -10,6 +10,7 @@
 #   workload scripts in ../shared/bench), iproute2 (ip, tc), e2fsprogs
 #   (mkfs.ext4) and mount (mount, losetup) for the network-namespace,
 #   link-fault and full-disk tests in runtime/tests/partitions.rs;
+#   etcd-server (the cluster store of runtime/tests/cluster.rs);
 # - the wasm32-unknown-unknown target (the plugin tests build plugins/ for
 #   WebAssembly, runtime/tests/plugin_kit);
 # - cargo-nextest (the test runner).
@@ -17,7 +18,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
 need=()
-for pkg in attr gcc g++ fuse3 git postgresql fio jq bc iproute2 e2fsprogs mount; do
+for pkg in attr gcc g++ fuse3 git postgresql fio jq bc iproute2 e2fsprogs mount etcd-server; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

@@ -22,7 +22,7 @@ pub mod up;
 pub mod volfile;
 
 pub use brick::{BrickArgs, BrickError};
-pub use daemon::{DaemonArgs, DaemonError, VolumeArgs, VolumeCommand};
+pub use daemon::{DaemonArgs, DaemonError, PeerArgs, PeerCommand, VolumeArgs, VolumeCommand};
 pub use heal::{HealArgs, HealError};
 pub use mount::{MountArgs, MountError, UmountArgs};
 pub use profile::ProfileArgs;
@@ -74,6 +74,8 @@ pub enum Command {
     /// Create, start, stop, delete, configure and show volumes (asks the
     /// daemon).
     Volume(VolumeArgs),
+    /// Add, remove and list the nodes of the cluster (asks the daemon).
+    Peer(PeerArgs),
 }
 
 /// Why a command failed; the message is what the user sees.
@@ -175,6 +177,7 @@ impl Cli {
             Command::Profile(args) => args.run(out).await,
             Command::Daemon(args) => args.run(out).await,
             Command::Volume(args) => args.run(out).await,
+            Command::Peer(args) => args.run(out).await,
         }
     }
 }

@@ -27,7 +27,8 @@ use crate::mgmt::protocol::{
     DEFAULT_ADDR, HealAction, ProtocolError, RebalanceAction, RebalanceStatus, RemoveAction, Reply, Request, call,
 };
 use crate::mgmt::shd::Shds;
-use crate::mgmt::store::{FileStore, StoreError};
+use crate::mgmt::store::etcd::EtcdStore;
+use crate::mgmt::store::{FileStore, Peer, Store, StoreError};
 use crate::mgmt::supervisor::Supervisor;
 
 /// The start line's prefix (tests and scripts read it).
@@ -45,6 +46,17 @@ pub struct DaemonArgs {
     /// Append the log to FILE instead of writing it to stderr.
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
+    /// This node's name: the HOST of its bricks' `HOST:DIR` and the
+    /// address other nodes reach its daemon at (with the --listen port).
+    /// Without it, this daemon serves the bricks on any address of this
+    /// machine and has no peers.
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+    /// The cluster store: `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` to
+    /// share volumes, peers and brick ports with the other nodes' daemons
+    /// through etcd; default: files in the state directory (this node only).
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
 }
 
 /// Why the daemon could not run.
@@ -89,15 +101,21 @@ impl DaemonArgs {
         std::fs::create_dir_all(&self.state_dir).map_err(state_err(&self.state_dir))?;
         let dir = std::fs::canonicalize(&self.state_dir).map_err(state_err(&self.state_dir))?;
         let state = StateDir(dir.clone());
-        let store = FileStore::open(&state.volumes()).map_err(DaemonError::from)?;
+        let store: Arc<dyn Store> = match &self.store {
+            Some(url) => Arc::new(EtcdStore::open(url).map_err(DaemonError::from)?),
+            None => Arc::new(FileStore::open(&state.volumes()).map_err(DaemonError::from)?),
+        };
         let exe = std::env::current_exe().map_err(state_err(&dir))?;
         let sup = Arc::new(Supervisor::new(exe, state.logs()).map_err(state_err(&state.logs()))?);
         let shds = Shds::new(state.shd()).map_err(state_err(&state.shd()))?;
-        let daemon = Arc::new(Daemon::new(Arc::new(store), sup, shds));
         let listener = tokio::net::TcpListener::bind(&self.listen)
             .await
             .map_err(|source| DaemonError::Listen { addr: self.listen.clone(), source })?;
-        let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| self.listen.clone());
+        let local =
+            listener.local_addr().map_err(|source| DaemonError::Listen { addr: self.listen.clone(), source })?;
+        let addr = local.to_string();
+        let me = self.node.map(|node| Peer { address: format!("{node}:{}", local.port()), node });
+        let daemon = Arc::new(Daemon::new(store, sup, shds, me));
         let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
         let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
         let server = tokio::spawn(daemon.clone().serve(listener));
@@ -105,6 +123,7 @@ impl DaemonArgs {
             tracing::error!("starting the bricks of started volumes: {e}");
         }
         let shd_task = tokio::spawn(daemon.clone().run_shds());
+        let cluster_task = tokio::spawn(daemon.clone().run_cluster());
         let line = format!("{READY_PREFIX}{addr} (state {})", dir.display());
         tracing::info!("{line}");
         writeln!(out, "{line}")?;
@@ -116,10 +135,74 @@ impl DaemonArgs {
         tracing::info!(signal = sig, "stopping the bricks and the daemon");
         server.abort();
         shd_task.abort();
+        cluster_task.abort();
         daemon.shutdown().await;
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// `xlfs peer`.
+#[derive(Debug, Args)]
+pub struct PeerArgs {
+    /// The daemon to ask.
+    #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_ADDR, global = true)]
+    pub daemon: String,
+    /// Print the daemon's answer as JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: PeerCommand,
+}
+
+/// `xlfs peer` subcommands (as GlusterFS's `gluster peer`).
+#[derive(Debug, Subcommand)]
+pub enum PeerCommand {
+    /// Add the node whose daemon answers at `HOST[:PORT]` (it must use the
+    /// same --store etcd://... and have a --node name).
+    Add {
+        /// Its daemon's address (port 24007 if none is given).
+        address: String,
+    },
+    /// Forget a node (refused while it holds bricks).
+    Remove {
+        /// Its node name.
+        node: String,
+    },
+    /// List the nodes and whether their daemons answer.
+    List,
+}
+
+impl PeerArgs {
+    pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
+        let req = match self.command {
+            PeerCommand::Add { address } => {
+                let address = if address.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+                    address
+                } else {
+                    format!("{address}:24007")
+                };
+                Request::PeerAdd { address }
+            }
+            PeerCommand::Remove { node } => Request::PeerRemove { node },
+            PeerCommand::List => Request::PeerList,
+        };
+        let reply = call(&self.daemon, &req).await.map_err(DaemonError::from)?;
+        print_reply(out, &reply, self.json)
+    }
+}
+
+/// Prints a reply: for people, or as JSON.
+fn print_reply(out: &mut (dyn Write + Send), reply: &Reply, json: bool) -> Result<(), CliError> {
+    if json {
+        let text = serde_json::to_string_pretty(reply).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+        writeln!(out, "{text}")?;
+    } else {
+        out.write_all(render(reply).as_bytes())?;
+    }
+    out.flush()?;
+    Ok(())
 }
 
 /// `xlfs volume`.
@@ -361,14 +444,10 @@ impl VolumeArgs {
                 render_profile(&bricks)
             };
             out.write_all(text.as_bytes())?;
-        } else if self.json {
-            let text = serde_json::to_string_pretty(&reply).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
-            writeln!(out, "{text}")?;
-        } else {
-            out.write_all(render(&reply).as_bytes())?;
+            out.flush()?;
+            return Ok(());
         }
-        out.flush()?;
-        Ok(())
+        print_reply(out, &reply, self.json)
     }
 }
 
@@ -443,6 +522,23 @@ fn render(reply: &Reply) -> String {
             s
         }
         Reply::Profile { bundle } => bundle.clone(),
+        Reply::Peers { peers } => {
+            let rows: Vec<[String; 3]> = peers
+                .iter()
+                .map(|p| {
+                    let state = match (p.this, p.connected) {
+                        (true, _) => "this node",
+                        (false, true) => "connected",
+                        (false, false) => "disconnected",
+                    };
+                    [p.node.clone(), p.address.clone(), state.to_string()]
+                })
+                .collect();
+            table(&["Node", "Daemon", "State"], &rows)
+        }
+        Reply::Hello { node, cluster } => format!("node {} in {cluster}\n", node.as_deref().unwrap_or("(unnamed)")),
+        Reply::Bricks { bricks } => bricks.iter().map(|b| format!("{b}\n")).collect(),
+        Reply::Files { count, example } => format!("{count} files (e.g. {example})\n"),
         Reply::Rebalance { status } => render_rebalance(status),
         Reply::Statedump { bricks } => {
             let mut s = String::new();

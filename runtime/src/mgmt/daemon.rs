@@ -3,9 +3,7 @@
 //! answered. Requests that change something run one at a time; a refused
 //! request changes nothing.
 
-use std::ffi::CString;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
@@ -19,8 +17,8 @@ use super::protocol::{
 use super::rebalance::{self, Progress};
 use super::shd::Shds;
 use super::spec::{BadBrick, BadName, BrickSpec, VolumeSpec, VolumeStatus, check_name};
-use super::store::{Expect, Store, StoreError, Versioned};
-use super::supervisor::{BrickJob, StartError, Supervisor, disk_free, is_local};
+use super::store::{Expect, Peer, Store, StoreError, Versioned};
+use super::supervisor::{BrickJob, StartError, Supervisor, is_local};
 use super::volgen::{VolgenError, client_volfile};
 use crate::graph::Graph;
 use crate::registry::Registry;
@@ -73,9 +71,48 @@ pub enum MgmtError {
         /// The brick count.
         bricks: usize,
     },
-    /// The brick's host is not this node.
-    #[error("brick {0}: host is not this node (bricks on other nodes need peers, which this daemon does not have yet)")]
-    NotLocal(BrickSpec),
+    /// The brick's host is neither this node nor a peer.
+    #[error(
+        "brick {0}: its host {host} is not this node and not a peer of it (add it first: `xlfs peer add {host}`)",
+        host = .0.host
+    )]
+    NotPeer(BrickSpec),
+    /// Another node's daemon refused or could not be asked.
+    #[error("peer {node}: {why}")]
+    Peer {
+        /// The node.
+        node: String,
+        /// Why.
+        why: String,
+    },
+    /// A peer add that cannot be.
+    #[error("peer add {address}: {why}")]
+    BadPeer {
+        /// The address given.
+        address: String,
+        /// Why.
+        why: String,
+    },
+    /// A peer remove of a node that still holds bricks.
+    #[error("peer remove {node}: it holds brick {brick} of volume {volume}; remove its bricks first")]
+    PeerInUse {
+        /// The node.
+        node: String,
+        /// A brick on it.
+        brick: BrickSpec,
+        /// Its volume.
+        volume: String,
+    },
+    /// A brick on another node did not come up or go down in time.
+    #[error("volume {name}: brick {brick}: {why}")]
+    Remote {
+        /// The volume.
+        name: String,
+        /// The brick.
+        brick: BrickSpec,
+        /// Why.
+        why: String,
+    },
     /// The brick directory is missing or unusable.
     #[error("brick {brick}: directory {}: {source}", brick.dir.display())]
     BrickDir {
@@ -198,27 +235,45 @@ pub enum MgmtError {
 
 /// The daemon's state: the store, the bricks, the registry for keys.
 pub struct Daemon {
-    store: Arc<dyn Store>,
-    sup: Arc<Supervisor>,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) sup: Arc<Supervisor>,
     shds: Shds,
     registry: Registry,
+    /// This node (`--node`) and its daemon's address; `None`: a daemon
+    /// alone, whose bricks are those on an address of this machine.
+    pub(super) me: Option<Peer>,
     /// Serializes requests that change something.
-    changes: tokio::sync::Mutex<()>,
+    pub(super) changes: tokio::sync::Mutex<()>,
     /// The last or current rebalance run of each volume.
     rebalances: parking_lot::Mutex<std::collections::BTreeMap<String, Arc<Progress>>>,
+    /// What this daemon last published of its bricks, and when.
+    pub(super) published: parking_lot::Mutex<super::cluster::Published>,
 }
 
 impl Daemon {
     /// A daemon over `store`, running bricks with `sup` and self-heal
-    /// daemons with `shds`.
-    pub fn new(store: Arc<dyn Store>, sup: Arc<Supervisor>, shds: Shds) -> Daemon {
+    /// daemons with `shds`; `me`: this node's name and daemon address
+    /// (`--node`), whose bricks it serves (without it: the bricks on any
+    /// address of this machine).
+    pub fn new(store: Arc<dyn Store>, sup: Arc<Supervisor>, shds: Shds, me: Option<Peer>) -> Daemon {
         Daemon {
             store,
             sup,
             shds,
             registry: Registry::builtin(),
+            me,
             changes: tokio::sync::Mutex::new(()),
             rebalances: Default::default(),
+            published: Default::default(),
+        }
+    }
+
+    /// True if this daemon serves the bricks of `host`: its node's name
+    /// when it has one, else any address of this machine.
+    pub(super) fn is_mine(&self, host: &str) -> bool {
+        match &self.me {
+            Some(p) => p.node == host,
+            None => is_local(host),
         }
     }
 
@@ -233,12 +288,11 @@ impl Daemon {
                     for v in list.iter().filter(|v| v.spec.status == VolumeStatus::Started) {
                         // Only once every brick has a port: a volfile with
                         // port 0 would be replaced at once.
-                        let ports: Vec<Option<u16>> = v
-                            .spec
-                            .bricks
-                            .iter()
-                            .map(|b| self.sup.state(&v.spec.name, b).and_then(|s| s.port))
-                            .collect();
+                        // Healed from the nodes that hold bricks, as GlusterFS.
+                        if !v.spec.bricks.iter().any(|b| self.is_mine(&b.host)) {
+                            continue;
+                        }
+                        let ports = self.brick_ports(&v.spec);
                         if ports.iter().any(Option::is_none) {
                             continue;
                         }
@@ -261,7 +315,7 @@ impl Daemon {
         let _one = self.changes.lock().await;
         for v in self.store.list()? {
             if v.spec.status == VolumeStatus::Started {
-                for job in jobs(&v.spec) {
+                for job in self.jobs(&v.spec) {
                     if let Err(e) = self.sup.start(job).await {
                         tracing::error!("{e}");
                     }
@@ -343,7 +397,7 @@ impl Daemon {
         match req {
             Request::Create { name, replica, bricks, force } => {
                 let _one = self.changes.lock().await;
-                self.create(&name, replica, &bricks, force)
+                self.create(&name, replica, &bricks, force).await
             }
             Request::Start { name, force } => {
                 let _one = self.changes.lock().await;
@@ -355,7 +409,7 @@ impl Daemon {
             }
             Request::Delete { name } => {
                 let _one = self.changes.lock().await;
-                self.delete(&name)
+                self.delete(&name).await
             }
             Request::Set { name, key, value } => {
                 let _one = self.changes.lock().await;
@@ -476,6 +530,21 @@ impl Daemon {
                 let port = self.sup.port(&b).or_else(|| self.sup.port(&b.canonical()));
                 Ok(Reply::Port { port: port.ok_or(MgmtError::NoSuchBrick(brick))? })
             }
+            Request::PeerAdd { address } => {
+                let _one = self.changes.lock().await;
+                self.peer_add(&address).await
+            }
+            Request::PeerRemove { node } => {
+                let _one = self.changes.lock().await;
+                self.peer_remove(&node)
+            }
+            Request::PeerList => self.peer_list().await,
+            Request::Hello => {
+                Ok(Reply::Hello { node: self.me.as_ref().map(|p| p.node.clone()), cluster: self.store.cluster() })
+            }
+            Request::PrepareBricks { bricks, force, id } => self.prepare_asked(&bricks, force, &id),
+            Request::ReleaseBricks { bricks } => self.release_asked(&bricks),
+            Request::BrickFiles { brick } => self.files_asked(&brick),
         }
     }
 
@@ -485,8 +554,7 @@ impl Daemon {
         if v.spec.status != VolumeStatus::Started {
             return Err(MgmtError::NotStarted(name.to_string()));
         }
-        let ports: Vec<u16> =
-            v.spec.bricks.iter().map(|b| self.sup.state(name, b).and_then(|s| s.port).unwrap_or(0)).collect();
+        let ports: Vec<u16> = self.brick_ports(&v.spec).into_iter().map(|p| p.unwrap_or(0)).collect();
         let text = client_volfile(&v.spec, &ports)?;
         Ok((v, text))
     }
@@ -524,23 +592,43 @@ impl Daemon {
         res.map_err(|e| MgmtError::Graph { name: name.to_string(), why: e.to_string() })
     }
 
+    /// The brick jobs of a volume on this node.
+    pub(super) fn jobs(&self, spec: &VolumeSpec) -> Vec<BrickJob> {
+        let mine: Vec<&BrickSpec> = spec.bricks.iter().filter(|b| self.is_mine(&b.host)).collect();
+        // Where they served before, if this daemon restarted.
+        let before = match mine.is_empty() {
+            true => Default::default(),
+            false => self.store.brick_states(&spec.name).unwrap_or_default(),
+        };
+        mine.into_iter()
+            .map(|b| BrickJob {
+                volume: spec.name.clone(),
+                volume_id: spec.id.clone(),
+                brick: b.clone(),
+                server: keys::brick_options(&spec.options),
+                port: before.get(b).and_then(|s| s.port),
+            })
+            .collect()
+    }
+
     fn get(&self, name: &str) -> Result<Versioned, MgmtError> {
         self.store.get(name)?.ok_or_else(|| MgmtError::NoVolume(name.to_string()))
     }
 
     fn state_of(&self, spec: &VolumeSpec) -> VolumeState {
+        let remote = self.remote_states(spec);
         let bricks = spec
             .bricks
             .iter()
             .map(|b| {
-                let st = self.sup.state(&spec.name, b).unwrap_or_default();
+                let st = self.brick_state(spec, b, &remote);
                 BrickStatus {
                     host: b.host.clone(),
                     dir: b.dir.display().to_string(),
                     port: st.port,
                     pid: st.pid,
                     up: st.pid.is_some(),
-                    disk_free: disk_free(&b.dir),
+                    disk_free: st.disk_free,
                     restarts: st.restarts,
                 }
             })
@@ -553,7 +641,13 @@ impl Daemon {
         }
     }
 
-    fn create(&self, name: &str, replica: Option<usize>, bricks: &[String], force: bool) -> Result<Reply, MgmtError> {
+    async fn create(
+        &self,
+        name: &str,
+        replica: Option<usize>,
+        bricks: &[String],
+        force: bool,
+    ) -> Result<Reply, MgmtError> {
         check_name(name)?;
         if self.store.get(name)?.is_some() {
             return Err(MgmtError::Exists(name.to_string()));
@@ -568,37 +662,21 @@ impl Daemon {
         if !bricks.len().is_multiple_of(replica) {
             return Err(MgmtError::ReplicaMismatch { replica, bricks: bricks.len() });
         }
-        let mut list: Vec<BrickSpec> = Vec::new();
-        let known = self.store.list()?;
-        for raw in bricks {
-            let b = check_brick(&BrickSpec::parse(raw)?, force, &known)?;
-            if list.contains(&b) {
-                return Err(MgmtError::Duplicate(b));
-            }
-            list.push(b);
-        }
-        let spec = VolumeSpec {
+        let id = Gfid::random();
+        let mut spec = VolumeSpec {
             name: name.to_string(),
-            id: Gfid::random().to_string(),
+            id: id.to_string(),
             replica,
             status: VolumeStatus::Created,
-            bricks: list,
+            bricks: bricks.iter().map(|b| BrickSpec::parse(b)).collect::<Result<_, _>>()?,
             options: Default::default(),
             removing: Vec::new(),
         };
         // Refuses layouts volgen cannot serve, before anything is marked.
         client_volfile(&spec, &[])?;
-        let id = Gfid::parse(&spec.id).unwrap_or_default();
-        let mut marked: Vec<&BrickSpec> = Vec::new();
-        for b in &spec.bricks {
-            if let Err(source) = set_xattr(&b.dir, &id.0) {
-                unmark(&marked);
-                return Err(MgmtError::Xattr { brick: b.clone(), what: "setting", source });
-            }
-            marked.push(b);
-        }
+        spec.bricks = self.prepare_bricks(&spec.bricks, force, id).await?;
         if let Err(e) = self.store.put(&spec, Expect::Absent) {
-            unmark(&marked);
+            self.release_bricks(&spec.bricks).await;
             return Err(e.into());
         }
         Ok(done(format!(
@@ -611,12 +689,13 @@ impl Daemon {
     async fn start(&self, name: &str, force: bool) -> Result<Reply, MgmtError> {
         let mut v = self.get(name)?;
         let was_started = v.spec.status == VolumeStatus::Started;
+        let before = v.spec.status;
         if was_started && !force {
             return Err(MgmtError::AlreadyStarted(name.to_string()));
         }
         client_volfile(&v.spec, &[])?;
         let mut failed = None;
-        for job in jobs(&v.spec) {
+        for job in self.jobs(&v.spec) {
             if let Err(e) = self.sup.start(job).await {
                 failed = Some(e);
                 break;
@@ -630,10 +709,20 @@ impl Daemon {
         }
         if !was_started {
             v.spec.status = VolumeStatus::Started;
-            if let Err(e) = self.store.put(&v.spec, Expect::Revision(v.revision)) {
-                self.sup.stop_volume(name).await;
-                return Err(e.into());
+            match self.store.put(&v.spec, Expect::Revision(v.revision)) {
+                Ok(r) => v.revision = r,
+                Err(e) => {
+                    self.sup.stop_volume(name).await;
+                    return Err(e.into());
+                }
             }
+        }
+        // Bricks on other nodes start as their daemons see the change.
+        if let Err(e) = self.wait_remote(&v, true).await {
+            if !was_started {
+                self.undo_start(name, before).await;
+            }
+            return Err(e);
         }
         let what = if was_started { "bricks that were down restarted" } else { "success" };
         Ok(done(format!("volume start: {name}: {what}")))
@@ -661,44 +750,38 @@ impl Daemon {
         if !bricks.len().is_multiple_of(have) {
             return Err(MgmtError::NotWholeSets { name: name.to_string(), bricks: bricks.len(), replica: have });
         }
-        let known = self.store.list()?;
-        let mut added: Vec<BrickSpec> = Vec::new();
-        for raw in bricks {
-            let b = check_brick(&BrickSpec::parse(raw)?, force, &known)?;
-            if added.contains(&b) {
-                return Err(MgmtError::Duplicate(b));
-            }
-            added.push(b);
-        }
+        let parsed: Vec<BrickSpec> = bricks.iter().map(|b| BrickSpec::parse(b)).collect::<Result<_, _>>()?;
         let mut spec = v.spec.clone();
-        spec.bricks.extend(added.iter().cloned());
+        spec.bricks.extend(parsed);
         client_volfile(&spec, &[])?;
         let id = Gfid::parse(&spec.id).unwrap_or_default();
-        let mut marked: Vec<&BrickSpec> = Vec::new();
-        for b in &added {
-            if let Err(source) = set_xattr(&b.dir, &id.0) {
-                unmark(&marked);
-                return Err(MgmtError::Xattr { brick: b.clone(), what: "setting", source });
-            }
-            marked.push(b);
-        }
+        let added = self.prepare_bricks(&spec.bricks[v.spec.bricks.len()..], force, id).await?;
+        spec.bricks.truncate(v.spec.bricks.len());
+        spec.bricks.extend(added.iter().cloned());
         let started = spec.status == VolumeStatus::Started;
         if started {
-            let new_jobs = jobs(&spec).into_iter().filter(|j| added.contains(&j.brick));
+            let new_jobs = self.jobs(&spec).into_iter().filter(|j| added.contains(&j.brick));
             for job in new_jobs {
                 if let Err(e) = self.sup.start(job).await {
                     self.sup.stop_bricks(name, |b| added.contains(b)).await;
-                    unmark(&marked);
+                    self.release_bricks(&added).await;
                     return Err(MgmtError::Start(Box::new(e)));
                 }
             }
         }
-        if let Err(e) = self.store.put(&spec, Expect::Revision(v.revision)) {
-            if started {
-                self.sup.stop_bricks(name, |b| added.contains(b)).await;
+        match self.store.put(&spec, Expect::Revision(v.revision)) {
+            Ok(revision) if started => {
+                // New bricks on other nodes start as their daemons see it.
+                self.wait_remote(&Versioned { spec: spec.clone(), revision }, true).await?;
             }
-            unmark(&marked);
-            return Err(e.into());
+            Ok(_) => {}
+            Err(e) => {
+                if started {
+                    self.sup.stop_bricks(name, |b| added.contains(b)).await;
+                }
+                self.release_bricks(&added).await;
+                return Err(e.into());
+            }
         }
         let sets = spec.bricks.len() / have;
         Ok(done(format!(
@@ -840,7 +923,7 @@ impl Daemon {
                     return Err(MgmtError::RebalanceRunning(name.to_string()));
                 }
                 for b in &leaving {
-                    let (count, example) = data_files(&b.dir);
+                    let (count, example) = self.files_on(b).await?;
                     if count > 0 {
                         return Err(MgmtError::FilesLeft { name: name.to_string(), brick: b.clone(), count, example });
                     }
@@ -849,7 +932,7 @@ impl Daemon {
                 v.spec.removing.clear();
                 self.store.put(&v.spec, Expect::Revision(v.revision))?;
                 self.sup.stop_bricks(name, |b| leaving.contains(b)).await;
-                unmark(&leaving.iter().collect::<Vec<_>>());
+                self.release_bricks(&leaving).await;
                 Ok(done(format!(
                     "volume remove-brick: {name}: commit: {} bricks removed (their directories keep directories and stale link files only)",
                     leaving.len()
@@ -864,49 +947,23 @@ impl Daemon {
             return Err(MgmtError::NotStarted(name.to_string()));
         }
         v.spec.status = VolumeStatus::Stopped;
-        self.store.put(&v.spec, Expect::Revision(v.revision))?;
+        v.revision = self.store.put(&v.spec, Expect::Revision(v.revision))?;
         self.sup.stop_volume(name).await;
+        self.wait_remote(&v, false).await?;
         Ok(done(format!("volume stop: {name}: success")))
     }
 
-    fn delete(&self, name: &str) -> Result<Reply, MgmtError> {
+    async fn delete(&self, name: &str) -> Result<Reply, MgmtError> {
         let v = self.get(name)?;
         if v.spec.status == VolumeStatus::Started {
             return Err(MgmtError::DeleteStarted(name.to_string()));
         }
         self.store.delete(name, v.revision)?;
-        unmark(&v.spec.bricks.iter().collect::<Vec<_>>());
+        self.release_bricks(&v.spec.bricks).await;
         Ok(done(format!(
             "volume delete: {name}: success (the data stays in the brick directories; their {VOLUME_ID_XATTR} mark is removed)"
         )))
     }
-}
-
-/// Data files left in brick directory `dir` (regular files other than
-/// link files, outside `.glusterfs`): how many, and one of them.
-fn data_files(dir: &Path) -> (u64, String) {
-    let mut count = 0;
-    let mut example = String::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
-        for e in rd.flatten() {
-            let p = e.path();
-            if d == dir && e.file_name() == ".glusterfs" {
-                continue;
-            }
-            let Ok(m) = std::fs::symlink_metadata(&p) else { continue };
-            if m.is_dir() {
-                todo.push(p);
-            } else if !(m.is_file() && m.mode() & 0o7777 == 0o1000) {
-                count += 1;
-                if example.is_empty() {
-                    example = p.display().to_string();
-                }
-            }
-        }
-    }
-    (count, example)
 }
 
 /// Shuts a graph from [`Daemon::client_graph`] down, off the runtime's
@@ -945,100 +1002,6 @@ fn heal_info(text: &str, clients: &[String], bricks: &[BrickSpec]) -> Vec<BrickH
 
 fn done(message: String) -> Reply {
     Reply::Done { message }
-}
-
-/// The brick jobs of a volume.
-fn jobs(spec: &VolumeSpec) -> Vec<BrickJob> {
-    spec.bricks
-        .iter()
-        .map(|b| BrickJob {
-            volume: spec.name.clone(),
-            volume_id: spec.id.clone(),
-            brick: b.clone(),
-            server: keys::brick_options(&spec.options),
-        })
-        .collect()
-}
-
-/// Checks a brick for create; returns it with its directory canonical.
-fn check_brick(b: &BrickSpec, force: bool, known: &[Versioned]) -> Result<BrickSpec, MgmtError> {
-    if !is_local(&b.host) {
-        return Err(MgmtError::NotLocal(b.clone()));
-    }
-    let dir_err = |source| MgmtError::BrickDir { brick: b.clone(), source };
-    let meta = std::fs::metadata(&b.dir).map_err(dir_err)?;
-    if !meta.is_dir() {
-        return Err(MgmtError::NotDir(b.clone()));
-    }
-    let dir = std::fs::canonicalize(&b.dir).map_err(dir_err)?;
-    let b = BrickSpec { host: b.host.clone(), dir };
-    let root = std::fs::metadata("/").map_err(dir_err)?;
-    if meta.dev() == root.dev() && !force {
-        return Err(MgmtError::RootFs(b));
-    }
-    for v in known {
-        if let Some(other) = v.spec.bricks.iter().find(|o| b.dir.starts_with(&o.dir) || o.dir.starts_with(&b.dir)) {
-            return Err(MgmtError::InUse { brick: b, what: format!("volume {} (brick {other})", v.spec.name) });
-        }
-    }
-    match get_xattr(&b.dir) {
-        Ok(Some(id)) => {
-            let id = <[u8; 16]>::try_from(id.as_slice()).map(|a| Gfid(a).to_string()).unwrap_or_else(|_| "?".into());
-            let what = match known.iter().find(|v| v.spec.id == id) {
-                Some(v) => format!("volume {} (id {id})", v.spec.name),
-                None => format!("a volume with id {id} ({VOLUME_ID_XATTR} is set on it)"),
-            };
-            Err(MgmtError::InUse { brick: b, what })
-        }
-        Ok(None) => Ok(b),
-        Err(source) => Err(MgmtError::Xattr { brick: b, what: "reading", source }),
-    }
-}
-
-fn cpath(p: &Path) -> std::io::Result<CString> {
-    CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
-}
-
-fn xattr_name() -> CString {
-    CString::new(VOLUME_ID_XATTR).unwrap_or_default()
-}
-
-/// The brick's volume-id xattr, if set.
-fn get_xattr(dir: &Path) -> std::io::Result<Option<Vec<u8>>> {
-    let (p, n) = (cpath(dir)?, xattr_name());
-    let mut buf = [0u8; 64];
-    // SAFETY: valid C strings and a buffer of the length given.
-    let rc = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if rc < 0 {
-        let e = std::io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::ENODATA) { Ok(None) } else { Err(e) };
-    }
-    Ok(Some(buf[..rc as usize].to_vec()))
-}
-
-fn set_xattr(dir: &Path, value: &[u8]) -> std::io::Result<()> {
-    let (p, n) = (cpath(dir)?, xattr_name());
-    // SAFETY: valid C strings and a value of the length given.
-    let rc = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), libc::XATTR_CREATE) };
-    if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
-}
-
-/// Removes the mark from bricks (a failure is logged: the volume is gone
-/// either way).
-fn unmark(bricks: &[&BrickSpec]) {
-    for b in bricks {
-        let r = cpath(&b.dir).and_then(|p| {
-            let n = xattr_name();
-            // SAFETY: valid C strings.
-            let rc = unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) };
-            if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
-        });
-        if let Err(e) = r
-            && e.raw_os_error() != Some(libc::ENODATA)
-        {
-            tracing::warn!(brick = %b, "removing {VOLUME_ID_XATTR}: {e}");
-        }
-    }
 }
 
 /// The daemon's state directory layout.

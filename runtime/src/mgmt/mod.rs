@@ -3,7 +3,11 @@
 //! - [`spec`]: volume specs (typed, shown as TOML);
 //! - [`store`]: where specs are kept ([`store::Store`], a small
 //!   revisioned key-value interface; [`store::FileStore`] embedded in the
-//!   state directory, an etcd one later);
+//!   state directory, [`store::etcd::EtcdStore`] shared by several nodes);
+//! - [`cluster`]: peers, bricks on other nodes, and each daemon following
+//!   the shared store to serve its own bricks;
+//! - [`bricks`]: brick directories on this node (checks, the volume-id
+//!   mark, files left);
 //! - [`keys`]: `volume set` keys, checked against the translators' option
 //!   declarations;
 //! - [`volgen`]: the client volfile of a volume;
@@ -19,6 +23,8 @@
 //! The CLI side is `runtime/src/cli/daemon.rs` (`xlfs daemon`, `xlfs
 //! volume`), and `xlfs mount HOST:/VOLUME` in `runtime/src/cli/mount.rs`.
 
+pub mod bricks;
+pub mod cluster;
 pub mod daemon;
 pub mod keys;
 pub mod protocol;

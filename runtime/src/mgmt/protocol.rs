@@ -142,6 +142,41 @@ pub enum Request {
         /// What to do.
         action: RebalanceAction,
     },
+    /// `peer add HOST[:PORT]`: the daemon there joins the cluster.
+    PeerAdd {
+        /// Its daemon's address.
+        address: String,
+    },
+    /// `peer remove NODE`.
+    PeerRemove {
+        /// The node.
+        node: String,
+    },
+    /// `peer list`.
+    PeerList,
+    /// Daemon to daemon: who are you, which cluster store do you use?
+    Hello,
+    /// Daemon to daemon: check these bricks of this node for a create or
+    /// add-brick and mark them with the volume id (all or none).
+    PrepareBricks {
+        /// `HOST:DIR` each, all on the asked node.
+        bricks: Vec<String>,
+        /// Allow bricks on the root file system.
+        force: bool,
+        /// The volume id to mark them with.
+        id: String,
+    },
+    /// Daemon to daemon: remove the volume-id mark from these bricks.
+    ReleaseBricks {
+        /// `HOST:DIR` each, all on the asked node.
+        bricks: Vec<String>,
+    },
+    /// Daemon to daemon: the data files left on a brick of this node
+    /// (remove-brick commit).
+    BrickFiles {
+        /// `HOST:DIR`.
+        brick: String,
+    },
 }
 
 /// What `volume remove-brick` does.
@@ -350,6 +385,43 @@ pub enum Reply {
         /// The progress.
         status: RebalanceStatus,
     },
+    /// Who a daemon is.
+    Hello {
+        /// Its node name (`--node`), if it has one.
+        node: Option<String>,
+        /// The id of the cluster store it uses.
+        cluster: String,
+    },
+    /// Bricks checked and marked, their directories canonical.
+    Bricks {
+        /// `HOST:DIR` each.
+        bricks: Vec<String>,
+    },
+    /// The cluster's nodes.
+    Peers {
+        /// Each node.
+        peers: Vec<PeerStatus>,
+    },
+    /// Data files left on a brick.
+    Files {
+        /// How many.
+        count: u64,
+        /// One of them.
+        example: String,
+    },
+}
+
+/// One node of the cluster, as `peer list` shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    /// Its name.
+    pub node: String,
+    /// Its daemon's address.
+    pub address: String,
+    /// Its daemon answered just now.
+    pub connected: bool,
+    /// It is the daemon that answered this request.
+    pub this: bool,
 }
 
 /// The daemon's answer.

@@ -10,7 +10,14 @@
 //! [`FileStore`], the default, keeps one TOML file per volume in
 //! `STATE_DIR/volumes/NAME.toml` (the revision and the spec), written
 //! atomically: a temporary file, fsynced, renamed over the old one, and the
-//! directory fsynced.
+//! directory fsynced. It serves one daemon: it has no peers.
+//!
+//! [`etcd::EtcdStore`] keeps the same in etcd, shared by the daemons of
+//! several nodes: then the store also carries what each daemon publishes
+//! for the others (its bricks' [`BrickState`]s, the [`Peer`]s of the
+//! cluster) and tells each daemon of changes ([`Store::changes`]).
+
+pub mod etcd;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -19,7 +26,7 @@ use std::path::{Path, PathBuf};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use super::spec::VolumeSpec;
+use super::spec::{BrickSpec, VolumeSpec};
 
 /// A spec with the revision at which it was last written.
 #[derive(Clone, Debug, PartialEq)]
@@ -69,6 +76,63 @@ pub enum StoreError {
     /// The volume changed (or appeared, or went) since the caller read it.
     #[error("volume {0} was changed by someone else meanwhile; try again")]
     Conflict(String),
+    /// A store URL that does not parse.
+    #[error("store {url}: {why}")]
+    Url {
+        /// The URL given.
+        url: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The shared store did not answer.
+    #[error("cluster store {endpoint}: {why}")]
+    Unavailable {
+        /// The endpoint tried last.
+        endpoint: String,
+        /// Why.
+        why: String,
+    },
+    /// A key in the shared store does not parse.
+    #[error("cluster store key {key}: {why}")]
+    CorruptKey {
+        /// The key.
+        key: String,
+        /// The parser's message.
+        why: String,
+    },
+    /// Peers need a store the daemons share.
+    #[error(
+        "this daemon keeps its state in {0}, which no other node shares: start every node's daemon with --store etcd://HOST:PORT to have peers"
+    )]
+    NoPeers(String),
+}
+
+/// What the daemon serving a brick publishes about it for the others.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BrickState {
+    /// The port it listens on (or last listened on).
+    pub port: Option<u16>,
+    /// Its process, while it runs.
+    pub pid: Option<u32>,
+    /// Restarts after unexpected exits.
+    pub restarts: u32,
+    /// Free bytes on its file system.
+    pub disk_free: Option<u64>,
+    /// Why it could not be started, if it could not.
+    pub error: Option<String>,
+    /// The revision of the volume's spec the daemon had acted on.
+    #[serde(default)]
+    pub seen: u64,
+}
+
+/// A node of the cluster: its name (the HOST of its bricks' `HOST:DIR`)
+/// and where its daemon answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peer {
+    /// The node's name.
+    pub node: String,
+    /// Its daemon's `HOST:PORT`.
+    pub address: String,
 }
 
 /// The store of volume specs (see the module documentation).
@@ -82,8 +146,23 @@ pub trait Store: Send + Sync {
     fn delete(&self, name: &str, expect: u64) -> Result<(), StoreError>;
     /// Every volume, by name.
     fn list(&self) -> Result<Vec<Versioned>, StoreError>;
-    /// The store's current revision (0 when nothing was ever written).
-    fn revision(&self) -> u64;
+    /// What the daemons serving `volume`'s bricks published about them.
+    fn brick_states(&self, volume: &str) -> Result<BTreeMap<BrickSpec, BrickState>, StoreError>;
+    /// Publishes (`None`: withdraws) the state of a brick this daemon serves.
+    fn publish(&self, volume: &str, brick: &BrickSpec, state: Option<&BrickState>) -> Result<(), StoreError>;
+    /// The cluster's nodes other than those never added.
+    fn peers(&self) -> Result<Vec<Peer>, StoreError>;
+    /// Records a node.
+    fn put_peer(&self, peer: &Peer) -> Result<(), StoreError>;
+    /// Forgets a node.
+    fn remove_peer(&self, node: &str) -> Result<(), StoreError>;
+    /// A receiver that changes when another daemon changes the store;
+    /// `None` when no other daemon can.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>>;
+    /// Where the store is, for messages.
+    fn describe(&self) -> String;
+    /// An id of the store, the same for every daemon that shares it.
+    fn cluster(&self) -> String;
 }
 
 /// The file as stored: the revision, then the spec.
@@ -98,6 +177,8 @@ pub struct FileStore {
     dir: PathBuf,
     /// The revision counter; the lock also serializes writers.
     revision: Mutex<u64>,
+    /// Brick states: only this daemon's, so kept in memory.
+    states: Mutex<BTreeMap<(String, BrickSpec), BrickState>>,
 }
 
 impl FileStore {
@@ -110,11 +191,16 @@ impl FileStore {
                 let _ = std::fs::remove_file(&e);
             }
         }
-        let s = FileStore { dir: dir.to_path_buf(), revision: Mutex::new(0) };
+        let s = FileStore { dir: dir.to_path_buf(), revision: Mutex::new(0), states: Mutex::default() };
         let top = s.list()?.iter().map(|v| v.revision).max().unwrap_or(0);
         let marker = s.read_marker()?;
         *s.revision.lock() = top.max(marker);
         Ok(s)
+    }
+
+    /// The store's current revision (0 when nothing was ever written).
+    pub fn revision(&self) -> u64 {
+        *self.revision.lock()
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -228,8 +314,42 @@ impl Store for FileStore {
         Ok(by_name.into_values().collect())
     }
 
-    fn revision(&self) -> u64 {
-        *self.revision.lock()
+    fn brick_states(&self, volume: &str) -> Result<BTreeMap<BrickSpec, BrickState>, StoreError> {
+        let states = self.states.lock();
+        Ok(states.iter().filter(|((v, _), _)| v == volume).map(|((_, b), s)| (b.clone(), s.clone())).collect())
+    }
+
+    fn publish(&self, volume: &str, brick: &BrickSpec, state: Option<&BrickState>) -> Result<(), StoreError> {
+        let key = (volume.to_string(), brick.clone());
+        match state {
+            Some(s) => self.states.lock().insert(key, s.clone()),
+            None => self.states.lock().remove(&key),
+        };
+        Ok(())
+    }
+
+    fn peers(&self) -> Result<Vec<Peer>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    fn put_peer(&self, _: &Peer) -> Result<(), StoreError> {
+        Err(StoreError::NoPeers(self.describe()))
+    }
+
+    fn remove_peer(&self, _: &str) -> Result<(), StoreError> {
+        Err(StoreError::NoPeers(self.describe()))
+    }
+
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
+    fn describe(&self) -> String {
+        self.dir.display().to_string()
+    }
+
+    fn cluster(&self) -> String {
+        format!("file:{}", self.dir.display())
     }
 }
 

@@ -54,6 +54,9 @@ pub struct BrickJob {
     pub brick: BrickSpec,
     /// protocol/server options from the volume's keys (`--server`).
     pub server: Vec<(&'static str, String)>,
+    /// The port it served on before this daemon started (published in a
+    /// shared store), tried first so that clients find it where it was.
+    pub port: Option<u16>,
 }
 
 /// A brick's state now.
@@ -148,8 +151,8 @@ impl Supervisor {
         }
         let s = Arc::new(Supervised {
             log: self.log_path(&job),
+            state: Mutex::new(RunState { port: job.port, ..RunState::default() }),
             job,
-            state: Mutex::new(RunState::default()),
             stopping: Mutex::new(false),
             wake: Notify::new(),
             task: Mutex::new(None),
@@ -380,6 +383,13 @@ impl Supervisor {
         for v in volumes {
             self.stop_volume(&v).await;
         }
+    }
+
+    /// The volumes with a brick supervised here.
+    pub fn volumes(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.bricks.lock().keys().map(|(v, _)| v.clone()).collect();
+        v.dedup();
+        v
     }
 
     /// The state of brick `brick` of `volume`, if it is supervised.

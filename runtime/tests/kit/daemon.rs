@@ -2,7 +2,9 @@
 //! free loopback port, stopped (SIGTERM, which stops its bricks; SIGKILL
 //! if it hangs) when dropped, also when a test panics (then its log is
 //! printed); and [`Daemon::volume`] to run `xlfs volume --daemon ADDR ...`;
-//! helpers for brick directories and a mount's `xlfs status`.
+//! helpers for brick directories and a mount's `xlfs status`; [`Etcd`]:
+//! a real etcd on free loopback ports, for daemons of several nodes
+//! ([`Daemon::start_node`]).
 
 use super::*;
 use std::os::unix::fs::MetadataExt;
@@ -12,6 +14,8 @@ pub struct Daemon {
     child: Option<Child>,
     addr: String,
     dir: tempfile::TempDir,
+    /// `--node` and `--store`, for a node of a cluster.
+    extra: Vec<String>,
 }
 
 /// A free loopback port (bound, then released: another process could take
@@ -69,7 +73,18 @@ impl Daemon {
     pub fn start() -> Daemon {
         let dir = tempfile::Builder::new().prefix("xlfs-daemon-").tempdir().expect("temp dir");
         let addr = format!("127.0.0.1:{}", free_port());
-        let mut d = Daemon { child: None, addr, dir };
+        let mut d = Daemon { child: None, addr, dir, extra: Vec::new() };
+        d.launch();
+        d
+    }
+
+    /// Starts the daemon of node `ip` (a loopback address, 127.0.0.2 and
+    /// so on: each node its own address) over the cluster store `store`.
+    pub fn start_node(ip: &str, store: &str) -> Daemon {
+        let dir = tempfile::Builder::new().prefix("xlfs-node-").tempdir().expect("temp dir");
+        let addr = format!("{ip}:{}", free_port());
+        let extra = ["--node", ip, "--store", store].map(String::from).to_vec();
+        let mut d = Daemon { child: None, addr, dir, extra };
         d.launch();
         d
     }
@@ -82,6 +97,7 @@ impl Daemon {
             .arg(self.state_dir())
             .arg("--listen")
             .arg(&self.addr)
+            .args(&self.extra)
             .env("XLFS_LOG", log_filter())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -170,6 +186,13 @@ impl Daemon {
         self.launch();
     }
 
+    /// Starts it again after [`Daemon::stop`] (same state directory,
+    /// address and arguments).
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the daemon is running");
+        self.launch();
+    }
+
     /// Stops it with SIGTERM and waits; returns the exit status.
     pub fn stop(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");
@@ -209,5 +232,97 @@ pub fn wait_for<T>(what: &str, within: std::time::Duration, mut f: impl FnMut() 
         }
         assert!(std::time::Instant::now() < end, "timed out waiting for {what}");
         std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// A real single-member etcd (`etcd` from Debian's etcd-server) on free
+/// loopback ports and its own data directory; stopped when dropped.
+pub struct Etcd {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    client: u16,
+    peer: u16,
+}
+
+impl Etcd {
+    /// Starts it and waits until it answers.
+    pub fn start() -> Etcd {
+        let dir = tempfile::Builder::new().prefix("xlfs-etcd-").tempdir().expect("temp dir");
+        let mut e = Etcd { child: None, dir, client: free_port(), peer: free_port() };
+        e.launch();
+        e
+    }
+
+    /// `etcd://127.0.0.1:PORT`, for `xlfs daemon --store`.
+    pub fn url(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.client)
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("etcd.log")
+    }
+
+    fn launch(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).expect("log");
+        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let client = format!("http://127.0.0.1:{}", self.client);
+        let mut cmd = Command::new("etcd");
+        cmd.arg("--name")
+            .arg("test")
+            .arg("--data-dir")
+            .arg(self.dir.path().join("data"))
+            .arg("--listen-client-urls")
+            .arg(&client)
+            .arg("--advertise-client-urls")
+            .arg(&client)
+            .arg("--listen-peer-urls")
+            .arg(&peer)
+            .arg("--initial-advertise-peer-urls")
+            .arg(&peer)
+            .arg("--initial-cluster")
+            .arg(format!("test={peer}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().expect("log")))
+            .stderr(Stdio::from(log));
+        die_with_parent(&mut cmd);
+        let child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => panic!("cannot run etcd ({e}): install Debian's etcd-server (scripts/install-deps.sh does)"),
+        };
+        self.child = Some(child);
+        let addr = format!("127.0.0.1:{}", self.client);
+        wait_for("etcd to answer", PROCESS_TIMEOUT, || {
+            let mut s = std::net::TcpStream::connect(&addr).ok()?;
+            use std::io::{Read, Write};
+            s.write_all(b"GET /health HTTP/1.0\r\n\r\n").ok()?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).ok()?;
+            out.contains("\"health\":\"true\"").then_some(())
+        });
+    }
+
+    /// Stops it (SIGTERM) and waits.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            send_signal(child.id(), libc::SIGTERM);
+            if wait_timeout(&mut child, PROCESS_TIMEOUT).is_none() {
+                kill_and_reap(&mut child);
+            }
+        }
+    }
+
+    /// Starts it again on the same data and ports.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("--- etcd log ---\n{}", tail(&std::fs::read_to_string(self.log_path()).unwrap_or_default(), 30));
+        }
     }
 }
