@@ -64,7 +64,7 @@ fn three_nodes_share_volumes_through_etcd() {
     let url = etcd.url();
     let d1 = Daemon::start_node(NODES[0], &url);
     let mut d2 = Daemon::start_node(NODES[1], &url);
-    let d3 = Daemon::start_node(NODES[2], &url);
+    let mut d3 = Daemon::start_node(NODES[2], &url);
     let tmp = tempfile::Builder::new().prefix("xlfs-cluster-").tempdir().expect("tempdir");
     let dirs: Vec<_> = (0..3)
         .map(|i| {
@@ -128,8 +128,9 @@ fn three_nodes_share_volumes_through_etcd() {
         assert!(spec.contains(&needle), "node 3's volfile names brick {i} where it serves:\n{spec}");
     }
 
-    // Mounted by name from node 3.
-    let m = FuseMount::start_by_name(&format!("{}:/cv", d3.addr()), "", &["--spec-interval", "0.3"]);
+    // Mounted by name from node 3, with node 2 as its backup volfile server.
+    let backup = format!("backup-volfile-servers={}", d2.addr());
+    let m = FuseMount::start_by_name(&format!("{}:/cv", d3.addr()), &backup, &["--spec-interval", "0.3"]);
     let mnt = m.path().to_path_buf();
     write_check(&mnt, "first", 300_000);
     let before = mount_status(&mnt);
@@ -173,6 +174,21 @@ fn three_nodes_share_volumes_through_etcd() {
     wait_for("the mount to take write-behind back after the etcd restart", DEADLINE, || {
         graph_of(&mount_status(&mnt)).contains("cv-write-behind").then_some(())
     });
+
+    // Node 3, the mount's volfile server, goes away: the mount follows a
+    // change made on node 1 through its backup server, node 2.
+    d3.stop();
+    d1.ok(&["set", "cv", "performance.write-behind", "off"]);
+    wait_for("the mount to follow node 1's change through node 2", DEADLINE, || {
+        (!graph_of(&mount_status(&mnt)).contains("cv-write-behind")).then_some(())
+    });
+    write_check(&mnt, "node3-down", 100_000);
+    d3.start_again();
+    wait_for("node 3's brick to serve again", DEADLINE, || all_up(&d1, "cv"));
+
+    // `mount -t xlfs HOST:/VOLUME` (mount(8) runs the helper so).
+    helper_mount(&format!("{}:/cv", d1.addr()), tmp.path());
+
     for (name, len) in [("first", 300_000), ("after-set", 100_000), ("daemon2-down", 200_000), ("etcd-down", 200_000)] {
         assert_eq!(std::fs::metadata(mnt.join(name)).expect(name).len(), len as u64, "{name}");
     }
@@ -190,4 +206,37 @@ fn three_nodes_share_volumes_through_etcd() {
     assert!(peer(&d1, &["remove", NODES[2]]).contains("success"));
     let out = kit::run_xlfs(&["peer", "--daemon", d1.addr(), "remove", NODES[0]]);
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("this node"));
+}
+
+/// Mounts `source` through `runtime/mount.xlfs` as mount(8) would, checks
+/// the file written before is there, writes one, and unmounts.
+fn helper_mount(source: &str, tmp: &Path) {
+    let mnt = tmp.join("helper-mnt");
+    std::fs::create_dir_all(&mnt).expect("mount point");
+    let log = tmp.join("helper-mount.log");
+    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("mount.xlfs");
+    let out = std::process::Command::new("sh")
+        .arg(&helper)
+        .arg(source)
+        .arg(&mnt)
+        .arg("-o")
+        .arg(format!("_netdev,log-file={}", log.display()))
+        .env("XLFS", kit::XLFS)
+        .output()
+        .expect("mount.xlfs");
+    assert!(out.status.success(), "mount.xlfs {source}: {}", String::from_utf8_lossy(&out.stderr));
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            if kit::fuse_mount::is_mounted(&self.0) {
+                let _ = kit::run_xlfs(&["umount".as_ref(), self.0.as_os_str()]);
+            }
+        }
+    }
+    let guard = Unmount(mnt.clone());
+    assert_eq!(std::fs::metadata(mnt.join("first")).expect("first through the helper's mount").len(), 300_000);
+    write_check(&mnt, "via-helper", 50_000);
+    let out = kit::run_xlfs(&["umount".as_ref(), mnt.as_os_str()]);
+    assert!(out.status.success(), "xlfs umount: {}", String::from_utf8_lossy(&out.stderr));
+    drop(guard);
 }

@@ -205,8 +205,7 @@ impl MountArgs {
 
     async fn run_normalized(self, opts: MountOptions, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
         if let Some(src) = &self.source {
-            let (addr, volume) = parse_source(src)?;
-            let text = fetch_spec(src, &addr, &volume).await?;
+            let text = SpecSource::new(src, &opts.backup_volfile_servers)?.fetch().await?;
             write_spec(src, &self.volfile(), &text)?;
         }
         if self.foreground {
@@ -225,6 +224,10 @@ impl MountArgs {
 
     async fn serve(self, opts: MountOptions, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
         let volfile = self.volfile();
+        let spec_source = match &self.source {
+            Some(src) => Some(SpecSource::new(src, &opts.backup_volfile_servers)?),
+            None => None,
+        };
         let graph = Arc::new(Graph::load(&volfile, &Registry::builtin())?);
         let mut term = signal(SignalKind::terminate()).map_err(MountError::Signal)?;
         let mut int = signal(SignalKind::interrupt()).map_err(MountError::Signal)?;
@@ -279,11 +282,10 @@ impl MountArgs {
             let every = Duration::from_secs_f64(self.watch_interval.min(86_400.0));
             tokio::spawn(reloader.clone().watch(every))
         });
-        let follower = match &self.source {
-            Some(src) if self.spec_interval > 0.0 => {
+        let follower = match spec_source {
+            Some(from) if self.spec_interval > 0.0 => {
                 let every = Duration::from_secs_f64(self.spec_interval.min(86_400.0));
-                let (src, file) = (src.clone(), volfile.clone());
-                Some(tokio::spawn(follow_spec(src, file, reloader.clone(), every)))
+                Some(tokio::spawn(follow_spec(from, volfile.clone(), reloader.clone(), every)))
             }
             _ => None,
         };
@@ -402,13 +404,47 @@ fn parse_source(src: &str) -> Result<(String, String), MountError> {
     Ok((addr, volume.to_string()))
 }
 
-/// Asks the daemon for the volume's client volfile.
-async fn fetch_spec(src: &str, addr: &str, volume: &str) -> Result<String, MountError> {
-    use crate::mgmt::protocol::{Reply, Request, call};
-    match call(addr, &Request::Getspec { name: volume.to_string() }).await {
-        Ok(Reply::Spec { volfile, .. }) => Ok(volfile),
-        Ok(other) => Err(MountError::Spec { source_name: src.into(), why: format!("unexpected answer {other:?}") }),
-        Err(e) => Err(MountError::Spec { source_name: src.into(), why: e.to_string() }),
+/// Where a mount by name gets its volfile: the daemon of the source, then
+/// the backup volfile servers.
+struct SpecSource {
+    src: String,
+    servers: Vec<String>,
+    volume: String,
+}
+
+impl SpecSource {
+    fn new(src: &str, backups: &[String]) -> Result<SpecSource, MountError> {
+        let (addr, volume) = parse_source(src)?;
+        let port = addr.rsplit_once(':').map_or("24007", |(_, p)| p);
+        let mut servers = vec![addr.clone()];
+        for b in backups {
+            let has_port = b.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok());
+            servers.push(if has_port { b.clone() } else { format!("{b}:{port}") });
+        }
+        Ok(SpecSource { src: src.to_string(), servers, volume })
+    }
+
+    /// Asks each daemon in turn for the volume's client volfile; the first
+    /// answer wins. A daemon that refuses (no such volume, not started)
+    /// is final: the others share its store.
+    async fn fetch(&self) -> Result<String, MountError> {
+        use crate::mgmt::protocol::{ProtocolError, Reply, Request, call};
+        let fail = |why: String| MountError::Spec { source_name: self.src.clone(), why };
+        let mut tried = Vec::new();
+        for addr in &self.servers {
+            match call(addr, &Request::Getspec { name: self.volume.clone() }).await {
+                Ok(Reply::Spec { volfile, .. }) => {
+                    if addr != &self.servers[0] {
+                        tracing::info!(server = %addr, "volfile fetched from a backup volfile server");
+                    }
+                    return Ok(volfile);
+                }
+                Ok(other) => return Err(fail(format!("{addr}: unexpected answer {other:?}"))),
+                Err(e @ ProtocolError::Refused(_)) => return Err(fail(e.to_string())),
+                Err(e) => tried.push(e.to_string()),
+            }
+        }
+        Err(fail(tried.join("; ")))
     }
 }
 
@@ -433,11 +469,11 @@ fn write_spec(src: &str, path: &Path, text: &str) -> Result<(), MountError> {
 
 /// Asks the daemon for the volfile every `every`; when it changed, writes
 /// it and reloads. Runs until dropped.
-async fn follow_spec(src: String, file: PathBuf, reloader: Arc<Reloader>, every: Duration) {
-    let Ok((addr, volume)) = parse_source(&src) else { return };
+async fn follow_spec(from: SpecSource, file: PathBuf, reloader: Arc<Reloader>, every: Duration) {
+    let (src, volume) = (&from.src, &from.volume);
     loop {
         tokio::time::sleep(every).await;
-        let text = match fetch_spec(&src, &addr, &volume).await {
+        let text = match from.fetch().await {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!("{e}; keeping the running graph");
@@ -447,7 +483,7 @@ async fn follow_spec(src: String, file: PathBuf, reloader: Arc<Reloader>, every:
         if std::fs::read_to_string(&file).is_ok_and(|old| old == text) {
             continue;
         }
-        if let Err(e) = write_spec(&src, &file, &text) {
+        if let Err(e) = write_spec(src, &file, &text) {
             tracing::warn!("{e}");
             continue;
         }

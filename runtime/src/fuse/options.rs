@@ -43,6 +43,7 @@ pub const KNOWN: &[(&str, &str)] = &[
     ("inode-lru-limit", "65536"),
     ("max-open-fds", "65536"),
     ("fsname", "xlfs"),
+    ("backup-volfile-servers", "none"),
     ("ro / rw, suid / nosuid, dev / nodev, exec / noexec, sync / async, dirsync", "rw,nosuid,nodev,exec,async"),
 ];
 
@@ -106,6 +107,12 @@ pub struct MountOptions {
     pub max_open_fds: usize,
     /// The source shown in /proc/mounts (`fsname`).
     pub fsname: String,
+    /// Daemons to fetch the volfile from when the one named in the source
+    /// does not answer, in order (`backup-volfile-servers=H1:H2...`, as
+    /// GlusterFS's; a number after a host is its port, e.g.
+    /// `node2:24008:node3`; without one, the source's port). Only for a
+    /// mount by name.
+    pub backup_volfile_servers: Vec<String>,
     /// Read-only mount (`ro`).
     pub read_only: bool,
     /// Honour set-user-id bits (`suid`).
@@ -144,6 +151,7 @@ impl Default for MountOptions {
             inode_lru_limit: 65536,
             max_open_fds: 65536,
             fsname: "xlfs".to_string(),
+            backup_volfile_servers: Vec::new(),
             read_only: false,
             suid: false,
             dev: false,
@@ -289,6 +297,9 @@ impl MountOptions {
                 }
                 self.fsname = n.to_string();
             }
+            "backup-volfile-servers" | "backup-volfile-server" => {
+                self.backup_volfile_servers = parse_servers(raw, need(raw, v)?)?;
+            }
             "ro" => self.read_only = flag(true)?,
             "rw" => self.read_only = !flag(true)?,
             "suid" => self.suid = flag(true)?,
@@ -367,13 +378,61 @@ impl MountOptions {
         if self.dirsync {
             v.push("dirsync".to_string());
         }
+        if !self.backup_volfile_servers.is_empty() {
+            v.push(format!("backup-volfile-servers={}", self.backup_volfile_servers.join(":")));
+        }
         v.join(",")
     }
+}
+
+/// `H1:H2:PORT:H3` as `["H1", "H2:PORT", "H3"]`: a number is the port of
+/// the host before it.
+fn parse_servers(raw: &str, v: &str) -> Result<Vec<String>, OptionsError> {
+    let mut out: Vec<String> = Vec::new();
+    let mut has_port = false;
+    for t in v.split(':') {
+        if t.is_empty() || t.contains(char::is_whitespace) {
+            return Err(bad(raw, v, "expected HOST[:PORT]:HOST[:PORT]..."));
+        }
+        if t.bytes().all(|b| b.is_ascii_digit()) {
+            let port_ok = t.parse::<u16>().is_ok_and(|p| p > 0);
+            match out.last_mut() {
+                Some(last) if port_ok && !has_port => {
+                    last.push(':');
+                    last.push_str(t);
+                    has_port = true;
+                }
+                _ => return Err(bad(raw, v, "a port must follow a host, once, and be 1-65535")),
+            }
+        } else {
+            out.push(t.to_string());
+            has_port = false;
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backup_volfile_servers_take_hosts_and_ports() {
+        let mut o = MountOptions::default();
+        o.apply("backup-volfile-servers=node2:node3:24008:10.0.0.4").expect("parses");
+        assert_eq!(o.backup_volfile_servers, ["node2", "node3:24008", "10.0.0.4"]);
+        let again = MountOptions::parse(&o.to_option_string()).expect("round trip");
+        assert_eq!(again.backup_volfile_servers, o.backup_volfile_servers);
+        for bad in [
+            "backup-volfile-servers=",
+            "backup-volfile-servers=24008",
+            "backup-volfile-servers=a:1:2",
+            "backup-volfile-servers=a::b",
+        ] {
+            let e = MountOptions::default().apply(bad).err().unwrap_or_else(|| panic!("{bad} accepted"));
+            assert!(e.to_string().contains("backup-volfile-servers"), "{e}");
+        }
+    }
 
     #[test]
     fn defaults_and_overrides() {
