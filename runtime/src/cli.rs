@@ -165,7 +165,7 @@ impl Cli {
     /// Runs the command, writing its normal output to `out`.
     pub async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
         match self.command {
-            Command::Volfile(cmd) => cmd.run(out),
+            Command::Volfile(cmd) => cmd.run(out).await,
             Command::Brick(args) => args.run(out).await,
             Command::Mount(args) => args.run(out).await,
             Command::Umount(args) => args.run().await,

@@ -199,6 +199,36 @@ fn three_nodes_share_volumes_through_etcd() {
     assert!(d3.ok(&["stop", "cv"]).contains("success"));
     let down = bricks(&d1, "cv");
     assert!(down.iter().all(|(_, _, pid, up)| pid.is_none() && !up), "{down:?}");
+
+    // auth.allow: the bricks (at their next start) admit only matching
+    // addresses; `volfile show --brick` on any node shows what a brick serves.
+    d1.ok(&["set", "cv", "auth.allow", "10.1.2.*"]);
+    let show = kit::run_xlfs(&["volfile", "show", "cv", "--brick", &brick(0), "--daemon", d3.addr()]);
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(show.status.success(), "volfile show: {}", String::from_utf8_lossy(&show.stderr));
+    assert!(text.contains("option auth.addr.*.allow 10.1.2.*") && !text.contains(".allow *\n"), "{text}");
+    assert!(text.contains(&format!("option directory {}", dirs[0].display())), "{text}");
+    d1.ok(&["start", "cv"]);
+    wait_for("every brick up again", DEADLINE, || all_up(&d1, "cv"));
+    let refused_at = tmp.path().join("refused-mnt");
+    std::fs::create_dir_all(&refused_at).expect("mount point");
+    let src = format!("{}:/cv", d1.addr());
+    let log = tmp.path().join("refused-mount.log");
+    let out = kit::run_xlfs(&[
+        "mount".as_ref(),
+        "--log-file".as_ref(),
+        log.as_os_str(),
+        "--up-timeout".as_ref(),
+        "5".as_ref(),
+        src.as_ref(),
+        refused_at.as_os_str(),
+    ]);
+    assert!(!out.status.success(), "a client from 127.0.0.1 is refused by every brick");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(text.contains("address 127.0.0.1 is not allowed"), "the mount's log says why:\n{text}");
+    assert!(!kit::fuse_mount::is_mounted(&refused_at));
+    d1.ok(&["reset", "cv", "auth.allow"]);
+    d1.ok(&["stop", "cv"]);
     assert!(d2.ok(&["delete", "cv"]).contains("success"));
     assert!(!dirs.iter().any(|d| marked(d)), "every node unmarked its brick");
     assert!(d1.ok(&["info"]).contains("no volumes"));

@@ -118,6 +118,9 @@ pub enum BrickError {
         /// What was missing.
         why: &'static str,
     },
+    /// Arguments that do not parse (a brick volfile asked of the daemon).
+    #[error("xlfs brick arguments: {0}")]
+    Args(String),
     /// A second signal came while stopping: in-flight fops were not waited for.
     #[error("{0} while stopping: stopped without waiting for in-flight fops")]
     Forced(&'static str),
@@ -170,7 +173,14 @@ fn brick_volfile(
     posix: &[(&str, &str)],
     server: &[(&str, &str)],
 ) -> String {
-    let allow = if allow.is_empty() { "*".to_string() } else { allow.join(",") };
+    // An `auth.addr.*.allow` among the server options (the volume key
+    // `auth.allow`) replaces the default of every address.
+    let given = server.iter().any(|(k, _)| k.starts_with("auth.addr.") && k.ends_with(".allow"));
+    let allow = match (allow.is_empty(), given) {
+        (true, true) => String::new(),
+        (true, false) => format!("    option auth.addr.{dir}.allow *\n"),
+        (false, _) => format!("    option auth.addr.{dir}.allow {}\n", allow.join(",")),
+    };
     let lines =
         |opts: &[(&str, &str)]| -> String { opts.iter().map(|(k, v)| format!("    option {k} {v}\n")).collect() };
     let (posix, server) = (lines(posix), lines(server));
@@ -184,7 +194,7 @@ fn brick_volfile(
          subvolumes {name}-io-threads\nend-volume\n\n\
          volume {dir}\n    type debug/io-stats\n    option unique-id {dir}\n    subvolumes {name}-index\nend-volume\n\n\
          volume {name}-server\n    type {SERVER_TYPE}\n    option transport.socket.listen-port {port}\n    \
-         option transport.socket.bind-address {host}\n    option auth.addr.{dir}.allow {allow}\n{server}    \
+         option transport.socket.bind-address {host}\n{allow}{server}    \
          subvolumes {dir}\nend-volume\n"
     )
 }
@@ -230,6 +240,20 @@ impl BrickArgs {
             &server,
         );
         Ok(Plan { text, origin: format!("brick {}", abs.display()) })
+    }
+
+    /// The volfile `xlfs brick ARGS` serves (ARGS without the command).
+    pub fn volfile_of(args: &[String]) -> Result<String, CliError> {
+        #[derive(clap::Parser)]
+        struct One {
+            #[command(flatten)]
+            brick: BrickArgs,
+        }
+        let argv = std::iter::once("brick".to_string()).chain(args.iter().cloned());
+        let mut one = <One as clap::Parser>::try_parse_from(argv)
+            .map_err(|e| BrickError::Args(e.to_string().trim().to_string()))?;
+        one.brick.print_volfile = true;
+        Ok(one.brick.plan()?.text)
     }
 
     /// Serves the brick until SIGTERM or SIGINT (or prints its volfile).

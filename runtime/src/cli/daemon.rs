@@ -283,6 +283,9 @@ pub enum VolumeCommand {
     Getspec {
         /// The volume.
         name: String,
+        /// That brick's volfile instead (`HOST:DIR`).
+        #[arg(long, value_name = "HOST:DIR")]
+        brick: Option<String>,
     },
     /// Print the port brick HOST:DIR listens on.
     Portmap {
@@ -387,7 +390,7 @@ impl VolumeCommand {
             },
             VolumeCommand::Reset { name, key } => Request::Reset { name, key },
             VolumeCommand::Get { name, key } => Request::Get { name, key },
-            VolumeCommand::Getspec { name } => Request::Getspec { name },
+            VolumeCommand::Getspec { name, brick } => Request::Getspec { name, brick },
             VolumeCommand::Portmap { brick } => Request::Portmap { brick },
             VolumeCommand::Heal { name, action } => {
                 let action = match action.as_deref() {

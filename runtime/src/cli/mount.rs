@@ -432,7 +432,7 @@ impl SpecSource {
         let fail = |why: String| MountError::Spec { source_name: self.src.clone(), why };
         let mut tried = Vec::new();
         for addr in &self.servers {
-            match call(addr, &Request::Getspec { name: self.volume.clone() }).await {
+            match call(addr, &Request::Getspec { name: self.volume.clone(), brick: None }).await {
                 Ok(Reply::Spec { volfile, .. }) => {
                     if addr != &self.servers[0] {
                         tracing::info!(server = %addr, "volfile fetched from a backup volfile server");

@@ -7,6 +7,7 @@ use clap::Subcommand;
 
 use super::CliError;
 use crate::graph::GraphSpec;
+use crate::mgmt::protocol::{DEFAULT_ADDR, Reply, Request, call};
 use crate::registry::Registry;
 use crate::volfile::Volfile;
 
@@ -20,11 +21,32 @@ pub enum VolfileCommand {
         /// The volfile.
         file: PathBuf,
     },
+    /// Print the client volfile the daemon generates for a volume, or with
+    /// `--brick` the volfile one of its bricks serves.
+    Show {
+        /// The volume.
+        volume: String,
+        /// A brick of it (`HOST:DIR`).
+        #[arg(long, value_name = "HOST:DIR")]
+        brick: Option<String>,
+        /// The daemon to ask.
+        #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_ADDR)]
+        daemon: String,
+    },
 }
 
 impl VolfileCommand {
-    pub(super) fn run(self, out: &mut dyn Write) -> Result<(), CliError> {
+    pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
         match self {
+            VolfileCommand::Show { volume, brick, daemon } => {
+                let reply =
+                    call(&daemon, &Request::Getspec { name: volume, brick }).await.map_err(super::DaemonError::from)?;
+                match reply {
+                    Reply::Spec { volfile, .. } => out.write_all(volfile.as_bytes())?,
+                    other => writeln!(out, "unexpected answer: {other:?}")?,
+                }
+                Ok(())
+            }
             VolfileCommand::Check { file } => {
                 let volfile = Volfile::load(&file)?;
                 let spec = GraphSpec::validate(&volfile, &Registry::builtin())?;
@@ -63,7 +85,8 @@ mod tests {
             .expect("parses");
         let Command::Volfile(cmd) = cli.command else { panic!("a volfile command") };
         let mut out = Vec::new();
-        let e = cmd.run(&mut out).expect_err("typo");
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let e = rt.block_on(cmd.run(&mut out)).expect_err("typo");
         assert_eq!(
             e.to_string(),
             format!("{}:3: expected 'subvolumes', 'option', 'type' or 'end-volume', found 'subvolume'", path.display())

@@ -480,10 +480,11 @@ impl Daemon {
                 };
                 Ok(Reply::Status { volumes: specs.iter().map(|s| self.state_of(s)).collect() })
             }
-            Request::Getspec { name } => {
+            Request::Getspec { name, brick: None } => {
                 let (v, volfile) = self.volfile(&name)?;
                 Ok(Reply::Spec { volfile, revision: v.revision })
             }
+            Request::Getspec { name, brick: Some(brick) } => self.brick_volfile(&name, &brick),
             Request::Heal { name, action } => self.heal(&name, action).await,
             Request::Profile { name } => {
                 let (spec, graph) = self.client_graph(&name).await?;
@@ -559,6 +560,20 @@ impl Daemon {
         Ok((v, text))
     }
 
+    /// The volfile brick `raw` of volume `name` serves (or would serve: a
+    /// brick not started shows port 0).
+    fn brick_volfile(&self, name: &str, raw: &str) -> Result<Reply, MgmtError> {
+        let v = self.get(name)?;
+        let b = BrickSpec::parse(raw)?;
+        let i = v.spec.bricks.iter().position(|x| *x == b || *x == b.canonical());
+        let i = i.ok_or_else(|| MgmtError::NotInVolume { name: name.to_string(), brick: raw.to_string() })?;
+        let port = self.brick_ports(&v.spec)[i].unwrap_or(0);
+        let job = self.job(&v.spec, &v.spec.bricks[i], None);
+        let volfile = crate::cli::BrickArgs::volfile_of(&job.args(port))
+            .map_err(|e| MgmtError::Graph { name: name.to_string(), why: e.to_string() })?;
+        Ok(Reply::Spec { volfile, revision: v.revision })
+    }
+
     /// The volume's client graph, built in the daemon and activated (as
     /// `xlfs heal --volfile` and `xlfs profile` build theirs); give it
     /// back to [`drop_graph`].
@@ -600,15 +615,18 @@ impl Daemon {
             true => Default::default(),
             false => self.store.brick_states(&spec.name).unwrap_or_default(),
         };
-        mine.into_iter()
-            .map(|b| BrickJob {
-                volume: spec.name.clone(),
-                volume_id: spec.id.clone(),
-                brick: b.clone(),
-                server: keys::brick_options(&spec.options),
-                port: before.get(b).and_then(|s| s.port),
-            })
-            .collect()
+        mine.into_iter().map(|b| self.job(spec, b, before.get(b).and_then(|s| s.port))).collect()
+    }
+
+    /// The job serving brick `b` of `spec` (`port`: where it served before).
+    fn job(&self, spec: &VolumeSpec, b: &BrickSpec, port: Option<u16>) -> BrickJob {
+        BrickJob {
+            volume: spec.name.clone(),
+            volume_id: spec.id.clone(),
+            brick: b.clone(),
+            server: keys::brick_options(&spec.options),
+            port,
+        }
     }
 
     fn get(&self, name: &str) -> Result<Versioned, MgmtError> {

@@ -10,7 +10,9 @@
 //! the declared form, default and description.
 //!
 //! Keys whose targets include protocol/server (`server.ssl`, `ssl.*`,
-//! `auth.ssl-allow`) set options of the bricks' graphs ([`brick_options`]),
+//! `auth.ssl-allow`, `auth.allow` and `auth.reject`, the address patterns
+//! a brick admits or refuses) set options of the bricks' graphs
+//! ([`brick_options`]),
 //! passed to each brick when it is (re)started: they take effect at the
 //! next `volume start` (or `start force` of a stopped brick), as in
 //! GlusterFS.
@@ -107,6 +109,8 @@ pub const KEYS: &[Key] = &[
         target: Target::Options(&[(CLIENT, "transport.socket.ssl-ca-list"), (SERVER, "transport.socket.ssl-ca-list")]),
     },
     Key { name: "auth.ssl-allow", target: Target::Options(&[(SERVER, "auth.ssl-allow")]) },
+    Key { name: "auth.allow", target: Target::Options(&[(SERVER, "auth.addr.*.allow")]) },
+    Key { name: "auth.reject", target: Target::Options(&[(SERVER, "auth.addr.*.reject")]) },
     Key {
         name: "features.cache-invalidation",
         target: Target::Options(&[(MDC, "cache-invalidation"), (QR, "cache-invalidation")]),

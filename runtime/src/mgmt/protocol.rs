@@ -88,10 +88,13 @@ pub enum Request {
     },
     /// `volume set help`.
     SetHelp,
-    /// The client volfile of a volume.
+    /// The client volfile of a volume, or the volfile of one of its bricks.
     Getspec {
         /// The volume.
         name: String,
+        /// `HOST:DIR`: that brick's volfile instead.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        brick: Option<String>,
     },
     /// Which port brick `HOST:DIR` listens on.
     Portmap {

@@ -59,6 +59,26 @@ pub struct BrickJob {
     pub port: Option<u16>,
 }
 
+impl BrickJob {
+    /// The arguments of `xlfs brick` that serve it on `port`.
+    pub fn args(&self, port: u16) -> Vec<String> {
+        let mut a = vec![
+            "--dir".to_string(),
+            self.brick.dir.display().to_string(),
+            "--port".into(),
+            port.to_string(),
+            "--host".into(),
+            bind_address(&self.brick.host),
+            "--volume".into(),
+            self.volume.clone(),
+            "--posix".into(),
+            format!("volume-id={}", self.volume_id),
+        ];
+        a.extend(self.server.iter().flat_map(|(k, v)| ["--server".to_string(), format!("{k}={v}")]));
+        a
+    }
+}
+
 /// A brick's state now.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RunState {
@@ -259,17 +279,7 @@ impl Supervisor {
             .map_err(|e| format!("log {}: {e}", s.log.display()))?;
         let mut cmd = Command::new(&self.exe);
         cmd.arg("brick")
-            .arg("--dir")
-            .arg(&job.brick.dir)
-            .arg("--port")
-            .arg(port.to_string())
-            .arg("--host")
-            .arg(bind_address(&job.brick.host))
-            .arg("--volume")
-            .arg(&job.volume)
-            .arg("--posix")
-            .arg(format!("volume-id={}", job.volume_id))
-            .args(job.server.iter().flat_map(|(k, v)| ["--server".to_string(), format!("{k}={v}")]))
+            .args(job.args(port))
             .arg("--log-file")
             .arg(&s.log)
             .stdin(Stdio::null())
