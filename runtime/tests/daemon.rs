@@ -185,6 +185,34 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     let v: serde_json::Value = serde_json::from_str(&d.ok(&["profile", "gv0", "info", "--json"])).expect("JSON");
     let writes = v["bricks"][0]["fops"].as_array().expect("fops").iter().find(|f| f[0] == "WRITE").cloned();
     assert!(writes.is_some_and(|w| w[1].as_u64().unwrap_or(0) > 0), "{v}");
+    // profile start zeroes every brick's counts, stop keeps them for info.
+    let writes_on = |d: &Daemon| -> u64 {
+        let v: serde_json::Value = serde_json::from_str(&d.ok(&["profile", "gv0", "info", "--json"])).expect("JSON");
+        v["bricks"]
+            .as_array()
+            .expect("bricks")
+            .iter()
+            .map(|b| {
+                b["fops"]
+                    .as_array()
+                    .expect("fops")
+                    .iter()
+                    .find(|f| f[0] == "WRITE")
+                    .and_then(|f| f[1].as_u64())
+                    .unwrap_or(0)
+            })
+            .sum()
+    };
+    assert!(d.ok(&["profile", "gv0", "start"]).contains("started"));
+    assert_eq!(writes_on(&d), 0, "start zeroes the counts");
+    std::fs::write(mnt.join("profiled"), vec![7u8; 8192]).expect("write");
+    let counted = writes_on(&d);
+    assert!(counted >= 3, "one write per brick at least: {counted}");
+    assert!(d.ok(&["profile", "gv0", "stop"]).contains("stopped"));
+    std::fs::write(mnt.join("profiled-2"), vec![7u8; 8192]).expect("write");
+    assert_eq!(writes_on(&d), counted, "info after stop shows the counts kept at stop");
+    assert!(d.ok(&["profile", "gv0", "start"]).contains("started"));
+    assert_eq!(writes_on(&d), 0);
     let dump = d.ok(&["statedump", "gv0"]);
     for dir in &dirs {
         assert!(dump.contains(&format!("Brick {}:\n", brick_arg(dir))), "{dump}");
@@ -383,4 +411,62 @@ fn bad_input_is_refused_with_its_reason_and_changes_nothing() {
     let out = kit::run_xlfs(&["mount".as_ref(), format!("{addr}:/v1").as_ref(), mnt.path().as_os_str()]);
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && e.contains(&format!("cannot reach the xlfs daemon at {addr}")), "{e}");
+}
+
+#[test]
+fn split_brain_is_resolved_through_the_daemon() {
+    kit::init_tracing();
+    let tmp = tempfile::Builder::new().prefix("xlfs-sb-").tempdir().expect("tempdir");
+    let dirs = brick_dirs(tmp.path(), 3);
+    let d = Daemon::start();
+    let mut create: Vec<String> = ["create", "sb", "replica", "3"].map(String::from).to_vec();
+    create.extend(dirs.iter().map(|p| brick_arg(p)));
+    create.extend(force_if_root(tmp.path()).map(String::from));
+    d.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
+    d.ok(&["start", "sb"]);
+    {
+        let m = FuseMount::start_by_name(&format!("{}:/sb", d.addr()), "", &[]);
+        std::fs::write(m.path().join("f"), b"original\n").expect("write");
+        std::fs::write(m.path().join("g"), b"original\n").expect("write");
+    }
+    // Each copy of f and g blames the others, with different contents.
+    for name in ["f", "g"] {
+        for (k, dir) in dirs.iter().enumerate() {
+            let p = dir.join(name);
+            let data: &[u8] = match k {
+                0 => b"copy zero, the biggest of the three\n",
+                1 => b"copy one\n",
+                _ => b"copy two!\n",
+            };
+            std::fs::write(&p, data).expect("write a brick copy");
+            for j in 0..3 {
+                let v = if j == k { [0, 0, 0] } else { [1, 0, 0] };
+                xlfs_sdk::testing::set_xattr(&p, &format!("trusted.afr.sb-client-{j}"), &kit::workload::afr_value(v))
+                    .expect("setxattr");
+            }
+        }
+    }
+
+    // Bad requests name what is wrong.
+    let e = d.refused(&["heal", "sb", "split-brain", "newest", "/f"]);
+    assert!(e.contains("newest") && e.contains("bigger-file"), "{e}");
+    let e = d.refused(&["heal", "sb", "split-brain", "source-brick", "/f"]);
+    assert!(e.contains("source-brick"), "{e}");
+    let e = d.refused(&["heal", "sb", "split-brain", "source-brick", "127.0.0.1:/nowhere", "/f"]);
+    assert!(e.contains("127.0.0.1:/nowhere") && e.contains("not part of volume sb"), "{e}");
+
+    // bigger-file takes copy zero of f; source-brick takes brick 2's g.
+    let out = d.ok(&["heal", "sb", "split-brain", "bigger-file", "/f"]);
+    assert!(out.contains("/f: resolved (bigger-file)"), "{out}");
+    let out = d.ok(&["heal", "sb", "split-brain", "source-brick", &brick_arg(&dirs[2]), "/g"]);
+    assert!(out.contains("/g: resolved"), "{out}");
+    for dir in &dirs {
+        assert_eq!(std::fs::read(dir.join("f")).expect("f"), b"copy zero, the biggest of the three\n");
+        assert_eq!(std::fs::read(dir.join("g")).expect("g"), b"copy two!\n");
+    }
+    let e = d.refused(&["heal", "sb", "split-brain", "bigger-file", "/f"]);
+    assert!(e.contains("not in split-brain"), "{e}");
+    let m = FuseMount::start_by_name(&format!("{}:/sb", d.addr()), "", &[]);
+    assert_eq!(std::fs::read(m.path().join("f")).expect("read f"), b"copy zero, the biggest of the three\n");
+    assert_eq!(std::fs::read(m.path().join("g")).expect("read g"), b"copy two!\n");
 }

@@ -24,7 +24,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use super::CliError;
 use crate::mgmt::daemon::{Daemon, StateDir};
 use crate::mgmt::protocol::{
-    DEFAULT_ADDR, HealAction, ProtocolError, RebalanceAction, RebalanceStatus, RemoveAction, Reply, Request, call,
+    DEFAULT_ADDR, HealAction, ProfileAction, ProtocolError, RebalanceAction, RebalanceStatus, RemoveAction, Reply,
+    Request, call,
 };
 use crate::mgmt::shd::Shds;
 use crate::mgmt::store::etcd::EtcdStore;
@@ -293,20 +294,27 @@ pub enum VolumeCommand {
         brick: String,
     },
     /// Heal what the bricks' indices list; `full` crawls the whole tree;
-    /// `info` lists per brick what needs healing.
+    /// `info` lists per brick what needs healing; `split-brain bigger-file
+    /// PATH`, `split-brain latest-mtime PATH` or `split-brain source-brick
+    /// HOST:DIR PATH` resolves the split-brain of PATH (inside the volume).
     Heal {
         /// The volume.
         name: String,
-        /// `info` or `full`.
-        #[arg(value_parser = ["info", "full"])]
+        /// `info`, `full` or `split-brain`.
+        #[arg(value_parser = ["info", "full", "split-brain"])]
         action: Option<String>,
+        /// After `split-brain`: the policy (and source brick), then the path.
+        #[arg(value_name = "POLICY [HOST:DIR] PATH")]
+        rest: Vec<String>,
     },
-    /// `profile NAME info`: the bricks' per-fop counts and times.
+    /// `profile NAME start|info|stop`: the bricks' per-fop counts and
+    /// times (always counted; `start` zeroes them, `stop` keeps them as
+    /// they are for `info`).
     Profile {
         /// The volume.
         name: String,
-        /// `info`.
-        #[arg(value_parser = ["info"])]
+        /// `start`, `info` or `stop`.
+        #[arg(value_parser = ["start", "info", "stop"])]
         action: String,
     },
     /// Print each brick's graph dump (GlusterFS's statedump).
@@ -392,15 +400,48 @@ impl VolumeCommand {
             VolumeCommand::Get { name, key } => Request::Get { name, key },
             VolumeCommand::Getspec { name, brick } => Request::Getspec { name, brick },
             VolumeCommand::Portmap { brick } => Request::Portmap { brick },
-            VolumeCommand::Heal { name, action } => {
+            VolumeCommand::Heal { name, action, rest } => {
                 let action = match action.as_deref() {
+                    Some("split-brain") => {
+                        let usage = || {
+                            DaemonError::Usage(
+                                "usage: xlfs volume heal NAME split-brain bigger-file|latest-mtime PATH | source-brick HOST:DIR PATH"
+                                    .into(),
+                            )
+                        };
+                        return match rest.as_slice() {
+                            [policy, path] => Ok(Request::SplitBrain {
+                                name,
+                                policy: policy.clone(),
+                                path: path.clone(),
+                                source_brick: None,
+                            }),
+                            [policy, brick, path] if policy == "source-brick" => Ok(Request::SplitBrain {
+                                name,
+                                policy: policy.clone(),
+                                path: path.clone(),
+                                source_brick: Some(brick.clone()),
+                            }),
+                            _ => Err(usage()),
+                        };
+                    }
+                    _ if !rest.is_empty() => {
+                        return Err(DaemonError::Usage(format!("volume heal: unexpected {:?}", rest.join(" "))));
+                    }
                     Some("info") => HealAction::Info,
                     Some("full") => HealAction::Full,
                     _ => HealAction::Index,
                 };
                 Request::Heal { name, action }
             }
-            VolumeCommand::Profile { name, .. } => Request::Profile { name },
+            VolumeCommand::Profile { name, action } => {
+                let action = match action.as_str() {
+                    "start" => ProfileAction::Start,
+                    "stop" => ProfileAction::Stop,
+                    _ => ProfileAction::Info,
+                };
+                Request::Profile { name, action }
+            }
             VolumeCommand::Statedump { name } => Request::Statedump { name },
             VolumeCommand::AddBrick { name, args } => {
                 let (replica, bricks, force) = create_args(&args)?;

@@ -419,6 +419,12 @@ async fn info(client: &Client) -> Result<String, HealError> {
     }
 }
 
+/// Resolves the split-brain of `path` on an up graph with `policy`
+/// (`bigger-file`, `latest-mtime`, `source-brick:CHILD`).
+pub(crate) async fn split_brain_of(graph: &Graph, path: &str, policy: &str) -> Result<String, HealError> {
+    resolve(&Client::new(graph.top()), path, policy).await
+}
+
 async fn resolve(client: &Client, path: &str, policy: &str) -> Result<String, HealError> {
     let iatt = client.stat(path).await.map_err(|errno| HealError::Request { what: format!("stat {path}"), errno })?;
     let rsp = set_on(

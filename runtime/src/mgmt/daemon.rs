@@ -11,8 +11,8 @@ use xlfs_sdk::Gfid;
 
 use super::keys::{self, KEYS, KeyError};
 use super::protocol::{
-    BrickDump, BrickHeal, BrickStatus, HealAction, KeyValue, RebalanceAction, RebalanceStatus, RemoveAction, Reply,
-    Request, Response, VolumeState, read_frame, write_frame,
+    BrickDump, BrickHeal, BrickStatus, HealAction, KeyValue, ProfileAction, RebalanceAction, RebalanceStatus,
+    RemoveAction, Reply, Request, Response, VolumeState, read_frame, write_frame,
 };
 use super::rebalance::{self, Progress};
 use super::shd::Shds;
@@ -246,6 +246,8 @@ pub struct Daemon {
     pub(super) changes: tokio::sync::Mutex<()>,
     /// The last or current rebalance run of each volume.
     rebalances: parking_lot::Mutex<std::collections::BTreeMap<String, Arc<Progress>>>,
+    /// The bundle kept by `profile stop`, per volume, until `start`.
+    profiles: parking_lot::Mutex<std::collections::BTreeMap<String, String>>,
     /// What this daemon last published of its bricks, and when.
     pub(super) published: parking_lot::Mutex<super::cluster::Published>,
 }
@@ -264,6 +266,7 @@ impl Daemon {
             me,
             changes: tokio::sync::Mutex::new(()),
             rebalances: Default::default(),
+            profiles: Default::default(),
             published: Default::default(),
         }
     }
@@ -486,17 +489,36 @@ impl Daemon {
             }
             Request::Getspec { name, brick: Some(brick) } => self.brick_volfile(&name, &brick),
             Request::Heal { name, action } => self.heal(&name, action).await,
-            Request::Profile { name } => {
+            Request::Profile { name, action } => {
+                if action == ProfileAction::Info
+                    && let Some(frozen) = self.profiles.lock().get(&name)
+                {
+                    return Ok(Reply::Profile { bundle: frozen.clone() });
+                }
                 let (spec, graph) = self.client_graph(&name).await?;
                 let res = graph.wait_up(GRAPH_WAIT).await;
                 // Every brick, not just enough for the volume to be up.
                 crate::cli::heal::wait_children(&graph, GRAPH_WAIT).await;
                 let bundle = match res {
-                    Ok(()) => Ok(crate::profile::collect(&graph, false).await),
+                    Ok(()) => Ok(crate::profile::collect(&graph, action == ProfileAction::Start).await),
                     Err(e) => Err(MgmtError::Graph { name: spec.name.clone(), why: e.to_string() }),
                 };
                 drop_graph(graph).await;
-                Ok(Reply::Profile { bundle: bundle?.to_text() })
+                let text = bundle?.to_text();
+                match action {
+                    ProfileAction::Info => Ok(Reply::Profile { bundle: text }),
+                    ProfileAction::Start => {
+                        self.profiles.lock().remove(&name);
+                        Ok(done(format!("volume profile: {name}: started (every brick's counts zeroed)")))
+                    }
+                    ProfileAction::Stop => {
+                        self.profiles.lock().insert(name.clone(), text);
+                        Ok(done(format!("volume profile: {name}: stopped (info shows the counts kept now)")))
+                    }
+                }
+            }
+            Request::SplitBrain { name, policy, path, source_brick } => {
+                self.split_brain(&name, &policy, &path, source_brick.as_deref()).await
             }
             Request::Statedump { name } => {
                 let (spec, graph) = self.client_graph(&name).await?;
@@ -627,6 +649,46 @@ impl Daemon {
             server: keys::brick_options(&spec.options),
             port,
         }
+    }
+
+    /// `volume heal NAME split-brain POLICY PATH`: `xlfs heal`'s
+    /// resolution on the volume's client graph.
+    async fn split_brain(
+        &self,
+        name: &str,
+        policy: &str,
+        path: &str,
+        source: Option<&str>,
+    ) -> Result<Reply, MgmtError> {
+        let v = self.get(name)?;
+        let bad = |why: String| MgmtError::Graph { name: name.to_string(), why };
+        let value = match (policy, source) {
+            ("bigger-file" | "latest-mtime", None) => policy.to_string(),
+            ("source-brick", Some(raw)) => {
+                let b = BrickSpec::parse(raw)?;
+                let i = v.spec.bricks.iter().position(|x| *x == b || *x == b.canonical());
+                let i = i.ok_or_else(|| MgmtError::NotInVolume { name: name.to_string(), brick: raw.to_string() })?;
+                format!("source-brick:{name}-client-{i}")
+            }
+            ("source-brick", None) => {
+                return Err(bad("split-brain source-brick needs the good copy's HOST:DIR".into()));
+            }
+            _ => {
+                return Err(bad(format!(
+                    "split-brain policy {policy:?}: use bigger-file PATH, latest-mtime PATH or source-brick HOST:DIR PATH"
+                )));
+            }
+        };
+        let (_, graph) = self.client_graph(name).await?;
+        let res = match graph.wait_up(GRAPH_WAIT).await {
+            Ok(()) => {
+                crate::cli::heal::wait_children(&graph, GRAPH_WAIT).await;
+                crate::cli::heal::split_brain_of(&graph, path, &value).await.map_err(|e| bad(e.to_string()))
+            }
+            Err(e) => Err(bad(e.to_string())),
+        };
+        drop_graph(graph).await;
+        Ok(done(format!("volume heal: {name}: {path}: {}", res?)))
     }
 
     fn get(&self, name: &str) -> Result<Versioned, MgmtError> {

@@ -108,10 +108,24 @@ pub enum Request {
         /// What to do.
         action: HealAction,
     },
-    /// `volume profile NAME info`.
+    /// `volume profile NAME start|info|stop`.
     Profile {
         /// The volume.
         name: String,
+        /// What to do.
+        #[serde(default)]
+        action: ProfileAction,
+    },
+    /// `volume heal NAME split-brain POLICY PATH`.
+    SplitBrain {
+        /// The volume.
+        name: String,
+        /// `bigger-file`, `latest-mtime` or `source-brick`.
+        policy: String,
+        /// The path inside the volume.
+        path: String,
+        /// The good copy's brick (`HOST:DIR`), with `source-brick`.
+        source_brick: Option<String>,
     },
     /// `volume statedump NAME`.
     Statedump {
@@ -241,6 +255,20 @@ pub struct RebalanceStatus {
     /// Times the run paused because a replica set could not be reached.
     #[serde(default)]
     pub pauses: u64,
+}
+
+/// What `volume profile` does. Every brick counts fops and their times
+/// all the time (about 1 % of a fop); `start` opens a new window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProfileAction {
+    /// Zero every brick's counts: `info` shows what follows.
+    Start,
+    /// The counts since `start` (or since the bricks started).
+    #[default]
+    Info,
+    /// Keep the counts as they are now: `info` shows them until `start`.
+    Stop,
 }
 
 /// What `volume heal` does.
