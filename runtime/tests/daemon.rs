@@ -470,3 +470,60 @@ fn split_brain_is_resolved_through_the_daemon() {
     assert_eq!(std::fs::read(m.path().join("f")).expect("read f"), b"copy zero, the biggest of the three\n");
     assert_eq!(std::fs::read(m.path().join("g")).expect("read g"), b"copy two!\n");
 }
+
+#[test]
+fn a_volume_is_created_from_a_gluster_volume_info_listing() {
+    kit::init_tracing();
+    let tmp = tempfile::Builder::new().prefix("xlfs-info-").tempdir().expect("tempdir");
+    let dirs = brick_dirs(tmp.path(), 3);
+    let d = Daemon::start();
+    let listing = |ping: &str| {
+        let mut t = String::from(
+            "Volume Name: gv0\nType: Replicate\nVolume ID: 6f0e1c6a-1b1f-4a43-9d6c-0d3d0b0c1e2f\nStatus: Started\n\
+             Snapshot Count: 0\nNumber of Bricks: 1 x 3 = 3\nTransport-type: tcp\nBricks:\n",
+        );
+        for (i, dir) in dirs.iter().enumerate() {
+            t += &format!("Brick{}: {}\n", i + 1, brick_arg(dir));
+        }
+        t += &format!(
+            "Options Reconfigured:\nperformance.write-behind: off\nnetwork.ping-timeout: {ping}\nnfs.disable: on\n\
+             transport.address-family: inet\n"
+        );
+        t
+    };
+    let file = tmp.path().join("info.txt");
+    let force: Vec<&str> = force_if_root(tmp.path()).into_iter().collect();
+    let path = file.to_str().expect("utf-8").to_string();
+    let create = |name: &'static str| -> Vec<String> {
+        ["create", name, "--from-info", &path].iter().chain(&force).map(|s| s.to_string()).collect()
+    };
+
+    // A value GlusterFS would take but the translator refuses: nothing is made.
+    std::fs::write(&file, listing("forever")).expect("write listing");
+    let e = d.refused(&strs(&create("imported")));
+    assert!(e.contains("network.ping-timeout") && e.contains("forever"), "{e}");
+    assert!(d.ok(&["info"]).contains("no volumes"));
+    // A listing of a layout xlfs lacks is refused with its line.
+    std::fs::write(&file, listing("20").replace("1 x 3 = 3", "1 x (2 + 1) = 3")).expect("write listing");
+    let e = d.refused(&strs(&create("imported")));
+    assert!(e.contains("info.txt:6") && e.contains("arbiter"), "{e}");
+
+    std::fs::write(&file, listing("20")).expect("write listing");
+    let out = d.ok(&strs(&create("imported")));
+    assert!(out.contains("skipped (xlfs has no such key): nfs.disable: on"), "{out}");
+    assert!(out.contains("transport.address-family") && out.contains("volume create: imported: success"), "{out}");
+    let info = d.ok(&["info", "imported"]);
+    assert!(info.contains("replica = 3") && info.contains("\"performance.write-behind\" = \"off\""), "{info}");
+    assert!(info.contains("\"network.ping-timeout\" = \"20\""), "{info}");
+    for dir in &dirs {
+        assert!(info.contains(&dir.display().to_string()), "{info}");
+    }
+    d.ok(&["start", "imported"]);
+    assert!(!d.ok(&["getspec", "imported"]).contains("imported-write-behind"), "the options shape the graph");
+    d.ok(&["stop", "imported"]);
+    d.ok(&["delete", "imported"]);
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}

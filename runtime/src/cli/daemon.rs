@@ -224,12 +224,18 @@ pub struct VolumeArgs {
 #[derive(Debug, Subcommand)]
 pub enum VolumeCommand {
     /// Make a volume: `create NAME [replica N] HOST:DIR... [force]`
-    /// (`force` allows bricks on the root file system).
+    /// (`force` allows bricks on the root file system), or `create NAME
+    /// --from-info FILE [force]`: the bricks, replica count and options of
+    /// a `gluster volume info` listing (options xlfs has no key for are
+    /// listed and skipped).
     Create {
         /// The volume's name.
         name: String,
+        /// A `gluster volume info` listing of one volume.
+        #[arg(long, value_name = "FILE")]
+        from_info: Option<PathBuf>,
         /// `[replica N] HOST:DIR... [force]`.
-        #[arg(required = true, num_args = 1.., value_name = "[replica N] HOST:DIR... [force]")]
+        #[arg(required_unless_present = "from_info", num_args = 0.., value_name = "[replica N] HOST:DIR... [force]")]
         args: Vec<String>,
     },
     /// Serve a volume's bricks; `start NAME force` restarts those that are down.
@@ -379,12 +385,38 @@ fn create_args(args: &[String]) -> Result<(Option<usize>, Vec<String>, bool), Da
     Ok((replica, rest.to_vec(), force))
 }
 
+/// `create NAME --from-info FILE [force]`: the request, and the listed
+/// options skipped (no xlfs key).
+fn create_from_info(
+    name: String,
+    file: &std::path::Path,
+    args: &[String],
+) -> Result<(Request, Vec<String>), DaemonError> {
+    let force = match args {
+        [] => false,
+        [f] if f == "force" => true,
+        _ => {
+            return Err(DaemonError::Usage(
+                "with --from-info, the bricks come from the listing: give only `force`".into(),
+            ));
+        }
+    };
+    let text = std::fs::read_to_string(file).map_err(|e| DaemonError::Usage(format!("{}: {e}", file.display())))?;
+    let info = crate::mgmt::gluster_info::parse(&text, &file.display().to_string())
+        .map_err(|e| DaemonError::Usage(e.to_string()))?;
+    let (options, skipped): (Vec<_>, Vec<_>) =
+        info.options.into_iter().partition(|(k, _)| crate::mgmt::keys::find(k).is_ok());
+    let skipped = skipped.into_iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    Ok((Request::Create { name, replica: Some(info.replica), bricks: info.bricks, force, options }, skipped))
+}
+
 impl VolumeCommand {
     fn request(self) -> Result<Request, DaemonError> {
         Ok(match self {
-            VolumeCommand::Create { name, args } => {
+            VolumeCommand::Create { name, from_info: Some(file), args } => create_from_info(name, &file, &args)?.0,
+            VolumeCommand::Create { name, from_info: None, args } => {
                 let (replica, bricks, force) = create_args(&args)?;
-                Request::Create { name, replica, bricks, force }
+                Request::Create { name, replica, bricks, force, options: Vec::new() }
             }
             VolumeCommand::Start { name, force } => Request::Start { name, force: force.is_some() },
             VolumeCommand::Stop { name } => Request::Stop { name },
@@ -475,6 +507,14 @@ impl VolumeCommand {
 
 impl VolumeArgs {
     pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
+        if let VolumeCommand::Create { name, from_info: Some(file), args } = &self.command
+            && !self.json
+        {
+            let (_, skipped) = create_from_info(name.clone(), file, args)?;
+            for s in skipped {
+                writeln!(out, "skipped (xlfs has no such key): {s}")?;
+            }
+        }
         let req = self.command.request()?;
         let reply = call(&self.daemon, &req).await.map_err(DaemonError::from)?;
         if let Reply::Profile { bundle } = &reply {

@@ -398,9 +398,9 @@ impl Daemon {
 
     async fn apply(&self, req: Request) -> Result<Reply, MgmtError> {
         match req {
-            Request::Create { name, replica, bricks, force } => {
+            Request::Create { name, replica, bricks, force, options } => {
                 let _one = self.changes.lock().await;
-                self.create(&name, replica, &bricks, force).await
+                self.create(&name, replica, &bricks, force, &options).await
             }
             Request::Start { name, force } => {
                 let _one = self.changes.lock().await;
@@ -727,6 +727,7 @@ impl Daemon {
         replica: Option<usize>,
         bricks: &[String],
         force: bool,
+        options: &[(String, String)],
     ) -> Result<Reply, MgmtError> {
         check_name(name)?;
         if self.store.get(name)?.is_some() {
@@ -752,6 +753,10 @@ impl Daemon {
             options: Default::default(),
             removing: Vec::new(),
         };
+        for (key, value) in options {
+            let value = keys::validate(&self.registry, key, value)?;
+            spec.options.insert(key.clone(), value);
+        }
         // Refuses layouts volgen cannot serve, before anything is marked.
         client_volfile(&spec, &[])?;
         spec.bricks = self.prepare_bricks(&spec.bricks, force, id).await?;

@@ -8,6 +8,8 @@
 //!   the shared store to serve its own bricks;
 //! - [`bricks`]: brick directories on this node (checks, the volume-id
 //!   mark, files left);
+//! - [`gluster_info`]: a `gluster volume info` listing, to create the same
+//!   volume (`volume create NAME --from-info FILE`);
 //! - [`keys`]: `volume set` keys, checked against the translators' option
 //!   declarations;
 //! - [`volgen`]: the client volfile of a volume;
@@ -26,6 +28,7 @@
 pub mod bricks;
 pub mod cluster;
 pub mod daemon;
+pub mod gluster_info;
 pub mod keys;
 pub mod protocol;
 pub mod rebalance;

@@ -35,6 +35,9 @@ pub enum Request {
         bricks: Vec<String>,
         /// Allow bricks on the root file system.
         force: bool,
+        /// Keys to set from the start (`--from-info`), as (key, value).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        options: Vec<(String, String)>,
     },
     /// `volume start NAME [force]`.
     Start {
@@ -554,7 +557,13 @@ mod tests {
     #[tokio::test]
     async fn frames_round_trip_and_oversized_ones_are_refused() {
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
-        let req = Request::Create { name: "v".into(), replica: Some(3), bricks: vec!["h:/b".into()], force: true };
+        let req = Request::Create {
+            name: "v".into(),
+            replica: Some(3),
+            bricks: vec!["h:/b".into()],
+            force: true,
+            options: Vec::new(),
+        };
         write_frame(&mut a, &req).await.expect("write");
         assert_eq!(read_frame::<Request>(&mut b).await.expect("read"), Some(req));
         a.write_all(&(MAX_FRAME + 1).to_be_bytes()).await.expect("write");
