@@ -69,13 +69,18 @@ impl Daemon {
                 }
                 Err(_) => {}
             }
-            match changes.as_mut() {
-                Some(rx) => {
-                    if let Ok(Err(_)) = tokio::time::timeout(RECONCILE_EVERY, rx.changed()).await {
-                        changes = None;
-                    }
+            // Another daemon changed the store, a brick here started or
+            // exited (its state is published at once), or time passed.
+            let store_changed = async {
+                match changes.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => std::future::pending().await,
                 }
-                None => tokio::time::sleep(RECONCILE_EVERY).await,
+            };
+            tokio::select! {
+                ok = store_changed => if !ok { changes = None },
+                () = self.sup.changed() => {}
+                () = tokio::time::sleep(RECONCILE_EVERY) => {}
             }
         }
     }
@@ -127,7 +132,7 @@ impl Daemon {
 
     /// Publishes the state of this node's bricks of `v` when it changed
     /// (or is old).
-    fn publish_mine(&self, v: &Versioned) -> Result<(), StoreError> {
+    pub(super) fn publish_mine(&self, v: &Versioned) -> Result<(), StoreError> {
         for b in v.spec.bricks.iter().filter(|b| self.is_mine(&b.host)) {
             let mut st = self.local_state(&v.spec, b);
             st.seen = v.revision;
@@ -146,12 +151,17 @@ impl Daemon {
         Ok(())
     }
 
-    /// A brick of this node, from its supervisor.
+    /// A brick of this node, from its supervisor (a brick not supervised
+    /// keeps the port it last had).
     fn local_state(&self, spec: &VolumeSpec, b: &BrickSpec) -> BrickState {
         let run = self.sup.state(&spec.name, b).unwrap_or_default();
-        let error = self.published.lock().failed.get(&(spec.name.clone(), b.clone())).map(|(_, e)| e.clone());
+        let key = (spec.name.clone(), b.clone());
+        let (error, last_port) = {
+            let p = self.published.lock();
+            (p.failed.get(&key).map(|(_, e)| e.clone()), p.last.get(&key).and_then(|(s, _)| s.port))
+        };
         BrickState {
-            port: run.port,
+            port: run.port.or(last_port),
             pid: run.pid,
             restarts: run.restarts,
             disk_free: disk_free(&b.dir),

@@ -328,10 +328,16 @@ impl Daemon {
         Ok(())
     }
 
-    /// Stops every brick (at daemon exit).
+    /// Stops every brick (at daemon exit), then publishes their states:
+    /// down, on the ports they had (for the next start).
     pub async fn shutdown(&self) {
         self.shds.stop_all().await;
         self.sup.stop_all().await;
+        for v in self.store.list().unwrap_or_default() {
+            if let Err(e) = self.publish_mine(&v) {
+                tracing::warn!(volume = %v.spec.name, "publishing the bricks' states: {e}");
+            }
+        }
     }
 
     /// Accepts connections on `listener` and answers their requests,

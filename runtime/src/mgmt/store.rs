@@ -10,7 +10,9 @@
 //! [`FileStore`], the default, keeps one TOML file per volume in
 //! `STATE_DIR/volumes/NAME.toml` (the revision and the spec), written
 //! atomically: a temporary file, fsynced, renamed over the old one, and the
-//! directory fsynced. It serves one daemon: it has no peers.
+//! directory fsynced. It serves one daemon: it has no peers. Of the brick
+//! states it keeps the ports on disk (`brick-ports.json`), so that after
+//! a daemon restart the bricks come back where mounts expect them.
 //!
 //! [`etcd::EtcdStore`] keeps the same in etcd, shared by the daemons of
 //! several nodes: then the store also carries what each daemon publishes
@@ -177,7 +179,7 @@ pub struct FileStore {
     dir: PathBuf,
     /// The revision counter; the lock also serializes writers.
     revision: Mutex<u64>,
-    /// Brick states: only this daemon's, so kept in memory.
+    /// Brick states: only this daemon's, in memory but for the ports.
     states: Mutex<BTreeMap<(String, BrickSpec), BrickState>>,
 }
 
@@ -192,6 +194,7 @@ impl FileStore {
             }
         }
         let s = FileStore { dir: dir.to_path_buf(), revision: Mutex::new(0), states: Mutex::default() };
+        s.load_ports()?;
         let top = s.list()?.iter().map(|v| v.revision).max().unwrap_or(0);
         let marker = s.read_marker()?;
         *s.revision.lock() = top.max(marker);
@@ -205,6 +208,37 @@ impl FileStore {
 
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.toml"))
+    }
+
+    fn ports_path(&self) -> PathBuf {
+        self.dir.join("brick-ports.json")
+    }
+
+    /// The ports the bricks had when the daemon last ran.
+    fn load_ports(&self) -> Result<(), StoreError> {
+        let path = self.ports_path();
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => return Err(StoreError::Io { path, source }),
+        };
+        let list: Vec<(String, String, u16)> = serde_json::from_slice(&bytes)
+            .map_err(|e| StoreError::Corrupt { path: path.clone(), why: e.to_string() })?;
+        let mut states = self.states.lock();
+        for (volume, brick, port) in list {
+            let brick =
+                BrickSpec::parse(&brick).map_err(|e| StoreError::Corrupt { path: path.clone(), why: e.to_string() })?;
+            states.insert((volume, brick), BrickState { port: Some(port), ..BrickState::default() });
+        }
+        Ok(())
+    }
+
+    fn save_ports(&self, states: &BTreeMap<(String, BrickSpec), BrickState>) -> Result<(), StoreError> {
+        let list: Vec<(&str, String, u16)> =
+            states.iter().filter_map(|((v, b), s)| s.port.map(|p| (v.as_str(), b.to_string(), p))).collect();
+        let bytes = serde_json::to_vec(&list)
+            .map_err(|e| StoreError::Encode { name: "brick ports".into(), why: e.to_string() })?;
+        write_atomic(&self.ports_path(), &bytes)
     }
 
     /// The revision of the last delete, which no volume file remembers.
@@ -299,7 +333,9 @@ impl Store for FileStore {
         std::fs::remove_file(&path).map_err(|source| StoreError::Io { path: path.clone(), source })?;
         sync_dir(&path)?;
         *rev = next;
-        Ok(())
+        let mut states = self.states.lock();
+        states.retain(|(v, _), _| v != name);
+        self.save_ports(&states)
     }
 
     fn list(&self) -> Result<Vec<Versioned>, StoreError> {
@@ -321,10 +357,14 @@ impl Store for FileStore {
 
     fn publish(&self, volume: &str, brick: &BrickSpec, state: Option<&BrickState>) -> Result<(), StoreError> {
         let key = (volume.to_string(), brick.clone());
-        match state {
-            Some(s) => self.states.lock().insert(key, s.clone()),
-            None => self.states.lock().remove(&key),
+        let mut states = self.states.lock();
+        let old = match state {
+            Some(s) => states.insert(key, s.clone()),
+            None => states.remove(&key),
         };
+        if old.and_then(|o| o.port) != state.and_then(|s| s.port) {
+            self.save_ports(&states)?;
+        }
         Ok(())
     }
 
@@ -398,6 +438,25 @@ mod tests {
         assert!(
             std::fs::read_dir(tmp.path()).expect("ls").flatten().all(|e| e.path().extension() != Some("tmp".as_ref()))
         );
+    }
+
+    #[test]
+    fn brick_ports_outlive_a_restart_and_go_with_the_volume() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let s = FileStore::open(tmp.path()).expect("open");
+        let r = s.put(&spec("a"), Expect::Absent).expect("create");
+        let b = BrickSpec::parse("h:/b").expect("brick");
+        let st = BrickState { port: Some(49200), pid: Some(7), ..BrickState::default() };
+        s.publish("a", &b, Some(&st)).expect("publish");
+        drop(s);
+        let s = FileStore::open(tmp.path()).expect("reopen");
+        let again = s.brick_states("a").expect("states");
+        assert_eq!(again.get(&b).map(|s| (s.port, s.pid)), Some((Some(49200), None)), "the port, not the pid");
+        assert_eq!(s.list().expect("list").len(), 1, "the ports file is not a volume");
+        s.delete("a", r).expect("delete");
+        drop(s);
+        let s = FileStore::open(tmp.path()).expect("reopen");
+        assert!(s.brick_states("a").expect("states").is_empty());
     }
 
     #[test]

@@ -108,6 +108,8 @@ pub struct Supervisor {
     spawner: Mutex<std::sync::mpsc::Sender<(Command, SpawnReply)>>,
     /// (volume, brick) -> its supervision.
     bricks: Mutex<BTreeMap<(String, BrickSpec), Arc<Supervised>>>,
+    /// Woken when a brick starts serving or exits.
+    changed: Notify,
 }
 
 /// Why a brick could not be started.
@@ -135,7 +137,13 @@ impl Supervisor {
                 let _ = reply.send(cmd.spawn());
             }
         })?;
-        Ok(Supervisor { exe, log_dir, spawner: Mutex::new(tx), bricks: Mutex::new(BTreeMap::new()) })
+        Ok(Supervisor {
+            exe,
+            log_dir,
+            spawner: Mutex::new(tx),
+            bricks: Mutex::new(BTreeMap::new()),
+            changed: Notify::new(),
+        })
     }
 
     fn log_path(&self, job: &BrickJob) -> PathBuf {
@@ -220,6 +228,7 @@ impl Supervisor {
                         st.pid = Some(pid);
                         st.port = Some(port);
                     }
+                    self.changed.notify_waiters();
                     if *s.stopping.lock() {
                         // Stopped while it was starting.
                         signal(&s, libc::SIGTERM);
@@ -231,6 +240,7 @@ impl Supervisor {
                     let began = Instant::now();
                     let status = tokio::task::spawn_blocking(move || child.wait()).await;
                     s.state.lock().pid = None;
+                    self.changed.notify_waiters();
                     if *s.stopping.lock() {
                         tracing::info!(volume = %s.job.volume, brick = %s.job.brick, pid, "brick stopped");
                         break;
@@ -393,6 +403,11 @@ impl Supervisor {
         for v in volumes {
             self.stop_volume(&v).await;
         }
+    }
+
+    /// Resolves when a brick starts serving or exits (after the call).
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     /// The volumes with a brick supervised here.
