@@ -154,8 +154,28 @@ pub(crate) struct Core {
 }
 
 /// The errno a fop failure is answered with.
+/// The errno handed to the kernel for `e`. The kernel refuses a reply
+/// whose error is not in 1..512 and leaves the request (and the
+/// application) waiting for good; whatever a translator, a plugin or a
+/// brick answered, such a value becomes EIO, logged.
 fn fuse_errno(e: Errno) -> fuser::Errno {
-    fuser::Errno::from_i32(e.raw())
+    match e.raw() {
+        n @ 1..512 => fuser::Errno::from_i32(n),
+        n => {
+            warn_bad_reply(format_args!("error {n} is not an errno the kernel takes: EIO instead"));
+            fuser::Errno::EIO
+        }
+    }
+}
+
+/// Logs a reply the bridge refused to hand to the kernel (the first ten,
+/// then one in a thousand: a translator that does it does it often).
+fn warn_bad_reply(what: std::fmt::Arguments<'_>) {
+    static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if n < 10 || n.is_multiple_of(1000) {
+        tracing::warn!(refused_so_far = n + 1, "the graph answered the kernel wrongly: {what}");
+    }
 }
 
 /// A name from the kernel as the fop model's UTF-8 string (EILSEQ if not).
@@ -195,7 +215,20 @@ impl Core {
         let entered = self.enter();
         let r = self.call_on(&entered.0, ctx, fop, xdata).await;
         tracing::trace!(fop = kind.name(), ok = r.is_ok(), "fop");
-        r
+        match r {
+            // A success of the wrong kind (a WRITE answered with nothing)
+            // would tell the application that what did not happen did.
+            Ok(reply) if reply.kind() != kind.reply() => {
+                warn_bad_reply(format_args!(
+                    "{} answered with a {:?} reply, not {:?}: EIO",
+                    kind.name(),
+                    reply.kind(),
+                    kind.reply()
+                ));
+                Err(Errno::EIO)
+            }
+            r => r,
+        }
     }
 
     /// The gfid of a node id the kernel holds (ESTALE if unknown).
@@ -218,6 +251,14 @@ impl Core {
     /// Records an entry handed to the kernel (one more lookup) and returns
     /// its attributes.
     fn entry_attr(&self, parent: Gfid, name: &str, iatt: &Iatt) -> Result<FileAttr, Errno> {
+        // An entry is neither the root nor its own parent, and has a gfid:
+        // taken as given, such an answer would alias the root (every later
+        // fop through it fails) or loop the tree.
+        let bad = iatt.gfid.is_null() || ((iatt.gfid == Gfid::ROOT || iatt.gfid == parent) && name != "..");
+        if bad && name != "." {
+            warn_bad_reply(format_args!("{name:?} under {parent} answered with gfid {}: EIO", iatt.gfid));
+            return Err(Errno::EIO);
+        }
         let inode = self.inodes.lookup_reply(parent, name, iatt.gfid).map_err(|_| Errno::EIO)?;
         Ok(self.kernel_attr(iatt, inode.nodeid()))
     }
@@ -298,6 +339,20 @@ impl Core {
 mod tests {
     use super::mount::mountinfo_device;
     use super::*;
+
+    #[test]
+    fn errnos_the_kernel_refuses_become_eio() {
+        for (given, sent) in [
+            (libc::ENOENT, libc::ENOENT),
+            (511, 511),
+            (512, libc::EIO),
+            (600, libc::EIO),
+            (0, libc::EIO),
+            (-5, libc::EIO),
+        ] {
+            assert_eq!(i32::from(fuse_errno(Errno(given))), sent, "{given}");
+        }
+    }
 
     #[test]
     fn groups_come_from_proc_status() {

@@ -504,3 +504,85 @@ async fn a_fop_whose_caller_goes_away_is_finished_in_the_background() {
         graph.shutdown();
     }
 }
+
+// ---- replies the kernel must never see ---------------------------------
+
+/// posix -> the hostile plugin in `mode` -> io-stats, mounted with FUSE.
+fn hostile_mount(kind: &str, mode: &str) -> (tempfile::TempDir, kit::fuse_mount::FuseMount) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let node = format!("fuse-hostile-{mode}");
+    let volfile = [
+        volume(&format!("{node}-posix"), "storage/posix", &[("directory", tmp.path().display().to_string())], &[]),
+        volume(
+            &node,
+            &format!("plugin/{kind}"),
+            &opts(&module(kind, "hostile"), &[("mode", mode)]),
+            &[&format!("{node}-posix")],
+        ),
+        volume(&format!("{node}-top"), "debug/io-stats", &[], &[&node]),
+    ]
+    .concat();
+    let m = kit::fuse_mount::FuseMount::start(&volfile, "");
+    (tmp, m)
+}
+
+/// Runs `f` on its own thread and waits for it at most a minute: a reply
+/// the kernel refuses leaves the calling thread waiting for good.
+fn within_a_minute<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{what}: the application hangs"))
+}
+
+#[test]
+fn replies_the_kernel_would_refuse_or_that_alias_the_root_are_eio() {
+    // An errno of 512 or more: the kernel would never complete the request.
+    let (_t, m) = hostile_mount("wasm", "bad-errno");
+    let p = m.path().join("evil-1");
+    let r = within_a_minute("stat of a name answered with errno 600", move || std::fs::metadata(p).map(drop));
+    assert_eq!(r.expect_err("refused").raw_os_error(), Some(libc::EIO));
+    std::fs::write(m.path().join("fine"), b"ok").expect("the mount still works");
+    assert!(m.log().contains("error 600 is not an errno the kernel takes"), "logged:\n{}", m.log());
+    drop(m);
+
+    // A lookup answered with the root's gfid: EIO for that name, and the
+    // rest of the mount is untouched.
+    let (_t, m) = hostile_mount("wasm", "root-gfid");
+    let p = m.path().join("evil-dir");
+    let r = within_a_minute("stat of a name answered with the root's gfid", move || std::fs::metadata(p).map(drop));
+    assert_eq!(r.expect_err("refused").raw_os_error(), Some(libc::EIO));
+    std::fs::create_dir(m.path().join("d")).expect("mkdir after");
+    std::fs::write(m.path().join("d/f"), b"still here").expect("write after");
+    assert_eq!(std::fs::read(m.path().join("d/f")).expect("read after"), b"still here");
+    let names: Vec<_> = std::fs::read_dir(m.path()).expect("ls").flatten().map(|e| e.file_name()).collect();
+    assert_eq!(names, ["d"], "the root lists as it is");
+    drop(m);
+
+    // A WRITE answered with an empty success: the writer is told it failed.
+    let (t, m) = hostile_mount("dylib", "empty-writes");
+    let p = m.path().join("w");
+    let r = within_a_minute("a write answered empty", move || std::fs::write(p, vec![1u8; 10_000]));
+    assert_eq!(r.expect_err("a write that did not happen").raw_os_error(), Some(libc::EIO));
+    assert_eq!(std::fs::metadata(t.path().join("w")).map(|m| m.len()).unwrap_or(0), 0, "nothing was written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_floods_the_log_is_held_to_a_rate_and_cannot_forge_lines() {
+    let h = hostile("wasm", "log-flood", &[]).await;
+    // The flooding fop itself goes through (there is no such file).
+    assert_eq!(h.c.stat("/evil").await.expect_err("no such file"), Errno::ENOENT);
+    let kept = log_lines(&[&h.node, "flood "]);
+    assert!((100..=400).contains(&kept.len()), "100,000 lines logged, {} kept", kept.len());
+    // Each is one line: the embedded newline is shown escaped, so no line
+    // of the log starts as a forged host line.
+    let forged = log_lines(&["FORGED host line"]);
+    assert!(!forged.is_empty() && forged.iter().all(|l| l.contains(&h.node) && l.contains("\\n2026")), "{forged:?}");
+    assert!(!forged.iter().any(|l| l.starts_with("2026-01-01")), "{forged:?}");
+    // Later, the count of what was dropped is logged once.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let _ = h.c.stat("/evil-again").await;
+    wait_log(&[&h.node, "log lines of this plugin dropped"]).await;
+    h.works("after the flood").await;
+}

@@ -202,6 +202,7 @@ impl Core {
                 core: me.clone(),
                 declared: Mutex::new(None),
                 last_error: Mutex::new(None),
+                log_budget: Mutex::default(),
             }),
             name,
             children,

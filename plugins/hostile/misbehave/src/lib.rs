@@ -5,13 +5,18 @@
 //! the fault. Mode `init-trap` panics (traps) in init already, so the node
 //! cannot be built at all. Modes `dump-trap` and `reconfigure-trap` panic
 //! in the ABI v1.2 exports instead (`xlfs_dump`, `xlfs_reconfigure`), and
-//! otherwise trap on a triggering fop.
+//! otherwise trap on a triggering fop. Modes `bad-errno` and `root-gfid`
+//! answer a triggering fop with an errno the kernel refuses (600) or, for a
+//! lookup, with the root's gfid; `empty-writes` answers every WRITE (on
+//! any file) with an empty success, as if written. Mode `log-flood` logs
+//! 100,000 warnings per triggering fop, each with a newline and a forged
+//! host line, then passes the fop on.
 
 use std::hint::black_box;
 
 use xlfs_sdk::guest::{Cx, Host, Plugin};
 use xlfs_sdk::xlator::ReconfigureError;
-use xlfs_sdk::{OptType, OptionDecl, Options, Request};
+use xlfs_sdk::{Errno, Fop, Gfid, Iatt, OptType, OptionDecl, Options, Reply, Request, Response};
 
 /// What to do on a triggering fop.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -32,6 +37,14 @@ enum Mode {
     DumpTrap,
     /// Panic in `reconfigure` (and trap on a triggering fop).
     ReconfigureTrap,
+    /// Fail with errno 600, beyond what the kernel takes.
+    BadErrno,
+    /// Answer a lookup with the root's gfid.
+    RootGfid,
+    /// Answer every WRITE with an empty success.
+    EmptyWrites,
+    /// Log without bound, forging host lines.
+    LogFlood,
 }
 
 /// The plugin: one instance per graph node.
@@ -53,6 +66,10 @@ const OPTIONS: &[OptionDecl] = &[
             "init-trap",
             "dump-trap",
             "reconfigure-trap",
+            "bad-errno",
+            "root-gfid",
+            "empty-writes",
+            "log-flood",
         ]),
     )
     .default("trap")
@@ -92,6 +109,10 @@ impl Plugin for Hostile {
     }
 
     fn fop(&mut self, cx: &mut Cx<'_, ()>, req: Request) {
+        if self.mode == Mode::EmptyWrites && matches!(req.fop, Fop::Writev { .. }) {
+            cx.unwind(Ok(Response::from(Reply::Empty)));
+            return;
+        }
         let triggered = req.fop.loc().is_some_and(|l| !self.trigger.is_empty() && l.name.starts_with(&self.trigger));
         if !triggered {
             if let Err(e) = cx.forward(&req) {
@@ -121,7 +142,21 @@ impl Plugin for Hostile {
                 // The host refuses and fails the frame; ignore its answer.
                 let _ = cx.wind(7, &req, None);
             }
-            Mode::NoUnwind => {}
+            Mode::NoUnwind | Mode::EmptyWrites => {}
+            Mode::BadErrno => cx.unwind(Err(Errno(600))),
+            Mode::LogFlood => {
+                let host = cx.host();
+                for i in 0..100_000 {
+                    host.warn(&format!("flood {i}\n2026-01-01T00:00:00Z  INFO xlfs: FORGED host line"));
+                }
+                if let Err(e) = cx.forward(&req) {
+                    cx.unwind(Err(e));
+                }
+            }
+            Mode::RootGfid => {
+                let iatt = Iatt { gfid: Gfid::ROOT, mode: libc_dir_mode(), nlink: 2, ..Iatt::default() };
+                cx.unwind(Ok(Response::from(Reply::Entry { iatt, postparent: Iatt { gfid: Gfid::ROOT, ..iatt } })));
+            }
         }
     }
 }
@@ -136,8 +171,17 @@ fn mode(options: &Options) -> Mode {
         "no-unwind" => Mode::NoUnwind,
         "dump-trap" => Mode::DumpTrap,
         "reconfigure-trap" => Mode::ReconfigureTrap,
+        "bad-errno" => Mode::BadErrno,
+        "root-gfid" => Mode::RootGfid,
+        "empty-writes" => Mode::EmptyWrites,
+        "log-flood" => Mode::LogFlood,
         _ => Mode::Trap,
     }
+}
+
+/// A directory's mode bits (S_IFDIR | 0755), without libc on wasm32.
+const fn libc_dir_mode() -> u32 {
+    0o040_755
 }
 
 xlfs_sdk::export_plugin!(Hostile);

@@ -13,6 +13,51 @@ use super::{Core, neg};
 
 /// Longest log line kept from a guest, in bytes.
 const MAX_LOG: usize = 4096;
+/// Log lines a plugin node may write per second, on average...
+const LOG_RATE: f64 = 100.0;
+/// ...and at once.
+const LOG_BURST: f64 = 200.0;
+
+/// A token bucket over a node's log lines.
+pub(crate) struct LogBudget {
+    tokens: f64,
+    at: Instant,
+    dropped: u64,
+}
+
+impl Default for LogBudget {
+    fn default() -> LogBudget {
+        LogBudget { tokens: LOG_BURST, at: Instant::now(), dropped: 0 }
+    }
+}
+
+impl LogBudget {
+    /// Whether a line may be written now; when it may after some were
+    /// dropped, how many were.
+    fn take(&mut self) -> Result<u64, ()> {
+        let now = Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * LOG_RATE).min(LOG_BURST);
+        self.at = now;
+        if self.tokens < 1.0 {
+            self.dropped += 1;
+            return Err(());
+        }
+        self.tokens -= 1.0;
+        Ok(std::mem::take(&mut self.dropped))
+    }
+}
+
+/// A guest's log text as one line: control characters (a newline that
+/// would start a forged host line, terminal escapes) shown escaped.
+fn one_line(msg: &str) -> std::borrow::Cow<'_, str> {
+    if !msg.chars().any(char::is_control) {
+        return msg.into();
+    }
+    msg.chars()
+        .flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] })
+        .collect::<String>()
+        .into()
+}
 
 /// What host functions act on: one node (or, while a module is being
 /// described, no node). WebAssembly stores hold it; a native guest gets a
@@ -22,12 +67,20 @@ pub(crate) struct HostCtx {
     pub(super) core: Weak<Core>,
     pub(super) declared: Mutex<Option<Vec<u8>>>,
     pub(super) last_error: Mutex<Option<String>>,
+    /// Bounds the node's log ([`LOG_RATE`] lines a second).
+    pub(super) log_budget: Mutex<LogBudget>,
 }
 
 impl HostCtx {
     /// A context for `xlfs_describe`: only `declare` and `log` work.
     pub(crate) fn describing(label: String) -> Arc<HostCtx> {
-        Arc::new(HostCtx { label, core: Weak::new(), declared: Mutex::new(None), last_error: Mutex::new(None) })
+        Arc::new(HostCtx {
+            label,
+            core: Weak::new(),
+            declared: Mutex::new(None),
+            last_error: Mutex::new(None),
+            log_budget: Mutex::default(),
+        })
     }
 
     /// What the guest declared.
@@ -100,13 +153,21 @@ impl HostCtx {
     }
 
     pub(crate) fn log(&self, level: u32, msg: &[u8]) {
-        let msg = String::from_utf8_lossy(&msg[..msg.len().min(MAX_LOG)]);
+        let raw = String::from_utf8_lossy(&msg[..msg.len().min(MAX_LOG)]);
+        let msg = one_line(&raw);
         let node = &self.label;
+        if level == sys::log_level::ERROR {
+            *self.last_error.lock() = Some(msg.to_string());
+        }
+        let dropped = match self.log_budget.lock().take() {
+            Ok(d) => d,
+            Err(()) => return,
+        };
+        if dropped > 0 {
+            tracing::warn!(target: "xlfs::plugin", %node, "{dropped} log lines of this plugin dropped (over {LOG_RATE} a second)");
+        }
         match level {
-            sys::log_level::ERROR => {
-                *self.last_error.lock() = Some(msg.to_string());
-                tracing::error!(target: "xlfs::plugin", %node, "{msg}")
-            }
+            sys::log_level::ERROR => tracing::error!(target: "xlfs::plugin", %node, "{msg}"),
             sys::log_level::WARN => tracing::warn!(target: "xlfs::plugin", %node, "{msg}"),
             sys::log_level::INFO => tracing::info!(target: "xlfs::plugin", %node, "{msg}"),
             sys::log_level::DEBUG => tracing::debug!(target: "xlfs::plugin", %node, "{msg}"),
@@ -170,5 +231,19 @@ impl HostCtx {
         }
         *d = Some(msg.to_vec());
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_log_text_stays_one_line_and_is_held_to_a_rate() {
+        assert_eq!(one_line("plain"), "plain");
+        assert_eq!(one_line("a\nb\x1b[31m"), "a\\nb\\u{1b}[31m");
+        let mut b = LogBudget::default();
+        let kept = (0..10_000).filter(|_| b.take().is_ok()).count();
+        assert!((LOG_BURST as usize..LOG_BURST as usize + 50).contains(&kept), "{kept}");
     }
 }
