@@ -586,3 +586,23 @@ async fn a_plugin_that_floods_the_log_is_held_to_a_rate_and_cannot_forge_lines()
     wait_log(&[&h.node, "log lines of this plugin dropped"]).await;
     h.works("after the flood").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_whose_every_reply_winds_again_meets_its_deadline() {
+    // Every call answers at once, so the frame's driver never waited:
+    // it looped without yielding, past frame-timeout, holding its thread.
+    let h = hostile("wasm", "rewind-loop", &[("frame-timeout", "2s")]).await;
+    h.works("before").await;
+    h.trigger().await;
+    h.works("after").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wind_the_host_refuses_fails_its_frame_at_once() {
+    // The plugin ignores the refusal and never unwinds: the fop used to
+    // wait for frame-timeout (30 minutes by default).
+    let h = hostile("dylib", "wind-flood", &[("max-frames", "16")]).await;
+    h.trigger().await;
+    wait_log(&[&h.node, "wind refused: the node has 64 calls in flight"]).await;
+    h.works("after").await;
+}

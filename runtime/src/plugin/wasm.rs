@@ -128,12 +128,15 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         imports::WIND,
         |c: Caller<'_, HostState>, frame: u64, child: u32, flags: u32, p: u32, n: u32, buf: u32| -> i64 {
             let ctx = c.data().ctx.clone();
-            guest_bytes(&c, p, n).map_or(EFAULT as i64, |msg| ctx.wind(frame, child, flags, msg, buf))
+            guest_bytes(&c, p, n).map_or_else(
+                || i64::from(ctx.bad_pointer(frame, "wind")),
+                |msg| ctx.wind(frame, child, flags, msg, buf),
+            )
         },
     )?;
     l.func_wrap(m, imports::UNWIND, |c: Caller<'_, HostState>, frame: u64, p: u32, n: u32, buf: u32| -> i32 {
         let ctx = c.data().ctx.clone();
-        guest_bytes(&c, p, n).map_or(EFAULT, |msg| ctx.unwind(frame, msg, buf))
+        guest_bytes(&c, p, n).map_or_else(|| ctx.bad_pointer(frame, "unwind"), |msg| ctx.unwind(frame, msg, buf))
     })?;
     l.func_wrap(m, imports::TIMER_SET, |c: Caller<'_, HostState>, ms: u64| -> i64 { c.data().ctx.timer_set(ms) })?;
     l.func_wrap(m, imports::TIMER_CANCEL, |c: Caller<'_, HostState>, id: u64| -> i32 {

@@ -10,13 +10,15 @@
 //! lookup, with the root's gfid; `empty-writes` answers every WRITE (on
 //! any file) with an empty success, as if written. Mode `log-flood` logs
 //! 100,000 warnings per triggering fop, each with a newline and a forged
-//! host line, then passes the fop on.
+//! host line, then passes the fop on. Mode `rewind-loop` winds a triggering
+//! fop and winds again from every reply, never unwinding; `wind-flood`
+//! winds it 1,000 times, ignoring refusals, and never unwinds.
 
 use std::hint::black_box;
 
-use xlfs_sdk::guest::{Cx, Host, Plugin};
+use xlfs_sdk::guest::{CallId, Cx, Host, Plugin};
 use xlfs_sdk::xlator::ReconfigureError;
-use xlfs_sdk::{Errno, Fop, Gfid, Iatt, OptType, OptionDecl, Options, Reply, Request, Response};
+use xlfs_sdk::{Errno, Fop, FopResult, Gfid, Iatt, Loc, OptType, OptionDecl, Options, Reply, Request, Response};
 
 /// What to do on a triggering fop.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -45,6 +47,10 @@ enum Mode {
     EmptyWrites,
     /// Log without bound, forging host lines.
     LogFlood,
+    /// Wind again from every reply.
+    RewindLoop,
+    /// Wind 1,000 calls for one fop, ignoring refusals; never unwind.
+    WindFlood,
 }
 
 /// The plugin: one instance per graph node.
@@ -70,6 +76,8 @@ const OPTIONS: &[OptionDecl] = &[
             "root-gfid",
             "empty-writes",
             "log-flood",
+            "rewind-loop",
+            "wind-flood",
         ]),
     )
     .default("trap")
@@ -108,6 +116,16 @@ impl Plugin for Hostile {
         Ok(())
     }
 
+    fn reply(&mut self, cx: &mut Cx<'_, ()>, _call: CallId, result: FopResult) {
+        match self.mode {
+            Mode::RewindLoop => {
+                let _ = cx.wind(0, &Request::new(Fop::Stat { loc: Loc::root() }), None);
+            }
+            Mode::WindFlood => {}
+            _ => cx.unwind(result),
+        }
+    }
+
     fn fop(&mut self, cx: &mut Cx<'_, ()>, req: Request) {
         if self.mode == Mode::EmptyWrites && matches!(req.fop, Fop::Writev { .. }) {
             cx.unwind(Ok(Response::from(Reply::Empty)));
@@ -144,6 +162,14 @@ impl Plugin for Hostile {
             }
             Mode::NoUnwind | Mode::EmptyWrites => {}
             Mode::BadErrno => cx.unwind(Err(Errno(600))),
+            Mode::RewindLoop => {
+                let _ = cx.wind(0, &req, None);
+            }
+            Mode::WindFlood => {
+                for _ in 0..1000 {
+                    let _ = cx.wind(0, &req, None);
+                }
+            }
             Mode::LogFlood => {
                 let host = cx.host();
                 for i in 0..100_000 {
@@ -175,6 +201,8 @@ fn mode(options: &Options) -> Mode {
         "root-gfid" => Mode::RootGfid,
         "empty-writes" => Mode::EmptyWrites,
         "log-flood" => Mode::LogFlood,
+        "rewind-loop" => Mode::RewindLoop,
+        "wind-flood" => Mode::WindFlood,
         _ => Mode::Trap,
     }
 }

@@ -26,10 +26,19 @@ use xlfs_sdk::{CallCtx, Child, Errno, FopKind, FopResult, Request};
 
 use super::{Core, neg};
 
+/// Calls one frame may wind in all (a fan-out of 100,000 is fine; a guest
+/// whose every reply winds again is stopped here).
+const MAX_CALLS_PER_FRAME: u32 = 1 << 20;
+/// Replies a driver delivers in one poll before it yields, so that a frame
+/// whose calls all answer at once cannot hold the thread (and its deadline).
+const DELIVERIES_PER_POLL: u32 = 1024;
+
 pub(super) struct FrameEntry {
     pub(super) cell: Arc<FrameCell>,
     ctx: CallCtx,
     kind: FopKind,
+    /// Calls wound for it so far.
+    wound: u32,
     /// The fop as the guest got it (WRITE data left out): what a wind
     /// "as it came" ([`sys::WIND_AS_IS`], ABI v1.3) sends, without decoding.
     req: Request,
@@ -131,6 +140,7 @@ impl Driver {
     /// (when `want_result`), `Ready(None)` once nothing is left to run
     /// (when not).
     fn poll_frame(&mut self, cx: &mut Context<'_>, want_result: bool) -> Poll<Option<FopResult>> {
+        let mut delivered = 0u32;
         loop {
             let (wounds, result) = {
                 let mut s = self.cell.0.lock();
@@ -158,7 +168,13 @@ impl Driver {
                     // The guest's reply handler runs here, in this task; it
                     // may wind more calls or unwind the frame.
                     self.core.deliver(meta.era, self.frame, meta.call, result);
+                    delivered += 1;
                 }
+            }
+            if progressed && delivered >= DELIVERIES_PER_POLL {
+                // Let the runtime (and the frame's deadline) in.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
             }
             if progressed {
                 continue;
@@ -250,7 +266,7 @@ impl Core {
             };
             msg.clear();
             sys::encode_call(Some(&ctx), &req, msg);
-            self.frames.lock().insert(frame, FrameEntry { cell, ctx, kind, req });
+            self.frames.lock().insert(frame, FrameEntry { cell, ctx, kind, req, wound: 0 });
             g.on_fop(frame, msg, payload).map(Ok)
         });
         match entered {
@@ -316,8 +332,10 @@ impl Core {
         }
     }
 
-    /// Fails one frame with EIO because the guest misused the ABI for it.
-    fn fail_frame(&self, frame: u64, why: &str) {
+    /// Fails one frame with EIO because the guest misused the ABI for it
+    /// (or the host refused a call the frame needs: the guest may ignore
+    /// the refusal, and the application must not wait for frame-timeout).
+    pub(super) fn fail_frame(&self, frame: u64, why: &str) {
         if let Some(f) = self.frames.lock().remove(&frame) {
             tracing::warn!(target: "xlfs::plugin", node = %self.name, frame, fop = f.kind.name(), "{why}: failing the fop with EIO");
             f.cell.finish(Err(Errno::EIO));
@@ -369,6 +387,9 @@ impl Core {
         }
         let max_calls = self.limits.max_frames.saturating_mul(4).max(64);
         if self.calls.load(Ordering::Relaxed) >= max_calls {
+            if frame != 0 {
+                self.fail_frame(frame, &format!("wind refused: the node has {max_calls} calls in flight"));
+            }
             return neg(Errno::EAGAIN);
         }
         let era = self.generation.load(Ordering::Acquire);
@@ -387,7 +408,13 @@ impl Core {
             return call as i64;
         }
         let mut frames = self.frames.lock();
-        let Some(entry) = frames.get(&frame) else { return neg(Errno::ENOENT) };
+        let Some(entry) = frames.get_mut(&frame) else { return neg(Errno::ENOENT) };
+        entry.wound += 1;
+        if entry.wound > MAX_CALLS_PER_FRAME {
+            drop(frames);
+            self.fail_frame(frame, &format!("wind refused: more than {MAX_CALLS_PER_FRAME} calls for one frame"));
+            return neg(Errno::EAGAIN);
+        }
         self.calls.fetch_add(1, Ordering::Relaxed);
         // A context the guest encoded lacks the fop's timing frame
         // (never encoded): the call is still the fop's own.

@@ -104,6 +104,18 @@ impl HostCtx {
         self.core().map_or_else(neg, |c| c.wind(frame, child, flags, msg, payload))
     }
 
+    /// A wind or unwind for `frame` whose message the guest pointed
+    /// outside its memory: refused with EFAULT, and the frame fails now
+    /// (the guest may not unwind it at all).
+    pub(crate) fn bad_pointer(&self, frame: u64, what: &str) -> i32 {
+        if frame != 0
+            && let Ok(c) = self.core()
+        {
+            c.fail_frame(frame, &format!("{what} with a message outside the plugin's memory"));
+        }
+        -Errno::EFAULT.0
+    }
+
     pub(crate) fn unwind(&self, frame: u64, msg: &[u8], payload: u32) -> i32 {
         self.core().map_or_else(|e| -e.0, |c| c.unwind(frame, msg, payload))
     }
