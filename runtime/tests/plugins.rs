@@ -604,5 +604,13 @@ async fn a_wind_the_host_refuses_fails_its_frame_at_once() {
     let h = hostile("dylib", "wind-flood", &[("max-frames", "16")]).await;
     h.trigger().await;
     wait_log(&[&h.node, "wind refused: the node has 64 calls in flight"]).await;
+    // Once the calls it did wind are done, the node takes fops again.
+    let in_flight = format!("{}.plugin.calls-in-flight", h.node);
+    for _ in 0..500 {
+        if dump_value(&h.graph, &in_flight) == "0" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     h.works("after").await;
 }

@@ -50,6 +50,10 @@ pub(crate) use xlator::{PluginXlator, plugin_options};
 
 /// Most buffer handles a node holds at once.
 pub(crate) const MAX_BUFFERS: usize = 16384;
+/// Most bytes a node's buffer handles may hold at once: beyond, a new
+/// handle (a WRITE's data on its way in, a READ's on its way back, one
+/// the guest makes) is refused with ENOMEM and that fop fails.
+pub(crate) const MAX_BUFFER_BYTES: usize = 256 << 20;
 /// Most timers a node has armed at once.
 pub(crate) const MAX_TIMERS: usize = 4096;
 /// Most per-inode (and, separately, per-fd) context values a node keeps.
@@ -325,7 +329,7 @@ impl Core {
         for f in frames {
             f.cell.finish(Err(Errno::EIO));
         }
-        self.bufs.lock().map.clear();
+        self.bufs.lock().clear();
         for (_, t) in self.timers.lock().drain() {
             t.abort();
         }

@@ -376,7 +376,7 @@ impl Core {
             return neg(Errno::EINVAL);
         };
         if payload != sys::NO_BUF {
-            let Some(bytes) = self.bufs.lock().map.get(&payload).cloned() else {
+            let Some(bytes) = self.bufs.lock().get(payload) else {
                 self.fail_frame(frame, &format!("wind with unknown buffer handle {payload}"));
                 return neg(Errno::EBADF);
             };
@@ -458,7 +458,7 @@ impl Core {
             }
         };
         if payload != sys::NO_BUF {
-            let Some(bytes) = self.bufs.lock().map.get(&payload).cloned() else {
+            let Some(bytes) = self.bufs.lock().get(payload) else {
                 return refuse(entry, format!("unwind with unknown buffer handle {payload}"), Errno::EBADF);
             };
             if !sys::put_result_data(&mut result, bytes) {

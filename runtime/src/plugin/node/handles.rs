@@ -11,26 +11,52 @@ use std::time::Duration;
 use bytes::Bytes;
 use xlfs_sdk::Errno;
 
-use super::{Core, MAX_BUFFERS, MAX_TIMERS, neg};
+use super::{Core, MAX_BUFFER_BYTES, MAX_BUFFERS, MAX_TIMERS, neg};
 
+/// The guest's buffer handles, bounded in count and in bytes (a handle
+/// pins its bytes until the guest frees it: the data of every WRITE a
+/// pass-through never frees, or buffers it makes as large as it likes).
 #[derive(Default)]
 pub(super) struct Bufs {
-    pub(super) map: HashMap<u32, Bytes>,
+    map: HashMap<u32, Bytes>,
     next: u32,
+    /// Bytes behind the handles.
+    bytes: usize,
 }
 
 impl Bufs {
     pub(super) fn insert(&mut self, b: Bytes) -> Result<u32, Errno> {
-        if self.map.len() >= MAX_BUFFERS {
+        if self.map.len() >= MAX_BUFFERS || self.bytes.saturating_add(b.len()) > MAX_BUFFER_BYTES {
             return Err(Errno::ENOMEM);
         }
         loop {
             self.next = self.next.wrapping_add(1).max(1);
             if !self.map.contains_key(&self.next) {
+                self.bytes += b.len();
                 self.map.insert(self.next, b);
                 return Ok(self.next);
             }
         }
+    }
+
+    pub(super) fn get(&self, h: u32) -> Option<Bytes> {
+        self.map.get(&h).cloned()
+    }
+
+    pub(super) fn remove(&mut self, h: u32) -> Option<Bytes> {
+        let b = self.map.remove(&h)?;
+        self.bytes -= b.len();
+        Some(b)
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.map.clear();
+        self.bytes = 0;
+    }
+
+    /// Bytes held now.
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
@@ -70,5 +96,23 @@ impl Core {
             return;
         }
         let _ = self.with_guest(Some(era), |g, _| g.on_timer(timer));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_bounded_in_bytes_not_only_in_count() {
+        let mut b = Bufs::default();
+        let big = Bytes::from(vec![0u8; MAX_BUFFER_BYTES / 4]);
+        let handles: Vec<u32> = (0..4).map(|_| b.insert(big.clone()).expect("within the budget")).collect();
+        assert_eq!(b.bytes(), MAX_BUFFER_BYTES);
+        assert_eq!(b.insert(Bytes::from_static(b"x")), Err(Errno::ENOMEM), "one byte over");
+        assert!(b.remove(handles[0]).is_some());
+        assert!(b.insert(Bytes::from_static(b"x")).is_ok(), "freeing gives the budget back");
+        b.clear();
+        assert_eq!(b.bytes(), 0);
     }
 }

@@ -194,7 +194,7 @@ impl HostCtx {
 
     /// The bytes behind a handle.
     pub(crate) fn buf(&self, h: u32) -> Result<Bytes, Errno> {
-        self.core()?.bufs.lock().map.get(&h).cloned().ok_or(Errno::EBADF)
+        self.core()?.bufs.lock().get(h).ok_or(Errno::EBADF)
     }
 
     pub(crate) fn buf_len(&self, h: u32) -> i64 {
@@ -225,7 +225,7 @@ impl HostCtx {
 
     pub(crate) fn buf_free(&self, h: u32) -> i32 {
         match self.core() {
-            Ok(c) => c.bufs.lock().map.remove(&h).map_or(-Errno::EBADF.0, |_| 0),
+            Ok(c) => c.bufs.lock().remove(h).map_or(-Errno::EBADF.0, |_| 0),
             Err(e) => -e.0,
         }
     }

@@ -192,6 +192,7 @@ impl Xlator for PluginXlator {
             ("plugin.abi".into(), l.version.to_string()),
             ("plugin.frames-in-flight".into(), core.frames.lock().len().to_string()),
             ("plugin.calls-in-flight".into(), core.calls.load(Ordering::Relaxed).to_string()),
+            ("plugin.buffer-bytes".into(), core.bufs.lock().bytes().to_string()),
             ("plugin.fops-entered".into(), core.entered.load(Ordering::Relaxed).to_string()),
             ("plugin.fops-passed-through".into(), core.passed.load(Ordering::Relaxed).to_string()),
             ("plugin.crashes".into(), slot.total_crashes.to_string()),
