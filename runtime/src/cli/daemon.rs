@@ -430,7 +430,7 @@ impl VolumeCommand {
             },
             VolumeCommand::Reset { name, key } => Request::Reset { name, key },
             VolumeCommand::Get { name, key } => Request::Get { name, key },
-            VolumeCommand::Getspec { name, brick } => Request::Getspec { name, brick },
+            VolumeCommand::Getspec { name, brick } => Request::Getspec { name, brick, unless: None },
             VolumeCommand::Portmap { brick } => Request::Portmap { brick },
             VolumeCommand::Heal { name, action, rest } => {
                 let action = match action.as_deref() {

@@ -98,8 +98,9 @@ pub struct MountArgs {
     /// `xlfs reload` still work).
     #[arg(long, value_name = "SECS", default_value_t = 1.0)]
     pub watch_interval: f64,
-    /// Seconds between asking the daemon for the volume's volfile (when
-    /// mounted by name).
+    /// Mounted by name, the mount follows its volume's volfile: the daemon
+    /// answers as soon as it changes; this is the least time between two
+    /// asks (and the wait after an error). 0: do not follow.
     #[arg(long, value_name = "SECS", default_value_t = 2.0)]
     pub spec_interval: f64,
     /// Internal: this process is the daemon started by `xlfs mount`.
@@ -205,7 +206,7 @@ impl MountArgs {
 
     async fn run_normalized(self, opts: MountOptions, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
         if let Some(src) = &self.source {
-            let text = SpecSource::new(src, &opts.backup_volfile_servers)?.fetch().await?;
+            let text = SpecSource::new(src, &opts.backup_volfile_servers)?.fetch(None).await?;
             write_spec(src, &self.volfile(), &text)?;
         }
         if self.foreground {
@@ -426,13 +427,16 @@ impl SpecSource {
 
     /// Asks each daemon in turn for the volume's client volfile; the first
     /// answer wins. A daemon that refuses (no such volume, not started)
-    /// is final: the others share its store.
-    async fn fetch(&self) -> Result<String, MountError> {
-        use crate::mgmt::protocol::{ProtocolError, Reply, Request, call};
+    /// is final: the others share its store. With `have` (the text this
+    /// mount runs), the daemon answers once the volfile differs, or after
+    /// a while with the same.
+    async fn fetch(&self, have: Option<&str>) -> Result<String, MountError> {
+        use crate::mgmt::protocol::{ProtocolError, Reply, Request, call, volfile_digest};
         let fail = |why: String| MountError::Spec { source_name: self.src.clone(), why };
+        let unless = have.map(volfile_digest);
         let mut tried = Vec::new();
         for addr in &self.servers {
-            match call(addr, &Request::Getspec { name: self.volume.clone(), brick: None }).await {
+            match call(addr, &Request::Getspec { name: self.volume.clone(), brick: None, unless }).await {
                 Ok(Reply::Spec { volfile, .. }) => {
                     if addr != &self.servers[0] {
                         tracing::info!(server = %addr, "volfile fetched from a backup volfile server");
@@ -467,20 +471,25 @@ fn write_spec(src: &str, path: &Path, text: &str) -> Result<(), MountError> {
     std::fs::rename(&tmp, path).map_err(fail)
 }
 
-/// Asks the daemon for the volfile every `every`; when it changed, writes
-/// it and reloads. Runs until dropped.
+/// Follows the volume's volfile: asks the daemon for it, which answers as
+/// soon as it differs from the one running (or after a while with the
+/// same); when it changed, writes it and reloads. Asks at most every
+/// `every` (also after an error). Runs until dropped.
 async fn follow_spec(from: SpecSource, file: PathBuf, reloader: Arc<Reloader>, every: Duration) {
     let (src, volume) = (&from.src, &from.volume);
     loop {
-        tokio::time::sleep(every).await;
-        let text = match from.fetch().await {
+        let asked = tokio::time::Instant::now();
+        let have = std::fs::read_to_string(&file).ok();
+        let text = match from.fetch(have.as_deref()).await {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!("{e}; keeping the running graph");
+                tokio::time::sleep_until(asked + every).await;
                 continue;
             }
         };
-        if std::fs::read_to_string(&file).is_ok_and(|old| old == text) {
+        if have.as_deref() == Some(text.as_str()) {
+            tokio::time::sleep_until(asked + every).await;
             continue;
         }
         if let Err(e) = write_spec(src, &file, &text) {

@@ -39,8 +39,9 @@ impl VolfileCommand {
     pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
         match self {
             VolfileCommand::Show { volume, brick, daemon } => {
-                let reply =
-                    call(&daemon, &Request::Getspec { name: volume, brick }).await.map_err(super::DaemonError::from)?;
+                let reply = call(&daemon, &Request::Getspec { name: volume, brick, unless: None })
+                    .await
+                    .map_err(super::DaemonError::from)?;
                 match reply {
                     Reply::Spec { volfile, .. } => out.write_all(volfile.as_bytes())?,
                     other => writeln!(out, "unexpected answer: {other:?}")?,

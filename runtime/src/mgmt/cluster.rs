@@ -61,6 +61,9 @@ impl Daemon {
                 let _one = self.changes.lock().await;
                 self.reconcile(&mut seen).await
             };
+            // The store or a brick here changed (or time passed): volfiles
+            // waited on are looked at again.
+            self.volfiles.notify_waiters();
             match r {
                 Ok(()) => failing = false,
                 Err(e) if !failing => {

@@ -12,7 +12,7 @@ use xlfs_sdk::Gfid;
 use super::keys::{self, KEYS, KeyError};
 use super::protocol::{
     BrickDump, BrickHeal, BrickStatus, HealAction, KeyValue, ProfileAction, RebalanceAction, RebalanceStatus,
-    RemoveAction, Reply, Request, Response, VolumeState, read_frame, write_frame,
+    RemoveAction, Reply, Request, Response, SPEC_WAIT, VolumeState, read_frame, volfile_digest, write_frame,
 };
 use super::rebalance::{self, Progress};
 use super::shd::Shds;
@@ -250,6 +250,10 @@ pub struct Daemon {
     profiles: parking_lot::Mutex<std::collections::BTreeMap<String, String>>,
     /// What this daemon last published of its bricks, and when.
     pub(super) published: parking_lot::Mutex<super::cluster::Published>,
+    /// Woken when a volfile may have changed (a request changed something,
+    /// another node changed the store, a brick here moved): `getspec`s
+    /// waiting for a change look again.
+    pub(super) volfiles: tokio::sync::Notify,
 }
 
 impl Daemon {
@@ -267,6 +271,7 @@ impl Daemon {
             changes: tokio::sync::Mutex::new(()),
             rebalances: Default::default(),
             profiles: Default::default(),
+            volfiles: tokio::sync::Notify::new(),
             published: Default::default(),
         }
     }
@@ -386,6 +391,9 @@ impl Daemon {
         );
         let what = format!("{req:?}");
         let r = self.apply(req).await;
+        if logged {
+            self.volfiles.notify_waiters();
+        }
         match r {
             Ok(reply) => {
                 if logged {
@@ -489,11 +497,19 @@ impl Daemon {
                 };
                 Ok(Reply::Status { volumes: specs.iter().map(|s| self.state_of(s)).collect() })
             }
-            Request::Getspec { name, brick: None } => {
-                let (v, volfile) = self.volfile(&name)?;
-                Ok(Reply::Spec { volfile, revision: v.revision })
+            Request::Getspec { name, brick: None, unless } => {
+                let deadline = tokio::time::Instant::now() + SPEC_WAIT;
+                loop {
+                    // Registered before looking, so no change slips between.
+                    let changed = self.volfiles.notified();
+                    let (v, volfile) = self.volfile(&name)?;
+                    let same = unless == Some(volfile_digest(&volfile));
+                    if !same || tokio::time::timeout_at(deadline, changed).await.is_err() {
+                        return Ok(Reply::Spec { volfile, revision: v.revision });
+                    }
+                }
             }
-            Request::Getspec { name, brick: Some(brick) } => self.brick_volfile(&name, &brick),
+            Request::Getspec { name, brick: Some(brick), .. } => self.brick_volfile(&name, &brick),
             Request::Heal { name, action } => self.heal(&name, action).await,
             Request::Profile { name, action } => {
                 if action == ProfileAction::Info

@@ -21,6 +21,16 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:24007";
 /// start` waits for the bricks, which may take up to their start timeout.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How long the daemon holds a `getspec` whose volfile has not changed.
+pub const SPEC_WAIT: Duration = Duration::from_secs(30);
+
+/// A short digest of a volfile's text, for [`Request::Getspec`]'s `unless`.
+pub fn volfile_digest(text: &str) -> u64 {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(text.as_bytes());
+    u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
 /// What the CLI asks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
@@ -98,6 +108,12 @@ pub enum Request {
         /// `HOST:DIR`: that brick's volfile instead.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         brick: Option<String>,
+        /// The [`volfile_digest`] of the volfile the asker has: the daemon
+        /// answers once the volfile differs, or after [`SPEC_WAIT`] (a
+        /// mount following its volume; GlusterFS's daemon pushes changes
+        /// likewise).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unless: Option<u64>,
     },
     /// Which port brick `HOST:DIR` listens on.
     Portmap {
