@@ -175,6 +175,9 @@ pub(crate) struct Inner {
     reads: Vec<ReadStats>,
     rt: OnceLock<tokio::runtime::Handle>,
     heal: heal::HealState,
+    /// Blames no copy holding the change could be told of yet (see
+    /// [`transaction::Deferred`]), written when a child comes back.
+    deferred: parking_lot::Mutex<Vec<transaction::Deferred>>,
 }
 
 impl Inner {
@@ -588,6 +591,7 @@ impl Replicate {
             reads: (0..n).map(|_| ReadStats::default()).collect(),
             rt: OnceLock::new(),
             heal: heal::HealState::new(bg),
+            deferred: parking_lot::Mutex::new(Vec::new()),
             children,
             name,
             policies,
@@ -632,6 +636,12 @@ impl Xlator for Replicate {
                     if before & bit(i) == 0 {
                         me.generation.fetch_add(1, Ordering::AcqRel);
                         tracing::info!(volume = %me.name, child = %me.children[i].name, "child up");
+                        if !me.deferred.lock().is_empty()
+                            && let Some(h) = me.handle()
+                        {
+                            let me = me.clone();
+                            h.spawn(async move { me.write_deferred().await });
+                        }
                     }
                     before | bit(i)
                 } else {

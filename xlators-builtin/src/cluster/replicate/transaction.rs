@@ -45,6 +45,25 @@ pub struct Changelog {
     pub failed: Mask,
 }
 
+/// Most deferred blames kept; beyond, the oldest is dropped (logged).
+const MAX_DEFERRED: usize = 4096;
+
+/// A blame that could not be written on any copy holding the change: an
+/// entry fop sent without a pre-op (optimistic changelog) that reached
+/// some copies only, the client cut off from all of them before its
+/// post-op. Nothing on the bricks records it, so heal would never find
+/// the copies differing; it is written when a child comes back.
+#[derive(Clone, Debug)]
+pub struct Deferred {
+    ctx: CallCtx,
+    kind: Kind,
+    inodes: Vec<Gfid>,
+    /// The copies that have the change.
+    on: Mask,
+    /// The copies that missed it.
+    blamed: Mask,
+}
+
 /// How the children answered a fop.
 pub struct Outcome {
     /// Children where it succeeded.
@@ -148,24 +167,70 @@ impl Inner {
     }
 
     /// Post-op: leaves exactly the failed children and the non-members
-    /// blamed (or, with `undo`, takes the pre-op back entirely).
-    pub async fn post_op(&self, ctx: &CallCtx, cl: &Changelog, undo: bool) {
+    /// blamed (or, with `undo`, takes the pre-op back entirely). Returns
+    /// the members it was written on.
+    pub async fn post_op(&self, ctx: &CallCtx, cl: &Changelog, undo: bool) -> Mask {
         let base = i32::from(cl.preop);
         let blamed = !cl.members | cl.failed;
         let delta = |j: usize| {
             if undo { -base } else { i32::from(blamed & bit(j) != 0) - base }
         };
-        if let Some(d) = pending::changelog(&self.keys, cl.kind, delta) {
-            self.xattrop(ctx, cl, cl.members, &d, false).await;
+        match pending::changelog(&self.keys, cl.kind, delta) {
+            Some(d) => self.xattrop(ctx, cl, cl.members, &d, false).await.0,
+            None => cl.members,
+        }
+    }
+
+    /// Keeps a blame to write when a child comes back (see [`Deferred`]).
+    fn defer(&self, d: Deferred) {
+        tracing::warn!(volume = %self.name, inodes = ?d.inodes, on = d.on, blamed = d.blamed,
+            "a change reached some copies only and no copy could record it: recording it when a child returns");
+        let mut list = self.deferred.lock();
+        if list.len() >= MAX_DEFERRED {
+            let old = list.remove(0);
+            tracing::error!(volume = %self.name, inodes = ?old.inodes, "too many unrecorded changes: one is dropped (a full heal finds it)");
+        }
+        list.push(d);
+    }
+
+    /// Writes the deferred blames on the copies up now; keeps those that
+    /// still reach none.
+    pub async fn write_deferred(&self) {
+        let list = std::mem::take(&mut *self.deferred.lock());
+        for d in list {
+            let on = d.on & self.up_mask();
+            let cl = Changelog {
+                kind: d.kind,
+                inodes: d.inodes.clone(),
+                fd: None,
+                members: on,
+                preop: false,
+                failed: d.blamed,
+            };
+            let written = match pending::changelog(&self.keys, d.kind, |j| i32::from(d.blamed & bit(j) != 0)) {
+                Some(dict) if on != 0 => self.xattrop(&d.ctx, &cl, on, &dict, false).await.0,
+                _ => 0,
+            };
+            if written == 0 {
+                self.deferred.lock().push(d);
+            } else {
+                tracing::info!(volume = %self.name, inodes = ?d.inodes, on = written, blamed = d.blamed, "recorded a change that reached some copies only");
+            }
         }
     }
 
     /// Blames `blamed` for `kind` changes of `gfid` on the children `on`,
     /// outside any transaction (an fsync that failed on some children).
+    /// If no copy holding the change (`on` but not `blamed`) could be
+    /// told, the blame is kept for later ([`Deferred`]).
     pub async fn blame(&self, ctx: &CallCtx, gfid: Gfid, kind: Kind, on: Mask, blamed: Mask) {
         let cl = Changelog { kind, inodes: vec![gfid], fd: None, members: on, preop: false, failed: blamed };
         if let Some(d) = pending::changelog(&self.keys, kind, |j| i32::from(blamed & bit(j) != 0)) {
-            self.xattrop(ctx, &cl, on, &d, false).await;
+            let (written, _) = self.xattrop(ctx, &cl, on, &d, false).await;
+            let holders = on & !blamed;
+            if holders != 0 && written & holders == 0 {
+                self.defer(Deferred { ctx: ctx.clone(), kind, inodes: vec![gfid], on: holders, blamed });
+            }
         }
         self.mark_stale(gfid, kind, blamed);
     }
@@ -251,7 +316,11 @@ impl Inner {
         self.check_fop_quorum(&mut out);
         cl.failed = out.failed;
         // A fop that failed everywhere changed nothing: take the pre-op back.
-        self.post_op(&held.ctx, &cl, out.ok == 0).await;
+        let recorded = self.post_op(&held.ctx, &cl, out.ok == 0).await;
+        if optimistic && out.ok != 0 && cl.failed != 0 && recorded & out.ok == 0 {
+            let d = Deferred { ctx: held.ctx.clone(), kind, inodes: cl.inodes.clone(), on: out.ok, blamed: cl.failed };
+            self.defer(d);
+        }
         self.unlock(&held).await;
         let blamed = if out.ok == 0 { 0 } else { !cl.members | cl.failed };
         (out, blamed & all(n))

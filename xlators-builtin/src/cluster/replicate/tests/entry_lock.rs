@@ -144,3 +144,37 @@ async fn entry_eager_lock_off_takes_a_lock_per_fop() {
     assert_eq!(n.entrylks(), 2 * 5 * N as u64, "a lock and an unlock per create per child");
     assert_eq!(n.dump("entry-eager-lock.taken"), "0");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_that_reached_one_copy_only_is_recorded_once_a_child_returns() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("async-dirops", "off")]);
+    let fd = n.create("ok").await.expect("create");
+    n.close(fd).await;
+    // The client is cut off as the create goes out: it reaches child 0
+    // only, and nothing after it (the blame on the directory) reaches
+    // anyone. No brick records that child 0 has a name the others lack.
+    n.fail(0, &[FopKind::Xattrop], Errno::ENOTCONN);
+    for i in 1..N {
+        n.fail(i, &[FopKind::Create, FopKind::Xattrop], Errno::ENOTCONN);
+    }
+    n.create("partial").await.expect_err("one copy of three is no quorum");
+    assert!(c.bricks[0].dir.join("partial").exists() && !c.bricks[1].dir.join("partial").exists());
+    for i in 0..N {
+        assert_eq!(c.pending(i, "", 1), [0, 0, 0], "nothing could be recorded yet");
+    }
+    // The links come back: a child says up, and the blame is written on the
+    // copy that has the name, so heal will find it.
+    for i in 0..N {
+        n.heal_gate(i);
+    }
+    n.down(1);
+    n.up(1);
+    for _ in 0..500 {
+        if c.pending(0, "", 1) == [0, 0, 1] && c.pending(0, "", 2) == [0, 0, 1] {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("brick 0 does not blame children 1 and 2: {:?} {:?}", c.pending(0, "", 1), c.pending(0, "", 2));
+}
