@@ -227,8 +227,10 @@ impl Inner {
         let cl = Changelog { kind, inodes: vec![gfid], fd: None, members: on, preop: false, failed: blamed };
         if let Some(d) = pending::changelog(&self.keys, kind, |j| i32::from(blamed & bit(j) != 0)) {
             let (written, _) = self.xattrop(ctx, &cl, on, &d, false).await;
+            // Data changes raised their counters in a pre-op already, which
+            // stay raised (and tell heal) when this does not land.
             let holders = on & !blamed;
-            if holders != 0 && written & holders == 0 {
+            if kind != Kind::Data && holders != 0 && written & holders == 0 {
                 self.defer(Deferred { ctx: ctx.clone(), kind, inodes: vec![gfid], on: holders, blamed });
             }
         }
