@@ -87,9 +87,17 @@ impl EtcdStore {
         format!("{}{rest}", self.prefix)
     }
 
-    /// POSTs `body` to `path` on the first endpoint that answers.
+    /// POSTs `body` to `path` on the first endpoint that answers. The
+    /// call blocks (up to its timeouts); on a multi-threaded runtime the
+    /// worker hands its other tasks on first.
     fn post(&self, path: &str, body: &Value) -> Result<Value, StoreError> {
-        post_any(&self.endpoints, path, body)
+        let call = || post_any(&self.endpoints, path, body);
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(call)
+            }
+            _ => call(),
+        }
     }
 
     /// The cluster id, made now if this is the first daemon.
