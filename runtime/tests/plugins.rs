@@ -614,3 +614,28 @@ async fn a_wind_the_host_refuses_fails_its_frame_at_once() {
     }
     h.works("after").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_keeps_every_write_is_held_to_its_buffer_budget() {
+    // Each WRITE's data is a buffer handle the plugin never frees: the
+    // handles used to be counted, not their bytes, until the mount was
+    // killed for memory.
+    let h = hostile("dylib", "hoard-writes", &[]).await;
+    let f = h.c.create("/big", libc::O_RDWR, 0o644).await.expect("create");
+    let chunk = Bytes::from(vec![7u8; 1 << 20]);
+    let mut refused = None;
+    for i in 0..400u64 {
+        if let Err(e) = f.write(i << 20, chunk.clone()).await {
+            refused = Some((i, e));
+            break;
+        }
+    }
+    let (n, e) = refused.expect("writes are refused before 400 MiB are held");
+    assert_eq!(e, Errno::ENOMEM, "after {n} MiB");
+    assert!(n >= 200, "refused only near the budget, not after {n} MiB");
+    let held: u64 = dump_value(&h.graph, &format!("{}.plugin.buffer-bytes", h.node)).parse().expect("a number");
+    assert!(held <= 256 << 20, "{held} bytes held");
+    // The node still answers what needs no buffer.
+    h.c.stat("/big").await.expect("stat");
+    f.close().await.expect("close");
+}

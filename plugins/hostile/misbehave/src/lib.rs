@@ -12,11 +12,13 @@
 //! 100,000 warnings per triggering fop, each with a newline and a forged
 //! host line, then passes the fop on. Mode `rewind-loop` winds a triggering
 //! fop and winds again from every reply, never unwinding; `wind-flood`
-//! winds it 1,000 times, ignoring refusals, and never unwinds.
+//! winds it 1,000 times, ignoring refusals, and never unwinds. Mode
+//! `hoard-writes` keeps the data of every WRITE (any file) and never frees
+//! it, answering the write as done.
 
 use std::hint::black_box;
 
-use xlfs_sdk::guest::{CallId, Cx, Host, Plugin};
+use xlfs_sdk::guest::{Buf, CallId, Cx, Host, Plugin};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{Errno, Fop, FopResult, Gfid, Iatt, Loc, OptType, OptionDecl, Options, Reply, Request, Response};
 
@@ -51,12 +53,16 @@ enum Mode {
     RewindLoop,
     /// Wind 1,000 calls for one fop, ignoring refusals; never unwind.
     WindFlood,
+    /// Keep every WRITE's data buffer for good.
+    HoardWrites,
 }
 
 /// The plugin: one instance per graph node.
 pub struct Hostile {
     mode: Mode,
     trigger: String,
+    /// What `hoard-writes` keeps.
+    hoard: Vec<Buf>,
 }
 
 const OPTIONS: &[OptionDecl] = &[
@@ -78,6 +84,7 @@ const OPTIONS: &[OptionDecl] = &[
             "log-flood",
             "rewind-loop",
             "wind-flood",
+            "hoard-writes",
         ]),
     )
     .default("trap")
@@ -97,7 +104,11 @@ impl Plugin for Hostile {
         if options.str("mode") == Some("init-trap") {
             panic!("hostile plugin: trap in init on purpose");
         }
-        Ok(Hostile { mode: mode(options), trigger: options.str("trigger").unwrap_or("evil").to_string() })
+        Ok(Hostile {
+            mode: mode(options),
+            trigger: options.str("trigger").unwrap_or("evil").to_string(),
+            hoard: Vec::new(),
+        })
     }
 
     fn dump(&self, out: &mut Vec<(String, String)>) {
@@ -131,6 +142,11 @@ impl Plugin for Hostile {
             cx.unwind(Ok(Response::from(Reply::Empty)));
             return;
         }
+        if self.mode == Mode::HoardWrites && matches!(req.fop, Fop::Writev { .. }) {
+            self.hoard.extend(cx.take_data());
+            cx.unwind(Ok(Response::from(Reply::PrePost { pre: Iatt::default(), post: Iatt::default() })));
+            return;
+        }
         let triggered = req.fop.loc().is_some_and(|l| !self.trigger.is_empty() && l.name.starts_with(&self.trigger));
         if !triggered {
             if let Err(e) = cx.forward(&req) {
@@ -160,7 +176,7 @@ impl Plugin for Hostile {
                 // The host refuses and fails the frame; ignore its answer.
                 let _ = cx.wind(7, &req, None);
             }
-            Mode::NoUnwind | Mode::EmptyWrites => {}
+            Mode::NoUnwind | Mode::EmptyWrites | Mode::HoardWrites => {}
             Mode::BadErrno => cx.unwind(Err(Errno(600))),
             Mode::RewindLoop => {
                 let _ = cx.wind(0, &req, None);
@@ -203,6 +219,7 @@ fn mode(options: &Options) -> Mode {
         "log-flood" => Mode::LogFlood,
         "rewind-loop" => Mode::RewindLoop,
         "wind-flood" => Mode::WindFlood,
+        "hoard-writes" => Mode::HoardWrites,
         _ => Mode::Trap,
     }
 }
