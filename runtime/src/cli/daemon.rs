@@ -385,8 +385,8 @@ fn create_args(args: &[String]) -> Result<(Option<usize>, Vec<String>, bool), Da
     Ok((replica, rest.to_vec(), force))
 }
 
-/// `create NAME --from-info FILE [force]`: the request, and the listed
-/// options skipped (no xlfs key).
+/// `create NAME --from-info FILE [force]`: the request, and a line for
+/// each listed option skipped (no xlfs key).
 fn create_from_info(
     name: String,
     file: &std::path::Path,
@@ -406,15 +406,21 @@ fn create_from_info(
         .map_err(|e| DaemonError::Usage(e.to_string()))?;
     let (options, skipped): (Vec<_>, Vec<_>) =
         info.options.into_iter().partition(|(k, _)| crate::mgmt::keys::find(k).is_ok());
-    let skipped = skipped.into_iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    let skipped = skipped.into_iter().map(|(k, v)| format!("skipped (xlfs has no such key): {k}: {v}")).collect();
     Ok((Request::Create { name, replica: Some(info.replica), bricks: info.bricks, force, options }, skipped))
 }
 
 impl VolumeCommand {
-    fn request(self) -> Result<Request, DaemonError> {
-        Ok(match self {
-            VolumeCommand::Create { name, from_info: Some(file), args } => create_from_info(name, &file, &args)?.0,
-            VolumeCommand::Create { name, from_info: None, args } => {
+    /// The request, and lines to show people before the answer.
+    fn request(self) -> Result<(Request, Vec<String>), DaemonError> {
+        let cmd = match self {
+            VolumeCommand::Create { name, from_info: Some(file), args } => {
+                return create_from_info(name, &file, &args);
+            }
+            cmd => cmd,
+        };
+        let req = match cmd {
+            VolumeCommand::Create { name, args, .. } => {
                 let (replica, bricks, force) = create_args(&args)?;
                 Request::Create { name, replica, bricks, force, options: Vec::new() }
             }
@@ -432,34 +438,26 @@ impl VolumeCommand {
             VolumeCommand::Get { name, key } => Request::Get { name, key },
             VolumeCommand::Getspec { name, brick } => Request::Getspec { name, brick, unless: None },
             VolumeCommand::Portmap { brick } => Request::Portmap { brick },
+            VolumeCommand::Heal { name, action, rest } if action.as_deref() == Some("split-brain") => {
+                let (policy, source_brick, path) = match rest.as_slice() {
+                    [policy, path] => (policy.clone(), None, path.clone()),
+                    [policy, brick, path] if policy == "source-brick" => {
+                        (policy.clone(), Some(brick.clone()), path.clone())
+                    }
+                    _ => {
+                        return Err(DaemonError::Usage(
+                            "usage: xlfs volume heal NAME split-brain bigger-file|latest-mtime PATH | source-brick HOST:DIR PATH"
+                                .into(),
+                        ));
+                    }
+                };
+                Request::SplitBrain { name, policy, path, source_brick }
+            }
             VolumeCommand::Heal { name, action, rest } => {
+                if !rest.is_empty() {
+                    return Err(DaemonError::Usage(format!("volume heal: unexpected {:?}", rest.join(" "))));
+                }
                 let action = match action.as_deref() {
-                    Some("split-brain") => {
-                        let usage = || {
-                            DaemonError::Usage(
-                                "usage: xlfs volume heal NAME split-brain bigger-file|latest-mtime PATH | source-brick HOST:DIR PATH"
-                                    .into(),
-                            )
-                        };
-                        return match rest.as_slice() {
-                            [policy, path] => Ok(Request::SplitBrain {
-                                name,
-                                policy: policy.clone(),
-                                path: path.clone(),
-                                source_brick: None,
-                            }),
-                            [policy, brick, path] if policy == "source-brick" => Ok(Request::SplitBrain {
-                                name,
-                                policy: policy.clone(),
-                                path: path.clone(),
-                                source_brick: Some(brick.clone()),
-                            }),
-                            _ => Err(usage()),
-                        };
-                    }
-                    _ if !rest.is_empty() => {
-                        return Err(DaemonError::Usage(format!("volume heal: unexpected {:?}", rest.join(" "))));
-                    }
                     Some("info") => HealAction::Info,
                     Some("full") => HealAction::Full,
                     _ => HealAction::Index,
@@ -501,21 +499,19 @@ impl VolumeCommand {
                 };
                 Request::Rebalance { name, action }
             }
-        })
+        };
+        Ok((req, Vec::new()))
     }
 }
 
 impl VolumeArgs {
     pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
-        if let VolumeCommand::Create { name, from_info: Some(file), args } = &self.command
-            && !self.json
-        {
-            let (_, skipped) = create_from_info(name.clone(), file, args)?;
-            for s in skipped {
-                writeln!(out, "skipped (xlfs has no such key): {s}")?;
+        let (req, notes) = self.command.request()?;
+        if !self.json {
+            for line in notes {
+                writeln!(out, "{line}")?;
             }
         }
-        let req = self.command.request()?;
         let reply = call(&self.daemon, &req).await.map_err(DaemonError::from)?;
         if let Reply::Profile { bundle } = &reply {
             let b = crate::profile::ProfileBundle::parse(bundle)
