@@ -102,12 +102,13 @@ impl Daemon {
             let name = &v.spec.name;
             let changed = seen.get(name) != Some(&v.revision);
             self.sup.stop_bricks(name, |b| !v.spec.bricks.contains(b)).await;
-            if v.spec.status == VolumeStatus::Started {
-                for job in self.jobs(&v.spec) {
+            let mine = v.spec.bricks.iter().any(|b| self.is_mine(&b.host));
+            // Only bricks of this node not served yet need jobs (whose
+            // port hints the store is asked for): most passes have none.
+            let unserved = |b: &BrickSpec| self.is_mine(&b.host) && self.sup.state(name, b).is_none();
+            if v.spec.status == VolumeStatus::Started && v.spec.bricks.iter().any(unserved) {
+                for job in self.jobs(&v.spec).into_iter().filter(|j| unserved(&j.brick)) {
                     let key = (name.clone(), job.brick.clone());
-                    if self.sup.state(name, &job.brick).is_some() {
-                        continue;
-                    }
                     let retry = self.published.lock().failed.get(&key).is_none_or(|(t, _)| t.elapsed() >= RETRY_START);
                     if !(changed || retry) {
                         continue;
@@ -122,7 +123,7 @@ impl Daemon {
                         }
                     }
                 }
-            } else if changed && !self.jobs(&v.spec).is_empty() {
+            } else if v.spec.status != VolumeStatus::Started && changed && mine {
                 self.sup.stop_volume(name).await;
                 self.published.lock().failed.retain(|(vol, _), _| vol != name);
             }
