@@ -254,8 +254,8 @@ impl Core {
         // An entry is neither the root nor its own parent, and has a gfid:
         // taken as given, such an answer would alias the root (every later
         // fop through it fails) or loop the tree.
-        let bad = iatt.gfid.is_null() || ((iatt.gfid == Gfid::ROOT || iatt.gfid == parent) && name != "..");
-        if bad && name != "." {
+        let aliased = (iatt.gfid == Gfid::ROOT || iatt.gfid == parent) && name != "." && name != "..";
+        if iatt.gfid.is_null() || aliased {
             warn_bad_reply(format_args!("{name:?} under {parent} answered with gfid {}: EIO", iatt.gfid));
             return Err(Errno::EIO);
         }
