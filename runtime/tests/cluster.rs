@@ -13,7 +13,7 @@ mod kit;
 use std::path::Path;
 use std::time::Duration;
 
-use kit::daemon::{Daemon, Etcd, force_if_root, generation, graph_of, mount_status, wait_for};
+use kit::daemon::{Daemon, Etcd, force_if_root, generation, graph_of, mount_status, replica3_args, strs, wait_for};
 use kit::fuse_mount::FuseMount;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -74,10 +74,8 @@ fn three_nodes_share_volumes_through_etcd() {
         })
         .collect();
     let brick = |i: usize| format!("{}:{}", NODES[i], dirs[i].display());
-    let mut create: Vec<String> = ["create", "cv", "replica", "3"].map(String::from).to_vec();
-    create.extend((0..3).map(brick));
-    create.extend(force_if_root(tmp.path()).map(String::from));
-    let create: Vec<&str> = create.iter().map(String::as_str).collect();
+    let create = replica3_args("create", "cv", (0..3).map(brick), force_if_root(tmp.path()));
+    let create = strs(&create);
 
     // Bricks on nodes that are not peers yet are refused, naming the host.
     let err = d1.refused(&create);

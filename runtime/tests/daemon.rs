@@ -11,7 +11,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use kit::daemon::{
-    Daemon, brick_arg, brick_dirs, force_if_root, free_port, generation, graph_of, mount_status, wait_for,
+    Daemon, brick_arg, brick_dirs, force_if_root, free_port, generation, graph_of, mount_status, replica3_args, strs,
+    wait_for,
 };
 use kit::fuse_mount::FuseMount;
 
@@ -46,10 +47,8 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     let dirs = brick_dirs(tmp.path(), 3);
     let mut d = Daemon::start();
 
-    let mut create: Vec<String> = ["create", "gv0", "replica", "3"].map(String::from).to_vec();
-    create.extend(dirs.iter().map(|p| brick_arg(p)));
-    create.extend(force_if_root(tmp.path()).map(String::from));
-    let out = d.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
+    let create = replica3_args("create", "gv0", dirs.iter().map(|p| brick_arg(p)), force_if_root(tmp.path()));
+    let out = d.ok(&strs(&create));
     assert!(out.contains("volume create: gv0: success"), "{out}");
     for dir in &dirs {
         assert!(xattr_set(dir, "trusted.glusterfs.volume-id"), "{} is marked", dir.display());
@@ -427,10 +426,8 @@ fn split_brain_is_resolved_through_the_daemon() {
     let tmp = tempfile::Builder::new().prefix("xlfs-sb-").tempdir().expect("tempdir");
     let dirs = brick_dirs(tmp.path(), 3);
     let d = Daemon::start();
-    let mut create: Vec<String> = ["create", "sb", "replica", "3"].map(String::from).to_vec();
-    create.extend(dirs.iter().map(|p| brick_arg(p)));
-    create.extend(force_if_root(tmp.path()).map(String::from));
-    d.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
+    let create = replica3_args("create", "sb", dirs.iter().map(|p| brick_arg(p)), force_if_root(tmp.path()));
+    d.ok(&strs(&create));
     d.ok(&["start", "sb"]);
     {
         let m = FuseMount::start_by_name(&format!("{}:/sb", d.addr()), "", &[]);
@@ -530,8 +527,4 @@ fn a_volume_is_created_from_a_gluster_volume_info_listing() {
     assert!(!d.ok(&["getspec", "imported"]).contains("imported-write-behind"), "the options shape the graph");
     d.ok(&["stop", "imported"]);
     d.ok(&["delete", "imported"]);
-}
-
-fn strs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
 }

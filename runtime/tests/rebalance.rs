@@ -22,7 +22,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kit::daemon::{Daemon, brick_arg, brick_dirs, force_if_root, graph_of, mount_status, wait_for};
+use kit::daemon::{
+    Daemon, brick_arg, brick_dirs, force_if_root, graph_of, mount_status, replica3_args, strs, wait_for,
+};
 use kit::fuse_mount::FuseMount;
 
 const REPLICA: usize = 3;
@@ -95,19 +97,13 @@ fn check_spread(d: &Daemon, vol: &str, mnt: &Path, dirs: &[PathBuf], model: &Mod
 
 /// `volume create NAME replica 3 BRICKS... [force]`, then `start`.
 fn create_started(d: &Daemon, name: &str, bricks: &[PathBuf], force: Option<&'static str>) {
-    let mut create: Vec<String> = ["create", name, "replica", "3"].map(String::from).to_vec();
-    create.extend(bricks.iter().map(|p| brick_arg(p)));
-    create.extend(force.map(String::from));
-    d.ok(&create.iter().map(String::as_str).collect::<Vec<_>>());
+    d.ok(&strs(&replica3_args("create", name, bricks.iter().map(|p| brick_arg(p)), force)));
     d.ok(&["start", name]);
 }
 
 /// `volume add-brick NAME replica 3 BRICKS... [force]`: what it printed.
 fn add_bricks(d: &Daemon, name: &str, bricks: &[PathBuf], force: Option<&'static str>) -> String {
-    let mut add: Vec<String> = ["add-brick", name, "replica", "3"].map(String::from).to_vec();
-    add.extend(bricks.iter().map(|p| brick_arg(p)));
-    add.extend(force.map(String::from));
-    d.ok(&add.iter().map(String::as_str).collect::<Vec<_>>())
+    d.ok(&strs(&replica3_args("add-brick", name, bricks.iter().map(|p| brick_arg(p)), force)))
 }
 
 /// Writes the FILES files (under `d/` from the 200th: `d` must exist)

@@ -42,6 +42,25 @@ pub fn brick_dirs(root: &Path, n: usize) -> Vec<PathBuf> {
         .collect()
 }
 
+/// `VERB NAME replica 3 BRICK... [force]`: `xlfs volume create` or
+/// `add-brick` arguments.
+pub fn replica3_args(
+    verb: &str,
+    name: &str,
+    bricks: impl IntoIterator<Item = String>,
+    force: Option<&str>,
+) -> Vec<String> {
+    let mut a: Vec<String> = [verb, name, "replica", "3"].map(String::from).to_vec();
+    a.extend(bricks);
+    a.extend(force.map(String::from));
+    a
+}
+
+/// Owned arguments as the `&str`s [`Daemon::ok`] and friends take.
+pub fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
 /// `127.0.0.1:DIR`: a brick argument for `xlfs volume`.
 pub fn brick_arg(d: &Path) -> String {
     format!("127.0.0.1:{}", d.display())
