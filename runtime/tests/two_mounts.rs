@@ -58,7 +58,10 @@ fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
     // create + write: b looked first, so a negative entry may be cached.
     assert!(!b.join("f").exists());
     std::fs::write(a.join("f"), b"hello").expect("write on a");
-    eventually("create and write", SEEN_WITHIN, || (read(&b.join("f"))? == b"hello").then_some(()).ok_or("old".into()));
+    eventually("create and write", SEEN_WITHIN, || {
+        let got = read(&b.join("f"))?;
+        (got == b"hello").then_some(()).ok_or(format!("{:?}", String::from_utf8_lossy(&got)))
+    });
 
     // write (b has the content cached from its read).
     std::fs::write(a.join("f"), b"hello, world").expect("rewrite on a");

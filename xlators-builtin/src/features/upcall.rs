@@ -16,6 +16,16 @@
 //!   the inode they act on (its link count or ctime changed).
 //!
 //! The changing client itself is not told: its caches saw the reply.
+//!
+//! Race: a client's interest is recorded when its fop returns, so a change
+//! that lands while that fop runs (a lookup reading the old size while
+//! another client's write completes) finds no one to tell, and the reply
+//! on its way carries the old state. So every change also stamps the
+//! inode's bucket with a sequence number, and a fop that sees a stamp later
+//! than the sequence when it was wound tells its own client to drop what
+//! its reply is about to fill (clients drop fills older than an
+//! invalidation: md-cache and quick-read keep generations). A bucket
+//! shared by two inodes costs at most a needless invalidation.
 //! Memory is bounded: at most `cache-invalidation-max-inodes` inodes are
 //! tracked, each with at most [`MAX_CLIENTS`] clients; expired entries are
 //! dropped when the table is full.
@@ -78,12 +88,49 @@ impl Config {
 /// The clients interested in one inode, with when each last touched it.
 type Interest = Vec<(Arc<str>, Instant)>;
 
+/// Buckets of [`Table::changed`].
+const BUCKETS: usize = 4096;
+
+fn bucket(g: &Gfid) -> usize {
+    u16::from_le_bytes([g.0[15], g.0[14]]) as usize % BUCKETS
+}
+
+/// The last changes to the inodes of one bucket: the latest, and the
+/// latest by another client than the latest's (so each client's own
+/// concurrent fops, which its caches already account for, are told apart).
+#[derive(Clone, Default)]
+struct Stamps([(u64, Option<Arc<str>>); 2]);
+
+impl Stamps {
+    fn stamp(&mut self, seq: u64, by: &str) {
+        if self.0[0].1.as_deref() == Some(by) {
+            self.0[0].0 = seq;
+        } else {
+            self.0[1] = std::mem::replace(&mut self.0[0], (seq, Some(Arc::from(by))));
+        }
+    }
+
+    /// The latest change by a client other than `client`.
+    fn by_others(&self, client: &str) -> u64 {
+        let [latest, other] = &self.0;
+        if latest.1.as_deref() == Some(client) { other.0 } else { latest.0 }
+    }
+}
+
+struct Table {
+    interest: HashMap<Gfid, Interest>,
+    /// Bumped on every change.
+    seq: u64,
+    /// The last changes in each bucket of inodes.
+    changed: Box<[Stamps]>,
+}
+
 /// The upcall translator.
 pub struct UpcallXl {
     child: Child,
     events: EventSink,
     cfg: RwLock<Config>,
-    table: Mutex<HashMap<Gfid, Interest>>,
+    table: Mutex<Table>,
     sent: AtomicU64,
     dropped_inodes: AtomicU64,
 }
@@ -95,7 +142,7 @@ fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
         child,
         events,
         cfg: RwLock::new(Config::from(&options)),
-        table: Mutex::new(HashMap::new()),
+        table: Mutex::new(Table { interest: HashMap::new(), seq: 0, changed: vec![Stamps::default(); BUCKETS].into() }),
         sent: AtomicU64::new(0),
         dropped_inodes: AtomicU64::new(0),
     }))
@@ -109,14 +156,37 @@ enum Change {
 }
 
 impl UpcallXl {
-    /// Records `client` as interested in `gfids`.
-    fn touch(&self, client: &Arc<str>, gfids: &[Gfid]) {
+    /// The change sequence now: a fop wound after this sees changes
+    /// stamped later as raced.
+    fn seq(&self) -> u64 {
+        self.table.lock().seq
+    }
+
+    /// Records `client` as interested in `gfids`, by a fop wound at change
+    /// sequence `start`, and tells it about those of them changed since.
+    fn touch(&self, client: &Arc<str>, gfids: &[Gfid], start: u64) {
         let cfg = self.cfg.read();
         if !cfg.on {
             return;
         }
         let now = Instant::now();
-        let mut t = self.table.lock();
+        let mut raced: Vec<Gfid> = Vec::new();
+        {
+            let mut table = self.table.lock();
+            for g in gfids.iter().filter(|g| !g.is_null()) {
+                if table.changed[bucket(g)].by_others(client) > start && !raced.contains(g) {
+                    raced.push(*g);
+                }
+            }
+            self.register(&cfg, &mut table.interest, client, gfids, now);
+        }
+        for gfid in raced {
+            self.sent.fetch_add(1, Ordering::Relaxed);
+            self.events.send(Event::Upcall(Upcall::InvalidateFor { gfid, client: client.to_string() }));
+        }
+    }
+
+    fn register(&self, cfg: &Config, t: &mut HashMap<Gfid, Interest>, client: &Arc<str>, gfids: &[Gfid], now: Instant) {
         if t.len() + gfids.len() > cfg.max_inodes {
             let before = t.len();
             t.retain(|_, v| {
@@ -157,7 +227,13 @@ impl UpcallXl {
         let now = Instant::now();
         let mut out: Vec<(Gfid, Arc<str>)> = Vec::new();
         {
-            let mut t = self.table.lock();
+            let mut table = self.table.lock();
+            table.seq += 1;
+            let seq = table.seq;
+            for g in gfids {
+                table.changed[bucket(g)].stamp(seq, from);
+            }
+            let t = &mut table.interest;
             for g in gfids {
                 if let Some(v) = t.get_mut(g) {
                     v.retain(|(_, at)| now.duration_since(*at) < cfg.timeout);
@@ -264,11 +340,12 @@ impl Xlator for UpcallXl {
             }
             let fop = req.fop.clone();
             let before = named(&fop);
+            let start = self.seq();
             let r = self.child.call(ctx.clone(), req).await;
             if let Ok(rsp) = &r {
                 let mut touched = before;
                 touched.extend(answered(rsp));
-                self.touch(&ctx.client_id, &touched);
+                self.touch(&ctx.client_id, &touched, start);
                 if let Change::Inodes(g) = changed(&fop, rsp) {
                     self.invalidate(&ctx.client_id, &g);
                 }
@@ -280,7 +357,7 @@ impl Xlator for UpcallXl {
     fn reconfigure(&self, o: &Options) -> Result<(), ReconfigureError> {
         *self.cfg.write() = Config::from(o);
         if !self.cfg.read().on {
-            self.table.lock().clear();
+            self.table.lock().interest.clear();
         }
         Ok(())
     }
@@ -290,7 +367,7 @@ impl Xlator for UpcallXl {
         vec![
             ("cache-invalidation".into(), cfg.on.to_string()),
             ("cache-invalidation-timeout".into(), cfg.timeout.as_secs().to_string()),
-            ("inodes".into(), self.table.lock().len().to_string()),
+            ("inodes".into(), self.table.lock().interest.len().to_string()),
             ("invalidations-sent".into(), self.sent.load(Ordering::Relaxed).to_string()),
             ("inodes-dropped".into(), self.dropped_inodes.load(Ordering::Relaxed).to_string()),
         ]
@@ -346,8 +423,25 @@ mod tests {
         }
     }
 
+    /// [`Leaf`], with lookups held until the gate opens.
+    struct Gated(Arc<tokio::sync::Semaphore>);
+    impl Xlator for Gated {
+        fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
+            Box::pin(async move {
+                if matches!(req.fop, Fop::Lookup { .. }) {
+                    let _pass = self.0.acquire().await.expect("gate");
+                }
+                Leaf.call(ctx, req).await
+            })
+        }
+    }
+
     fn node(opts: &[(&str, &str)]) -> (Arc<dyn Xlator>, Arc<Top>) {
-        let (ictx, _) = init_named("up", OPTIONS, opts, &[Child { name: Arc::from("leaf"), xl: Arc::new(Leaf) }]);
+        node_over(opts, Arc::new(Leaf))
+    }
+
+    fn node_over(opts: &[(&str, &str)], leaf: Arc<dyn Xlator>) -> (Arc<dyn Xlator>, Arc<Top>) {
+        let (ictx, _) = init_named("up", OPTIONS, opts, &[Child { name: Arc::from("leaf"), xl: leaf }]);
         let sink = ictx.events.clone();
         let xl = build(ictx).expect("build");
         let top = Arc::new(Top(Mutex::new(Vec::new())));
@@ -407,6 +501,38 @@ mod tests {
             .await
             .expect("a unlinks the file b got from readdirp");
         assert_eq!(sent(&top), vec![(DIR, "b".to_string()), (FILE, "b".to_string())]);
+    }
+
+    #[tokio::test]
+    async fn a_change_landing_while_another_clients_lookup_runs_is_told_to_it() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let (xl, top) = node_over(&[], Arc::new(Gated(gate.clone())));
+        let (a, b) = (CallCtx::root("a"), CallCtx::root("b"));
+        let write = || Fop::Writev { fd: fd(NEW), data: bytes::Bytes::from_static(b"x"), offset: 0, flags: 0 };
+        // b looks the name up; a's write lands before b's lookup returns,
+        // when no one has shown interest in NEW yet.
+        let lookup = |ctx: CallCtx| {
+            let xl = xl.clone();
+            tokio::spawn(async move { xl.call(ctx, Fop::Lookup { loc: Loc::entry(DIR, "f") }.into()).await })
+        };
+        let looking = lookup(b.clone());
+        tokio::task::yield_now().await;
+        xl.call(a.clone(), write().into()).await.expect("a writes");
+        assert!(sent(&top).is_empty(), "no one showed interest yet");
+        gate.add_permits(1);
+        looking.await.expect("task").expect("b's lookup");
+        assert_eq!(sent(&top), vec![(NEW, "b".to_string())], "b's reply may carry the old state");
+        // A client's own write beside its own lookup: its caches know.
+        let looking = lookup(a.clone());
+        tokio::task::yield_now().await;
+        xl.call(a.clone(), write().into()).await.expect("a writes");
+        gate.add_permits(1);
+        looking.await.expect("task").expect("a's lookup");
+        assert_eq!(sent(&top), vec![(NEW, "b".to_string())], "b is told again, a never");
+        // A lookup that nothing raced: nothing more.
+        gate.add_permits(1);
+        xl.call(b.clone(), Fop::Lookup { loc: Loc::entry(DIR, "f") }.into()).await.expect("b looks again");
+        assert!(sent(&top).is_empty());
     }
 
     #[tokio::test]
