@@ -537,7 +537,7 @@ fn within_a_minute<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send +
 }
 
 #[test]
-fn replies_the_kernel_would_refuse_or_that_alias_the_root_are_eio() {
+fn replies_the_kernel_would_refuse_or_that_alias_an_inode_are_eio() {
     // An errno of 512 or more: the kernel would never complete the request.
     let (_t, m) = hostile_mount("wasm", "bad-errno");
     let p = m.path().join("evil-1");
@@ -558,6 +558,25 @@ fn replies_the_kernel_would_refuse_or_that_alias_the_root_are_eio() {
     assert_eq!(std::fs::read(m.path().join("d/f")).expect("read after"), b"still here");
     let names: Vec<_> = std::fs::read_dir(m.path()).expect("ls").flatten().map(|e| e.file_name()).collect();
     assert_eq!(names, ["d"], "the root lists as it is");
+    drop(m);
+
+    // A lookup answered with a sibling's inode, which cannot have two
+    // names (a directory, a file with one link): EIO for the false name;
+    // the true one and a real hard link work.
+    let (_t, m) = hostile_mount("dylib", "sibling-gfid");
+    std::fs::create_dir(m.path().join("d")).expect("mkdir");
+    std::fs::write(m.path().join("d/f"), b"in d").expect("write in d");
+    std::fs::write(m.path().join("x"), b"x").expect("write x");
+    for alias in ["evil-d", "evil-x"] {
+        let p = m.path().join(alias);
+        let r = within_a_minute("stat of a name aliasing its sibling", move || std::fs::metadata(p).map(drop));
+        assert_eq!(r.expect_err(alias).raw_os_error(), Some(libc::EIO), "{alias}");
+    }
+    assert_eq!(std::fs::read(m.path().join("d/f")).expect("read in d"), b"in d");
+    std::fs::hard_link(m.path().join("x"), m.path().join("y")).expect("link");
+    assert_eq!(std::fs::read(m.path().join("y")).expect("read the link"), b"x");
+    std::fs::rename(m.path().join("d"), m.path().join("e")).expect("rename d");
+    assert_eq!(std::fs::read(m.path().join("e/f")).expect("read in e"), b"in d");
     drop(m);
 
     // A WRITE answered with an empty success: the writer is told it failed.

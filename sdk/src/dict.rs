@@ -133,6 +133,10 @@ pub mod keys {
     pub const ENTRYLK_COUNT: &str = "glusterfs.entrylk-count";
     /// Posix lock count, likewise.
     pub const POSIXLK_COUNT: &str = "glusterfs.posixlk-count";
+    /// On a lookup: answer from the subvolumes, not from a cache (the FUSE
+    /// bridge asks so when it checks that an inode does not have two names
+    /// it cannot have). Caches that answer lookups pass such a lookup on.
+    pub const FRESH_LOOKUP: &str = "xlfs.fresh-lookup";
     /// On a create-type fop: the gfid the new inode must get (AFR sets the
     /// same gfid on every replica).
     pub const GFID_REQ: &str = "gfid-req";

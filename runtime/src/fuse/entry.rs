@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use fuser::{FileAttr, FileHandle, INodeNo, TimeOrNow};
-use xlfs_sdk::dict::keys::GFID_REQ;
+use xlfs_sdk::dict::keys::{FRESH_LOOKUP, GFID_REQ};
 use xlfs_sdk::types::rename_flags;
-use xlfs_sdk::{Dict, Errno, Fop, Gfid, Loc, SetAttr, Statvfs, TimeSet, Value};
+use xlfs_sdk::{Dict, Errno, FileType, Fop, Gfid, Iatt, Loc, SetAttr, Statvfs, TimeSet, Value};
 
 use super::{Caller, Core, timespec};
 
@@ -57,13 +57,48 @@ impl Core {
     ) -> Result<Option<FileAttr>, Errno> {
         let pg = self.gfid(parent)?;
         match self.call(self.ctx(who, 0, false), Fop::Lookup { loc: Loc::entry(pg, name.clone()) }).await {
-            Ok(reply) => self.entry_attr(pg, &name, &reply.into_entry()?).map(Some),
+            Ok(reply) => {
+                let iatt = reply.into_entry()?;
+                self.no_second_name(who, pg, &name, &iatt).await?;
+                self.entry_attr(pg, &name, &iatt).map(Some)
+            }
             Err(Errno::ENOENT) => {
                 self.inodes.unlink(pg, &name);
                 if self.opts.negative_timeout.is_zero() { Err(Errno::ENOENT) } else { Ok(None) }
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// An entry answered with an inode that cannot have two names (a
+    /// directory, or a file with one link) which the mount knows under
+    /// another: asks for that other name again, past the caches. Still the
+    /// same inode there: one answer is false (a translator aliasing a
+    /// sibling), so EIO for this name. Gone or another inode: it was
+    /// renamed (by another client), and the old name is dropped.
+    async fn no_second_name(&self, who: Caller, parent: Gfid, name: &str, iatt: &Iatt) -> Result<(), Errno> {
+        let single = iatt.file_type() == FileType::Directory || iatt.nlink <= 1;
+        if !single || name == "." || name == ".." {
+            return Ok(());
+        }
+        let others = self.inodes.names(iatt.gfid);
+        for (p, other) in others.into_iter().filter(|(p, n)| (*p, &**n) != (parent, name)) {
+            let mut xdata = Dict::new();
+            xdata.set_u64(FRESH_LOOKUP, 1);
+            let again = self.call_x(self.ctx(who, 0, false), Fop::Lookup { loc: Loc::entry(p, &*other) }, xdata).await;
+            match again.and_then(|r| Ok(r.into_entry()?)) {
+                Ok(i) if i.gfid == iatt.gfid => {
+                    super::warn_bad_reply(format_args!(
+                        "{name:?} under {parent} answered with gfid {}, which {other:?} under {p} also has: EIO",
+                        iatt.gfid
+                    ));
+                    return Err(Errno::EIO);
+                }
+                Ok(_) | Err(Errno::ENOENT) => self.inodes.unlink(p, &other),
+                Err(_) => {}
+            }
+        }
+        Ok(())
     }
 
     pub(super) async fn getattr(

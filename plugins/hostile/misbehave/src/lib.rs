@@ -14,7 +14,9 @@
 //! fop and winds again from every reply, never unwinding; `wind-flood`
 //! winds it 1,000 times, ignoring refusals, and never unwinds. Mode
 //! `hoard-writes` keeps the data of every WRITE (any file) and never frees
-//! it, answering the write as done.
+//! it, answering the write as done. `sibling-gfid` answers a lookup of
+//! `evil-NAME` with what a lookup of its sibling `NAME` gets, so one inode
+//! shows under two names.
 
 use std::hint::black_box;
 
@@ -55,6 +57,8 @@ enum Mode {
     WindFlood,
     /// Keep every WRITE's data buffer for good.
     HoardWrites,
+    /// Answer a lookup of `TRIGGER-NAME` with the lookup of `NAME`.
+    SiblingGfid,
 }
 
 /// The plugin: one instance per graph node.
@@ -85,6 +89,7 @@ const OPTIONS: &[OptionDecl] = &[
             "rewind-loop",
             "wind-flood",
             "hoard-writes",
+            "sibling-gfid",
         ]),
     )
     .default("trap")
@@ -195,6 +200,18 @@ impl Plugin for Hostile {
                     cx.unwind(Err(e));
                 }
             }
+            Mode::SiblingGfid => {
+                let fwd = match &req.fop {
+                    Fop::Lookup { loc } => {
+                        let sibling = loc.name[self.trigger.len()..].trim_start_matches('-');
+                        Request::new(Fop::Lookup { loc: Loc::entry(loc.parent, sibling) })
+                    }
+                    _ => req,
+                };
+                if let Err(e) = cx.forward(&fwd) {
+                    cx.unwind(Err(e));
+                }
+            }
             Mode::RootGfid => {
                 let iatt = Iatt { gfid: Gfid::ROOT, mode: libc_dir_mode(), nlink: 2, ..Iatt::default() };
                 cx.unwind(Ok(Response::from(Reply::Entry { iatt, postparent: Iatt { gfid: Gfid::ROOT, ..iatt } })));
@@ -220,6 +237,7 @@ fn mode(options: &Options) -> Mode {
         "rewind-loop" => Mode::RewindLoop,
         "wind-flood" => Mode::WindFlood,
         "hoard-writes" => Mode::HoardWrites,
+        "sibling-gfid" => Mode::SiblingGfid,
         _ => Mode::Trap,
     }
 }
