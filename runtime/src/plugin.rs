@@ -221,8 +221,10 @@ pub enum PluginError {
 
 /// Largest module file accepted.
 const MAX_MODULE_BYTES: u64 = 512 << 20;
-/// Loaded modules kept when no node uses them.
-const CACHE_IDLE: usize = 16;
+/// Loaded modules kept when no node uses them (a volfile that turns a
+/// plugin off and on again does not recompile it); each costs its compiled
+/// code, about a MB for a small plugin, so few are kept.
+const CACHE_IDLE: usize = 4;
 
 /// A loaded module: what it declared and how to instantiate it.
 pub(crate) struct Loaded {
