@@ -1,7 +1,7 @@
 //! Plugin hosts: translators loaded at run time, as a WebAssembly module
 //! (`type plugin/wasm`, run by wasmtime) or as a native shared library
 //! (`type plugin/dylib`, loaded with libloading), both speaking the plugin
-//! ABI v1.3 (`sdk/PLUGIN-ABI.md`; v1.0 to v1.2 plugins load too) and both adapted into the native [`Xlator`]
+//! ABI v1.4 (`sdk/PLUGIN-ABI.md`; v1.0 to v1.3 plugins load too) and both adapted into the native [`Xlator`]
 //! trait, so a plugin can sit anywhere in a graph:
 //!
 //! ```text
@@ -495,18 +495,19 @@ mod tests {
         );
         assert_eq!(check_version(p, ["xlfs_abi_version_1_1"].into_iter()).expect("v1.1"), AbiVersion::new(1, 1));
         let e = check_version(p, ["xlfs_abi_version_2_0"].into_iter()).expect_err("major");
-        assert_eq!(e.to_string(), "/m.wasm: ABI major version mismatch: host speaks v1.3, peer was built for v2.0");
+        assert_eq!(e.to_string(), "/m.wasm: ABI major version mismatch: host speaks v1.4, peer was built for v2.0");
         assert_eq!(check_version(p, ["xlfs_abi_version_1_2"].into_iter()).expect("v1.2"), AbiVersion::new(1, 2));
         assert_eq!(check_version(p, ["xlfs_abi_version_1_3"].into_iter()).expect("v1.3"), AbiVersion::new(1, 3));
+        assert_eq!(check_version(p, ["xlfs_abi_version_1_4"].into_iter()).expect("v1.4"), AbiVersion::new(1, 4));
         let e = check_version(p, ["xlfs_abi_version_1_7"].into_iter()).expect_err("newer minor");
-        assert!(e.to_string().contains("v1.7") && e.to_string().contains("v1.3"), "{e}");
+        assert!(e.to_string().contains("v1.7") && e.to_string().contains("v1.4"), "{e}");
         let e = check_version(p, ["xlfs_init"].into_iter()).expect_err("no marker");
         assert!(e.to_string().contains("no xlfs_abi_version_<major>_<minor> version marker"), "{e}");
         let e = check_version(p, ["xlfs_abi_version_1_0", "xlfs_abi_version_1_1"].into_iter()).expect_err("two");
         assert!(e.to_string().contains("several"), "{e}");
         // A plugin built for an older minor loads on a newer host: the rule
-        // check_version applies, seen from a v1.3 host.
-        assert!(abi::check_compatible(AbiVersion::new(1, 3), AbiVersion::new(1, 0)).is_ok());
+        // check_version applies, seen from a v1.4 host.
+        assert!(abi::check_compatible(AbiVersion::new(1, 4), AbiVersion::new(1, 0)).is_ok());
     }
 
     #[test]

@@ -121,6 +121,24 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert!(d.ok(&["getspec", "gv0"]).contains("subvolumes pt-probe\nend-volume"), "io-stats sits on the plugin");
     assert_eq!(std::fs::read(mnt.join("hello")).expect("read through the plugin"), data);
     assert!(d.ok(&["get", "gv0", "all"]).lines().any(|l| l.starts_with("plugin.pt-probe") && l.ends_with("set")));
+    // A plugin whose descriptor asks for the cluster place (fault-inject,
+    // plugin ABI v1.4) goes below the performance translators.
+    let faults = format!("wasm:{}", plugin_kit::wasm("fault-inject").display());
+    d.ok(&["set", "gv0", "plugin.faults", &faults]);
+    let spec = d.ok(&["getspec", "gv0"]);
+    let module = plugin_kit::wasm("fault-inject").display().to_string();
+    assert!(
+        spec.contains(&format!(
+            "volume faults\n    type plugin/wasm\n    option module {module}\n    subvolumes gv0-utime\n"
+        )) && spec.contains("subvolumes faults\nend-volume")
+            && spec.contains("subvolumes pt-probe\nend-volume"),
+        "{spec}"
+    );
+    wait_for("the mount to load the cluster-placed plugin", DEADLINE, || {
+        graph_of(&mount_status(&mnt)).contains("faults").then_some(())
+    });
+    assert_eq!(std::fs::read(mnt.join("hello")).expect("read through both plugins"), data);
+    d.ok(&["reset", "gv0", "plugin.faults"]);
     d.ok(&["reset", "gv0", "plugin.pt-probe"]);
     let without = wait_for("the mount to drop the plugin", DEADLINE, || {
         let s = mount_status(&mnt);

@@ -132,6 +132,9 @@ impl Rig {
             ledger.longest()
         );
         let Rig { mount, cluster, net, vol, _tmp } = self;
+        let peak = |pid: Option<u32>| pid.and_then(kit::peak_rss_mib).map_or("-".to_string(), |m| m.to_string());
+        let bricks: Vec<String> = cluster.bricks.iter().map(|b| peak(b.pid())).collect();
+        eprintln!("peak memory (VmHWM, MiB): client {}, bricks {}", peak(Some(mount.pid())), bricks.join(" / "));
         drop(mount);
         let t = Instant::now();
         let log = heal_until_clean(&vol);

@@ -73,7 +73,7 @@ async fn c_passthrough_runs_the_foundation_workload() {
     let entered: u64 = dump_value(&graph, "c-pass.plugin.fops-entered").parse().expect("a number");
     assert!(entered > 50, "the C plugin entered {entered} fops");
     assert_eq!(dump_value(&graph, "c-pass.plugin.crashes"), "0");
-    // A v1.0 plugin loads and runs on this v1.3 host; it has no dump export,
+    // A v1.0 plugin loads and runs on this v1.4 host; it has no dump export,
     // so its node dumps the host's counters only.
     assert_eq!(dump_value(&graph, "c-pass.plugin.abi"), "v1.0");
     assert!(

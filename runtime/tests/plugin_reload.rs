@@ -113,7 +113,7 @@ fn dump_and_reconfigure_in_place(kind: &str, module: PathBuf) {
     // The plugin's own pairs beside the host's counters for its node.
     let before = dump(&m);
     assert_eq!(get(&before, "fi.type"), format!("plugin/{kind}"));
-    assert_eq!(get(&before, "fi.plugin.abi"), "v1.3");
+    assert_eq!(get(&before, "fi.plugin.abi"), "v1.4");
     assert_eq!(num(&before, "fi.plugin.instances"), 1, "{}", before.1);
     assert_eq!(num(&before, "fi.plugin.reconfigures"), 0);
     let seen = num(&before, "fi.fault-inject.fops-seen");

@@ -97,10 +97,10 @@ async fn foundation_workload_through_wasm_passthrough_and_dylib_access_log() {
         assert!(entered > 50, "{node} entered {entered} fops");
         assert_eq!(dump_value(&graph, &format!("{node}.plugin.crashes")), "0");
     }
-    // SDK-built translators are v1.3 (dump and reconfigure exports, fops
-    // and replies passed on "as they came"); the C plugin of
+    // SDK-built translators are v1.4 (dump and reconfigure exports, fops
+    // and replies passed on "as they came", a placement); the C plugin of
     // plugin_examples.rs shows a v1.0 one still loads.
-    assert_eq!(dump_value(&graph, "wl-pass.plugin.abi"), "v1.3");
+    assert_eq!(dump_value(&graph, "wl-pass.plugin.abi"), "v1.4");
     // The access log logged the fops, with the per-inode counts the host
     // keeps for it, and the child's ChildUp it passed on.
     let write = wait_log(&["wl-alog", "access: WRITE", "-> ok"]).await;
@@ -267,7 +267,7 @@ fn a_plugin_built_for_abi_2_is_refused_naming_both_versions() {
             tmp.path(),
             volume("v2", &format!("plugin/{kind}"), &opts(&module(kind, "abi2"), &[]), &["v-posix"]),
         ));
-        assert!(e.contains("ABI major version mismatch: host speaks v1.3, peer was built for v2.0"), "{kind}: {e}");
+        assert!(e.contains("ABI major version mismatch: host speaks v1.4, peer was built for v2.0"), "{kind}: {e}");
     }
 }
 

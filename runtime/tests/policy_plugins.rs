@@ -250,10 +250,10 @@ fn a_module_without_the_policy_asked_for_is_refused_and_bad_values_are_named() {
     assert!(e.to_string().contains("exports no lock-contention policy"), "{e}");
     let e = policies.read_ahead("wasm:relative.wasm").err().expect("relative path");
     assert!(e.to_string().contains("not an absolute path"), "{e}");
-    // A translator plugin (SDK-built: ABI v1.3) is not a policy module.
+    // A translator plugin (SDK-built: ABI v1.4) is not a policy module.
     let pass = policy_value("dylib", "passthrough");
     let e = policies.read_ahead(&pass).err().expect("no policies in passthrough");
-    assert!(e.to_string().contains("exports no read-ahead policy") && e.to_string().contains("v1.3"), "{e}");
+    assert!(e.to_string().contains("exports no read-ahead policy") && e.to_string().contains("v1.4"), "{e}");
     let e = policies.read_ahead("nope").err().expect("unknown");
     assert!(e.to_string().contains("wasm") && e.to_string().contains("dylib"), "schemes listed: {e}");
     assert!(Path::new(&module("wasm", "lock-fd-count")).is_file());

@@ -37,12 +37,13 @@ extern "C" {
 #endif
 
 #define XLFS_ABI_MAJOR 1
-#define XLFS_ABI_MINOR 3
+#define XLFS_ABI_MINOR 4
 
 /* Defines the version marker export, xlfs_abi_version_1_0 (or, for a
  * module with policy exports, xlfs_abi_version_1_1; with dump or
  * reconfigure exports, xlfs_abi_version_1_2; passing fops or replies on
- * "as they came", xlfs_abi_version_1_3). Use one, once. */
+ * "as they came", xlfs_abi_version_1_3; declaring a placement after the
+ * descriptor's options, xlfs_abi_version_1_4). Use one, once. */
 #if defined(__wasm__)
 #define XLFS_EXPORT __attribute__((visibility("default"), used))
 #else
@@ -57,6 +58,12 @@ extern "C" {
 #define XLFS_ABI_VERSION_MARKER_1_1 XLFS_EXTERN_C XLFS_EXPORT void xlfs_abi_version_1_1(void) {}
 #define XLFS_ABI_VERSION_MARKER_1_2 XLFS_EXTERN_C XLFS_EXPORT void xlfs_abi_version_1_2(void) {}
 #define XLFS_ABI_VERSION_MARKER_1_3 XLFS_EXTERN_C XLFS_EXPORT void xlfs_abi_version_1_3(void) {}
+#define XLFS_ABI_VERSION_MARKER_1_4 XLFS_EXTERN_C XLFS_EXPORT void xlfs_abi_version_1_4(void) {}
+
+/* Descriptor placement byte (v1.4, after the options; leave it out for top):
+ * where a volume's generated client graph puts the plugin. */
+#define XLFS_PLACEMENT_TOP 0u
+#define XLFS_PLACEMENT_CLUSTER 1u
 
 /* wind flag: the frame ends with this call (its result goes straight up). */
 #define XLFS_WIND_TAIL 1u

@@ -45,7 +45,7 @@ mod rt;
 pub use host::{Buf, Host};
 #[cfg(feature = "guest")]
 pub use rt::{CallId, Ctl, Cx, Plugin, TimerId};
-pub use sys::{EventSet, FopSet};
+pub use sys::{EventSet, FopSet, Placement};
 
 /// Glue for [`export_plugin!`](crate::export_plugin); not part of the API.
 #[cfg(feature = "guest")]
@@ -57,17 +57,17 @@ pub mod __rt {
 
 // The export macros spell the version marker out; it must follow the ABI.
 // Every module they make exports xlfs_dump and xlfs_reconfigure and may
-// forward fops and replies "as they came", so it is v1.3 (an older host
-// refuses it, naming both versions).
+// forward fops and replies "as they came" and may declare a placement, so
+// it is v1.4 (an older host refuses it, naming both versions).
 const _: () =
     assert!(crate::abi::ABI_MAJOR == 1 && crate::abi::ABI_MINOR == 0, "update export_plugin!'s version marker");
 const _: () = assert!(
-    sys::PLUGIN_ABI.major == 1 && sys::PLUGIN_ABI.minor == 3,
+    sys::PLUGIN_ABI.major == 1 && sys::PLUGIN_ABI.minor == 4,
     "update the version marker of export_plugin! and export_policy!"
 );
 
 /// Exports a [`Plugin`] type through the plugin ABI: the version marker
-/// `xlfs_abi_version_1_3`, `xlfs_alloc`/`xlfs_free`, `xlfs_describe`,
+/// `xlfs_abi_version_1_4`, `xlfs_alloc`/`xlfs_free`, `xlfs_describe`,
 /// `xlfs_init`, the `xlfs_on_*` handlers, `xlfs_fini`, and (v1.2)
 /// `xlfs_dump` and `xlfs_reconfigure` (whose defaults report nothing and
 /// leave reconfiguring to a new instance). Every handler is guarded: a
@@ -182,9 +182,9 @@ macro_rules! export_plugin {
         }
     };
     ($plugin:ty) => {
-        /// The plugin ABI version marker (v1.3).
+        /// The plugin ABI version marker (v1.4).
         #[unsafe(no_mangle)]
-        pub extern "C" fn xlfs_abi_version_1_3() {}
+        pub extern "C" fn xlfs_abi_version_1_4() {}
         $crate::export_plugin!(@common $plugin);
     };
 }
@@ -193,7 +193,7 @@ macro_rules! export_plugin {
 /// section 11): a read-ahead policy (a [`ReadAheadPolicy`] type), a
 /// lock-contention policy (a [`LockContentionPolicy`] type), or both, each
 /// made with `Default` when the host makes an instance. The module gets the
-/// version marker `xlfs_abi_version_1_3`, every translator export (as a
+/// version marker `xlfs_abi_version_1_4`, every translator export (as a
 /// translator it passes fops on: [`policy::Policies`]) and the exports of
 /// the policies given. Use it once, at the crate root of a `cdylib` crate:
 ///
@@ -222,10 +222,11 @@ macro_rules! export_policy {
         $crate::export_policy!(@lock $ra, $lock);
     };
     (@module $ra:ty, $lock:ty) => {
-        /// The plugin ABI version marker (v1.3: policy exports since v1.1,
-        /// dump and reconfigure since v1.2, "as it came" since v1.3).
+        /// The plugin ABI version marker (v1.4: policy exports since v1.1,
+        /// dump and reconfigure since v1.2, "as it came" since v1.3, a
+        /// placement since v1.4).
         #[unsafe(no_mangle)]
-        pub extern "C" fn xlfs_abi_version_1_3() {}
+        pub extern "C" fn xlfs_abi_version_1_4() {}
         $crate::export_plugin!(@common $crate::guest::policy::Policies<$ra, $lock>);
     };
     (@ra $ra:ty, $lock:ty) => {

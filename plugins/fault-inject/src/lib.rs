@@ -9,8 +9,12 @@
 //! `fops-failed`) and settings, and a volfile reload that changes `fops`,
 //! `failure` or `error-no` applies them in place, counters and draws kept
 //! (`seed` is only read at init: changing it alone changes nothing).
+//!
+//! Plugin ABI v1.4 placement `cluster`: added to a volume by a
+//! `plugin.NAME` key, it sits below the performance translators, so its
+//! faults look to them as the bricks' own (a cached answer is not failed).
 
-use xlfs_sdk::guest::{Cx, Host, Plugin};
+use xlfs_sdk::guest::{Cx, Host, Placement, Plugin};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{Errno, FopKind, OptType, OptionDecl, Options, Request};
 
@@ -74,6 +78,7 @@ impl Plugin for FaultInject {
     type Frame = ();
     const NAME: &'static str = "fault-inject";
     const DESCRIPTION: &'static str = "fails chosen fops at a chosen rate";
+    const PLACEMENT: Placement = Placement::Cluster;
     const OPTIONS: &'static [OptionDecl] = OPTIONS;
 
     fn init(host: Host, options: &Options) -> Result<Self, String> {

@@ -225,6 +225,17 @@ pub fn plugin(key: &str, value: &str) -> Result<Plugin, KeyError> {
     Ok(Plugin { name: name.to_string(), xlator, module: path.to_string() })
 }
 
+impl Plugin {
+    /// Where the module asks to sit in the client graph (its descriptor's
+    /// placement, plugin ABI v1.4), loading it (the loader caches it).
+    pub fn placement(&self) -> Result<xlfs_sdk::guest::sys::Placement, String> {
+        let kind = if self.xlator == "plugin/wasm" { crate::plugin::Kind::Wasm } else { crate::plugin::Kind::Dylib };
+        crate::plugin::load(kind, std::path::Path::new(&self.module))
+            .map(|l| l.desc.placement)
+            .map_err(|e| format!("key plugin.{}: {e}", self.name))
+    }
+}
+
 /// Checks a `plugin.NAME` key and loads its module through the registry's
 /// specializer for `plugin/wasm` or `plugin/dylib`.
 fn validate_plugin(reg: &Registry, key: &str, value: &str) -> Result<String, KeyError> {

@@ -535,6 +535,14 @@ pub struct Cluster {
     pub bricks: Vec<Brick>,
 }
 
+/// The peak resident memory (VmHWM) of process `pid` in MiB, if it runs.
+pub fn peak_rss_mib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 =
+        status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib / 1024)
+}
+
 impl Cluster {
     /// Starts `n` default bricks (all spawned first, then each awaited).
     pub fn start(n: usize) -> Cluster {

@@ -64,6 +64,8 @@ pub trait Plugin: Sized + 'static {
     const MIN_CHILDREN: u32 = 1;
     /// Most children ([`sys::UNLIMITED_CHILDREN`](super::sys::UNLIMITED_CHILDREN) for no limit).
     const MAX_CHILDREN: u32 = 1;
+    /// Where a volume's generated client graph puts it (`plugin.NAME` keys).
+    const PLACEMENT: super::sys::Placement = super::sys::Placement::Top;
 
     /// Builds the instance from validated options (defaults filled).
     fn init(host: Host, options: &Options) -> Result<Self, String>;

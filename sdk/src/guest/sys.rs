@@ -27,7 +27,7 @@ mod vtable;
 
 pub use descriptor::{
     DeclaredOption, DeclaredType, Descriptor, DescriptorError, EventSet, FopSet, MAX_DESCRIPTOR, MAX_OPTIONS,
-    UNLIMITED_CHILDREN,
+    Placement, UNLIMITED_CHILDREN,
 };
 pub use message::{decode_call, encode_call, put_fop_data, put_result_data, take_fop_data, take_result_data};
 pub use node::{MAX_DUMP, NodeExports, RECONFIGURE_UNSUPPORTED, decode_dump, encode_dump, node_exports};
@@ -96,10 +96,10 @@ pub fn parse_version_symbol(name: &str) -> Option<AbiVersion> {
 /// The plugin ABI's version: the encoding's major ([`abi::ABI_MAJOR`]) and
 /// the plugin interface's own minor, which moves without the encoding's
 /// (v1.1 adds the policy exports, v1.2 `xlfs_dump` and `xlfs_reconfigure`,
-/// v1.3 "as it came": [`WIND_AS_IS`] and an `unwind` with an empty message;
-/// the messages are encoding v1.0). The host loads a plugin by ABI §8's
-/// rule against this version.
-pub const PLUGIN_ABI: AbiVersion = AbiVersion::new(abi::ABI_MAJOR, 3);
+/// v1.3 "as it came": [`WIND_AS_IS`] and an `unwind` with an empty message,
+/// v1.4 the descriptor's [`Placement`]; the messages are encoding v1.0).
+/// The host loads a plugin by ABI §8's rule against this version.
+pub const PLUGIN_ABI: AbiVersion = AbiVersion::new(abi::ABI_MAJOR, 4);
 
 /// The first plugin ABI minor with [`WIND_AS_IS`] and the empty `unwind`.
 pub const AS_IS_MINOR: u16 = 3;

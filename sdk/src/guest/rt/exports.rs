@@ -74,6 +74,7 @@ pub unsafe fn describe<P: Plugin>(host: *const HostVtable) -> i32 {
             fops: P::FOPS,
             events: P::EVENTS,
             options: P::OPTIONS.iter().map(DeclaredOption::from).collect(),
+            placement: P::PLACEMENT,
         };
         let mut out = Vec::new();
         d.encode(&mut out);

@@ -136,6 +136,32 @@ pub struct Descriptor {
     pub events: EventSet,
     /// Declared options.
     pub options: Vec<DeclaredOption>,
+    /// Where generated client graphs put the plugin (ABI v1.4).
+    pub placement: Placement,
+}
+
+/// Where a volume's generated client graph puts a plugin translator that a
+/// `plugin.NAME` key adds (plugin ABI v1.4; older plugins are [`Placement::Top`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// Above the performance translators, just below io-stats: it sees
+    /// every fop the application makes (tag 0, the default).
+    #[default]
+    Top,
+    /// Below the performance translators, just above the cluster
+    /// translators: it sees only what the caches let through to the bricks
+    /// (tag 1).
+    Cluster,
+}
+
+impl Placement {
+    /// Its name, as `xlfs volfile check` and the docs spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Top => "top",
+            Placement::Cluster => "cluster",
+        }
+    }
 }
 
 /// One option a plugin declares (an owned [`OptionDecl`]).
@@ -284,6 +310,11 @@ impl Descriptor {
             }
             put_str(out, &o.description);
         }
+        // The default is left out, so a plugin that keeps it describes
+        // itself in the bytes a v1.3 host reads.
+        if self.placement != Placement::Top {
+            out.push(self.placement as u8);
+        }
     }
 
     /// Reads a descriptor; hostile input gives an error, never a panic.
@@ -354,10 +385,18 @@ impl Descriptor {
             }
             options.push(DeclaredOption { name, ty, default, range, description });
         }
+        let placement = match r.b.len() - r.pos {
+            0 => Placement::Top,
+            _ => match r.u8()? {
+                0 => Placement::Top,
+                1 => Placement::Cluster,
+                tag => return Err(DescriptorError::BadTag { what: "placement", tag }),
+            },
+        };
         if r.pos != bytes.len() {
             return Err(DescriptorError::Trailing(bytes.len() - r.pos));
         }
-        Ok(Descriptor { name, description, min_children, max_children, fops, events, options })
+        Ok(Descriptor { name, description, min_children, max_children, fops, events, options, placement })
     }
 }
 
@@ -424,6 +463,7 @@ mod tests {
             fops: FopSet::of(&[FopKind::Writev, FopKind::Forget]),
             events: EventSet::CHILD_UP.union(EventSet::UPCALL),
             options: DECLS.iter().map(DeclaredOption::from).collect(),
+            placement: Placement::Top,
         }
     }
 
@@ -432,12 +472,24 @@ mod tests {
         let d = sample();
         let mut b = Vec::new();
         d.encode(&mut b);
-        assert_eq!(Descriptor::decode(&b), Ok(d));
+        assert_eq!(Descriptor::decode(&b), Ok(d.clone()));
         for cut in 0..b.len() {
             assert!(Descriptor::decode(&b[..cut]).is_err(), "cut at {cut}");
         }
-        b.push(0);
-        assert_eq!(Descriptor::decode(&b), Err(DescriptorError::Trailing(1)));
+        // A placement byte after the options (ABI v1.4); the default is
+        // not written, and anything after the placement is refused.
+        let mut top = b.clone();
+        top.push(0);
+        assert_eq!(Descriptor::decode(&top), Ok(d.clone()));
+        let cluster = Descriptor { placement: Placement::Cluster, ..d };
+        let mut c = Vec::new();
+        cluster.encode(&mut c);
+        assert_eq!(c.len(), b.len() + 1);
+        assert_eq!(Descriptor::decode(&c), Ok(cluster));
+        c.push(0);
+        assert_eq!(Descriptor::decode(&c), Err(DescriptorError::Trailing(1)));
+        b.push(7);
+        assert!(matches!(Descriptor::decode(&b), Err(DescriptorError::BadTag { what: "placement", tag: 7 })));
     }
 
     #[test]
