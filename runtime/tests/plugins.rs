@@ -658,3 +658,47 @@ async fn a_plugin_that_keeps_every_write_is_held_to_its_buffer_budget() {
     h.c.stat("/big").await.expect("stat");
     f.close().await.expect("close");
 }
+
+/// `xlfs up --plugin NAME=SPEC`: each plugin sits where its module asks
+/// (the pass-through at the top, fault-inject at the cluster place), the
+/// mount works through both, and a module that does not load is refused
+/// naming the flag's value, before anything starts.
+#[test]
+fn up_puts_plugins_where_their_modules_ask() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("vol");
+    let _down = kit::Down(dir.clone());
+    let (pt, fi) = (plugin_kit::wasm("passthrough"), plugin_kit::wasm("fault-inject"));
+    let junk = tmp.path().join("junk.wasm");
+    std::fs::write(&junk, b"not a module").expect("junk");
+    let flag = |name: &str, p: &Path| format!("{name}=wasm:{}", p.display());
+    let bad = kit::run_xlfs(&["up", dir.to_str().expect("utf-8"), "--plugin", &flag("j", &junk)]);
+    let why = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && why.contains("--plugin \"j=wasm:") && why.contains("key plugin.j"), "{why}");
+    assert!(!dir.join("run").exists() || std::fs::read_dir(dir.join("run")).expect("run").next().is_none());
+
+    let up = kit::run_xlfs(&[
+        "up",
+        dir.to_str().expect("utf-8"),
+        "--plugin",
+        &flag("pt", &pt),
+        "--plugin",
+        &flag("fi", &fi),
+    ]);
+    assert!(up.status.success(), "xlfs up: {}", String::from_utf8_lossy(&up.stderr));
+    let vol = std::fs::read_to_string(dir.join("client.vol")).expect("client.vol");
+    assert!(
+        vol.contains(&format!(
+            "volume fi\n    type plugin/wasm\n    option module {}\n    subvolumes xlfs-utime\n",
+            fi.display()
+        )),
+        "{vol}"
+    );
+    assert!(vol.contains("subvolumes fi\nend-volume") && vol.contains("subvolumes pt\nend-volume"), "{vol}");
+    let mnt = dir.join("mnt");
+    std::fs::write(mnt.join("f"), b"through two plugins").expect("write");
+    assert_eq!(std::fs::read(mnt.join("f")).expect("read"), b"through two plugins");
+    let dump = kit::run_xlfs(&["status", "--dump", mnt.to_str().expect("utf-8")]);
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(dump.contains("pt.plugin.fops-entered") && dump.contains("fi.fault-inject.fops-seen"), "{dump}");
+}

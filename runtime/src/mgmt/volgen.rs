@@ -74,15 +74,6 @@ fn client_volfile_placing(
         let at = placement(&p).map_err(VolgenError::Plugin)?;
         plugins.push((p, at));
     }
-    let stack = |v: &mut String, below: &mut String, at: Placement| {
-        for (p, _) in plugins.iter().filter(|(_, a)| *a == at) {
-            *v += &format!(
-                "volume {}\n    type {}\n    option module {}\n    subvolumes {below}\nend-volume\n\n",
-                p.name, p.xlator, p.module
-            );
-            *below = p.name.clone();
-        }
-    };
     if spec.replica == 0 || spec.bricks.is_empty() || !spec.bricks.len().is_multiple_of(spec.replica) {
         return Err(VolgenError::Distributed { name: name.clone(), bricks: spec.bricks.len(), replica: spec.replica });
     }
@@ -142,7 +133,7 @@ fn client_volfile_placing(
         dht += &format!("    option decommissioned-bricks {}\n", leaving.join(","));
     }
     let mut below = replica_sets(&mut v, name, &clients, spec.replica, &options_of("cluster/replicate"), &dht);
-    stack(&mut v, &mut below, Placement::Cluster);
+    stack_plugins(&mut v, &mut below, &plugins, Placement::Cluster);
     for p in PERF_ORDER.iter().rev() {
         let ty = perf_type(p);
         if !on.get(ty).copied().unwrap_or(false) {
@@ -152,12 +143,24 @@ fn client_volfile_placing(
         v += &format!("volume {vol}\n    type {ty}\n{}    subvolumes {below}\nend-volume\n\n", options_of(ty));
         below = vol;
     }
-    stack(&mut v, &mut below, Placement::Top);
+    stack_plugins(&mut v, &mut below, &plugins, Placement::Top);
     v += &format!(
         "volume {name}\n    type debug/io-stats\n    option volume-id {}\n    subvolumes {below}\nend-volume\n",
         spec.id
     );
     Ok(v)
+}
+
+/// Appends the `plugins` placed `at` over `below`, in their order, and
+/// moves `below` to the last of them.
+pub(crate) fn stack_plugins(v: &mut String, below: &mut String, plugins: &[(Plugin, Placement)], at: Placement) {
+    for (p, _) in plugins.iter().filter(|(_, a)| *a == at) {
+        *v += &format!(
+            "volume {}\n    type {}\n    option module {}\n    subvolumes {below}\nend-volume\n\n",
+            p.name, p.xlator, p.module
+        );
+        *below = p.name.clone();
+    }
 }
 
 /// Appends cluster/replicate over each `replica` consecutive `clients`
