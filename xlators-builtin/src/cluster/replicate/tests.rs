@@ -633,3 +633,30 @@ async fn a_healed_copy_shows_the_sources_times() {
         assert_eq!((ia.mtime, ia.ctime, ia.size), (t, t, 4), "brick {i}");
     }
 }
+
+/// Heal keeps a sparse file sparse: the holes of the source are not
+/// written as zeros on a sink that lacked the file, nor where a sink has
+/// zeros already.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_keeps_holes_as_holes() {
+    use std::os::unix::fs::MetadataExt;
+    const MIB: u64 = 1 << 20;
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    let fd = n.create("f").await.expect("create");
+    n.down(0);
+    n.write(fd, 4 * MIB, &[b'x'; 4096]).await.expect("write");
+    n.write(fd, 12 * MIB, &[b'y'; 4096]).await.expect("write");
+    n.close(fd).await;
+    n.up(0);
+    let mut run = Dict::new();
+    run.set_bytes(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index"));
+    n.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await.expect("heal");
+    let (src, healed) = (c.bricks[1].dir.join("f"), c.bricks[0].dir.join("f"));
+    assert!(std::fs::read(&healed).expect("healed copy") == std::fs::read(&src).expect("source"));
+    let h = std::fs::metadata(&healed).expect("healed");
+    assert_eq!(h.len(), 12 * MIB + 4096);
+    // Two islands in 128 KiB heal blocks (and the file system's rounding),
+    // not 12 MiB of zeros.
+    assert!(h.blocks() * 512 <= 512 << 10, "{} bytes allocated of {}", h.blocks() * 512, h.len());
+}

@@ -1,6 +1,7 @@
 //! Data self-heal (GlusterFS's afr-self-heal-data.c): copies the source's
 //! contents to the sinks, whole or by differing blocks, then truncates them
-//! to its size.
+//! to its size. Blocks of zeros are not written where a sink reads zeros
+//! already, and punched where it does not, so sparse files stay sparse.
 
 use super::*;
 
@@ -107,7 +108,48 @@ impl Inner {
         if data.is_empty() {
             return 0;
         }
+        if data.iter().all(|b| *b == 0) {
+            return self.zero_block(ctx, fd, need, offset, len).await;
+        }
         let w = Request::new(Fop::Writev { fd, data, offset, flags: 0 });
         self.fan(ctx, need, &w).await.into_iter().filter(|(_, r)| r.is_err()).fold(0, |m, (i, _)| m | bit(i))
+    }
+
+    /// A block of zeros (a hole, or written zeros) in the source: a sink
+    /// that reads zeros there already (a hole, or past its end) is left
+    /// alone, so a sparse file stays sparse; the others get a hole punched
+    /// (DISCARD), or zeros written where they cannot punch. Returns the
+    /// sinks that failed.
+    async fn zero_block(&self, ctx: &CallCtx, fd: Fd, sinks: Mask, offset: u64, len: u64) -> Mask {
+        let size = u32::try_from(len).unwrap_or(u32::MAX);
+        let mut dirty = 0;
+        let mut failed = 0;
+        for (i, r) in self.fan(ctx, sinks, &Request::new(Fop::Readv { fd, size, offset, flags: 0 })).await {
+            match r {
+                Ok(Response { reply: Reply::Read { data, .. }, .. }) if data.iter().all(|b| *b == 0) => {}
+                Ok(_) => dirty |= bit(i),
+                Err(_) => failed |= bit(i),
+            }
+        }
+        if dirty == 0 {
+            return failed;
+        }
+        let punch = Request::new(Fop::Discard { fd, offset, len });
+        let mut unpunched = 0;
+        for (i, r) in self.fan(ctx, dirty, &punch).await {
+            if r.is_err() {
+                unpunched |= bit(i);
+            }
+        }
+        if unpunched != 0 {
+            let zeros = Request::new(Fop::Writev { fd, data: Bytes::from(vec![0u8; len as usize]), offset, flags: 0 });
+            failed |= self
+                .fan(ctx, unpunched, &zeros)
+                .await
+                .into_iter()
+                .filter(|(_, r)| r.is_err())
+                .fold(0, |m, (i, _)| m | bit(i));
+        }
+        failed
     }
 }
