@@ -478,9 +478,17 @@ fn locks_conflict(v: Volume) {
     assert!(t0.elapsed() < Duration::from_secs(20), "interrupted promptly");
     assert_eq!(fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 1).err(), Some(libc::EAGAIN), "a still holds it");
     // The last close releases a's lock: FUSE sends RELEASE just after
-    // close(2) returns, so the release may take a moment to arrive.
+    // close(2) returns, so the release may take a moment to arrive. b's
+    // interrupted wait left the bricks' queues: a third open file (another
+    // owner) gets the lock, which b's wait, had it been granted behind its
+    // back, would hold while b stays open.
+    let e = open();
     drop(a);
-    eventually("a's close releases its lock", HANG_GUARD, || {
+    eventually("a's close releases its lock to a new owner, not to b's cancelled wait", HANG_GUARD, || {
+        fcntl_lock(&e, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 0).map(drop).map_err(|e| format!("errno {e}"))
+    });
+    drop(e);
+    eventually("e's close releases its lock", HANG_GUARD, || {
         fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 0).map(drop).map_err(|e| format!("errno {e}"))
     });
 

@@ -133,6 +133,11 @@ pub mod keys {
     pub const ENTRYLK_COUNT: &str = "glusterfs.entrylk-count";
     /// Posix lock count, likewise.
     pub const POSIXLK_COUNT: &str = "glusterfs.posixlk-count";
+    /// On an unlock `lk`: cancel, rather than unlock, the owner's requests
+    /// still waiting for the range (a SETLKW whose caller was interrupted);
+    /// granted locks are left as they are. features/locks answers the
+    /// cancelled requests EINTR.
+    pub const LK_CANCEL: &str = "xlfs.lk-cancel";
     /// On a lookup: answer from the subvolumes, not from a cache (the FUSE
     /// bridge asks so when it checks that an inode does not have two names
     /// it cannot have). Caches that answer lookups pass such a lookup on.

@@ -12,9 +12,11 @@
 //! lock could not be signalled. So while a SETLKW waits, the bridge looks at
 //! the caller's `/proc/PID/status` every [`SIGNAL_POLL`]: once a signal is
 //! pending that the caller neither blocks nor ignores (or the caller is
-//! gone), the waiting fop is dropped, which takes the request off the
-//! brick's wait queue, and the kernel is answered EINTR (it restarts the
-//! call if the signal's handler asks for that).
+//! gone), the waiting fop is dropped, an unlock marked
+//! [`LK_CANCEL`] takes the request off the bricks' wait queues (dropping
+//! the fop alone would leave it there, to be granted later and held until
+//! close), and the kernel is answered EINTR (it restarts the call if the
+//! signal's handler asks for that).
 //!
 //! **Unlock by release, in order.** The kernel keeps no flock of its own
 //! for a FUSE file and sends no unlock when the last fd closes: the
@@ -43,7 +45,8 @@ use std::time::Duration;
 
 use fuser::FileHandle;
 use parking_lot::Mutex;
-use xlfs_sdk::{CallCtx, Dict, Errno, Fd, FdId, Flock, Fop, Gfid, LkCmd, LockType};
+use xlfs_sdk::dict::keys::LK_CANCEL;
+use xlfs_sdk::{CallCtx, Dict, Errno, Fd, FdId, Flock, Fop, Gfid, LkCmd, LockType, Value};
 
 use super::switch::Active;
 use super::{Caller, Core};
@@ -320,6 +323,7 @@ impl Core {
             let gate = self.lk_gate.read().await;
             let entered = self.enter();
             let a = entered.0.clone();
+            let on = a.clone();
             let fop = self.call_on(&a, self.ctx(who, owner, false), Fop::Lk { fd, cmd, lock }, Dict::new());
             let r = if wait {
                 tokio::select! {
@@ -327,6 +331,17 @@ impl Core {
                     r = fop => r,
                     () = interrupted(who.pid) => {
                         tracing::debug!(pid = who.pid, "SETLKW interrupted by a signal");
+                        // Dropping the fop leaves the request queued on the
+                        // bricks (granted later, it would be held until
+                        // close): cancel it there.
+                        let (me, ctx) = (self.clone(), self.ctx(who, owner, false));
+                        let cancel = Fop::Lk { fd, cmd: LkCmd::SetLk, lock: Flock { ty: LockType::Unlock, ..lock } };
+                        self.spawn(async move {
+                            let x = Dict::new().with(LK_CANCEL, Value::U64(1));
+                            if let Err(e) = me.call_on(&on, ctx, cancel, x).await {
+                                tracing::debug!(gfid = %fd.gfid, %e, "cancelling an interrupted SETLKW");
+                            }
+                        });
                         return Err(Errno::EINTR);
                     }
                     () = a.retiring() => {

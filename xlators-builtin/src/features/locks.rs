@@ -422,6 +422,17 @@ impl Locks {
         self.settle(attempt, fd.gfid, WaitKind::Posix, id).await.map(|()| fl)
     }
 
+    /// `lk` with [`keys::LK_CANCEL`]: the owner's requests waiting for
+    /// the range are failed (EINTR) and leave the queue; nothing granted
+    /// changes.
+    fn cancel_lk(&self, ctx: &CallCtx, fd: Fd, fl: Flock) -> Result<Flock, Errno> {
+        let (start, end) = range(&fl)?;
+        let owner = Owner::of(ctx);
+        let n = self.table.update(fd.gfid, false, |il| il.posix.cancel_waiting(&owner, start, end)).unwrap_or(0);
+        tracing::debug!(gfid = %fd.gfid, cancelled = n, "lk cancel");
+        Ok(fl)
+    }
+
     /// The inode a path-based lock fop names, looked up when only the entry
     /// is given.
     async fn resolve(&self, ctx: &CallCtx, loc: &Loc) -> Result<Gfid, Errno> {
@@ -457,6 +468,9 @@ impl Locks {
             Fop::Fentrylk { domain, fd, name, cmd, ty } => {
                 (empty(self.entrylk(&ctx, fd.gfid, domain, name, cmd, ty).await), fd.gfid)
             }
+            Fop::Lk { fd, lock, .. } if xdata.contains(keys::LK_CANCEL) => {
+                (self.cancel_lk(&ctx, fd, lock).map(|f| Reply::Lock(f).into()), fd.gfid)
+            }
             Fop::Lk { fd, cmd, lock } => (self.lk(&ctx, fd, cmd, lock).await.map(|f| Reply::Lock(f).into()), fd.gfid),
             fop => {
                 match &fop {
@@ -490,6 +504,25 @@ impl Locks {
                 }
                 (res, gfid)
             }
+        }
+    }
+
+    /// The brick is stopping: every request still waiting for a lock
+    /// fails with ENOTCONN at once (the client sees the brick go), so the
+    /// server's drain does not wait for grants that would never come.
+    fn stopping(&self) {
+        let mut failed = 0usize;
+        self.table.update_all(|_, il| {
+            for d in il.domains.values_mut() {
+                failed += d.inodelk.blocked.len() + d.entrylk.blocked.len();
+                queue::fail_waiters(&mut d.inodelk.blocked, |_| true, Errno::ENOTCONN);
+                queue::fail_waiters(&mut d.entrylk.blocked, |_| true, Errno::ENOTCONN);
+            }
+            failed += il.posix.blocked.len();
+            queue::fail_waiters(&mut il.posix.blocked, |_| true, Errno::ENOTCONN);
+        });
+        if failed > 0 {
+            tracing::info!(failed, "stopping: lock requests still waiting failed");
         }
     }
 
@@ -562,6 +595,10 @@ impl Xlator for Locks {
         match (from, event) {
             (EventFrom::Graph, Event::ClientGone { client_id }) => {
                 self.client_gone(&client_id);
+                None
+            }
+            (EventFrom::Graph, Event::ParentDown) => {
+                self.stopping();
                 None
             }
             (EventFrom::Graph, _) => None,

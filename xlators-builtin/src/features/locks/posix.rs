@@ -168,6 +168,14 @@ impl PosixLocks {
         before - self.len()
     }
 
+    /// Fails with EINTR the blocked requests of `owner` that overlap
+    /// `start..=end` (their caller was interrupted); how many.
+    pub fn cancel_waiting(&mut self, owner: &Owner, start: u64, end: u64) -> usize {
+        let before = self.blocked.len();
+        fail_waiters(&mut self.blocked, |l| l.owner == *owner && l.overlaps(start, end), Errno::EINTR);
+        before - self.blocked.len()
+    }
+
     /// Drops a blocked request whose caller went away; true if found. (A
     /// request granted just before its caller went away stays granted, as
     /// after an interrupted fcntl(2); the owner's flush or the fd's release

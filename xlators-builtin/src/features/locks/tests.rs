@@ -299,6 +299,29 @@ fn client_gone_releases_everything_and_grants_waiters() {
     assert_eq!(xl.notify(Event::ChildUp, EventFrom::Child(0)), Some(Event::ChildUp));
 }
 
+/// A brick that stops fails every request still waiting, at once (its
+/// server's drain would otherwise wait for grants that never come); the
+/// locks held stay until their clients go.
+#[test]
+fn stopping_fails_the_waiters_at_once() {
+    let (xl, _, _) = setup(&[]);
+    let (a, b) = (ctx("A", 1), ctx("B", 1));
+    ok(now(xl.call(a.clone(), ilk(LkCmd::SetLk, Write, 0, 0))));
+    ok(now(xl.call(a.clone(), elk("x", EntrylkCmd::Lock, EntrylkType::Write))));
+    ok(now(xl.call(a.clone(), plk(1, LkCmd::SetLk, Write, 0, 0))));
+    let mut w1 = pin!(xl.call(b.clone(), ilk(LkCmd::SetLkw, Read, 0, 1)));
+    let mut w2 = pin!(xl.call(b.clone(), elk("x", EntrylkCmd::Lock, EntrylkType::Write)));
+    let mut w3 = pin!(xl.call(b.clone(), plk(2, LkCmd::SetLkw, Read, 0, 0)));
+    for f in [w1.as_mut(), w2.as_mut(), w3.as_mut()] {
+        assert!(poll(f).is_pending());
+    }
+    assert_eq!(xl.notify(Event::ParentDown, EventFrom::Graph), None);
+    for f in [w1.as_mut(), w2.as_mut(), w3.as_mut()] {
+        assert_eq!(poll(f), Poll::Ready(Err(Errno::ENOTCONN)));
+    }
+    assert_eq!(xl.table.total.load(Ordering::Relaxed), 3, "A's three locks stay");
+}
+
 #[test]
 fn cancelled_waiters_leave_the_queue() {
     let (xl, _, _) = setup(&[]);
@@ -554,4 +577,28 @@ async fn exclusive_locks_exclude_under_concurrency() {
     }
     assert_eq!(xl.table.total.load(Ordering::Relaxed), 0);
     assert_eq!(xl.dump()[0], ("inodes".to_string(), "0".to_string()));
+}
+
+/// An unlock marked LK_CANCEL takes the owner's waiting requests for the
+/// range off the queue (EINTR) and leaves granted locks alone; the next
+/// waiter is then granted when the holder unlocks.
+#[test]
+fn a_cancel_takes_waiting_requests_off_the_queue() {
+    use xlfs_sdk::dict::keys::LK_CANCEL;
+    let (xl, _, _) = setup(&[]);
+    let (a, b, c) = (ctx("A", 1), ctx("B", 1), ctx("C", 1));
+    ok(now(xl.call(a.clone(), plk(1, LkCmd::SetLk, Write, 0, 10))));
+    ok(now(xl.call(b.clone(), plk(2, LkCmd::SetLk, Read, 50, 10))));
+    let mut wb = pin!(xl.call(b.clone(), plk(2, LkCmd::SetLkw, Write, 0, 10)));
+    let mut wc = pin!(xl.call(c.clone(), plk(3, LkCmd::SetLkw, Write, 0, 10)));
+    assert!(poll(wb.as_mut()).is_pending() && poll(wc.as_mut()).is_pending());
+    let mut cancel = plk(2, LkCmd::SetLk, Unlock, 0, 10);
+    cancel.xdata.set_u64(LK_CANCEL, 1);
+    ok(now(xl.call(b.clone(), cancel)));
+    assert_eq!(poll(wb.as_mut()), Poll::Ready(Err(Errno::EINTR)));
+    assert!(poll(wc.as_mut()).is_pending(), "another owner's wait stays");
+    ok(now(xl.call(a, plk(1, LkCmd::SetLk, Unlock, 0, 10))));
+    assert!(matches!(poll(wc.as_mut()), Poll::Ready(Ok(_))), "C, not B's cancelled wait, gets the range");
+    // B's read lock elsewhere is untouched: C cannot write there.
+    assert_eq!(now(xl.call(c, plk(3, LkCmd::SetLk, Write, 50, 1))), Err(Errno::EAGAIN));
 }
