@@ -8,7 +8,9 @@
 //!   certificate another CA signed, and a client whose certificate name is
 //!   not in `auth.ssl-allow`;
 //! - a client refuses a brick (a man in the middle) whose certificate
-//!   another CA signed, and says why.
+//!   another CA signed, and says why;
+//! - the volume keys of `xlfs daemon`, and `xlfs up --ssl-*`, turn it on
+//!   for bricks, mounts and the heal daemon.
 
 mod kit;
 
@@ -160,4 +162,56 @@ fn volume_keys_turn_tls_on_for_bricks_and_clients() {
     });
     raw.send_msg(&hello, 0);
     assert!(raw.recv_frame().is_none(), "the brick answers a plain peer with nothing but a closed connection");
+}
+
+/// `xlfs up` with `--ssl-own-cert`, `--ssl-private-key`, `--ssl-ca-list`
+/// and `--ssl-allow`: the bricks take TLS only, the mount and the heal
+/// daemon use it, a plain peer gets no answer from a brick, and a flag
+/// given without the others is refused before anything starts.
+#[test]
+fn up_with_tls_serves_the_mount_and_refuses_plain_peers() {
+    use kit::raw::Raw;
+    let pki = Pki::new("xlfs");
+    let node = pki.issue("node1", &["127.0.0.1", "localhost"]);
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("vol");
+    let _down = kit::Down(dir.clone());
+    let d = dir.to_str().expect("utf-8");
+    let half = kit::run_xlfs(&["up", d, "--ssl-own-cert", &node.cert]);
+    let why = String::from_utf8_lossy(&half.stderr);
+    assert!(!half.status.success() && why.contains("--ssl-private-key"), "{why}");
+
+    let up = kit::run_xlfs(&[
+        "up",
+        d,
+        "--ssl-own-cert",
+        &node.cert,
+        "--ssl-private-key",
+        &node.key,
+        "--ssl-ca-list",
+        &node.ca,
+        "--ssl-allow",
+        "other,node*",
+    ]);
+    let text = String::from_utf8_lossy(&up.stdout).into_owned();
+    assert!(up.status.success(), "xlfs up: {}{text}", String::from_utf8_lossy(&up.stderr));
+    let vol = std::fs::read_to_string(dir.join("client.vol")).expect("client.vol");
+    assert_eq!(vol.matches("option transport.socket.ssl-enabled on\n").count(), 3, "{vol}");
+    let data = secret();
+    std::fs::write(dir.join("mnt/f"), &data).expect("write over TLS");
+    assert!(std::fs::read(dir.join("mnt/f")).expect("read over TLS") == data);
+
+    // Each brick: "brick b0: DIR on 127.0.0.1:PORT (pid ...": a plain HELLO
+    // gets nothing but a closed connection.
+    let port: u16 = text
+        .lines()
+        .find_map(|l| l.split(" on 127.0.0.1:").nth(1)?.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("a brick port in {text}"));
+    let mut raw = Raw::connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    let hello = xlfs_xlators::protocol::rpc::Message::Hello(xlfs_xlators::protocol::rpc::Hello {
+        version: xlfs_sdk::abi::AbiVersion::CURRENT,
+        params: xlfs_sdk::Dict::new(),
+    });
+    raw.send_msg(&hello, 0);
+    assert!(raw.recv_frame().is_none(), "a brick of xlfs up --ssl-* answers a plain peer with nothing");
 }
