@@ -814,3 +814,41 @@ fn setuid_dropped(v: Volume) {
     as_nobody(r#": > "$1""#);
     assert_eq!(mode(&backend), 0o0766, "open with O_TRUNC drops set-user-ID");
 }
+
+#[test]
+fn an_unlinked_open_file_lives_until_its_last_close() {
+    unlinked_open_file(volume(""));
+}
+
+#[test]
+fn an_unlinked_open_file_lives_until_its_last_close_on_two_by_three() {
+    unlinked_open_file(volume_two_by_three(""));
+}
+
+/// POSIX: a file unlinked while open lives until its last close. Reads,
+/// writes and fstat through fds opened before the unlink work (one opened
+/// read-only, which open-behind acknowledges without opening it below),
+/// fstat reports no link, and stat through /proc/self/fd finds it too.
+fn unlinked_open_file(v: Volume) {
+    use std::io::{Read, Seek, Write};
+    let path = v.mount.path().join("tmpfile");
+    std::fs::write(&path, b"before unlink\n").expect("create");
+    let mut r = std::fs::File::open(&path).expect("open read-only");
+    let mut w = std::fs::OpenOptions::new().append(true).open(&path).expect("open for append");
+    std::fs::remove_file(&path).expect("unlink");
+    assert!(!path.exists(), "the name is gone");
+    let m = r.metadata().expect("fstat after unlink");
+    assert_eq!((m.nlink(), m.len()), (0, 14), "no link left, the data stays");
+    let mut got = String::new();
+    r.read_to_string(&mut got).expect("read after unlink");
+    assert_eq!(got, "before unlink\n");
+    w.write_all(b"after unlink\n").expect("write after unlink");
+    w.sync_all().expect("fsync after unlink");
+    r.rewind().expect("rewind");
+    got.clear();
+    r.read_to_string(&mut got).expect("read again");
+    assert_eq!(got, "before unlink\nafter unlink\n");
+    let by_proc = std::fs::metadata(format!("/proc/self/fd/{}", r.as_raw_fd())).expect("stat through /proc");
+    assert_eq!(by_proc.len(), 27);
+    drop((r, w));
+}

@@ -203,7 +203,16 @@ impl Core {
         dir: bool,
     ) -> Result<(), Errno> {
         let pg = self.gfid(parent)?;
-        let loc = Loc::entry(pg, name.clone());
+        let mut loc = Loc::entry(pg, name.clone());
+        // A file still open here: name its inode, so the translators that
+        // opened it lazily (performance/open-behind) open it for real first
+        // and its fds keep working after the unlink, as POSIX says.
+        if !dir
+            && let Some(g) = self.inodes.resolve(pg, &name)
+            && self.fds.entries().iter().any(|(_, e)| e.gfid == g)
+        {
+            loc.gfid = g;
+        }
         let fop = if dir { Fop::Rmdir { loc, flags: 0 } } else { Fop::Unlink { loc, flags: 0 } };
         self.call(self.ctx(who, 0, true), fop).await?;
         if dir {

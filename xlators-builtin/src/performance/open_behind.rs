@@ -13,6 +13,10 @@
 //! below are answered here and never go down, so a file read entirely from
 //! performance/quick-read above costs no open, flush or release.
 //!
+//! An UNLINK that names its inode (the FUSE bridge does when the file is
+//! still open) first opens that inode's deferred fds below, so they work
+//! once the file has no name.
+//!
 //! With `lazy-open` off, the open is wound in the background at once and
 //! the OPEN still answered without waiting for it. Other opens (for
 //! writing, truncating, direct I/O) go down and are answered as before.
@@ -165,6 +169,24 @@ impl Inner {
         self.child.call(ctx, req).await
     }
 
+    /// An unlink naming its inode: the fds of that inode acknowledged here
+    /// are opened below first, so they keep working once the file has no
+    /// name (GlusterFS's ob_unlink does the same).
+    async fn unlink(&self, ctx: CallCtx, req: Request, gfid: xlfs_sdk::Gfid) -> FopResult {
+        let mut pending = Vec::new();
+        self.fds.retain(|_, lf| {
+            if matches!(&lf.open.fop, Fop::Open { loc, .. } if loc.gfid == gfid) && *lf.phase.lock() != Phase::Released
+            {
+                pending.push(lf.clone());
+            }
+            true
+        });
+        for lf in pending {
+            let _ = self.ensure_open(&lf).await;
+        }
+        self.child.call(ctx, req).await
+    }
+
     fn open(self: &Arc<Self>, ctx: CallCtx, req: Request, id: FdId) -> FopFuture<'static> {
         let lazy = self.lazy.load(Ordering::Relaxed);
         // Without a runtime a background open cannot be spawned.
@@ -278,6 +300,10 @@ impl Xlator for OpenBehind {
             Fop::Fstat { fd } => {
                 let fd = *fd;
                 Box::pin(inner.fstat(ctx, req, fd))
+            }
+            Fop::Unlink { loc, .. } if !loc.gfid.is_null() => {
+                let gfid = loc.gfid;
+                Box::pin(inner.unlink(ctx, req, gfid))
             }
             fop => {
                 if fop.fds().any(|fd| inner.fds.get(&fd.id).is_some()) {

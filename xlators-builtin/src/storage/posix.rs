@@ -331,7 +331,13 @@ impl Inner {
     /// Resolves a location: by gfid when it has one, else by parent + name.
     fn resolve(&self, loc: &Loc) -> Sys<Node> {
         if !loc.gfid.is_null() {
-            return self.brick.resolve_gfid(loc.gfid);
+            return match self.brick.resolve_gfid(loc.gfid) {
+                // Unlinked while open here: the handle keeps it until the
+                // last close, and POSIX says it lives until then (stat,
+                // and a reopen after a graph switch, find it).
+                Err(Errno::ENOENT) if self.open_count(loc.gfid) > 0 => self.brick.resolve_unlinked(loc.gfid),
+                r => r,
+            };
         }
         if !loc.is_entry() {
             return Err(Errno::EINVAL);

@@ -323,6 +323,17 @@ impl Brick {
         Ok(Node { gfid: g, st, dir: None, handle: h })
     }
 
+    /// Resolves a non-directory whose handle is its only link left (its
+    /// names were removed while it was open).
+    pub fn resolve_unlinked(&self, g: Gfid) -> Sys<Node> {
+        let h = handle_rel(&g);
+        let st = sys::fstatat(self.gfs.as_fd(), &h, 0)?;
+        if is_dir(&st) || is_lnk(&st) {
+            return Err(Errno::ENOENT);
+        }
+        Ok(Node { gfid: g, st, dir: None, handle: h })
+    }
+
     fn open_dir_handle(&self, g: &Gfid, h: &CStr) -> Sys<OwnedFd> {
         let fd = if self.use_openat2.load(Ordering::Relaxed) {
             let mut path = format!("{HIDDEN}/").into_bytes();
