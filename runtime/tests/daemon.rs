@@ -121,12 +121,12 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert!(d.ok(&["getspec", "gv0"]).contains("subvolumes pt-probe\nend-volume"), "io-stats sits on the plugin");
     assert_eq!(std::fs::read(mnt.join("hello")).expect("read through the plugin"), data);
     assert!(d.ok(&["get", "gv0", "all"]).lines().any(|l| l.starts_with("plugin.pt-probe") && l.ends_with("set")));
-    // A plugin whose descriptor asks for the cluster place (fault-inject,
+    // A plugin whose descriptor asks for the cluster place (access-log,
     // plugin ABI v1.4) goes below the performance translators.
-    let faults = format!("wasm:{}", plugin_kit::wasm("fault-inject").display());
+    let faults = format!("wasm:{}", plugin_kit::wasm("access-log").display());
     d.ok(&["set", "gv0", "plugin.faults", &faults]);
     let spec = d.ok(&["getspec", "gv0"]);
-    let module = plugin_kit::wasm("fault-inject").display().to_string();
+    let module = plugin_kit::wasm("access-log").display().to_string();
     assert!(
         spec.contains(&format!(
             "volume faults\n    type plugin/wasm\n    option module {module}\n    subvolumes gv0-utime\n"

@@ -660,7 +660,7 @@ async fn a_plugin_that_keeps_every_write_is_held_to_its_buffer_budget() {
 }
 
 /// `xlfs up --plugin NAME=SPEC`: each plugin sits where its module asks
-/// (the pass-through at the top, fault-inject at the cluster place), the
+/// (the pass-through at the top, access-log at the cluster place), the
 /// mount works through both, and a module that does not load is refused
 /// naming the flag's value, before anything starts.
 #[test]
@@ -668,7 +668,7 @@ fn up_puts_plugins_where_their_modules_ask() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("vol");
     let _down = kit::Down(dir.clone());
-    let (pt, fi) = (plugin_kit::wasm("passthrough"), plugin_kit::wasm("fault-inject"));
+    let (pt, fi) = (plugin_kit::wasm("passthrough"), plugin_kit::wasm("access-log"));
     let junk = tmp.path().join("junk.wasm");
     std::fs::write(&junk, b"not a module").expect("junk");
     let flag = |name: &str, p: &Path| format!("{name}=wasm:{}", p.display());
@@ -700,5 +700,5 @@ fn up_puts_plugins_where_their_modules_ask() {
     assert_eq!(std::fs::read(mnt.join("f")).expect("read"), b"through two plugins");
     let dump = kit::run_xlfs(&["status", "--dump", mnt.to_str().expect("utf-8")]);
     let dump = String::from_utf8_lossy(&dump.stdout);
-    assert!(dump.contains("pt.plugin.fops-entered") && dump.contains("fi.fault-inject.fops-seen"), "{dump}");
+    assert!(dump.contains("pt.plugin.fops-entered") && dump.contains("fi.plugin.fops-entered"), "{dump}");
 }

@@ -3,8 +3,12 @@
 //! this node has seen on that inode (kept in the host's per-inode context,
 //! which the host drops when the inode is forgotten). Child up and down
 //! events are logged too.
+//!
+//! Plugin ABI v1.4 placement `cluster`: added to a volume by a
+//! `plugin.NAME` key, it sits below the performance translators and logs
+//! the traffic that reaches the bricks, not what the caches answered.
 
-use xlfs_sdk::guest::{CallId, Cx, EventSet, Host, Plugin, sys::log_level};
+use xlfs_sdk::guest::{CallId, Cx, EventSet, Host, Placement, Plugin, sys::log_level};
 use xlfs_sdk::{Event, EventFrom, FopKind, FopResult, OptType, OptionDecl, Options, Request};
 
 /// What a frame remembers between its fop and its reply.
@@ -31,6 +35,7 @@ impl Plugin for AccessLog {
     type Frame = Pending;
     const NAME: &'static str = "access-log";
     const DESCRIPTION: &'static str = "logs each fop with its result and latency";
+    const PLACEMENT: Placement = Placement::Cluster;
     const OPTIONS: &'static [OptionDecl] = OPTIONS;
     const EVENTS: EventSet = EventSet::CHILD_UP.union(EventSet::CHILD_DOWN);
 
