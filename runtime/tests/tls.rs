@@ -17,6 +17,7 @@ mod kit;
 use std::time::Duration;
 
 use kit::fuse_mount::FuseMount;
+use kit::raw::Raw;
 use kit::tls::Tap;
 use kit::{Brick, BrickConfig, mount_with, wait_state};
 use xlfs_runtime::client::Client;
@@ -116,7 +117,6 @@ async fn certificates_are_checked_both_ways() {
 #[test]
 fn volume_keys_turn_tls_on_for_bricks_and_clients() {
     use kit::daemon::Daemon;
-    use kit::raw::Raw;
     let pki = Pki::new("xlfs");
     let node = pki.issue("node1", &["127.0.0.1", "localhost"]);
     let tmp = tempfile::Builder::new().prefix("xlfs-tls-vol-").tempdir().expect("tempdir");
@@ -152,16 +152,21 @@ fn volume_keys_turn_tls_on_for_bricks_and_clients() {
     assert!(std::fs::read(m.path().join("f")).expect("read over TLS") == data);
     drop(m);
 
-    // A plain peer that says HELLO to a brick gets no HELLO_REPLY.
     let status: serde_json::Value = serde_json::from_str(&d.ok(&["status", "tv", "--json"])).expect("JSON");
     let port = status["volumes"][0]["bricks"][0]["port"].as_u64().expect("a brick port") as u16;
+    assert_plain_hello_unanswered(port);
+}
+
+/// A plain peer that says HELLO to the brick on `port` (TLS only) gets
+/// nothing but a closed connection.
+fn assert_plain_hello_unanswered(port: u16) {
     let mut raw = Raw::connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
     let hello = xlfs_xlators::protocol::rpc::Message::Hello(xlfs_xlators::protocol::rpc::Hello {
         version: xlfs_sdk::abi::AbiVersion::CURRENT,
         params: xlfs_sdk::Dict::new(),
     });
     raw.send_msg(&hello, 0);
-    assert!(raw.recv_frame().is_none(), "the brick answers a plain peer with nothing but a closed connection");
+    assert!(raw.recv_frame().is_none(), "the brick on port {port} answers a plain peer with nothing");
 }
 
 /// `xlfs up` with `--ssl-own-cert`, `--ssl-private-key`, `--ssl-ca-list`
@@ -170,7 +175,6 @@ fn volume_keys_turn_tls_on_for_bricks_and_clients() {
 /// given without the others is refused before anything starts.
 #[test]
 fn up_with_tls_serves_the_mount_and_refuses_plain_peers() {
-    use kit::raw::Raw;
     let pki = Pki::new("xlfs");
     let node = pki.issue("node1", &["127.0.0.1", "localhost"]);
     let tmp = tempfile::tempdir().expect("tmp");
@@ -201,17 +205,10 @@ fn up_with_tls_serves_the_mount_and_refuses_plain_peers() {
     std::fs::write(dir.join("mnt/f"), &data).expect("write over TLS");
     assert!(std::fs::read(dir.join("mnt/f")).expect("read over TLS") == data);
 
-    // Each brick: "brick b0: DIR on 127.0.0.1:PORT (pid ...": a plain HELLO
-    // gets nothing but a closed connection.
+    // Each brick's line: "brick b0: DIR on 127.0.0.1:PORT (pid ...".
     let port: u16 = text
         .lines()
         .find_map(|l| l.split(" on 127.0.0.1:").nth(1)?.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("a brick port in {text}"));
-    let mut raw = Raw::connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
-    let hello = xlfs_xlators::protocol::rpc::Message::Hello(xlfs_xlators::protocol::rpc::Hello {
-        version: xlfs_sdk::abi::AbiVersion::CURRENT,
-        params: xlfs_sdk::Dict::new(),
-    });
-    raw.send_msg(&hello, 0);
-    assert!(raw.recv_frame().is_none(), "a brick of xlfs up --ssl-* answers a plain peer with nothing");
+    assert_plain_hello_unanswered(port);
 }
