@@ -24,7 +24,7 @@ mod in_process;
 mod kit;
 
 use kit::fuse_mount::{FuseMount, MOUNT_TIMEOUT, XLFS, is_mounted, send_signal, sh};
-use xlfs_sdk::testing::eventually;
+use xlfs_sdk::testing::{Rng, eventually};
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
@@ -226,21 +226,6 @@ rm -rf copy untar
             .filter(|n| n != ".glusterfs")
             .collect();
         assert!(left.is_empty(), "{}: {left:?}", dir.display());
-    }
-}
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 

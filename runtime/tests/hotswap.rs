@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use kit::Cluster;
 use kit::fuse_mount::{FuseMount, is_mounted, send_signal};
+use xlfs_sdk::testing::Rng;
 
 /// A hang guard for the mount and for each change to be applied.
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -161,18 +162,6 @@ impl Load {
 
     fn fail(&self, msg: String) {
         self.errors.lock().expect("errors").push(msg);
-    }
-}
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
     }
 }
 

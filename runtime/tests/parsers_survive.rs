@@ -6,20 +6,7 @@
 #[path = "../fuzz/src/lib.rs"]
 mod checks;
 
-/// xorshift64*: the same mutations on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use xlfs_sdk::testing::Rng;
 
 const TOKENS: &[&[u8]] = &[
     b"\n",
@@ -50,16 +37,16 @@ const TOKENS: &[&[u8]] = &[
 /// tokens put in.
 fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
     let mut v = seed.to_vec();
-    for _ in 0..1 + rng.below(4) {
-        let at = rng.below(v.len() + 1);
-        match rng.below(4) {
-            0 if at < v.len() => v[at] ^= 1 << rng.below(8),
+    for _ in 0..1 + rng.index(4) {
+        let at = rng.index(v.len() + 1);
+        match rng.index(4) {
+            0 if at < v.len() => v[at] ^= 1 << rng.index(8),
             1 if at < v.len() => {
-                let end = (at + rng.below(16)).min(v.len());
+                let end = (at + rng.index(16)).min(v.len());
                 v.drain(at..end);
             }
             _ => {
-                let t = TOKENS[rng.below(TOKENS.len())];
+                let t = TOKENS[rng.index(TOKENS.len())];
                 v.splice(at..at, t.iter().copied());
             }
         }
@@ -73,7 +60,7 @@ fn run(seeds: &[Vec<u8>], n: usize, check: fn(&[u8])) {
         check(s);
     }
     for _ in 0..n {
-        let seed = &seeds[rng.below(seeds.len())];
+        let seed = &seeds[rng.index(seeds.len())];
         check(&mutate(&mut rng, seed));
     }
 }

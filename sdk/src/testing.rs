@@ -350,6 +350,30 @@ pub fn now<F: Future>(f: F) -> F::Output {
     }
 }
 
+/// A small deterministic generator (xorshift64*) for tests that want the
+/// same random sequence on every run.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A value below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    /// An index below `n` (0 when `n` is 0).
+    pub fn index(&mut self, n: usize) -> usize {
+        self.below(n as u64) as usize
+    }
+}
+
 /// How often [`eventually`] and [`until`] look again.
 const POLL_EVERY: Duration = Duration::from_millis(10);
 
