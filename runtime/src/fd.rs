@@ -80,6 +80,11 @@ impl FdTable {
         self.len() == 0
     }
 
+    /// True when some fd is open on `gfid`.
+    pub fn is_open_on(&self, gfid: Gfid) -> bool {
+        self.inner.lock().open.values().any(|e| e.gfid == gfid)
+    }
+
     /// Every open fd (for a graph switch, which reopens them by gfid).
     pub fn entries(&self) -> Vec<(FdId, FdEntry)> {
         self.inner.lock().open.iter().map(|(&id, &e)| (FdId(id), e)).collect()

@@ -213,6 +213,13 @@ impl InodeTable {
         self.inner.lock().inodes.get(&gfid).map(|e| e.names.clone()).unwrap_or_default()
     }
 
+    /// The cached entries naming `gfid` other than (`parent`, `name`).
+    pub fn other_names(&self, gfid: Gfid, parent: Gfid, name: &str) -> Vec<(Gfid, Arc<str>)> {
+        let t = self.inner.lock();
+        let Some(e) = t.inodes.get(&gfid) else { return Vec::new() };
+        e.names.iter().filter(|(p, n)| (*p, &**n) != (parent, name)).cloned().collect()
+    }
+
     /// The names cached under the directory `dir`.
     pub fn children(&self, dir: Gfid) -> Vec<Arc<str>> {
         self.inner.lock().dentries.keys().filter(|(p, _)| *p == dir).map(|(_, n)| n.clone()).collect()

@@ -81,8 +81,7 @@ impl Core {
         if !single || name == "." || name == ".." {
             return Ok(());
         }
-        let others = self.inodes.names(iatt.gfid);
-        for (p, other) in others.into_iter().filter(|(p, n)| (*p, &**n) != (parent, name)) {
+        for (p, other) in self.inodes.other_names(iatt.gfid, parent, name) {
             let mut xdata = Dict::new();
             xdata.set_u64(FRESH_LOOKUP, 1);
             let again = self.call_x(self.ctx(who, 0, false), Fop::Lookup { loc: Loc::entry(p, &*other) }, xdata).await;
@@ -209,7 +208,7 @@ impl Core {
         // and its fds keep working after the unlink, as POSIX says.
         if !dir
             && let Some(g) = self.inodes.resolve(pg, &name)
-            && self.fds.entries().iter().any(|(_, e)| e.gfid == g)
+            && self.fds.is_open_on(g)
         {
             loc.gfid = g;
         }

@@ -119,8 +119,6 @@ impl Stamps {
 
 struct Table {
     interest: HashMap<Gfid, Interest>,
-    /// Bumped on every change.
-    seq: u64,
     /// The last changes in each bucket of inodes.
     changed: Box<[Stamps]>,
 }
@@ -131,6 +129,10 @@ pub struct UpcallXl {
     events: EventSink,
     cfg: RwLock<Config>,
     table: Mutex<Table>,
+    /// Bumped on every change (under the table lock, so a stamp is never
+    /// older than a sequence read before it); read without the lock as
+    /// each fop is wound.
+    seq: AtomicU64,
     sent: AtomicU64,
     dropped_inodes: AtomicU64,
 }
@@ -142,7 +144,8 @@ fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
         child,
         events,
         cfg: RwLock::new(Config::from(&options)),
-        table: Mutex::new(Table { interest: HashMap::new(), seq: 0, changed: vec![Stamps::default(); BUCKETS].into() }),
+        table: Mutex::new(Table { interest: HashMap::new(), changed: vec![Stamps::default(); BUCKETS].into() }),
+        seq: AtomicU64::new(0),
         sent: AtomicU64::new(0),
         dropped_inodes: AtomicU64::new(0),
     }))
@@ -159,7 +162,7 @@ impl UpcallXl {
     /// The change sequence now: a fop wound after this sees changes
     /// stamped later as raced.
     fn seq(&self) -> u64 {
-        self.table.lock().seq
+        self.seq.load(Ordering::Acquire)
     }
 
     /// Records `client` as interested in `gfids`, by a fop wound at change
@@ -228,8 +231,7 @@ impl UpcallXl {
         let mut out: Vec<(Gfid, Arc<str>)> = Vec::new();
         {
             let mut table = self.table.lock();
-            table.seq += 1;
-            let seq = table.seq;
+            let seq = self.seq.fetch_add(1, Ordering::AcqRel) + 1;
             for g in gfids {
                 table.changed[bucket(g)].stamp(seq, from);
             }
