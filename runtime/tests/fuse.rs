@@ -813,7 +813,9 @@ fn an_unlinked_open_file_lives_until_its_last_close_on_two_by_three() {
 /// POSIX: a file unlinked while open lives until its last close. Reads,
 /// writes and fstat through fds opened before the unlink work (one opened
 /// read-only, which open-behind acknowledges without opening it below),
-/// fstat reports no link, and stat through /proc/self/fd finds it too.
+/// fstat reports no link, and stat through /proc/self/fd finds it too; all
+/// of it again after a graph switch, and the bricks drop the file at the
+/// last close.
 fn unlinked_open_file(v: Volume) {
     use std::io::{Read, Seek, Write};
     let path = v.mount.path().join("tmpfile");
@@ -835,5 +837,49 @@ fn unlinked_open_file(v: Volume) {
     assert_eq!(got, "before unlink\nafter unlink\n");
     let by_proc = std::fs::metadata(format!("/proc/self/fd/{}", r.as_raw_fd())).expect("stat through /proc");
     assert_eq!(by_proc.len(), 27);
+
+    // A graph switch reopens the fds on the new graph by gfid: the bricks
+    // still find the nameless file, and the fds go on working.
+    switch_graph(&v.mount);
+    let m = r.metadata().expect("fstat after a graph switch");
+    assert_eq!((m.nlink(), m.len()), (0, 27), "after a graph switch");
+    w.write_all(b"after switch\n").expect("write after a graph switch");
+    w.sync_all().expect("fsync after a graph switch");
+    r.rewind().expect("rewind");
+    got.clear();
+    r.read_to_string(&mut got).expect("read after a graph switch");
+    assert_eq!(got, "before unlink\nafter unlink\nafter switch\n");
     drop((r, w));
+    // The last close lets the bricks drop the file: nothing stays behind
+    // in `.glusterfs/unlink`.
+    for d in v.brick_dirs() {
+        let parked = d.join(".glusterfs/unlink");
+        eventually("the bricks drop the unlinked file after its last close", Duration::from_secs(10), || {
+            let left: Vec<_> = std::fs::read_dir(&parked).map_err(|e| format!("{}: {e}", parked.display()))?.collect();
+            if left.is_empty() { Ok(()) } else { Err(format!("{} holds {left:?}", parked.display())) }
+        });
+    }
+}
+
+/// Puts another io-stats on top of the mount's graph and waits until the
+/// mount runs the new graph (a switch: new connections, fds reopened).
+fn switch_graph(m: &FuseMount) {
+    let status = kit::daemon::mount_status(m.path());
+    let before = kit::daemon::generation(&status);
+    let text = std::fs::read_to_string(m.volfile()).expect("read volfile");
+    let top =
+        text.lines().filter_map(|l| l.trim().strip_prefix("volume ")).next_back().expect("a volume").trim().to_string();
+    let tmp = m.dir().join("client.vol.new");
+    std::fs::write(
+        &tmp,
+        format!("{text}\nvolume switch-top-{before}\n    type debug/io-stats\n    subvolumes {top}\nend-volume\n"),
+    )
+    .expect("write volfile");
+    std::fs::rename(&tmp, m.volfile()).expect("replace volfile");
+    let out = kit::run_xlfs(&["reload".as_ref(), m.path().as_os_str()]);
+    assert!(out.status.success(), "xlfs reload: {}", String::from_utf8_lossy(&out.stderr));
+    eventually("the mount switches to the new graph", Duration::from_secs(20), || {
+        let now = kit::daemon::generation(&kit::daemon::mount_status(m.path()));
+        if now > before { Ok(()) } else { Err(format!("generation {now}")) }
+    });
 }

@@ -11,7 +11,9 @@
 //! (the real descriptor) is kept in bounded [`FdSlots`] keyed by the
 //! caller's [`FdId`]; `max-open-fds` bounds them (EMFILE beyond). An
 //! unlinked file stays readable and writable through fds open on it: its
-//! handle keeps the inode until the last such fd is released.
+//! handle moves to `.glusterfs/unlink/<gfid>` and keeps the inode (found by
+//! gfid, for a reopen after a graph switch) until the last such fd is
+//! released; a brick start drops what a stopped brick left there.
 //!
 //! Conventions worth knowing:
 //! - `nlink` of a non-directory does not count its handle link, so a file
@@ -328,16 +330,21 @@ impl Inner {
         if n.is_dir() { Ok(n) } else { Err(Errno::ENOTDIR) }
     }
 
+    /// Resolves a gfid, also of a file unlinked while open here: its parked
+    /// handle keeps it until the last close, and POSIX says it lives until
+    /// then (stat, a nameless lookup and a reopen after a graph switch find
+    /// it).
+    fn resolve_gfid(&self, g: Gfid) -> Sys<Node> {
+        match self.brick.resolve_gfid(g) {
+            Err(Errno::ENOENT) if self.open_count(g) > 0 => self.brick.resolve_unlinked(g),
+            r => r,
+        }
+    }
+
     /// Resolves a location: by gfid when it has one, else by parent + name.
     fn resolve(&self, loc: &Loc) -> Sys<Node> {
         if !loc.gfid.is_null() {
-            return match self.brick.resolve_gfid(loc.gfid) {
-                // Unlinked while open here: the handle keeps it until the
-                // last close, and POSIX says it lives until then (stat,
-                // and a reopen after a graph switch, find it).
-                Err(Errno::ENOENT) if self.open_count(loc.gfid) > 0 => self.brick.resolve_unlinked(loc.gfid),
-                r => r,
-            };
+            return self.resolve_gfid(loc.gfid);
         }
         if !loc.is_entry() {
             return Err(Errno::EINVAL);

@@ -97,7 +97,7 @@ impl Inner {
             let pp = self.node_iatt(&parent)?;
             (node, pp)
         } else if !loc.gfid.is_null() {
-            (self.brick.resolve_gfid(loc.gfid)?, Iatt::default())
+            (self.resolve_gfid(loc.gfid)?, Iatt::default())
         } else {
             return Err(Errno::EINVAL);
         };

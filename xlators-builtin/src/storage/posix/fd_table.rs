@@ -145,17 +145,26 @@ impl Inner {
             }
         };
         if left == 0 && !f.dir {
+            if let Err(e) = self.brick.remove_parked(&f.gfid) {
+                tracing::warn!(gfid = %f.gfid, error = %e, "cannot drop an unlinked file after its last close");
+            }
             self.forget_if_nameless(f.gfid);
         }
     }
 
-    /// With the inode lock held: drops the handle of a non-directory that
-    /// has no name and no open fd left.
+    /// With the inode lock held, for a non-directory that may have lost its
+    /// last name: drops its handle when no fd is open on it, else parks the
+    /// handle until the last close ([`Brick::park_handle_if_nameless`]).
+    ///
+    /// [`Brick::park_handle_if_nameless`]: super::handle::Brick::park_handle_if_nameless
     pub(super) fn forget_if_nameless(&self, g: Gfid) {
-        if self.open_count(g) == 0
-            && let Err(e) = self.brick.remove_handle_if_nameless(&g)
-        {
-            tracing::warn!(gfid = %g, error = %e, "cannot remove the handle of an unlinked file");
+        let r = if self.open_count(g) == 0 {
+            self.brick.remove_handle_if_nameless(&g)
+        } else {
+            self.brick.park_handle_if_nameless(&g)
+        };
+        if let Err(e) = r {
+            tracing::warn!(gfid = %g, error = %e, "cannot remove or park the handle of an unlinked file");
         }
     }
 

@@ -31,6 +31,10 @@ use super::sys::{self, Sys, Target, cstr};
 
 /// The hidden directory that holds gfid handles.
 pub(crate) const HIDDEN: &str = ".glusterfs";
+/// Under [`HIDDEN`]: the handles of files unlinked while open, kept there
+/// until their last close (GlusterFS: `.glusterfs/unlink`) and emptied at
+/// brick start, when no fd can be open any more.
+pub(crate) const UNLINK: &str = "unlink";
 const ROOT_HANDLE_TARGET: &[u8] = b"../../..";
 /// Deepest directory chain the userspace walk follows.
 const MAX_DEPTH: usize = 4096;
@@ -162,6 +166,12 @@ pub(crate) fn handle_rel(g: &Gfid) -> CString {
     CString::new(format!("{a}/{b}/{g}")).unwrap_or_default()
 }
 
+/// `unlink/<gfid>`: where an unlinked open file's handle waits for its last close.
+fn parked_rel(g: &Gfid) -> CString {
+    // A formatted gfid holds no NUL.
+    CString::new(format!("{UNLINK}/{g}")).unwrap_or_default()
+}
+
 /// The symlink target of a directory handle: `../../xx/yy/<parent>/<name>`.
 fn dir_handle_target(parent: &Gfid, name: &[u8]) -> Sys<CString> {
     let mut t = format!("../../{}/", handle_rel(parent).to_string_lossy()).into_bytes();
@@ -245,6 +255,11 @@ impl Brick {
             Err(e) => return Err(fail("create .glusterfs")(e)),
         }
         let gfs = sys::openat(root.as_fd(), &hidden, DIR_FLAGS, 0).map_err(fail("open .glusterfs"))?;
+        match sys::mkdirat(gfs.as_fd(), &cstr(UNLINK.as_bytes()).map_err(fail("name .glusterfs/unlink"))?, 0o700) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(fail("create .glusterfs/unlink")(e)),
+        }
+        purge_parked(&path.join(HIDDEN).join(UNLINK));
         let brick = Brick {
             path: path.to_path_buf(),
             root: Arc::new(root),
@@ -323,10 +338,10 @@ impl Brick {
         Ok(Node { gfid: g, st, dir: None, handle: h })
     }
 
-    /// Resolves a non-directory whose handle is its only link left (its
-    /// names were removed while it was open).
+    /// Resolves a non-directory whose names were all removed while it was
+    /// open: its handle waits in `unlink/` ([`Brick::park_handle`]).
     pub fn resolve_unlinked(&self, g: Gfid) -> Sys<Node> {
-        let h = handle_rel(&g);
+        let h = parked_rel(&g);
         let st = sys::fstatat(self.gfs.as_fd(), &h, 0)?;
         if is_dir(&st) || is_lnk(&st) {
             return Err(Errno::ENOENT);
@@ -583,6 +598,29 @@ impl Brick {
         }
     }
 
+    /// Moves the handle of a non-directory whose last name was removed
+    /// while fds are open on it to `unlink/`, where it keeps the inode
+    /// (and gfid-based calls find it) until the last close
+    /// ([`Brick::remove_parked`]); a brick that stops first finds it there
+    /// at its next start and drops it. Nothing to do when a name is left.
+    pub fn park_handle_if_nameless(&self, g: &Gfid) -> Sys<()> {
+        match sys::fstatat(self.gfs.as_fd(), &handle_rel(g), 0) {
+            Ok(st) if st.st_nlink <= 1 && !is_dir(&st) && !is_lnk(&st) => {
+                sys::renameat2(self.gfs.as_fd(), &handle_rel(g), self.gfs.as_fd(), &parked_rel(g), 0)
+            }
+            Ok(_) | Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Drops a parked handle (missing is fine): the file's last fd closed.
+    pub fn remove_parked(&self, g: &Gfid) -> Sys<()> {
+        match sys::unlinkat(self.gfs.as_fd(), &parked_rel(g), 0) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     fn looks_like_dir_handle(&self, g: &Gfid) -> bool {
         sys::readlinkat(self.gfs.as_fd(), &handle_rel(g)).is_ok_and(|t| parse_dir_handle(&t).is_some())
             && matches!(read_gfid(Target::At(self.gfs.as_fd(), &handle_rel(g))), Ok(None))
@@ -591,6 +629,31 @@ impl Brick {
     #[cfg(test)]
     pub fn force_walk(&self) {
         self.use_openat2.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Empties `unlink/` at brick start: what a brick that stopped (or
+/// crashed) with unlinked files open left there. Logged, never fatal.
+fn purge_parked(dir: &Path) {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot list the handles of unlinked files");
+            return;
+        }
+    };
+    let (mut dropped, mut bytes) = (0u64, 0u64);
+    for e in entries.flatten() {
+        let size = e.metadata().map_or(0, |m| m.len());
+        match std::fs::remove_file(e.path()) {
+            Ok(()) => (dropped, bytes) = (dropped + 1, bytes + size),
+            Err(err) => {
+                tracing::warn!(path = %e.path().display(), error = %err, "cannot drop a left-over unlinked file")
+            }
+        }
+    }
+    if dropped > 0 {
+        tracing::info!(dir = %dir.display(), files = dropped, bytes, "dropped files unlinked while open before the brick last stopped");
     }
 }
 

@@ -140,9 +140,12 @@ async fn rename_over_a_file_drops_or_keeps_its_handle() {
     e.reply(Fop::Rename { old: Loc::entry(Gfid::ROOT, "closed"), new: Loc::entry(Gfid::ROOT, "open"), flags: 0 })
         .await
         .expect("rename over open");
-    assert!(e.handle_path(open).exists(), "an open file keeps its handle");
+    let parked = e.brick.join(".glusterfs/unlink").join(open.to_string());
+    assert!(parked.exists(), "an open file's handle waits in .glusterfs/unlink");
+    assert_eq!(e.stat(open).await.expect("by gfid").nlink, 0);
     assert_eq!(e.read(o, 0, 100).await.expect("read"), b"still here");
     e.release(o).await;
+    assert!(std::fs::symlink_metadata(&parked).is_err());
     assert!(std::fs::symlink_metadata(e.handle_path(open)).is_err());
 }
 

@@ -48,12 +48,18 @@ async fn unlink_while_open_keeps_the_data() {
         r => panic!("{r:?}"),
     }
     assert!(!e.brick.join("f").exists());
-    assert!(e.handle_path(f).exists(), "open file's handle must stay");
+    let parked = e.brick.join(".glusterfs/unlink").join(f.to_string());
+    assert!(!e.handle_path(f).exists() && parked.exists(), "an open file's handle waits in .glusterfs/unlink");
     assert_eq!(e.lookup(Gfid::ROOT, "f").await.err(), Some(Errno::ENOENT));
     // No name left, but open here: found by gfid (stat through the open
-    // file, a reopen after a graph switch), with no link.
+    // file, a nameless lookup and a reopen after a graph switch), with no link.
     let st = e.stat(f).await.expect("stat of an unlinked open file");
     assert_eq!((st.nlink, st.size), (0, 6));
+    let found = e.entry_of(Fop::Lookup { loc: Loc::gfid(f) }, Dict::new()).await.expect("nameless lookup");
+    assert_eq!((found.gfid, found.nlink), (f, 0));
+    let third = e.open(f, libc::O_RDONLY).await.expect("reopen by gfid");
+    e.release(third).await;
+    assert!(parked.exists(), "two fds are still open");
     e.write(fd, 6, b" after").await;
     assert_eq!(e.read(second, 0, 100).await.expect("read"), b"before after");
     match e.reply(Fop::Fstat { fd }).await.expect("fstat") {
@@ -61,10 +67,11 @@ async fn unlink_while_open_keeps_the_data() {
         r => panic!("{r:?}"),
     }
     e.release(fd).await;
-    assert!(e.handle_path(f).exists(), "one fd is still open");
+    assert!(parked.exists(), "one fd is still open");
     assert_eq!(e.read(second, 0, 6).await.expect("read"), b"before");
     e.release(second).await;
-    assert!(std::fs::symlink_metadata(e.handle_path(f)).is_err(), "handle must go with the last fd");
+    assert!(std::fs::symlink_metadata(&parked).is_err(), "the handle must go with the last fd");
+    assert!(std::fs::symlink_metadata(e.handle_path(f)).is_err());
     assert_eq!(e.stat(f).await.err(), Some(Errno::ENOENT), "gone with the last fd");
     assert_eq!(e.run(Fop::Release { fd: second }).await.err(), Some(Errno::EBADF));
 
@@ -81,4 +88,25 @@ async fn unlink_while_open_keeps_the_data() {
     e.run(Fop::Rmdir { loc: Loc::entry(Gfid::ROOT, "d"), flags: 0 }).await.expect("rmdir");
     assert!(std::fs::symlink_metadata(e.handle_path(d)).is_err());
     assert_eq!(e.stat(d).await.err(), Some(Errno::ENOENT));
+}
+
+/// A brick stopped (or killed) with an unlinked file open leaves its handle
+/// in `.glusterfs/unlink`; the next start drops it (no fd can be open).
+#[tokio::test]
+async fn a_restarted_brick_drops_what_was_unlinked_while_open() {
+    let e = env();
+    let (f, fd) = e.create(Gfid::ROOT, "f").await;
+    e.write(fd, 0, &[1u8; 8192]).await;
+    e.run(Fop::Unlink { loc: Loc::entry(Gfid::ROOT, "f"), flags: 0 }).await.expect("unlink");
+    let parked = e.brick.join(".glusterfs/unlink").join(f.to_string());
+    assert!(parked.exists());
+    // A second brick over the same directory stands for the restart.
+    let again = Posix::new(init(&e.brick, &[])).expect("restart");
+    assert!(!parked.exists(), "the left-over file is dropped at start");
+    drop(again);
+    // The first instance's fd still reads its data (the kernel keeps the
+    // inode), and its last close does not trip over the missing handle.
+    assert_eq!(e.read(fd, 0, 4).await.expect("read"), vec![1u8; 4]);
+    e.release(fd).await;
+    assert_eq!(std::fs::read_dir(e.brick.join(".glusterfs/unlink")).expect("unlink dir").count(), 0);
 }
