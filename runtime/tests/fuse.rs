@@ -477,18 +477,29 @@ fn locks_conflict(v: Volume) {
         fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 0).map(drop).map_err(|e| format!("errno {e}"))
     });
 
-    // flock: released when the open file is closed. (flock arrives as a
-    // whole-file lock owned by the open file, like an OFD lock; fuser does
-    // not pass FUSE's flock flag, so the two kinds are not kept apart:
-    // b's OFD lock goes first.)
-    fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 0).expect("b unlocks");
+    // flock and fcntl locks live apart, as on a local file system: c's
+    // flock is granted while b holds an OFD write lock on the whole file
+    // (flock arrives as a whole-file lock owned by the open file, just like
+    // an OFD lock; only FUSE's flock flag tells them apart).
     let (c, d) = (open(), open());
-    flock(&c, libc::LOCK_EX).expect("c flocks");
-    assert_eq!(flock(&d, libc::LOCK_EX | libc::LOCK_NB), Err(libc::EWOULDBLOCK));
+    flock(&c, libc::LOCK_EX).expect("c flocks while b holds an OFD lock");
+    assert_eq!(flock(&d, libc::LOCK_EX | libc::LOCK_NB), Err(libc::EWOULDBLOCK), "flocks conflict");
+    assert_eq!(fcntl_lock(&d, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 0).err(), Some(libc::EAGAIN), "OFD locks conflict");
+    fcntl_lock(&b, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 0).expect("b unlocks");
+    fcntl_lock(&d, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 0).expect("d's OFD lock beside c's flock");
+    let posix = fcntl_lock(&c, libc::F_SETLK, libc::F_RDLCK, 0, 10);
+    assert!(matches!(posix, Err(libc::EAGAIN | libc::EACCES)), "a POSIX lock meets d's OFD lock: {posix:?}");
+    // A close of another fd (a flush) drops this process's POSIX locks,
+    // never a flock.
+    drop(open());
+    assert_eq!(flock(&d, libc::LOCK_EX | libc::LOCK_NB), Err(libc::EWOULDBLOCK), "c's flock outlives a flush");
+    // flock: released when the open file is closed; d's OFD lock stays.
     drop(c);
     eventually("c's close releases its flock", HANG_GUARD, || {
         flock(&d, libc::LOCK_EX | libc::LOCK_NB).map(drop).map_err(|e| format!("errno {e}"))
     });
+    let probe = fcntl_lock(&b, libc::F_OFD_GETLK, libc::F_WRLCK, 0, 0).expect("getlk");
+    assert_eq!(probe.l_type, libc::F_WRLCK as libc::c_short, "d still holds its OFD lock");
 
     // Between processes: a child process holds an exclusive flock that
     // this process cannot take until the child is gone.

@@ -138,6 +138,10 @@ pub mod keys {
     /// granted locks are left as they are. features/locks answers the
     /// cancelled requests EINTR.
     pub const LK_CANCEL: &str = "xlfs.lk-cancel";
+    /// On an `lk`: a BSD flock(2) lock, not a POSIX one. features/locks
+    /// keeps flocks in a lock space of their own (they never conflict with
+    /// fcntl locks); a flush does not drop them, the fd's release does.
+    pub const LK_FLOCK: &str = "xlfs.lk-flock";
     /// On a lookup: answer from the subvolumes, not from a cache (the FUSE
     /// bridge asks so when it checks that an inode does not have two names
     /// it cannot have). Caches that answer lookups pass such a lookup on.

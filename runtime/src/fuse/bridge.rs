@@ -410,11 +410,12 @@ impl Filesystem for Bridge {
         typ: i32,
         pid: u32,
         sleep: bool,
+        flock: bool,
         reply: ReplyEmpty,
     ) {
         let (c, who) = (self.core.clone(), Caller::from(req));
         let lk = locks::FuseLock { start, end, typ, pid };
-        self.core.run(reply, async move { c.setlk(who, fh, lock_owner.0, lk, sleep).await }, |r, ()| r.ok());
+        self.core.run(reply, async move { c.setlk(who, fh, lock_owner.0, lk, sleep, flock).await }, |r, ()| r.ok());
     }
 
     fn fallocate(

@@ -2,9 +2,12 @@
 //!
 //! FUSE's lock owner becomes the fop's `lk_owner`: for fcntl locks the
 //! kernel names the process's file table, for flock (and OFD locks) the open
-//! file, so the two never share an owner. flock arrives as a whole-file lock
-//! (the mount asks for FUSE_FLOCK_LOCKS) and is released with the fd
-//! (Release); fcntl locks are released by the flush of each close.
+//! file. flock arrives as a whole-file lock (the mount asks for
+//! FUSE_FLOCK_LOCKS) marked FUSE_LK_FLOCK (our fuser patch passes the mark
+//! on) and goes to the bricks with [`LK_FLOCK`]: a lock space of its own,
+//! so a flock and an fcntl or OFD lock never conflict, as on a local file
+//! system. A flock is released with the fd (Release); fcntl locks are
+//! released by the flush of each close.
 //!
 //! **Waiting without blocking.** A SETLKW waits in a task, never on a
 //! reader thread. fuser 0.18 answers FUSE_INTERRUPT itself with ENOSYS, after
@@ -45,7 +48,7 @@ use std::time::Duration;
 
 use fuser::FileHandle;
 use parking_lot::Mutex;
-use xlfs_sdk::dict::keys::LK_CANCEL;
+use xlfs_sdk::dict::keys::{LK_CANCEL, LK_FLOCK};
 use xlfs_sdk::{CallCtx, Dict, Errno, Fd, FdId, Flock, Fop, Gfid, LkCmd, LockType, Value};
 
 use super::switch::Active;
@@ -144,15 +147,24 @@ impl Held {
     }
 }
 
-/// The locks the mount was granted, by (inode, lock owner).
+/// Whose locks: (inode, lock owner, in the flock space). An open file is
+/// the owner of its flocks and of its OFD locks, which are apart all the same.
+type HeldKey = (Gfid, u64, bool);
+
+/// The locks the mount was granted, by [`HeldKey`].
 #[derive(Default)]
-pub(super) struct HeldLocks(Mutex<HashMap<(Gfid, u64), Held>>);
+pub(super) struct HeldLocks(Mutex<HashMap<HeldKey, Held>>);
+
+/// The xdata of a lock fop: marked [`LK_FLOCK`] for a flock.
+fn space(flock: bool) -> Dict {
+    if flock { Dict::new().with(LK_FLOCK, Value::U64(1)) } else { Dict::new() }
+}
 
 impl HeldLocks {
     /// Records a granted SETLK/SETLKW (or unlock).
-    fn record(&self, fd: Fd, pid: u32, lock: &Flock) {
+    fn record(&self, fd: Fd, pid: u32, lock: &Flock, flock: bool) {
         let mut m = self.0.lock();
-        let key = (fd.gfid, lock.owner);
+        let key = (fd.gfid, lock.owner, flock);
         if !m.contains_key(&key) && (lock.ty == LockType::Unlock || m.len() >= MAX_HELD) {
             if lock.ty != LockType::Unlock {
                 tracing::warn!(gfid = %fd.gfid, "too many lock owners to remember: this lock will not survive a graph switch");
@@ -172,15 +184,16 @@ impl HeldLocks {
         }
     }
 
-    /// The fd (and pid) through which `owner`'s locks on `gfid` were
+    /// The fd (and pid) through which `owner`'s POSIX locks on `gfid` were
     /// taken, if any.
     fn taken_through(&self, gfid: Gfid, owner: u64) -> Option<(FdId, u32)> {
-        self.0.lock().get(&(gfid, owner)).and_then(|h| h.fd.map(|fd| (fd, h.pid)))
+        self.0.lock().get(&(gfid, owner, false)).and_then(|h| h.fd.map(|fd| (fd, h.pid)))
     }
 
-    /// The flush of a close: the bricks drop the owner's locks on the inode.
+    /// The flush of a close: the bricks drop the owner's POSIX locks on the
+    /// inode (not its flocks).
     fn drop_owner(&self, gfid: Gfid, owner: u64) {
-        self.0.lock().remove(&(gfid, owner));
+        self.0.lock().remove(&(gfid, owner, false));
     }
 
     /// True when locks are held through the fd.
@@ -193,11 +206,11 @@ impl HeldLocks {
         self.0.lock().retain(|_, h| h.fd != Some(fd));
     }
 
-    fn snapshot(&self) -> Vec<((Gfid, u64), Held)> {
+    fn snapshot(&self) -> Vec<(HeldKey, Held)> {
         self.0.lock().iter().map(|(k, h)| (*k, h.clone())).collect()
     }
 
-    fn forget(&self, key: (Gfid, u64)) {
+    fn forget(&self, key: HeldKey) {
         self.0.lock().remove(&key);
     }
 
@@ -313,6 +326,7 @@ impl Core {
         owner: u64,
         lk: FuseLock,
         sleep: bool,
+        flock: bool,
     ) -> Result<(), Errno> {
         let fd = self.fd(fh)?;
         let lock = to_flock(&lk, owner)?;
@@ -324,7 +338,7 @@ impl Core {
             let entered = self.enter();
             let a = entered.0.clone();
             let on = a.clone();
-            let fop = self.call_on(&a, self.ctx(who, owner, false), Fop::Lk { fd, cmd, lock }, Dict::new());
+            let fop = self.call_on(&a, self.ctx(who, owner, false), Fop::Lk { fd, cmd, lock }, space(flock));
             let r = if wait {
                 tokio::select! {
                     biased;
@@ -337,7 +351,7 @@ impl Core {
                         let (me, ctx) = (self.clone(), self.ctx(who, owner, false));
                         let cancel = Fop::Lk { fd, cmd: LkCmd::SetLk, lock: Flock { ty: LockType::Unlock, ..lock } };
                         self.spawn(async move {
-                            let x = Dict::new().with(LK_CANCEL, Value::U64(1));
+                            let x = space(flock).with(LK_CANCEL, Value::U64(1));
                             if let Err(e) = me.call_on(&on, ctx, cancel, x).await {
                                 tracing::debug!(gfid = %fd.gfid, %e, "cancelling an interrupted SETLKW");
                             }
@@ -355,7 +369,7 @@ impl Core {
                 fop.await
             };
             if r.is_ok() {
-                self.held.record(fd, who.pid, &lock);
+                self.held.record(fd, who.pid, &lock, flock);
             }
             return r.map(drop);
         }
@@ -398,13 +412,13 @@ impl Core {
     /// the new one. Returns (ranges moved, ranges lost).
     pub(super) async fn move_locks(&self, old: &Active, new: &Active) -> (usize, usize) {
         let (mut moved, mut lost) = (0, 0);
-        for ((gfid, owner), held) in self.held.snapshot() {
+        for ((gfid, owner, flock), held) in self.held.snapshot() {
             let Some(id) = held.fd else { continue };
             let fd = Fd { id, gfid };
             let ctx = CallCtx { lk_owner: owner, pid: held.pid, ..CallCtx::root(self.client_id.clone()) };
             let all = Flock { ty: LockType::Unlock, start: 0, len: 0, pid: held.pid, owner };
             if let Err(e) =
-                self.call_on(old, ctx.clone(), Fop::Lk { fd, cmd: LkCmd::SetLk, lock: all }, Dict::new()).await
+                self.call_on(old, ctx.clone(), Fop::Lk { fd, cmd: LkCmd::SetLk, lock: all }, space(flock)).await
             {
                 tracing::debug!(%gfid, owner, error = %e, "unlock on the old graph");
             }
@@ -412,7 +426,7 @@ impl Core {
             for r in &held.ranges {
                 let len = if r.end == u64::MAX { 0 } else { r.end - r.start + 1 };
                 let lock = Flock { ty: r.ty, start: r.start, len, pid: held.pid, owner };
-                match self.call_on(new, ctx.clone(), Fop::Lk { fd, cmd: LkCmd::SetLk, lock }, Dict::new()).await {
+                match self.call_on(new, ctx.clone(), Fop::Lk { fd, cmd: LkCmd::SetLk, lock }, space(flock)).await {
                     Ok(_) => moved += 1,
                     Err(e) => {
                         tracing::warn!(%gfid, owner, start = r.start, end = r.end, error = %e,
@@ -423,7 +437,7 @@ impl Core {
                 }
             }
             if !kept {
-                self.held.forget((gfid, owner));
+                self.held.forget((gfid, owner, flock));
             }
         }
         (moved, lost)
@@ -472,18 +486,23 @@ mod tests {
         let held = HeldLocks::default();
         let g = Gfid([1; 16]);
         let fd = |id| Fd { id: FdId(id), gfid: g };
-        held.record(fd(1), 5, &flock(LockType::Write, 0, 10));
-        held.record(fd(2), 5, &Flock { owner: 8, ..flock(LockType::Read, 0, 0) });
+        held.record(fd(1), 5, &flock(LockType::Write, 0, 10), false);
+        held.record(fd(2), 5, &Flock { owner: 8, ..flock(LockType::Read, 0, 0) }, false);
         assert_eq!(held.len(), 2);
         // An unlock of everything forgets the owner; an unlock of an
         // unknown owner records nothing.
-        held.record(fd(1), 5, &flock(LockType::Unlock, 0, 0));
-        held.record(fd(1), 5, &Flock { owner: 99, ..flock(LockType::Unlock, 0, 0) });
+        held.record(fd(1), 5, &flock(LockType::Unlock, 0, 0), false);
+        held.record(fd(1), 5, &Flock { owner: 99, ..flock(LockType::Unlock, 0, 0) }, false);
         assert_eq!(held.len(), 1);
-        held.record(fd(1), 5, &flock(LockType::Write, 0, 10));
+        held.record(fd(1), 5, &flock(LockType::Write, 0, 10), false);
+        // A flock of the same owner (an open file's OFD lock and its flock)
+        // is kept apart, and a flush leaves it.
+        held.record(fd(1), 5, &flock(LockType::Write, 0, 0), true);
         held.drop_owner(g, 7);
-        assert_eq!(held.snapshot().len(), 1);
+        assert_eq!(held.snapshot().len(), 2);
+        assert!(held.snapshot().iter().any(|((_, owner, flock), h)| *owner == 7 && *flock && h.fd == Some(FdId(1))));
         held.drop_fd(FdId(2));
+        held.drop_fd(FdId(1));
         assert_eq!(held.len(), 0);
     }
 

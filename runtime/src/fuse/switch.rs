@@ -487,9 +487,10 @@ mod tests {
         core.call(CallCtx::root("c"), Fop::Open { loc: Loc::gfid(gfid), flags, fd: id }).await.expect("open");
         let fh = FileHandle(id.0);
         let lk = FuseLock { start: 0, end: 99, typ: libc::F_WRLCK, pid: 0 };
-        core.clone().setlk(WHO, fh, 42, lk, false).await.expect("lock");
+        core.clone().setlk(WHO, fh, 42, lk, false, false).await.expect("lock");
         // A SETLKW waiting on A, and a read in flight on A.
-        let waiter = tokio::spawn(core.clone().setlk(WHO, fh, 43, FuseLock { start: 200, end: 299, ..lk }, true));
+        let waiter =
+            tokio::spawn(core.clone().setlk(WHO, fh, 43, FuseLock { start: 200, end: 299, ..lk }, true, false));
         let read = tokio::spawn(core.clone().read(WHO, 0, fh, 0, 10));
         while lines(&log, "A:read").is_empty() || lines(&log, "A:lk fd1 SetLkw").is_empty() {
             tokio::task::yield_now().await;

@@ -435,7 +435,9 @@ impl Inner {
         let Some(undo) = unlock_of(&req.fop) else {
             return transaction::evaluate(self.fan(ctx, targets, &req).await).result;
         };
-        let mut undo = Undo { inner: self.clone(), ctx: ctx.clone(), req: Some(Request::new(undo)), got: 0 };
+        // The same xdata: an undone flock is unlocked in the flock space.
+        let undo = Request::with_xdata(undo, req.xdata.clone());
+        let mut undo = Undo { inner: self.clone(), ctx: ctx.clone(), req: Some(undo), got: 0 };
         let mut first: Option<Response> = None;
         for i in members(targets) {
             match self.children[i].call(ctx.clone(), req.clone()).await {

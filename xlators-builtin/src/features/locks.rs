@@ -22,7 +22,10 @@
 //!   reports the first conflicting lock (or type Unlock), SETLK fails with
 //!   EAGAIN, SETLKW waits. Flush releases the caller's (client, lk_owner)
 //!   locks on the inode (close(2) semantics); Release releases the locks
-//!   taken through that fd.
+//!   taken through that fd. An `lk` whose xdata has [`keys::LK_FLOCK`] is a
+//!   flock(2): the same rules in a lock space of its own, so a flock never
+//!   conflicts with an fcntl lock (as on a local file system), and a flush
+//!   does not drop it (its release does).
 //!
 //! **Clients going away.** [`Event::ClientGone`] from the graph releases all
 //! the client held (inodelks, entrylks, posix locks), grants the waiters
@@ -123,7 +126,8 @@ fn build(init: InitCtx) -> Result<Arc<dyn Xlator>, InitError> {
 enum WaitKind {
     Inodelk(String),
     Entrylk(String),
-    Posix,
+    /// A record lock; true in the flock space.
+    Posix(bool),
 }
 
 /// A queued request being waited for. Dropped before its answer is seen,
@@ -186,7 +190,7 @@ impl CountRequest {
             xdata.set_u64(keys::ENTRYLK_COUNT, il.map_or(0, |il| il.count_in(d.as_deref(), |d| d.entrylk.len())));
         }
         if self.posix {
-            xdata.set_u64(keys::POSIXLK_COUNT, il.map_or(0, |il| il.posix.len() as u64));
+            xdata.set_u64(keys::POSIXLK_COUNT, il.map_or(0, |il| (il.posix.len() + il.flock.len()) as u64));
         }
     }
 }
@@ -328,9 +332,10 @@ impl Locks {
             .update(gfid, false, |il| match kind {
                 WaitKind::Inodelk(d) => in_domain::<InodeLk>(il, gfid, d, id, clock),
                 WaitKind::Entrylk(d) => in_domain::<EntryLk>(il, gfid, d, id, clock),
-                WaitKind::Posix => {
-                    if il.posix.cancel(id) {
-                        il.posix.grant_blocked();
+                WaitKind::Posix(flock) => {
+                    let space = il.space(*flock);
+                    if space.cancel(id) {
+                        space.grant_blocked();
                     }
                     Vec::new()
                 }
@@ -392,7 +397,8 @@ impl Locks {
         self.domain_lock(gfid, domain, EntryLk { owner, exclusive, name }, block).await
     }
 
-    async fn lk(&self, ctx: &CallCtx, fd: Fd, cmd: LkCmd, fl: Flock) -> Result<Flock, Errno> {
+    /// A record lock fop, in the POSIX lock space or (`flock`) the flock one.
+    async fn lk(&self, ctx: &CallCtx, fd: Fd, cmd: LkCmd, fl: Flock, flock: bool) -> Result<Flock, Errno> {
         if fd.gfid.is_null() {
             return Err(Errno::EBADF);
         }
@@ -402,8 +408,9 @@ impl Locks {
             (LkCmd::GetLk, LockType::Unlock) => return Err(Errno::EINVAL),
             (_, LockType::Unlock) => {
                 self.table.update(fd.gfid, false, |il| {
-                    il.posix.apply(&req(false), true);
-                    il.posix.grant_blocked();
+                    let space = il.space(flock);
+                    space.apply(&req(false), true);
+                    space.grant_blocked();
                 });
                 return Ok(fl);
             }
@@ -411,24 +418,27 @@ impl Locks {
         };
         if cmd == LkCmd::GetLk {
             let probe = req(exclusive);
-            let found =
-                self.table.peek(fd.gfid, |il| il.and_then(|il| il.posix.conflict(&probe).map(PosixLk::to_flock)));
+            let found = self.table.peek(fd.gfid, |il| {
+                il.and_then(|il| if flock { &il.flock } else { &il.posix }.conflict(&probe).map(PosixLk::to_flock))
+            });
             return Ok(found.unwrap_or(Flock { ty: LockType::Unlock, ..fl }));
         }
         let id = self.new_lock_id()?;
         let block = cmd == LkCmd::SetLkw;
-        let attempt =
-            self.table.update(fd.gfid, true, |il| il.posix.lock(id, req(exclusive), block)).ok_or(Errno::ENOMEM)?;
-        self.settle(attempt, fd.gfid, WaitKind::Posix, id).await.map(|()| fl)
+        let attempt = self
+            .table
+            .update(fd.gfid, true, |il| il.space(flock).lock(id, req(exclusive), block))
+            .ok_or(Errno::ENOMEM)?;
+        self.settle(attempt, fd.gfid, WaitKind::Posix(flock), id).await.map(|()| fl)
     }
 
     /// `lk` with [`keys::LK_CANCEL`]: the owner's requests waiting for
     /// the range are failed (EINTR) and leave the queue; nothing granted
     /// changes.
-    fn cancel_lk(&self, ctx: &CallCtx, fd: Fd, fl: Flock) -> Result<Flock, Errno> {
+    fn cancel_lk(&self, ctx: &CallCtx, fd: Fd, fl: Flock, flock: bool) -> Result<Flock, Errno> {
         let (start, end) = range(&fl)?;
         let owner = Owner::of(ctx);
-        let n = self.table.update(fd.gfid, false, |il| il.posix.cancel_waiting(&owner, start, end)).unwrap_or(0);
+        let n = self.table.update(fd.gfid, false, |il| il.space(flock).cancel_waiting(&owner, start, end)).unwrap_or(0);
         tracing::debug!(gfid = %fd.gfid, cancelled = n, "lk cancel");
         Ok(fl)
     }
@@ -469,9 +479,12 @@ impl Locks {
                 (empty(self.entrylk(&ctx, fd.gfid, domain, name, cmd, ty).await), fd.gfid)
             }
             Fop::Lk { fd, lock, .. } if xdata.contains(keys::LK_CANCEL) => {
-                (self.cancel_lk(&ctx, fd, lock).map(|f| Reply::Lock(f).into()), fd.gfid)
+                (self.cancel_lk(&ctx, fd, lock, xdata.contains(keys::LK_FLOCK)).map(|f| Reply::Lock(f).into()), fd.gfid)
             }
-            Fop::Lk { fd, cmd, lock } => (self.lk(&ctx, fd, cmd, lock).await.map(|f| Reply::Lock(f).into()), fd.gfid),
+            Fop::Lk { fd, cmd, lock } => {
+                let flock = xdata.contains(keys::LK_FLOCK);
+                (self.lk(&ctx, fd, cmd, lock, flock).await.map(|f| Reply::Lock(f).into()), fd.gfid)
+            }
             fop => {
                 match &fop {
                     Fop::Flush { fd } => {
@@ -484,8 +497,10 @@ impl Locks {
                     }
                     Fop::Release { fd } => {
                         self.table.update(fd.gfid, false, |il| {
-                            if il.posix.release_fd(&ctx.client_id, fd.id) {
-                                il.posix.grant_blocked();
+                            for space in il.spaces() {
+                                if space.release_fd(&ctx.client_id, fd.id) {
+                                    space.grant_blocked();
+                                }
                             }
                         });
                     }
@@ -518,8 +533,10 @@ impl Locks {
                 queue::fail_waiters(&mut d.inodelk.blocked, |_| true, Errno::ENOTCONN);
                 queue::fail_waiters(&mut d.entrylk.blocked, |_| true, Errno::ENOTCONN);
             }
-            failed += il.posix.blocked.len();
-            queue::fail_waiters(&mut il.posix.blocked, |_| true, Errno::ENOTCONN);
+            for space in il.spaces() {
+                failed += space.blocked.len();
+                queue::fail_waiters(&mut space.blocked, |_| true, Errno::ENOTCONN);
+            }
         });
         if failed > 0 {
             tracing::info!(failed, "stopping: lock requests still waiting failed");
@@ -544,10 +561,12 @@ impl Locks {
                 released += n + m;
                 upcalls.append(&mut c.out);
             }
-            let p = il.posix.purge_client(client, Errno::ENOTCONN);
-            if p > 0 {
-                released += p;
-                il.posix.grant_blocked();
+            for space in il.spaces() {
+                let p = space.purge_client(client, Errno::ENOTCONN);
+                if p > 0 {
+                    released += p;
+                    space.grant_blocked();
+                }
             }
         });
         if released > 0 {
@@ -639,9 +658,12 @@ impl Xlator for Locks {
                         out.push((format!("entrylk.{gfid}.{name}"), dump_line(g, d.entrylk.blocked.len())));
                     }
                 }
-                if il.posix.len() > 0 {
-                    let g = il.posix.granted.iter().map(|l| (l.exclusive, &l.owner, span(l.start, l.end)));
-                    out.push((format!("posixlk.{gfid}"), dump_line(g, il.posix.blocked.len())));
+                for (kind, space) in [("posixlk", &il.posix), ("flock", &il.flock)] {
+                    if space.len() == 0 {
+                        continue;
+                    }
+                    let g = space.granted.iter().map(|l| (l.exclusive, &l.owner, span(l.start, l.end)));
+                    out.push((format!("{kind}.{gfid}"), dump_line(g, space.blocked.len())));
                 }
             }
         }

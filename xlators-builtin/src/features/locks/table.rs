@@ -107,11 +107,26 @@ impl Kind for EntryLk {
 pub(super) struct InodeLocks {
     pub(super) domains: HashMap<String, DomainLocks>,
     pub(super) posix: PosixLocks,
+    /// flock(2) locks: POSIX locks' rules, in a space of their own (a
+    /// flock never conflicts with an fcntl lock, as on a local file system).
+    pub(super) flock: PosixLocks,
 }
 
 impl InodeLocks {
     pub(super) fn count(&self) -> usize {
-        self.domains.values().map(|d| d.inodelk.len() + d.entrylk.len()).sum::<usize>() + self.posix.len()
+        self.domains.values().map(|d| d.inodelk.len() + d.entrylk.len()).sum::<usize>()
+            + self.posix.len()
+            + self.flock.len()
+    }
+
+    /// The POSIX lock space, or the flock one.
+    pub(super) fn space(&mut self, flock: bool) -> &mut PosixLocks {
+        if flock { &mut self.flock } else { &mut self.posix }
+    }
+
+    /// Both record-lock spaces.
+    pub(super) fn spaces(&mut self) -> [&mut PosixLocks; 2] {
+        [&mut self.posix, &mut self.flock]
     }
 
     pub(super) fn domain(&mut self, name: &str) -> &mut DomainLocks {

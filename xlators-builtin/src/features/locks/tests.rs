@@ -602,3 +602,38 @@ fn a_cancel_takes_waiting_requests_off_the_queue() {
     // B's read lock elsewhere is untouched: C cannot write there.
     assert_eq!(now(xl.call(c, plk(3, LkCmd::SetLk, Write, 50, 1))), Err(Errno::EAGAIN));
 }
+
+/// flock(2) locks ([`LK_FLOCK`]) follow POSIX locks' rules in a space of
+/// their own: a flock and an fcntl lock on the same range never conflict;
+/// flocks conflict with each other; a flush leaves a flock, the fd's
+/// release drops it; a cancel marked flock cancels only there.
+#[test]
+fn flocks_live_apart_from_posix_locks() {
+    use xlfs_sdk::dict::keys::{LK_CANCEL, LK_FLOCK};
+    let (xl, _, _) = setup(&[]);
+    let (a, b) = (ctx("A", 1), ctx("B", 2));
+    let flk = |fd_id, cmd, ty| {
+        let mut r = plk(fd_id, cmd, ty, 0, 0);
+        r.xdata.set_u64(LK_FLOCK, 1);
+        r
+    };
+    ok(now(xl.call(a.clone(), flk(1, LkCmd::SetLk, Write))));
+    ok(now(xl.call(b.clone(), plk(2, LkCmd::SetLk, Write, 0, 0))));
+    assert_eq!(now(xl.call(b.clone(), flk(2, LkCmd::SetLk, Write))), Err(Errno::EAGAIN), "flocks conflict");
+    assert_eq!(now(xl.call(a.clone(), plk(1, LkCmd::SetLk, Read, 5, 1))), Err(Errno::EAGAIN), "POSIX locks conflict");
+    // B waits for a flock; a cancel in the POSIX space does not touch it.
+    let mut wait = pin!(xl.call(b.clone(), flk(2, LkCmd::SetLkw, Write)));
+    assert!(poll(wait.as_mut()).is_pending());
+    let mut cancel = plk(2, LkCmd::SetLk, Unlock, 0, 0);
+    cancel.xdata.set_u64(LK_CANCEL, 1);
+    ok(now(xl.call(b.clone(), cancel)));
+    assert!(poll(wait.as_mut()).is_pending(), "a POSIX cancel leaves the flock wait");
+    // A's flush (a close of any of its fds) keeps its flock.
+    ok(now(xl.call(a.clone(), Request::new(Fop::Flush { fd: fd(1) }))));
+    assert!(poll(wait.as_mut()).is_pending(), "a flush leaves a flock");
+    ok(now(xl.call(a, Request::new(Fop::Release { fd: fd(1) }))));
+    assert!(matches!(poll(wait.as_mut()), Poll::Ready(Ok(_))), "the release drops A's flock");
+    // B's POSIX lock is still there, and its release drops both kinds.
+    ok(now(xl.call(b.clone(), Request::new(Fop::Release { fd: fd(2) }))));
+    assert_eq!(xl.table.total.load(Ordering::Relaxed), 0);
+}
