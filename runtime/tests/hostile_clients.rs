@@ -17,6 +17,8 @@
 //! - gfids that do not exist, the null gfid, the root as a thing to remove
 //!   or rename;
 //! - the `trusted.gfid` xattr set or removed from a client;
+//! - opens of a FIFO and a device node (a FUSE client's kernel never asks:
+//!   the brick would block a thread on the FIFO or read its own devices);
 //! - 100,000 requests in flight from one connection;
 //! - a slow reader that asks for large reads and never reads the replies.
 
@@ -471,4 +473,35 @@ fn a_slow_reader_of_large_reads_is_held_in_bounded_memory() {
     );
     drop(slow);
     still_serves(&mut good, "the slow reader left");
+}
+
+#[test]
+fn fifos_and_device_nodes_are_never_opened_on_the_brick() {
+    let brick = Brick::start();
+    let mut evil = connect(&brick, "evil");
+    let mut good = connect(&brick, "good");
+    // /dev/null's numbers: harmless if the brick did open it.
+    let null = libc::makedev(1, 3);
+    for (name, mode, rdev) in [("fifo", libc::S_IFIFO | 0o666, 0), ("dev", libc::S_IFCHR | 0o666, null)] {
+        let made = evil.call(Fop::Mknod { loc: Loc::entry(Gfid::ROOT, name), mode, rdev, umask: 0 });
+        let g = match made {
+            Ok(_) => gfid_of(evil.call(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, name) })),
+            // A brick without CAP_MKNOD cannot make the device: nothing to open.
+            Err(Errno::EPERM) if rdev != 0 => continue,
+            Err(e) => panic!("mknod {name}: {e:?}"),
+        };
+        for (i, flags) in [libc::O_RDONLY, libc::O_WRONLY, libc::O_RDWR].into_iter().enumerate() {
+            let open = Fop::Open { loc: Loc::gfid(g), flags: flags as u32, fd: FdId(20 + i as u64) };
+            fails_with(evil.call(open), &[Errno::ENXIO], &format!("open {name} with flags {flags:#o}"));
+        }
+        let create = Fop::Create {
+            loc: Loc::entry(Gfid::ROOT, name),
+            flags: libc::O_RDONLY as u32,
+            mode: 0o644,
+            umask: 0,
+            fd: FdId(30),
+        };
+        fails_with(evil.call(create), &[Errno::ENXIO, Errno::EEXIST], &format!("create over {name}"));
+        still_serves(&mut good, &format!("opens of {name}"));
+    }
 }

@@ -320,6 +320,19 @@ fn iatt(st: &libc::stat, gfid: Gfid) -> Iatt {
     }
 }
 
+/// Whether the brick opens `n` for a client: regular files only. A FUSE
+/// client's kernel opens FIFOs, sockets and device nodes itself and never
+/// asks; a client that asks anyway would hang a brick thread on a FIFO or
+/// read the brick host's devices.
+fn openable(n: &Node) -> Sys<()> {
+    match n.fmt() {
+        libc::S_IFREG => Ok(()),
+        libc::S_IFDIR => Err(Errno::EISDIR),
+        libc::S_IFLNK => Err(Errno::ELOOP),
+        _ => Err(Errno::ENXIO),
+    }
+}
+
 fn ok(r: Reply) -> FopResult {
     Ok(r.into())
 }
@@ -484,11 +497,7 @@ impl Inner {
             Fop::Open { loc, flags, fd } => {
                 let r = self.reserve(fd)?;
                 let n = self.resolve(&loc)?;
-                match n.fmt() {
-                    libc::S_IFDIR => return Err(Errno::EISDIR),
-                    libc::S_IFLNK => return Err(Errno::ELOOP),
-                    _ => {}
-                }
+                openable(&n)?;
                 let flags = open_flags(flags);
                 let file = sys::openat(self.brick.gfs(), n.handle(), flags, 0)?;
                 if flags & libc::O_TRUNC != 0 {

@@ -248,11 +248,7 @@ impl Inner {
                     Err(Errno::ENOENT) => return Err(Errno::EEXIST),
                     r => r?,
                 };
-                match n.fmt() {
-                    libc::S_IFDIR => return Err(Errno::EISDIR),
-                    libc::S_IFLNK => return Err(Errno::ELOOP),
-                    _ => {}
-                }
+                openable(&n)?;
                 let f = sys::openat(self.brick.gfs(), n.handle(), oflags, 0)?;
                 let pp = self.node_iatt(&parent)?;
                 (self.brick.handle_node(n.gfid)?, pp, f)

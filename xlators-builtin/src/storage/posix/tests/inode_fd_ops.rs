@@ -50,6 +50,8 @@ async fn mknod_setattr_access_statfs() {
         .await
         .expect("mknod");
     assert_eq!((fifo.file_type(), fifo.mode & 0o7777), (FileType::Fifo, 0o640));
+    // Never opened on the brick (an O_RDONLY open would wait for a writer).
+    assert_eq!(e.open(fifo.gfid, libc::O_RDONLY).await.err(), Some(Errno::ENXIO));
     let bad =
         e.run(Fop::Mknod { loc: Loc::entry(Gfid::ROOT, "x"), mode: libc::S_IFDIR | 0o755, rdev: 0, umask: 0 }).await;
     assert_eq!(bad.err(), Some(Errno::EINVAL));
