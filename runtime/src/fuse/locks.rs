@@ -15,11 +15,11 @@
 //! lock could not be signalled. So while a SETLKW waits, the bridge looks at
 //! the caller's `/proc/PID/status` every [`SIGNAL_POLL`]: once a signal is
 //! pending that the caller neither blocks nor ignores (or the caller is
-//! gone), the waiting fop is dropped, an unlock marked
-//! [`LK_CANCEL`] takes the request off the bricks' wait queues (dropping
-//! the fop alone would leave it there, to be granted later and held until
-//! close), and the kernel is answered EINTR (it restarts the call if the
-//! signal's handler asks for that).
+//! gone), an unlock marked [`LK_CANCEL`] takes the request off the bricks'
+//! wait queues (dropping the fop alone would leave it there, to be granted
+//! later and held until close), and the request's own answer decides: EINTR
+//! once cancelled (the kernel restarts the call if the signal's handler
+//! asks for that), success if the bricks granted it before the cancel came.
 //!
 //! **Unlock by release, in order.** The kernel keeps no flock of its own
 //! for a FUSE file and sends no unlock when the last fd closes: the
@@ -56,6 +56,11 @@ use super::{Caller, Core};
 
 /// How often a waiting SETLKW checks its caller for pending signals.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// How long an interrupted SETLKW waits for the bricks to answer its
+/// cancel and the request itself (both come at once from a brick that is
+/// up) before it gives up on them.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
 /// FUSE's `OFFSET_MAX`: a lock to the end of the file.
 const OFFSET_MAX: u64 = i64::MAX as u64;
@@ -338,25 +343,39 @@ impl Core {
             let entered = self.enter();
             let a = entered.0.clone();
             let on = a.clone();
-            let fop = self.call_on(&a, self.ctx(who, owner, false), Fop::Lk { fd, cmd, lock }, space(flock));
+            let mut fop =
+                std::pin::pin!(self.call_on(&a, self.ctx(who, owner, false), Fop::Lk { fd, cmd, lock }, space(flock)));
             let r = if wait {
                 tokio::select! {
                     biased;
-                    r = fop => r,
+                    r = &mut fop => r,
                     () = interrupted(who.pid) => {
                         tracing::debug!(pid = who.pid, "SETLKW interrupted by a signal");
-                        // Dropping the fop leaves the request queued on the
-                        // bricks (granted later, it would be held until
-                        // close): cancel it there.
-                        let (me, ctx) = (self.clone(), self.ctx(who, owner, false));
+                        // Dropping the fop would leave the request queued on
+                        // the bricks (granted later, it would be held until
+                        // close): cancel it there, then take the request's
+                        // own answer. EINTR if the cancel took it off the
+                        // queue; granted if the grant came first (then the
+                        // lock is the caller's, as if the signal came just
+                        // after). Past CANCEL_GRACE the fop is dropped and
+                        // EINTR answered; replicate gives back what some
+                        // bricks granted when its caller stops waiting.
                         let cancel = Fop::Lk { fd, cmd: LkCmd::SetLk, lock: Flock { ty: LockType::Unlock, ..lock } };
-                        self.spawn(async move {
-                            let x = space(flock).with(LK_CANCEL, Value::U64(1));
-                            if let Err(e) = me.call_on(&on, ctx, cancel, x).await {
+                        let x = space(flock).with(LK_CANCEL, Value::U64(1));
+                        let cancelled = self.call_on(&on, self.ctx(who, owner, false), cancel, x);
+                        let answer = tokio::time::timeout(CANCEL_GRACE, async {
+                            if let Err(e) = cancelled.await {
                                 tracing::debug!(gfid = %fd.gfid, %e, "cancelling an interrupted SETLKW");
                             }
+                            fop.await
                         });
-                        return Err(Errno::EINTR);
+                        match answer.await {
+                            Ok(Ok(_)) => {
+                                self.held.record(fd, who.pid, &lock, flock);
+                                return Ok(());
+                            }
+                            _ => return Err(Errno::EINTR),
+                        }
                     }
                     () = a.retiring() => {
                         // A graph switch: wait again on the new graph.
@@ -532,6 +551,84 @@ mod tests {
         // Our own thread has nothing pending: does not resolve.
         let own = std::process::id();
         assert!(tokio::time::timeout(SIGNAL_POLL * 4, interrupted(own)).await.is_err());
+    }
+
+    /// features/locks over posix, under a top that can let owner 1's lock
+    /// go just before it passes on a cancel (the grant racing the cancel).
+    struct Racer {
+        locks: xlfs_sdk::Child,
+        release_first: std::sync::atomic::AtomicBool,
+    }
+
+    impl xlfs_sdk::Xlator for Racer {
+        fn call(&self, ctx: CallCtx, req: xlfs_sdk::Request) -> xlfs_sdk::FopFuture<'_> {
+            Box::pin(async move {
+                if req.xdata.contains(LK_CANCEL)
+                    && self.release_first.load(std::sync::atomic::Ordering::Relaxed)
+                    && let Fop::Lk { fd, lock, .. } = &req.fop
+                {
+                    let unlock = Fop::Lk { fd: *fd, cmd: LkCmd::SetLk, lock: Flock { owner: 1, ..*lock } };
+                    self.locks.call(CallCtx { lk_owner: 1, ..ctx.clone() }, unlock.into()).await?;
+                }
+                self.locks.call(ctx, req).await
+            })
+        }
+    }
+
+    /// An interrupted SETLKW answers what the bricks did: EINTR when the
+    /// cancel took it off the queue (and nothing is held), success (and the
+    /// lock recorded as held) when the grant came first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_interrupted_setlkw_answers_what_the_bricks_did() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let text = format!(
+            "volume p\n type storage/posix\n option directory {}\nend-volume\n\
+             volume l\n type features/locks\n subvolumes p\nend-volume\n",
+            dir.path().display()
+        );
+        let graph =
+            crate::graph::Graph::from_str(&text, "t.vol", &crate::registry::Registry::builtin()).expect("graph");
+        let racer = Arc::new(Racer { locks: graph.top(), release_first: false.into() });
+        let top = xlfs_sdk::Child { name: Arc::from("racer"), xl: racer.clone() };
+        let a = Arc::new(super::super::switch::Active::new(1, top, None));
+        let core = Arc::new(Core::new(
+            a,
+            tokio::runtime::Handle::current(),
+            super::super::MountOptions::default(),
+            Arc::from("c"),
+        ));
+        let flags = libc::O_RDWR as u32;
+        let create =
+            Fop::Create { loc: xlfs_sdk::Loc::entry(Gfid::ROOT, "f"), flags, mode: 0o644, umask: 0, fd: FdId(1 << 40) };
+        let gfid = match graph.top().call(CallCtx::root("t"), create.into()).await.expect("create").reply {
+            xlfs_sdk::Reply::Entry { iatt, .. } => iatt.gfid,
+            r => panic!("{r:?}"),
+        };
+        let id = core.new_fd(gfid, flags, false).expect("fd");
+        core.call(CallCtx::root("c"), Fop::Open { loc: xlfs_sdk::Loc::gfid(gfid), flags, fd: id }).await.expect("open");
+        let fh = FileHandle(id.0);
+        let whole = FuseLock { start: 0, end: OFFSET_MAX, typ: libc::F_WRLCK, pid: 0 };
+        let here = Caller { uid: 0, gid: 0, pid: 0 };
+        // No such process: "interrupted" at the first look.
+        let gone = Caller { pid: u32::MAX - 1, ..here };
+        core.clone().setlk(here, fh, 1, whole, false, false).await.expect("owner 1 locks");
+
+        // Cancelled while waiting: EINTR, and owner 3 then finds the lock
+        // free once owner 1 lets go (owner 2's request is gone).
+        let r = core.clone().setlk(gone, fh, 2, whole, true, false).await;
+        assert_eq!(r, Err(Errno::EINTR));
+        core.clone().setlk(here, fh, 1, FuseLock { typ: libc::F_UNLCK, ..whole }, false, false).await.expect("unlock");
+        core.clone().setlk(here, fh, 3, whole, false, false).await.expect("owner 3: owner 2 holds nothing");
+        core.clone().setlk(here, fh, 3, FuseLock { typ: libc::F_UNLCK, ..whole }, false, false).await.expect("unlock");
+
+        // Granted just before the cancel arrived: the caller holds the lock,
+        // and says so.
+        core.clone().setlk(here, fh, 1, whole, false, false).await.expect("owner 1 locks again");
+        racer.release_first.store(true, std::sync::atomic::Ordering::Relaxed);
+        core.clone().setlk(gone, fh, 2, whole, true, false).await.expect("granted before the cancel: success");
+        assert!(core.held.snapshot().iter().any(|((_, owner, _), _)| *owner == 2), "owner 2's lock is remembered");
+        let r = core.clone().setlk(here, fh, 3, whole, false, false).await;
+        assert_eq!(r, Err(Errno::EAGAIN), "owner 2 holds it");
     }
 
     #[tokio::test(flavor = "current_thread")]
