@@ -21,13 +21,14 @@ pub mod reload;
 pub mod up;
 pub mod volfile;
 
+pub use crate::mgmt::volgen::local::{DEFAULT_PERF, client_volfile, distributed_volfile, replica_volfile};
 pub use brick::{BrickArgs, BrickError};
 pub use daemon::{DaemonArgs, DaemonError, PeerArgs, PeerCommand, VolumeArgs, VolumeCommand};
 pub use heal::{HealArgs, HealError};
 pub use mount::{MountArgs, MountError, UmountArgs};
 pub use profile::ProfileArgs;
 pub use reload::{ReloadArgs, ReloadError, StatusArgs};
-pub use up::{DEFAULT_PERF, DownArgs, UpArgs, UpError, client_volfile, distributed_volfile, replica_volfile};
+pub use up::{DownArgs, UpArgs, UpError};
 pub use volfile::VolfileCommand;
 
 /// xlfs: a distributed filesystem built from a graph of translators.

@@ -405,7 +405,7 @@ fn create_from_info(
     let info = crate::mgmt::gluster_info::parse(&text, &file.display().to_string())
         .map_err(|e| DaemonError::Usage(e.to_string()))?;
     let (options, skipped): (Vec<_>, Vec<_>) =
-        info.options.into_iter().partition(|(k, _)| crate::mgmt::keys::find(k).is_ok());
+        info.options.into_iter().partition(|(k, _)| crate::mgmt::keys::check_name(k).is_ok());
     let skipped = skipped.into_iter().map(|(k, v)| format!("skipped (xlfs has no such key): {k}: {v}")).collect();
     Ok((Request::Create { name, replica: Some(info.replica), bricks: info.bricks, force, options }, skipped))
 }

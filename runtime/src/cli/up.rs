@@ -1,31 +1,39 @@
 //! `xlfs up [DIR]` and `xlfs down [DIR]`: a local replica-3 volume (or,
 //! with `--sets N`, N replica-3 sets under cluster/distribute) in one
-//! command, for trying xlfs and for development.
+//! command, for trying xlfs and for development. It is a thin use of
+//! `xlfs daemon`: what a user of the volume CLI would do, in one step.
 //!
 //! `up` lays out `DIR` (default `./xlfs-data`):
 //!
 //! ```text
+//! DIR/daemon/           the daemon's state: the volume's spec and keys, brick and heal logs
 //! DIR/bricks/b0 b1 b2   the brick directories, three per set (kept across up/down)
-//! DIR/client.vol        the client volfile (rewritten by each `up`)
+//! DIR/client.vol        the client volfile the daemon generated (for `xlfs mount --volfile`)
 //! DIR/mnt               the mount point
-//! DIR/logs/*.log        one log per process
-//! DIR/run/*.pid         the processes `up` started, for `down`
+//! DIR/logs/*.log        the daemon's and the mount's logs
+//! DIR/run/              the pids of the daemon and the mount, and the daemon's address
 //! ```
 //!
-//! It starts three `xlfs brick` processes per set on free loopback ports
-//! (each reports the port it bound in its start line), writes a client
-//! volfile (protocol/client x3 -> cluster/replicate per set, ->
-//! cluster/distribute over the sets when there are several, -> the
-//! performance translators -> debug/io-stats, as GlusterFS generates for a
-//! (distributed-)replicate volume), starts the self-heal daemon
-//! (`xlfs heal --daemon`) and mounts the volume with `xlfs mount`, then
-//! prints what it did and how to stop it. If anything fails, what was
-//! started is stopped again.
+//! It starts `xlfs daemon --state-dir DIR/daemon` on a free loopback port;
+//! creates the volume `xlfs` the first time (`volume create xlfs replica 3
+//! 127.0.0.1:DIR/bricks/b0 ... force`); resets its keys and sets those its
+//! flags stand for, so the volume has exactly what this `up` says
+//! (`--afr K=V` is the key `cluster.K`, `--posix K=V` is `storage.K`,
+//! `--perf LIST` the `performance.*` toggles, `--plugin NAME=SPEC` is
+//! `plugin.NAME`, `--ssl-*` the `ssl.*`, `client.ssl`, `server.ssl` and
+//! `auth.ssl-allow` keys, `--no-shd` is `cluster.self-heal-daemon off`);
+//! starts it (the daemon serves the bricks and runs the self-heal daemon);
+//! and mounts it by name (`xlfs mount 127.0.0.1:PORT:/xlfs DIR/mnt`), so
+//! the mount follows `xlfs volume --daemon 127.0.0.1:PORT set xlfs ...`.
+//! Then it prints what it did and how to stop it. If anything fails, what
+//! was started is stopped again. Every flag is checked (plugin modules
+//! loaded) before anything starts.
 //!
-//! `down` unmounts and stops, in that order, the mount, the heal daemon
-//! and the bricks (SIGTERM, then waits for each to exit); the data stays in
-//! the bricks for the next `up`. A pid is only signalled while its
-//! `/proc/PID/cmdline` is still the xlfs process `up` started.
+//! `down` unmounts `DIR/mnt` (also a mount made again by hand), stops the
+//! volume and the daemon, then any process left that names DIR (SIGTERM,
+//! then waits for each to exit); the data and the volume stay for the next
+//! `up`. A pid is only signalled while its `/proc/PID/cmdline` is still an
+//! xlfs process naming DIR.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -34,11 +42,11 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
-use xlfs_sdk::guest::sys::Placement;
-
 use super::CliError;
-use crate::mgmt::keys::Plugin;
-use crate::mgmt::volgen::stack_plugins;
+use crate::mgmt::keys::{self, KEYS, Target};
+use crate::mgmt::protocol::{Reply, Request, call};
+use crate::mgmt::spec::VolumeStatus;
+use crate::registry::Registry;
 
 /// The volume's name (its top volume and the prefix of its translators).
 const VOLUME: &str = "xlfs";
@@ -49,7 +57,7 @@ const REPLICAS: usize = 3;
 /// Most replica sets `--sets` takes.
 const MAX_SETS: usize = 32;
 
-/// How long a brick may take to report that it serves.
+/// How long the daemon may take to listen, and the bricks to serve.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a process may take to exit after SIGTERM (a brick drains its
@@ -65,15 +73,15 @@ pub struct UpArgs {
     /// Mount options for `xlfs mount -o` (comma-separated).
     #[arg(short = 'o', value_name = "OPTS")]
     pub options: Option<String>,
-    /// Extra `cluster/replicate` options in the client volfile, as
-    /// KEY=VALUE (e.g. lock-contention-policy=inodelk-count); repeatable.
+    /// cluster/replicate options, as KEY=VALUE (the volume key
+    /// `cluster.KEY`; e.g. lock-contention-policy=inodelk-count); repeatable.
     #[arg(long = "afr", value_name = "KEY=VALUE")]
     pub afr: Vec<String>,
-    /// storage/posix options for every brick, as KEY=VALUE (e.g.
-    /// o-direct-min-size=0); repeatable.
+    /// storage/posix options for every brick, as KEY=VALUE (the volume
+    /// key `storage.KEY`; e.g. o-direct-min-size=0); repeatable.
     #[arg(long = "posix", value_name = "KEY=VALUE")]
     pub posix: Vec<String>,
-    /// Do not start the self-heal daemon.
+    /// Do not run the self-heal daemon (`cluster.self-heal-daemon off`).
     #[arg(long)]
     pub no_shd: bool,
     /// Replica-3 sets; more than one puts cluster/distribute over them
@@ -83,14 +91,16 @@ pub struct UpArgs {
     /// rebalance under `xlfs daemon`, not by a new layout over its data).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=MAX_SETS as i64))]
     pub sets: Option<u16>,
-    /// The performance translators of the client graph, top first,
-    /// comma-separated (`none` for none); default: md-cache, quick-read,
-    /// open-behind, readdir-ahead, write-behind.
+    /// The performance translators of the client graph, comma-separated
+    /// (`none` for none), stacked in volgen's order (io-threads, md-cache,
+    /// quick-read, open-behind, readdir-ahead, read-ahead, write-behind,
+    /// top first); default: md-cache, quick-read, open-behind,
+    /// readdir-ahead, write-behind.
     #[arg(long, value_name = "LIST")]
     pub perf: Option<String>,
     /// A plugin translator in the client graph, as NAME=wasm:/ABS/PATH or
-    /// NAME=dylib:/ABS/PATH, where its module asks to sit (as a volume's
-    /// `plugin.NAME` key); repeatable, stacked in the order of their names.
+    /// NAME=dylib:/ABS/PATH, where its module asks to sit (the volume key
+    /// `plugin.NAME`); repeatable, stacked in the order of their names.
     #[arg(long = "plugin", value_name = "NAME=SPEC")]
     pub plugins: Vec<String>,
     /// TLS between the mount (and the heal daemon) and the bricks, both
@@ -156,13 +166,27 @@ pub enum UpError {
         /// The value given.
         value: String,
     },
-    /// A `--plugin` that does not name a loadable module.
-    #[error("--plugin {value:?}: {why}")]
-    BadPlugin {
+    /// A flag's value that its volume key refuses (a `--plugin` whose
+    /// module does not load, an option the translator does not declare, a
+    /// value out of range, a `--perf` name with no toggle).
+    #[error("{flag} {value:?}: {why}")]
+    BadFlag {
+        /// The flag.
+        flag: &'static str,
         /// The value given.
         value: String,
         /// Why.
         why: String,
+    },
+    /// The daemon refused a step, or could not be reached.
+    #[error("xlfs daemon ({step}): {why} (log: {})", log.display())]
+    Daemon {
+        /// What was asked.
+        step: String,
+        /// Its answer.
+        why: String,
+        /// The daemon's log.
+        log: PathBuf,
     },
     /// `--sets` differs from what DIR holds.
     #[error(
@@ -201,6 +225,12 @@ impl Layout {
     fn volfile(&self) -> PathBuf {
         self.dir.join("client.vol")
     }
+    fn state(&self) -> PathBuf {
+        self.dir.join("daemon")
+    }
+    fn addr_file(&self) -> PathBuf {
+        self.dir.join("run").join("daemon.addr")
+    }
     fn mnt(&self) -> PathBuf {
         self.dir.join("mnt")
     }
@@ -211,27 +241,9 @@ impl Layout {
         self.dir.join("run").join(format!("{name}.pid"))
     }
 
-    /// The processes `up` starts with `bricks` bricks, in stop order.
-    fn names_for(bricks: usize) -> Vec<String> {
-        let mut v = vec!["mount".to_string(), "shd".to_string()];
-        v.extend((0..bricks).map(|i| format!("b{i}")));
-        v
-    }
-
-    /// The processes an `up` may have started here: as many bricks as the
-    /// pid files under `run/` name (at least one set's).
-    fn names(&self) -> Vec<String> {
-        let recorded = std::fs::read_dir(self.dir.join("run"))
-            .into_iter()
-            .flatten()
-            .filter_map(|e| {
-                let name = e.ok()?.file_name().into_string().ok()?;
-                name.strip_prefix('b')?.strip_suffix(".pid")?.parse::<usize>().ok()
-            })
-            .map(|i| i + 1)
-            .max()
-            .unwrap_or(0);
-        Layout::names_for(recorded.clamp(REPLICAS, REPLICAS * MAX_SETS))
+    /// The processes `up` starts, in stop order.
+    fn names() -> [&'static str; 2] {
+        ["mount", "daemon"]
     }
 
     /// The replica sets an earlier `up` made here (brick directories
@@ -298,22 +310,23 @@ struct Started {
     pid: u32,
 }
 
+/// Every live xlfs process whose command line names `dir`, but this one.
+fn processes_naming(dir: &Path) -> Vec<u32> {
+    let me = std::process::id();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != me && is_ours(*pid, dir))
+        .collect()
+}
+
 impl UpArgs {
     pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
-        let afr = key_values("--afr", &self.afr)?;
-        let posix = key_values("--posix", &self.posix)?;
-        let mut plugins = Vec::new();
-        for (kv, (name, spec)) in self.plugins.iter().zip(key_values("--plugin", &self.plugins)?) {
-            let bad = |why: String| UpError::BadPlugin { value: kv.clone(), why };
-            let p = crate::mgmt::keys::plugin(&format!("plugin.{name}"), &spec).map_err(|e| bad(e.to_string()))?;
-            let at = p.placement().map_err(bad)?;
-            plugins.push((p, at));
-        }
-        plugins.sort_by(|a, b| a.0.name.cmp(&b.0.name));
-        let tls = self.tls()?;
+        let settings = self.settings()?;
         let lay = Layout::new(&self.dir)?;
         let running: Vec<String> =
-            lay.names().iter().filter_map(|n| lay.running(n).map(|p| format!("{n} pid {p}"))).collect();
+            Layout::names().iter().filter_map(|n| lay.running(n).map(|p| format!("{n} pid {p}"))).collect();
         if !running.is_empty() {
             return Err(UpError::AlreadyUp { dir: lay.dir.clone(), running: running.join(", ") }.into());
         }
@@ -330,28 +343,278 @@ impl UpArgs {
         if is_dead_mount(&lay.mnt()) {
             let _ = crate::fuse::lazy_unmount(&lay.mnt());
         }
-        let perf: Vec<String> = match self.perf.as_deref() {
-            None => DEFAULT_PERF.iter().map(|p| p.to_string()).collect(),
-            Some("none") | Some("") => Vec::new(),
-            Some(list) => list.split(',').map(|p| p.trim().to_string()).collect(),
+        let exe = std::env::current_exe().map_err(|e| UpError::Start {
+            what: "xlfs".into(),
+            why: format!("finding the xlfs binary: {e}"),
+            log: PathBuf::new(),
+        })?;
+        let mut started = Vec::new();
+        let up = Up { lay: &lay, exe: &exe, bricks, settings: &settings };
+        match up.run(self.options.as_deref(), &mut started).await {
+            Ok(report) => {
+                out.write_all(report.as_bytes())?;
+                out.flush()?;
+                Ok(())
+            }
+            Err(e) => {
+                let dir = lay.dir.clone();
+                let _ = tokio::task::spawn_blocking(move || stop(&Layout { dir }, &started)).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The volume keys the flags stand for, each checked as `volume set`
+    /// would (plugin modules and policies loaded) before anything starts.
+    fn settings(&self) -> Result<Vec<(String, String)>, UpError> {
+        let reg = Registry::builtin();
+        let mut out = Vec::new();
+        let check = |flag: &'static str, given: &str, key: String, value: &str| {
+            let value = keys::validate(&reg, &key, value).map_err(|e| UpError::BadFlag {
+                flag,
+                value: given.to_string(),
+                why: e.to_string(),
+            })?;
+            Ok::<_, UpError>((key, value))
         };
-        let (no_shd, options, ssl_allow) = (self.no_shd, self.options, self.ssl_allow);
-        let report = tokio::task::spawn_blocking(move || {
-            let mut started = Vec::new();
-            let graph = Graph { afr: &afr, perf: &perf, plugins: &plugins, tls: &tls, ssl_allow: ssl_allow.as_deref() };
-            match start_all(&lay, bricks, &graph, &posix, no_shd, options.as_deref(), &mut started) {
-                Ok(lines) => Ok(lines),
-                Err(e) => {
-                    stop(&lay, &started);
-                    Err(e)
+        for (flag, prefix, list) in [
+            ("--afr", "cluster.", &self.afr),
+            ("--posix", "storage.", &self.posix),
+            ("--plugin", "plugin.", &self.plugins),
+        ] {
+            for (given, (k, v)) in list.iter().zip(key_values(flag, list)?) {
+                out.push(check(flag, given, format!("{prefix}{k}"), &v)?);
+            }
+        }
+        if let Some(list) = &self.perf {
+            let want: Vec<&str> = match list.trim() {
+                "" | "none" => Vec::new(),
+                l => l.split(',').map(str::trim).collect(),
+            };
+            let toggles: Vec<(&str, &str)> = KEYS
+                .iter()
+                .filter_map(|k| match k.target {
+                    Target::Toggle { xlator, .. } => Some((k.name, xlator.strip_prefix("performance/")?)),
+                    Target::Options(_) => None,
+                })
+                .collect();
+            if let Some(bad) = want.iter().find(|w| !toggles.iter().any(|(_, t)| t == *w)) {
+                let names: Vec<&str> = toggles.iter().map(|(_, t)| *t).collect();
+                let why = format!("no performance translator {bad:?} to turn on (one of {})", names.join(", "));
+                return Err(UpError::BadFlag { flag: "--perf", value: list.clone(), why });
+            }
+            for (key, short) in toggles {
+                out.push((key.to_string(), if want.contains(&short) { "on" } else { "off" }.to_string()));
+            }
+        }
+        if let Some(cert) = &self.ssl_own_cert {
+            let mut tls = vec![("client.ssl", "on".to_string()), ("server.ssl", "on".to_string())];
+            let files = [
+                ("ssl.own-cert", Some(cert)),
+                ("ssl.private-key", self.ssl_private_key.as_ref()),
+                ("ssl.ca-list", self.ssl_ca_list.as_ref()),
+            ];
+            for (key, path) in files {
+                let Some(path) = path else { continue };
+                let abs = std::fs::canonicalize(path).map_err(|source| UpError::Io { path: path.clone(), source })?;
+                tls.push((key, abs.display().to_string()));
+            }
+            if let Some(names) = &self.ssl_allow {
+                tls.push(("auth.ssl-allow", names.clone()));
+            }
+            for (key, value) in tls {
+                out.push(check("--ssl-*", &value, key.to_string(), &value)?);
+            }
+        }
+        if self.no_shd {
+            out.push(("cluster.self-heal-daemon".into(), "off".into()));
+        }
+        Ok(out)
+    }
+}
+
+/// One `xlfs up`: what it brings up, and how.
+struct Up<'a> {
+    lay: &'a Layout,
+    exe: &'a Path,
+    bricks: usize,
+    settings: &'a [(String, String)],
+}
+
+impl Up<'_> {
+    /// Starts the daemon, makes (or updates) and starts the volume, writes
+    /// its volfile and mounts it; returns the report. `started` gets each
+    /// process as it starts, for stopping them again on failure.
+    async fn run(&self, options: Option<&str>, started: &mut Vec<Started>) -> Result<String, UpError> {
+        let lay = self.lay;
+        let log = lay.log("daemon");
+        let mut cmd = Command::new(self.exe);
+        cmd.arg("daemon").arg("--state-dir").arg(lay.state()).args(["--listen", "127.0.0.1:0"]);
+        cmd.arg("--log-file").arg(&log);
+        let ready = |l: &str| l.starts_with(super::daemon::READY_PREFIX);
+        let log2 = log.clone();
+        let (child, line) = tokio::task::spawn_blocking(move || spawn_daemon(cmd, "xlfs daemon", &log2, ready))
+            .await
+            .map_err(|e| UpError::Start { what: "xlfs daemon".into(), why: e.to_string(), log: log.clone() })??;
+        started.push(Started { name: "daemon".into(), pid: child.id() });
+        lay.record("daemon", child.id())?;
+        let addr = line
+            .strip_prefix(super::daemon::READY_PREFIX)
+            .and_then(|rest| rest.split_whitespace().next())
+            .ok_or_else(|| UpError::Start {
+                what: "xlfs daemon".into(),
+                why: format!("start line {line:?}"),
+                log: log.clone(),
+            })?
+            .to_string();
+        let addr_file = lay.addr_file();
+        std::fs::write(&addr_file, format!("{addr}\n")).map_err(|source| UpError::Io { path: addr_file, source })?;
+        let mut report = format!(
+            "xlfs up: daemon at {addr} (pid {}, state {}, log {})\n",
+            child.id(),
+            lay.state().display(),
+            log.display()
+        );
+        report += &self.volume(&addr, &log).await?;
+        report += &self.mount(&addr, options, started)?;
+        Ok(report)
+    }
+
+    /// Sends one request to the daemon.
+    async fn ask(&self, addr: &str, log: &Path, step: &str, req: Request) -> Result<Reply, UpError> {
+        call(addr, &req).await.map_err(|e| UpError::Daemon {
+            step: step.to_string(),
+            why: e.to_string(),
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// Makes the volume (the first time) or gives it this `up`'s keys,
+    /// starts it, waits for every brick to serve and writes the volfile;
+    /// returns the report's brick lines.
+    async fn volume(&self, addr: &str, log: &Path) -> Result<String, UpError> {
+        let lay = self.lay;
+        let bricks: Vec<String> = (0..self.bricks).map(|i| format!("127.0.0.1:{}", lay.brick(i).display())).collect();
+        let existing = match call(addr, &Request::Info { name: Some(VOLUME.into()) }).await {
+            Ok(Reply::Volumes { volumes }) => volumes.into_iter().next(),
+            _ => None,
+        };
+        let was_started = match existing {
+            None => {
+                let create = Request::Create {
+                    name: VOLUME.into(),
+                    replica: Some(REPLICAS),
+                    bricks: bricks.clone(),
+                    force: true,
+                    options: self.settings.to_vec(),
+                };
+                self.ask(addr, log, "volume create", create).await?;
+                false
+            }
+            Some(spec) => {
+                let have: Vec<String> = spec.bricks.iter().map(|b| b.to_string()).collect();
+                if have != bricks {
+                    let why = format!("volume {VOLUME} has bricks {have:?}, not {bricks:?}");
+                    return Err(UpError::Daemon { step: "volume info".into(), why, log: log.to_path_buf() });
+                }
+                self.ask(addr, log, "volume reset", Request::Reset { name: VOLUME.into(), key: None }).await?;
+                for (key, value) in self.settings {
+                    let set = Request::Set { name: VOLUME.into(), key: key.clone(), value: value.clone() };
+                    self.ask(addr, log, &format!("volume set {key}"), set).await?;
+                }
+                spec.status == VolumeStatus::Started
+            }
+        };
+        self.ask(addr, log, "volume start", Request::Start { name: VOLUME.into(), force: was_started }).await?;
+        // Every brick serving, with its port (the volfile names them).
+        let deadline = Instant::now() + START_TIMEOUT;
+        let state = loop {
+            let last = match self.ask(addr, log, "volume status", Request::Status { name: Some(VOLUME.into()) }).await?
+            {
+                Reply::Status { volumes } => volumes.into_iter().next(),
+                _ => None,
+            };
+            match last {
+                Some(v) if v.bricks.iter().all(|b| b.up && b.port.is_some()) => break v,
+                _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
+                v => {
+                    let down: Vec<String> =
+                        v.iter().flat_map(|v| &v.bricks).filter(|b| !b.up).map(|b| b.dir.clone()).collect();
+                    let why = format!("bricks not serving after {START_TIMEOUT:?}: {}", down.join(", "));
+                    return Err(UpError::Daemon { step: "volume start".into(), why, log: log.to_path_buf() });
                 }
             }
-        })
-        .await
-        .map_err(|e| UpError::Start { what: "xlfs up".into(), why: e.to_string(), log: PathBuf::new() })??;
-        out.write_all(report.as_bytes())?;
-        out.flush()?;
-        Ok(())
+        };
+        let spec = Request::Getspec { name: VOLUME.into(), brick: None, unless: None };
+        let Reply::Spec { volfile, .. } = self.ask(addr, log, "volfile", spec).await? else {
+            return Err(UpError::Daemon {
+                step: "volfile".into(),
+                why: "no volfile in the answer".into(),
+                log: log.to_path_buf(),
+            });
+        };
+        let path = lay.volfile();
+        let text = format!(
+            "# written by `xlfs up {}` from the daemon at {addr}; a mount by name \
+             (xlfs mount {addr}:/{VOLUME} MOUNTPOINT) follows the volume's changes, a mount of this file does not\n{volfile}",
+            lay.dir.display()
+        );
+        std::fs::write(&path, text).map_err(|source| UpError::Io { path, source })?;
+        let mut lines = String::new();
+        for (i, b) in state.bricks.iter().enumerate() {
+            lines += &format!(
+                "xlfs up: brick b{i}: {} on 127.0.0.1:{} (pid {})\n",
+                b.dir,
+                b.port.unwrap_or(0),
+                b.pid.map_or("?".into(), |p| p.to_string())
+            );
+        }
+        match &state.shd {
+            Some(shd) if shd.up => {
+                lines += &format!("xlfs up: self-heal daemon (pid {})\n", shd.pid.map_or("?".into(), |p| p.to_string()))
+            }
+            _ => {}
+        }
+        Ok(lines)
+    }
+
+    /// Mounts the volume by name on DIR/mnt; returns the report's last lines.
+    fn mount(&self, addr: &str, options: Option<&str>, started: &mut Vec<Started>) -> Result<String, UpError> {
+        let lay = self.lay;
+        let log = lay.log("mount");
+        let source = format!("{addr}:/{VOLUME}");
+        let mut cmd = Command::new(self.exe);
+        cmd.arg("mount").arg(&source).arg("--log-file").arg(&log);
+        if let Some(o) = options {
+            cmd.arg("-o").arg(o);
+        }
+        cmd.arg(lay.mnt());
+        let mounted = cmd.stdin(Stdio::null()).output().map_err(|e| UpError::Start {
+            what: "xlfs mount".into(),
+            why: e.to_string(),
+            log: log.clone(),
+        })?;
+        let line = String::from_utf8_lossy(&mounted.stdout).trim().to_string();
+        let pid = line.rsplit_once("(pid ").and_then(|(_, p)| p.trim_end_matches(')').parse::<u32>().ok());
+        let (true, Some(pid)) = (mounted.status.success(), pid) else {
+            let err = String::from_utf8_lossy(&mounted.stderr).trim().to_string();
+            return Err(UpError::Start { what: "xlfs mount".into(), why: format!("{}: {err}", mounted.status), log });
+        };
+        started.push(Started { name: "mount".into(), pid });
+        lay.record("mount", pid)?;
+        Ok(format!(
+            "xlfs up: {} volume '{VOLUME}' ({source}) mounted on {} (pid {pid}, log {})\n\
+             Change it with: {cmd} volume --daemon {addr} set {VOLUME} KEY VALUE\n\
+             Stop it with: {cmd} down {}\n",
+            match self.bricks / REPLICAS {
+                1 => "replica-3".to_string(),
+                n => format!("{n} x 3 distributed-replicate"),
+            },
+            lay.mnt().display(),
+            log.display(),
+            lay.dir.display(),
+            cmd = command_name(self.exe),
+        ))
     }
 }
 
@@ -376,242 +639,6 @@ fn key_values(flag: &'static str, list: &[String]) -> Result<Vec<(String, String
             _ => Err(UpError::BadOption { flag, value: kv.clone() }),
         })
         .collect()
-}
-
-/// What the client graph is made of, besides the bricks.
-struct Graph<'a> {
-    afr: &'a [(String, String)],
-    perf: &'a [String],
-    plugins: &'a [(Plugin, Placement)],
-    /// `transport.socket.ssl-*` options of both ends (none: plain TCP).
-    tls: &'a [(String, String)],
-    /// The bricks' `auth.ssl-allow`.
-    ssl_allow: Option<&'a str>,
-}
-
-impl UpArgs {
-    /// The TLS options of bricks and clients, from the `--ssl-*` flags
-    /// (clap makes them come together), with absolute paths of files that
-    /// exist.
-    fn tls(&self) -> Result<Vec<(String, String)>, UpError> {
-        let mut v = Vec::new();
-        let files = [
-            ("transport.socket.ssl-own-cert", &self.ssl_own_cert),
-            ("transport.socket.ssl-private-key", &self.ssl_private_key),
-            ("transport.socket.ssl-ca-list", &self.ssl_ca_list),
-        ];
-        for (key, path) in files {
-            let Some(path) = path else { return Ok(Vec::new()) };
-            let abs = std::fs::canonicalize(path).map_err(|source| UpError::Io { path: path.clone(), source })?;
-            v.push((key.to_string(), abs.display().to_string()));
-        }
-        v.push(("transport.socket.ssl-enabled".into(), "on".into()));
-        Ok(v)
-    }
-}
-
-/// Starts the bricks, the heal daemon and the mount; returns the report.
-fn start_all(
-    lay: &Layout,
-    count: usize,
-    graph: &Graph<'_>,
-    posix: &[(String, String)],
-    no_shd: bool,
-    options: Option<&str>,
-    started: &mut Vec<Started>,
-) -> Result<String, UpError> {
-    let exe = std::env::current_exe().map_err(|e| UpError::Start {
-        what: "xlfs".into(),
-        why: format!("finding the xlfs binary: {e}"),
-        log: PathBuf::new(),
-    })?;
-    let mut report = String::new();
-    let mut ports = Vec::new();
-    for i in 0..count {
-        let name = format!("b{i}");
-        let (dir, log) = (lay.brick(i), lay.log(&name));
-        let mut cmd = Command::new(&exe);
-        cmd.arg("brick").arg("--dir").arg(&dir).args(["--port", "0", "--host", "127.0.0.1", "--allow", "127.0.0.1"]);
-        cmd.arg("--log-file").arg(&log);
-        for (k, v) in posix {
-            cmd.arg("--posix").arg(format!("{k}={v}"));
-        }
-        for (k, v) in graph.tls {
-            cmd.arg("--server").arg(format!("{k}={v}"));
-        }
-        if let Some(names) = graph.ssl_allow {
-            cmd.arg("--server").arg(format!("auth.ssl-allow={names}"));
-        }
-        let (child, line) = spawn_daemon(cmd, &name, &log, |l| l.starts_with("xlfs brick: serving "))?;
-        started.push(Started { name: name.clone(), pid: child.id() });
-        lay.record(&name, child.id())?;
-        let port = line.rsplit_once(':').and_then(|(_, p)| p.trim().parse::<u16>().ok()).ok_or_else(|| {
-            UpError::Start { what: name.clone(), why: format!("unexpected start line {line:?}"), log: log.clone() }
-        })?;
-        report += &format!(
-            "xlfs up: brick {name}: {} on 127.0.0.1:{port} (pid {}, log {})\n",
-            dir.display(),
-            child.id(),
-            log.display()
-        );
-        ports.push(port);
-    }
-    let volfile = lay.volfile();
-    let bricks: Vec<(u16, String)> =
-        ports.iter().enumerate().map(|(i, p)| (*p, lay.brick(i).display().to_string())).collect();
-    let afr: Vec<(&str, &str)> = graph.afr.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let perf: Vec<&str> = graph.perf.iter().map(String::as_str).collect();
-    let client: Vec<(&str, &str)> = graph.tls.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let text = format!(
-        "# generated by xlfs up; rewritten on each `xlfs up {}`\n{}",
-        lay.dir.display(),
-        volfile_with_plugins(VOLUME, &bricks, REPLICAS, &afr, &perf, graph.plugins, &client)
-    );
-    std::fs::write(&volfile, text).map_err(|source| UpError::Io { path: volfile.clone(), source })?;
-    if !no_shd {
-        let log = lay.log("shd");
-        let mut cmd = Command::new(&exe);
-        cmd.arg("heal").arg("--volfile").arg(&volfile).arg("--daemon").arg("--log-file").arg(&log);
-        let (child, _) =
-            spawn_daemon(cmd, "the self-heal daemon", &log, |l| l.starts_with(super::heal::DAEMON_PREFIX))?;
-        started.push(Started { name: "shd".into(), pid: child.id() });
-        lay.record("shd", child.id())?;
-        report += &format!("xlfs up: self-heal daemon (pid {}, log {})\n", child.id(), log.display());
-    }
-    let log = lay.log("mount");
-    let mut cmd = Command::new(&exe);
-    cmd.arg("mount").arg("--volfile").arg(&volfile).arg("--log-file").arg(&log);
-    if let Some(o) = options {
-        cmd.arg("-o").arg(o);
-    }
-    cmd.arg(lay.mnt());
-    let mounted = cmd.stdin(Stdio::null()).output().map_err(|e| UpError::Start {
-        what: "xlfs mount".into(),
-        why: e.to_string(),
-        log: log.clone(),
-    })?;
-    let line = String::from_utf8_lossy(&mounted.stdout).trim().to_string();
-    let pid = line.rsplit_once("(pid ").and_then(|(_, p)| p.trim_end_matches(')').parse::<u32>().ok());
-    let (true, Some(pid)) = (mounted.status.success(), pid) else {
-        let err = String::from_utf8_lossy(&mounted.stderr).trim().to_string();
-        return Err(UpError::Start { what: "xlfs mount".into(), why: format!("{}: {err}", mounted.status), log });
-    };
-    started.push(Started { name: "mount".into(), pid });
-    lay.record("mount", pid)?;
-    report += &format!(
-        "xlfs up: {} volume '{VOLUME}' ({}) mounted on {} (pid {pid}, log {})\n\
-         Stop it with: {} down {}\n",
-        match count / REPLICAS {
-            1 => "replica-3".to_string(),
-            n => format!("{n} x 3 distributed-replicate"),
-        },
-        volfile.display(),
-        lay.mnt().display(),
-        log.display(),
-        command_name(&exe),
-        lay.dir.display()
-    );
-    Ok(report)
-}
-
-/// The performance translators of the default client graph, top first.
-/// GlusterFS's volgen puts md-cache, open-behind, quick-read, ...,
-/// readdir-ahead, ..., write-behind between io-stats and the cluster
-/// translators; here quick-read sits above open-behind, so a read it
-/// answers from the lookup's content never makes open-behind open the file,
-/// and the flush and release that follow are answered by open-behind:
-/// reading a small file costs only its lookup. readdir-ahead sits below
-/// md-cache (which fills its caches from the entries it serves) and above
-/// write-behind (which corrects the attributes of entries with queued
-/// writes in the readdirps it sends).
-pub const DEFAULT_PERF: &[&str] = &["md-cache", "quick-read", "open-behind", "readdir-ahead", "write-behind"];
-
-/// The client volfile of a replicated volume named `volume` over bricks
-/// served on 127.0.0.1 (`(port, remote-subvolume)` each), as GlusterFS
-/// generates for a replica volume: one protocol/client per brick
-/// (`<volume>-client-<i>`), cluster/replicate over them
-/// (`<volume>-replicate-0`, with `afr` options added), the
-/// [`DEFAULT_PERF`] translators (`<volume>-<name>`) and debug/io-stats
-/// named `volume` on top. Used by `xlfs up` and by the end-to-end tests.
-pub fn replica_volfile(volume: &str, bricks: &[(u16, String)], afr: &[(&str, &str)]) -> String {
-    client_volfile(volume, bricks, afr, DEFAULT_PERF)
-}
-
-/// Options the generated graph sets on a performance translator. The
-/// bricks run features/upcall, so the caches trust what they hold until
-/// an invalidation (as GlusterFS's recommended `group metadata-cache`
-/// settings: md-cache-timeout 600 with cache-invalidation on).
-pub(crate) fn perf_options(name: &str) -> &'static [(&'static str, &'static str)] {
-    match name {
-        "md-cache" => &[("md-cache-timeout", "600"), ("cache-invalidation", "on")],
-        "quick-read" => &[("cache-invalidation", "on"), ("fetch-on-read", "on")],
-        // Keep a whole request's worth ahead of the reader: the fill
-        // resumes while a full 128 KiB remains (two FUSE batches), instead
-        // of when the buffer is nearly empty and the next readdirp waits.
-        "readdir-ahead" => &[("rda-low-wmark", "128KB"), ("rda-high-wmark", "256KB")],
-        _ => &[],
-    }
-}
-
-/// [`replica_volfile`] with the given performance translators (names of
-/// `performance/<name>` types, top first) instead of the default ones.
-pub fn client_volfile(volume: &str, bricks: &[(u16, String)], afr: &[(&str, &str)], perf: &[&str]) -> String {
-    distributed_volfile(volume, bricks, bricks.len().max(1), afr, perf)
-}
-
-/// [`client_volfile`] with the bricks in replica sets of `replica`
-/// (`<volume>-replicate-<s>` over bricks `s*replica ..`), and, when there
-/// is more than one set, cluster/distribute (`<volume>-dht`) over the sets;
-/// a last set with fewer bricks takes what is left.
-pub fn distributed_volfile(
-    volume: &str,
-    bricks: &[(u16, String)],
-    replica: usize,
-    afr: &[(&str, &str)],
-    perf: &[&str],
-) -> String {
-    volfile_with_plugins(volume, bricks, replica, afr, perf, &[], &[])
-}
-
-/// [`distributed_volfile`] with plugin translators where each asks
-/// (as volgen places a volume's `plugin.NAME` keys) and `client` options
-/// on every protocol/client.
-fn volfile_with_plugins(
-    volume: &str,
-    bricks: &[(u16, String)],
-    replica: usize,
-    afr: &[(&str, &str)],
-    perf: &[&str],
-    plugins: &[(Plugin, Placement)],
-    client: &[(&str, &str)],
-) -> String {
-    let clients: Vec<String> = (0..bricks.len()).map(|i| format!("{volume}-client-{i}")).collect();
-    let mut v = String::new();
-    for ((port, subvol), name) in bricks.iter().zip(&clients) {
-        v += &format!(
-            "volume {name}\n    type protocol/client\n    option remote-host 127.0.0.1\n    option remote-port {port}\n    \
-             option remote-subvolume {subvol}\n"
-        );
-        for (k, val) in client {
-            v += &format!("    option {k} {val}\n");
-        }
-        v += "end-volume\n\n";
-    }
-    let afr: String = afr.iter().map(|(k, val)| format!("    option {k} {val}\n")).collect();
-    let mut below = crate::mgmt::volgen::replica_sets(&mut v, volume, &clients, replica, &afr, "");
-    stack_plugins(&mut v, &mut below, plugins, Placement::Cluster);
-    for p in perf.iter().rev() {
-        let name = format!("{volume}-{p}");
-        v += &format!("volume {name}\n    type performance/{p}\n");
-        for (k, val) in perf_options(p) {
-            v += &format!("    option {k} {val}\n");
-        }
-        v += &format!("    subvolumes {below}\nend-volume\n\n");
-        below = name;
-    }
-    stack_plugins(&mut v, &mut below, plugins, Placement::Top);
-    v += &format!("volume {volume}\n    type debug/io-stats\n    subvolumes {below}\nend-volume\n");
-    v
 }
 
 /// Starts `cmd` in a new session with its stdout piped until `ready`
@@ -655,14 +682,13 @@ fn spawn_daemon(
     }
 }
 
-/// SIGTERMs the processes (in order) and waits for each to go.
+/// SIGTERMs the processes (in order) and waits for each to go; returns
+/// those still running.
 fn stop(lay: &Layout, procs: &[Started]) -> Vec<String> {
     let mut left = Vec::new();
-    let order = lay.names();
-    let mut procs: Vec<&Started> = procs.iter().collect();
-    procs.sort_by_key(|p| order.iter().position(|n| *n == p.name));
-    for p in procs {
+    for p in procs.iter().rev() {
         if !is_ours(p.pid, &lay.dir) {
+            let _ = std::fs::remove_file(lay.pid_file(&p.name));
             continue;
         }
         // SAFETY: kill(2) on a pid checked to be our process just now.
@@ -683,34 +709,68 @@ fn stop(lay: &Layout, procs: &[Started]) -> Vec<String> {
 impl DownArgs {
     pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
         let lay = Layout::new(&self.dir)?;
-        let procs: Vec<Started> =
-            lay.names().into_iter().filter_map(|name| lay.running(&name).map(|pid| Started { name, pid })).collect();
         let mnt = lay.mnt();
         // Whatever serves the mount point goes first, also a mount made
         // again by hand (`xlfs umount` then `xlfs mount`), which no pid file
         // names: drained, unmounted, and its process waited for.
-        let mut unmounted = String::new();
+        let mut report = String::new();
         if is_mount_point(&mnt) {
             let umount = super::mount::UmountArgs { mountpoint: mnt.clone(), lazy: false };
             match umount.run().await {
-                Ok(()) => unmounted = format!("xlfs down: unmounted {}\n", mnt.display()),
+                Ok(()) => report += &format!("xlfs down: unmounted {}\n", mnt.display()),
                 Err(e) => tracing::warn!("{e}"),
             }
         }
+        // The volume stopped (its bricks and heal daemon with it), so the
+        // next `up` starts it with that `up`'s keys.
+        if lay.running("daemon").is_some()
+            && let Ok(addr) = std::fs::read_to_string(lay.addr_file())
+        {
+            let serving: Vec<String> = match call(addr.trim(), &Request::Status { name: Some(VOLUME.into()) }).await {
+                Ok(Reply::Status { volumes }) => volumes
+                    .iter()
+                    .flat_map(|v| &v.bricks)
+                    .filter_map(|b| {
+                        let name = Path::new(&b.dir).file_name()?.to_string_lossy().into_owned();
+                        Some(format!("{name} (pid {})", b.pid?))
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            match call(addr.trim(), &Request::Stop { name: VOLUME.into() }).await {
+                Ok(_) if serving.is_empty() => report += &format!("xlfs down: volume {VOLUME} stopped\n"),
+                Ok(_) => report += &format!("xlfs down: volume {VOLUME} stopped: bricks {}\n", serving.join(", ")),
+                Err(e) => tracing::warn!("stopping volume {VOLUME}: {e}"),
+            }
+        }
         let report = tokio::task::spawn_blocking(move || {
-            let mut report = unmounted;
+            let mut report = report;
             let dead = is_dead_mount(&mnt);
             if dead {
                 let _ = crate::fuse::lazy_unmount(&mnt);
                 report += &format!("xlfs down: detached the dead mount on {}\n", mnt.display());
             }
-            let names: Vec<String> = procs.iter().map(|p| format!("{} (pid {})", p.name, p.pid)).collect();
-            let left = stop(&lay, &procs);
-            for name in lay.names() {
-                if lay.running(&name).is_none() {
-                    let _ = std::fs::remove_file(lay.pid_file(&name));
+            // The mount and the daemon, then whatever else names DIR: bricks
+            // and heal daemons of a daemon that died, or of an older `up`.
+            let mut procs: Vec<Started> = Layout::names()
+                .iter()
+                .rev()
+                .filter_map(|name| lay.running(name).map(|pid| Started { name: name.to_string(), pid }))
+                .collect();
+            let mut left = stop(&lay, &procs);
+            let others: Vec<Started> = processes_naming(&lay.dir)
+                .into_iter()
+                .map(|pid| Started { name: format!("process {pid}"), pid })
+                .collect();
+            left.extend(stop(&lay, &others));
+            procs.extend(others);
+            let _ = std::fs::remove_file(lay.addr_file());
+            if let Ok(run) = std::fs::read_dir(lay.dir.join("run")) {
+                for e in run.flatten() {
+                    let _ = std::fs::remove_file(e.path());
                 }
             }
+            let names: Vec<String> = procs.iter().map(|p| format!("{} (pid {})", p.name, p.pid)).collect();
             if !names.is_empty() {
                 report += &format!("xlfs down: stopped {}\n", names.join(", "));
             } else if !dead {

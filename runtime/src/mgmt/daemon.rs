@@ -293,7 +293,15 @@ impl Daemon {
             let mut want = std::collections::BTreeMap::new();
             match self.store.list() {
                 Ok(list) => {
-                    for v in list.iter().filter(|v| v.spec.status == VolumeStatus::Started) {
+                    let healed = |v: &&Versioned| {
+                        v.spec.status == VolumeStatus::Started
+                            && v.spec
+                                .options
+                                .get("cluster.self-heal-daemon")
+                                .and_then(|o| xlfs_sdk::options::parse_bool(o))
+                                != Some(false)
+                    };
+                    for v in list.iter().filter(healed) {
                         // Only once every brick has a port: a volfile with
                         // port 0 would be replaced at once.
                         // Healed from the nodes that hold bricks, as GlusterFS.
@@ -471,8 +479,16 @@ impl Daemon {
                 };
                 let plugins = v.spec.options.iter().filter(|(k, _)| k.starts_with(keys::PLUGIN_PREFIX));
                 let plugin = |(k, val): (&String, &String)| KeyValue { key: k.clone(), value: val.clone(), set: true };
+                let family = v.spec.options.iter().filter(|(k, _)| keys::family(k).is_some());
                 let values = if key == "all" {
-                    KEYS.iter().map(one).chain(plugins.map(plugin)).collect()
+                    KEYS.iter().map(one).chain(family.map(plugin)).chain(plugins.map(plugin)).collect()
+                } else if keys::family(&key).is_some() {
+                    let set = v.spec.options.get(&key);
+                    let value = match set {
+                        Some(v) => v.clone(),
+                        None => keys::default_of(&self.registry, &key)?,
+                    };
+                    vec![KeyValue { set: set.is_some(), key, value }]
                 } else if key.starts_with(keys::PLUGIN_PREFIX) {
                     keys::check_name(&key)?;
                     let value = v.spec.options.get(&key).cloned().unwrap_or_else(|| "(unset)".into());
@@ -669,6 +685,7 @@ impl Daemon {
             volume_id: spec.id.clone(),
             brick: b.clone(),
             server: keys::brick_options(&spec.options),
+            posix: keys::brick_posix_options(&spec.options),
             port,
         }
     }

@@ -9,13 +9,19 @@
 //! accepts exactly what the translator does; `xlfs volume set help` shows
 //! the declared form, default and description.
 //!
+//! Key families reach the options no key names: `cluster.OPTION` is any
+//! option of cluster/replicate, `storage.OPTION` any option of the bricks'
+//! storage/posix ([`FAMILIES`], checked against the declarations like the
+//! rest; `cluster.self-heal-daemon off` also keeps the daemon from running
+//! a heal daemon for the volume).
+//!
 //! Keys whose targets include protocol/server (`server.ssl`, `ssl.*`,
 //! `auth.ssl-allow`, `auth.allow` and `auth.reject`, the address patterns
 //! a brick admits or refuses) set options of the bricks' graphs
 //! ([`brick_options`]),
-//! passed to each brick when it is (re)started: they take effect at the
-//! next `volume start` (or `start force` of a stopped brick), as in
-//! GlusterFS.
+//! passed to each brick when it is (re)started, as are `storage.*` keys
+//! ([`brick_posix_options`]): they take effect at the next `volume start`
+//! (or `start force` of a stopped brick), as in GlusterFS.
 //!
 //! Policy keys (`performance.read-ahead-policy`,
 //! `cluster.lock-contention-policy`) take a built-in policy name or a
@@ -59,6 +65,17 @@ const QR: &str = "performance/quick-read";
 const AFR: &str = "cluster/replicate";
 const CLIENT: &str = "protocol/client";
 const SERVER: &str = "protocol/server";
+const POSIX: &str = "storage/posix";
+
+/// Key families: `cluster.OPTION` sets any option of cluster/replicate
+/// and `storage.OPTION` any option of the bricks' storage/posix (as
+/// GlusterFS's `cluster.*` and `storage.*` keys do) that [`KEYS`] does not
+/// name already, except those volgen and the daemon set themselves.
+pub const FAMILIES: &[(&str, &str)] = &[("cluster.", AFR), ("storage.", POSIX)];
+
+/// Options of a family's translator that no key sets: the generated graph
+/// or the daemon gives them.
+const MANAGED: &[(&str, &str)] = &[(AFR, "afr-pending-xattr"), (POSIX, "directory"), (POSIX, "volume-id")];
 
 /// Every key, as `set help` lists them.
 pub const KEYS: &[Key] = &[
@@ -75,6 +92,10 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "performance.readdir-ahead",
         target: Target::Toggle { xlator: "performance/readdir-ahead", default_on: true },
+    },
+    Key {
+        name: "performance.client-io-threads",
+        target: Target::Toggle { xlator: "performance/io-threads", default_on: false },
     },
     Key { name: "performance.stat-prefetch", target: Target::Toggle { xlator: MDC, default_on: true } },
     Key { name: "performance.md-cache-timeout", target: Target::Options(&[(MDC, "md-cache-timeout")]) },
@@ -129,6 +150,30 @@ pub fn brick_options(options: &std::collections::BTreeMap<String, String>) -> Ve
     out
 }
 
+/// The storage/posix options `storage.*` keys in `options` give each
+/// brick, as (option, value).
+pub fn brick_posix_options(options: &std::collections::BTreeMap<String, String>) -> Vec<(String, String)> {
+    family_options(options, POSIX).map(|(o, v)| (o.to_string(), v.clone())).collect()
+}
+
+/// The options of translator `xlator` that family keys in `options` set.
+pub fn family_options<'a>(
+    options: &'a std::collections::BTreeMap<String, String>,
+    xlator: &'static str,
+) -> impl Iterator<Item = (&'a str, &'a String)> {
+    options.iter().filter_map(move |(k, v)| family(k).filter(|(x, _)| *x == xlator).map(|(_, o)| (o, v)))
+}
+
+/// The (translator, option) a family key names (`cluster.OPTION`,
+/// `storage.OPTION`), if `name` is one and not one of [`KEYS`]; syntax
+/// only (the registry says whether the option exists).
+pub fn family(name: &str) -> Option<(&'static str, &str)> {
+    if find(name).is_ok() {
+        return None;
+    }
+    FAMILIES.iter().find_map(|(prefix, x)| name.strip_prefix(prefix).filter(|o| !o.is_empty()).map(|o| (*x, o)))
+}
+
 /// Why a key or value was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
@@ -143,7 +188,7 @@ pub enum KeyError {
         /// The translator type.
         xlator: &'static str,
         /// Its option.
-        option: &'static str,
+        option: String,
         /// What the declaration says.
         source: Box<OptionError>,
     },
@@ -183,7 +228,17 @@ pub enum KeyError {
         /// The translator type.
         xlator: &'static str,
         /// The option.
-        option: &'static str,
+        option: String,
+    },
+    /// A family key for an option the generated graph or the daemon sets.
+    #[error("key {key}: {xlator} option {option} is set by the daemon, not by a key")]
+    Managed {
+        /// The key.
+        key: String,
+        /// The translator type.
+        xlator: &'static str,
+        /// The option.
+        option: String,
     },
 }
 
@@ -246,10 +301,14 @@ fn validate_plugin(reg: &Registry, key: &str, value: &str) -> Result<String, Key
     Ok(value.trim().to_string())
 }
 
-/// Checks that a key exists: one of [`KEYS`] or a well-formed `plugin.NAME`.
+/// Checks that a key exists: one of [`KEYS`], a family key (syntax only)
+/// or a well-formed `plugin.NAME`.
 pub fn check_name(name: &str) -> Result<(), KeyError> {
     if name.starts_with(PLUGIN_PREFIX) {
         return plugin(name, "wasm:/x").map(|_| ());
+    }
+    if family(name).is_some() {
+        return Ok(());
     }
     find(name).map(|_| ())
 }
@@ -260,17 +319,33 @@ pub fn find(name: &str) -> Result<&'static Key, KeyError> {
 }
 
 /// The declaration of `option` of translator `xlator`.
-fn decl<'r>(
-    reg: &'r Registry,
-    key: &str,
-    xlator: &'static str,
-    option: &'static str,
-) -> Result<&'r OptionDecl, KeyError> {
+fn decl<'r>(reg: &'r Registry, key: &str, xlator: &'static str, option: &str) -> Result<&'r OptionDecl, KeyError> {
     reg.get(xlator).and_then(|t| t.options.iter().find(|d| d.matches(option))).ok_or_else(|| KeyError::Undeclared {
         key: key.to_string(),
         xlator,
-        option,
+        option: option.to_string(),
     })
+}
+
+/// Checks a family key's value against its option's declaration.
+fn validate_family(
+    reg: &Registry,
+    name: &str,
+    xlator: &'static str,
+    option: &str,
+    value: &str,
+) -> Result<(), KeyError> {
+    if MANAGED.contains(&(xlator, option)) {
+        return Err(KeyError::Managed { key: name.to_string(), xlator, option: option.to_string() });
+    }
+    let d = decl(reg, name, xlator, option).map_err(|_| KeyError::Unknown(name.to_string()))?;
+    d.parse(value).map_err(|source| KeyError::BadValue {
+        key: name.into(),
+        xlator,
+        option: option.to_string(),
+        source: Box::new(source),
+    })?;
+    Ok(())
 }
 
 /// Checks `value` for key `name`; returns it trimmed.
@@ -278,8 +353,12 @@ pub fn validate(reg: &Registry, name: &str, value: &str) -> Result<String, KeyEr
     if name.starts_with(PLUGIN_PREFIX) {
         return validate_plugin(reg, name, value);
     }
-    let key = find(name)?;
     let value = value.trim();
+    if let Some((xlator, option)) = family(name) {
+        validate_family(reg, name, xlator, option, value)?;
+        return Ok(value.to_string());
+    }
+    let key = find(name)?;
     match key.target {
         Target::Toggle { .. } => {
             parse_bool(value).ok_or_else(|| KeyError::NotBool { key: name.into(), value: value.into() })?;
@@ -289,7 +368,7 @@ pub fn validate(reg: &Registry, name: &str, value: &str) -> Result<String, KeyEr
                 decl(reg, name, xlator, option)?.parse(value).map_err(|source| KeyError::BadValue {
                     key: name.into(),
                     xlator,
-                    option,
+                    option: option.to_string(),
                     source: Box::new(source),
                 })?;
             }
@@ -325,24 +404,48 @@ pub struct KeyHelp {
 pub fn default_value(reg: &Registry, key: &Key) -> String {
     match key.target {
         Target::Toggle { default_on, .. } => (if default_on { "on" } else { "off" }).to_string(),
-        Target::Options(targets) => {
-            let Some((xlator, option)) = targets.first() else { return String::new() };
-            let short = xlator.rsplit('/').next().unwrap_or(xlator);
-            if let Some((_, v)) = super::volgen::generated_options(short).iter().find(|(k, _)| k == option) {
-                return v.to_string();
-            }
-            reg.get(xlator)
-                .and_then(|t| t.options.iter().find(|d| d.matches(option)))
-                .and_then(|d| d.default)
-                .unwrap_or("(unset)")
-                .to_string()
-        }
+        Target::Options(targets) => targets.first().map(|(x, o)| option_default(reg, x, o)).unwrap_or_default(),
     }
 }
 
-/// Every key with its form, default and description.
+/// The value of a key nobody set, for any key name but plugins'.
+pub fn default_of(reg: &Registry, name: &str) -> Result<String, KeyError> {
+    match family(name) {
+        Some((xlator, option)) => {
+            decl(reg, name, xlator, option).map_err(|_| KeyError::Unknown(name.to_string()))?;
+            Ok(option_default(reg, xlator, option))
+        }
+        None => find(name).map(|k| default_value(reg, k)),
+    }
+}
+
+/// What the generated graph has for `option` of `xlator` unless a key
+/// sets it: volgen's own value, else the declared default.
+fn option_default(reg: &Registry, xlator: &str, option: &str) -> String {
+    let short = xlator.rsplit('/').next().unwrap_or(xlator);
+    if let Some((_, v)) = super::volgen::generated_options(short).iter().find(|(k, _)| *k == option) {
+        return v.to_string();
+    }
+    reg.get(xlator)
+        .and_then(|t| t.options.iter().find(|d| d.matches(option)))
+        .and_then(|d| d.default)
+        .unwrap_or("(unset)")
+        .to_string()
+}
+
+/// An option's accepted form (with its range).
+fn form_of(d: &OptionDecl) -> String {
+    match d.range {
+        Some((lo, hi)) => format!("{}, {lo}..={hi}", d.ty.form()),
+        None => d.ty.form(),
+    }
+}
+
+/// Every key with its form, default and description: [`KEYS`], then the
+/// family keys of every option their translators declare.
 pub fn help(reg: &Registry) -> Vec<KeyHelp> {
-    KEYS.iter()
+    let mut out: Vec<KeyHelp> = KEYS
+        .iter()
         .map(|k| {
             let (form, description) = match k.target {
                 Target::Toggle { xlator, .. } => {
@@ -356,10 +459,7 @@ pub fn help(reg: &Registry) -> Vec<KeyHelp> {
                         match reg.get(xlator).and_then(|t| t.options.iter().find(|d| d.matches(option))) {
                             Some(d) => {
                                 if form.is_empty() {
-                                    form = d.ty.form();
-                                    if let Some((lo, hi)) = d.range {
-                                        form += &format!(", {lo}..={hi}");
-                                    }
+                                    form = form_of(d);
                                 }
                                 desc.push(format!("{xlator} option {option}: {}", d.description));
                             }
@@ -371,7 +471,30 @@ pub fn help(reg: &Registry) -> Vec<KeyHelp> {
             };
             KeyHelp { key: k.name.to_string(), form, default: default_value(reg, k), description }
         })
-        .collect()
+        .collect();
+    let named = |xlator: &str, option: &str| {
+        KEYS.iter().any(|k| matches!(k.target, Target::Options(t) if t.contains(&(xlator, option))))
+    };
+    for (prefix, xlator) in FAMILIES {
+        let Some(t) = reg.get(xlator) else { continue };
+        for d in t.options {
+            let key = format!("{prefix}{}", d.name);
+            if d.name.contains('*')
+                || MANAGED.contains(&(*xlator, d.name))
+                || named(xlator, d.name)
+                || family(&key).is_none()
+            {
+                continue;
+            }
+            out.push(KeyHelp {
+                form: form_of(d),
+                default: option_default(reg, xlator, d.name),
+                description: format!("{xlator} option {}: {}", d.name, d.description),
+                key,
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -390,7 +513,13 @@ mod tests {
                 validate(&reg, k.name, &d).unwrap_or_else(|e| panic!("{}: default {d}: {e}", k.name));
             }
         }
-        assert_eq!(help(&reg).len(), KEYS.len());
+        let help = help(&reg);
+        assert!(help.len() > KEYS.len(), "family keys are listed too");
+        for h in &help[KEYS.len()..] {
+            if h.default != "(unset)" {
+                validate(&reg, &h.key, &h.default).unwrap_or_else(|e| panic!("{}: default {}: {e}", h.key, h.default));
+            }
+        }
     }
 
     #[test]
@@ -415,5 +544,32 @@ mod tests {
         assert!(e.contains("plugin name"), "{e}");
         let e = validate(&reg, "plugin.x", "wasm:/nonexistent/x.wasm").expect_err("no module").to_string();
         assert!(e.contains("plugin/wasm"), "{e}");
+    }
+
+    #[test]
+    fn family_keys_set_any_declared_option_of_replicate_and_posix() {
+        let reg = Registry::builtin();
+        assert_eq!(family("cluster.data-self-heal-algorithm"), Some((AFR, "data-self-heal-algorithm")));
+        assert_eq!(family("storage.reserve"), Some((POSIX, "reserve")));
+        assert_eq!(family("cluster.eager-lock"), None, "a named key");
+        assert_eq!(validate(&reg, "storage.reserve", " 25% ").expect("posix option"), "25%");
+        validate(&reg, "cluster.self-heal-daemon", "off").expect("replicate option");
+        let e = validate(&reg, "storage.o-direct-min-size", "lots").expect_err("bad value").to_string();
+        assert!(e.contains("storage/posix option o-direct-min-size"), "{e}");
+        let e = validate(&reg, "storage.no-such-option", "1").expect_err("undeclared").to_string();
+        assert!(e.contains("unknown key"), "{e}");
+        let e = validate(&reg, "storage.directory", "/etc").expect_err("managed").to_string();
+        assert!(e.contains("set by the daemon"), "{e}");
+        let opts: std::collections::BTreeMap<String, String> =
+            [("storage.reserve", "25%"), ("cluster.eager-lock", "off"), ("storage.ctime", "off")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        assert_eq!(
+            brick_posix_options(&opts),
+            [("ctime".to_string(), "off".to_string()), ("reserve".to_string(), "25%".to_string())]
+        );
+        assert_eq!(default_of(&reg, "cluster.self-heal-daemon").expect("default"), "on");
+        assert!(help(&reg).iter().any(|h| h.key == "storage.o-direct-min-size"));
     }
 }

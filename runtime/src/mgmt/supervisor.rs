@@ -54,6 +54,8 @@ pub struct BrickJob {
     pub brick: BrickSpec,
     /// protocol/server options from the volume's keys (`--server`).
     pub server: Vec<(&'static str, String)>,
+    /// storage/posix options from the volume's `storage.*` keys (`--posix`).
+    pub posix: Vec<(String, String)>,
     /// The port it served on before this daemon started (published in a
     /// shared store), tried first so that clients find it where it was.
     pub port: Option<u16>,
@@ -75,6 +77,7 @@ impl BrickJob {
             format!("volume-id={}", self.volume_id),
         ];
         a.extend(self.server.iter().flat_map(|(k, v)| ["--server".to_string(), format!("{k}={v}")]));
+        a.extend(self.posix.iter().flat_map(|(k, v)| ["--posix".to_string(), format!("{k}={v}")]));
         a
     }
 }

@@ -21,15 +21,22 @@ use xlfs_sdk::guest::sys::Placement;
 use super::keys::{KEYS, PLUGIN_PREFIX, Plugin, Target, plugin};
 use super::spec::VolumeSpec;
 
+pub mod local;
+pub use local::DEFAULT_PERF;
+use local::perf_options;
+
 /// The performance translators, top first, and which key turns each on:
-/// the order of `xlfs up`'s graph ([`crate::cli::DEFAULT_PERF`]), with
+/// the order of [`DEFAULT_PERF`], with
 /// read-ahead just above write-behind, as in GlusterFS.
-const PERF_ORDER: &[&str] = &["md-cache", "quick-read", "open-behind", "readdir-ahead", "read-ahead", "write-behind"];
+/// Client io-threads (`performance.client-io-threads`) goes on top, as in
+/// GlusterFS.
+const PERF_ORDER: &[&str] =
+    &["io-threads", "md-cache", "quick-read", "open-behind", "readdir-ahead", "read-ahead", "write-behind"];
 
 /// Options volgen sets on a translator (by short name) unless a key says
-/// otherwise: those of `xlfs up`'s graph.
+/// otherwise.
 pub fn generated_options(short: &str) -> &'static [(&'static str, &'static str)] {
-    crate::cli::up::perf_options(short)
+    perf_options(short)
 }
 
 /// Why no volfile could be generated.
@@ -79,11 +86,10 @@ fn client_volfile_placing(
     }
     // Per translator type: option -> value, the generated ones first, then
     // what the keys set.
-    let mut opts: BTreeMap<&str, BTreeMap<&str, String>> = BTreeMap::new();
+    let mut opts: BTreeMap<String, BTreeMap<&str, String>> = BTreeMap::new();
     for p in PERF_ORDER {
-        let ty = perf_type(p);
         for (k, v) in generated_options(p) {
-            opts.entry(ty).or_default().insert(k, v.to_string());
+            opts.entry(perf_type(p)).or_default().insert(k, v.to_string());
         }
     }
     let mut on: BTreeMap<&str, bool> = BTreeMap::new();
@@ -96,11 +102,14 @@ fn client_volfile_placing(
             Target::Options(targets) => {
                 if let Some(v) = value {
                     for (ty, opt) in targets {
-                        opts.entry(ty).or_default().insert(opt, v.clone());
+                        opts.entry(ty.to_string()).or_default().insert(opt, v.clone());
                     }
                 }
             }
         }
+    }
+    for (opt, v) in super::keys::family_options(&spec.options, "cluster/replicate") {
+        opts.entry("cluster/replicate".to_string()).or_default().insert(opt, v.clone());
     }
     let options_of = |ty: &str| -> String {
         opts.get(ty).map(|m| m.iter().map(|(k, v)| format!("    option {k} {v}\n")).collect()).unwrap_or_default()
@@ -136,11 +145,11 @@ fn client_volfile_placing(
     stack_plugins(&mut v, &mut below, &plugins, Placement::Cluster);
     for p in PERF_ORDER.iter().rev() {
         let ty = perf_type(p);
-        if !on.get(ty).copied().unwrap_or(false) {
+        if !on.get(ty.as_str()).copied().unwrap_or(false) {
             continue;
         }
         let vol = format!("{name}-{p}");
-        v += &format!("volume {vol}\n    type {ty}\n{}    subvolumes {below}\nend-volume\n\n", options_of(ty));
+        v += &format!("volume {vol}\n    type {ty}\n{}    subvolumes {below}\nend-volume\n\n", options_of(&ty));
         below = vol;
     }
     stack_plugins(&mut v, &mut below, &plugins, Placement::Top);
@@ -203,15 +212,9 @@ pub(crate) fn replica_sets(
     name
 }
 
-fn perf_type(short: &str) -> &'static str {
-    match short {
-        "md-cache" => "performance/md-cache",
-        "quick-read" => "performance/quick-read",
-        "open-behind" => "performance/open-behind",
-        "readdir-ahead" => "performance/readdir-ahead",
-        "read-ahead" => "performance/read-ahead",
-        _ => "performance/write-behind",
-    }
+/// `performance/<short>`.
+fn perf_type(short: &str) -> String {
+    format!("performance/{short}")
 }
 
 #[cfg(test)]
