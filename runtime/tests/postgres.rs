@@ -1,7 +1,9 @@
-//! PostgreSQL on an xlfs FUSE mount of a real brick process: initdb, start,
-//! `pgbench -i -s 10`, `pgbench -c 4 -t 500`, then pgbench's own balance
-//! invariants checked with psql. This is the workload of the GlusterFS bug
-//! report xlfs grew from. It needs PostgreSQL 15 from Debian's packages
+//! PostgreSQL on an xlfs FUSE mount of a replica-3 volume of real brick
+//! processes: initdb, start, `pgbench -i -s 10`, `pgbench -c 4 -t 500`,
+//! then pgbench's own balance invariants checked with psql, and `xlfs
+//! profile` of the run checked against io-stats: per fop, the translators'
+//! parts add up (within 5 %) to the latency io-stats measured at the top.
+//! This is the workload of the GlusterFS bug report xlfs grew from. It needs PostgreSQL 15 from Debian's packages
 //! (`.ci/run` installs it) and runs the server as the `postgres` user, so
 //! the mount's defaults (allow-other, default-permissions) are exercised.
 
@@ -114,8 +116,8 @@ fn pgbench_on_the_mount() {
         Path::new(PG_BIN).join("initdb").exists(),
         "PostgreSQL 15 is needed in {PG_BIN} (apt-get install postgresql; .ci/run installs it)"
     );
-    let brick = kit::Brick::start();
-    let m = FuseMount::start(&kit::client_volfile(&brick, &[]));
+    let bricks = kit::Cluster::start(3);
+    let m = FuseMount::start(&bricks.replica_volfile(&[]));
     let root = m.mnt.join("pg");
     std::fs::create_dir(&root).expect("mkdir");
     chown_postgres(&root);
@@ -141,6 +143,8 @@ fn pgbench_on_the_mount() {
         ok(tool, as_pg(tool, &a))
     };
     run("pgbench", &["-i", "-s", "10", "-q", "postgres"]);
+    let before = settled_io_stats(&m.mnt);
+    xlfs(&["profile", "--reset", m.mnt.to_str().expect("utf-8")]);
     let out = run("pgbench", &["-c", "4", "-j", "2", "-t", "500", "postgres"]);
     assert!(out.contains("number of transactions actually processed: 2000/2000"), "{out}");
     assert!(out.contains("number of failed transactions: 0 "), "{out}");
@@ -159,4 +163,90 @@ fn pgbench_on_the_mount() {
     let v: Vec<&str> = sums.split(' ').collect();
     assert!(v.len() == 4 && v.iter().all(|x| *x == v[0]), "balances agree: {sums}");
     ok("pg_ctl stop", as_pg("pg_ctl", &["-D", &d, "-m", "fast", "-w", "stop"]));
+    // Both read with the server stopped: nothing runs between them.
+    let after = settled_io_stats(&m.mnt);
+    let profile = xlfs(&["profile", m.mnt.to_str().expect("utf-8")]);
+
+    // The profile of the run against io-stats's own latency counters (the
+    // top of the graph): per fop that took time, the same calls (but for
+    // what the idle server did between the two readings at the start), and
+    // the translators' parts adding up to what io-stats measured per call.
+    let mut checked = Vec::new();
+    for (fop, calls, accounted_us) in profile_tops(&profile) {
+        let (c0, t0) = before.get(&fop).copied().unwrap_or((0, 0.0));
+        let Some(&(c1, t1)) = after.get(&fop) else { continue };
+        let (calls_seen, measured_us) = (c1 - c0, t1 - t0);
+        assert!(
+            calls.abs_diff(calls_seen) <= 3 + calls_seen / 50,
+            "{fop}: {calls} calls in the profile, {calls_seen} in io-stats\n{profile}"
+        );
+        // Fops of a few microseconds are the timing's own size: io-stats
+        // measures inside itself, the profile around it.
+        if calls < 10 || measured_us / (calls_seen as f64) < 50.0 {
+            continue;
+        }
+        let ratio = (accounted_us / calls as f64) / (measured_us / calls_seen as f64);
+        assert!(
+            (0.95..=1.05).contains(&ratio),
+            "{fop}: rows add up to {accounted_us:.0} us, io-stats measured {measured_us:.0} us\n{profile}"
+        );
+        checked.push(format!("{fop} {:.1}%", 100.0 * ratio));
+    }
+    assert!(checked.iter().any(|c| c.starts_with("FSYNC ")), "FSYNC checked: {checked:?}\n{profile}");
+    eprintln!("xlfs profile against io-stats during pgbench: {}", checked.join(", "));
+}
+
+/// Runs `xlfs ARGS`; panics unless it succeeds; returns stdout.
+fn xlfs(args: &[&str]) -> String {
+    ok("xlfs", Command::new(XLFS).args(args).output().expect("run xlfs"))
+}
+
+/// io-stats's counters at the mount's top, per fop: (calls, total latency
+/// in microseconds), from its statedump lines
+/// `VOL.fop.NAME = calls=N errors=E latency-us samples=S min=.. avg=A max=..`.
+fn io_stats(mnt: &Path) -> std::collections::HashMap<String, (u64, f64)> {
+    let dump = xlfs(&["status", "--dump", mnt.to_str().expect("utf-8")]);
+    let mut out = std::collections::HashMap::new();
+    for line in dump.lines() {
+        let Some((key, value)) = line.split_once(" = ") else { continue };
+        let Some((_, fop)) = key.split_once(".fop.") else { continue };
+        if fop.contains('.') {
+            continue;
+        }
+        let field = |name: &str| {
+            value.split_whitespace().find_map(|w| w.strip_prefix(name)).and_then(|v| v.parse::<f64>().ok())
+        };
+        if let (Some(calls), Some(avg)) = (field("calls="), field("avg=")) {
+            out.insert(fop.to_string(), (calls as u64, calls * avg));
+        }
+    }
+    out
+}
+
+/// [`io_stats`] once it stays the same for half a second: the kernel's
+/// releases of a process's files come after the process is gone.
+fn settled_io_stats(mnt: &Path) -> std::collections::HashMap<String, (u64, f64)> {
+    let mut last = io_stats(mnt);
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = io_stats(mnt);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    last
+}
+
+/// Each fop's head line of `xlfs profile`: (fop, calls at the top, what
+/// the rows add up to in microseconds).
+fn profile_tops(text: &str) -> Vec<(String, u64, f64)> {
+    text.lines()
+        .filter_map(|l| {
+            let (fop, rest) = l.split_once(": ")?;
+            let calls: u64 = rest.split_once(" calls at the top")?.0.parse().ok()?;
+            let per_call: f64 = rest.split_once("add up to ")?.1.split_once(" us/call")?.0.parse().ok()?;
+            Some((fop.to_string(), calls, per_call * calls as f64))
+        })
+        .collect()
 }

@@ -37,7 +37,9 @@ fn calls(text: &str, fop: &str, needle: &str) -> Vec<u64> {
             inside = line.starts_with(&format!("{fop}: "));
             continue;
         }
-        if inside && line.contains(needle) && !line.contains("self us/call") {
+        // A translator's wait for other fops is a row of its own.
+        if inside && line.contains(needle) && !line.contains("self us/call") && !line.contains("waiting for other fops")
+        {
             let words: Vec<&str> = line.split_whitespace().collect();
             let n: u64 = words[3].parse().unwrap_or_else(|_| panic!("calls column in {line:?}"));
             let who = words[5..].join(" ");
@@ -62,7 +64,9 @@ fn calls_in_latency(text: &str, fop: &str, needle: &str) -> u64 {
         if inside && line.contains("behind, in no caller's latency") {
             return 0;
         }
-        if inside && line.contains(needle) && !line.contains("self us/call") {
+        // A translator's wait for other fops is a row of its own.
+        if inside && line.contains(needle) && !line.contains("self us/call") && !line.contains("waiting for other fops")
+        {
             return line.split_whitespace().nth(3).and_then(|n| n.parse().ok()).unwrap_or(0);
         }
     }

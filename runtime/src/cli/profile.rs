@@ -140,11 +140,15 @@ fn node_row(n: &NodeProfile, f: &FopTimes, place: &str, factor: Option<f64>) -> 
 }
 
 /// For each node the fop reaches from the graph's entry in callers'
-/// latency, the share of its self time that is part of the top's total: 1
-/// at the entry; a parent's wait for its children (its total less its self
-/// time) is shared by the children in proportion to their totals, so
-/// children called in parallel count once and one child counts whole.
-fn latency_factors(g: &GraphProfile, kind: FopKind) -> HashMap<&str, f64> {
+/// latency: the share of its self time that is part of the top's total (1
+/// at the entry; a parent's wait for its children, its total less its self
+/// time, is shared by the children in proportion to their totals, so
+/// children called in parallel count once and one child counts whole), and
+/// the part of that wait its children of this kind do not account for:
+/// time in other fops it sent for this one (write-behind's queued WRITEs
+/// before a STAT, open-behind's OPEN before a READ), in nanoseconds of the
+/// top's total.
+fn latency_factors(g: &GraphProfile, kind: FopKind) -> HashMap<&str, (f64, f64)> {
     let mut out = HashMap::new();
     let Some(entry) = g.entry() else { return out };
     let mut todo = vec![(entry, 1.0)];
@@ -152,8 +156,10 @@ fn latency_factors(g: &GraphProfile, kind: FopKind) -> HashMap<&str, f64> {
         if out.contains_key(n.name.as_str()) {
             continue;
         }
-        out.insert(n.name.as_str(), k);
-        let Some(t) = times(n, kind, Side::Latency) else { continue };
+        let Some(t) = times(n, kind, Side::Latency) else {
+            out.insert(n.name.as_str(), (k, 0.0));
+            continue;
+        };
         let kids: Vec<(&NodeProfile, f64)> = n
             .children
             .iter()
@@ -161,12 +167,30 @@ fn latency_factors(g: &GraphProfile, kind: FopKind) -> HashMap<&str, f64> {
             .filter_map(|c| times(c, kind, Side::Latency).map(|f| (c, f.total_ns as f64)))
             .collect();
         let sum: f64 = kids.iter().map(|(_, t)| t).sum();
+        let wait = t.total_ns.saturating_sub(t.self_ns) as f64;
+        out.insert(n.name.as_str(), (k, (wait - sum).max(0.0) * k));
         if sum > 0.0 {
-            let share = (t.total_ns.saturating_sub(t.self_ns) as f64 / sum).min(1.0);
+            let share = (wait / sum).min(1.0);
             todo.extend(kids.into_iter().map(|(c, _)| (c, k * share)));
         }
     }
     out
+}
+
+/// The row of a node's wait for other fops it sent for `f`'s calls (see
+/// [`latency_factors`]).
+fn other_fops_row(n: &NodeProfile, f: &FopTimes, place: &str, part: f64) -> Row {
+    Row {
+        translator: format!("{} waiting for other fops", n.name),
+        type_name: n.type_name.clone(),
+        place: place.to_string(),
+        calls: f.count,
+        self_ns: part,
+        self_per_call_ns: part / f.count as f64,
+        latency_ns: Some(part),
+        estimated: false,
+        note: Some("its calls of other kinds for these: see their tables".into()),
+    }
 }
 
 /// The rows of one node for `kind` on `side`: a protocol/client node's
@@ -249,8 +273,14 @@ pub fn join(b: &ProfileBundle) -> Vec<FopReport> {
         let mut rows = Vec::new();
         let mut behind = Vec::new();
         for n in &g.nodes {
-            let factor = factors.get(n.name.as_str()).copied();
+            let (factor, other) = factors.get(n.name.as_str()).copied().unzip();
             rows.extend(rows_of(b, n, kind, Side::Latency, own_place, factor));
+            // Under a microsecond per call is clock noise, not a wait.
+            if let Some(f) = times(n, kind, Side::Latency)
+                && let Some(part) = other.filter(|p| *p >= 1e3 * f.count as f64)
+            {
+                rows.push(other_fops_row(n, f, own_place, part));
+            }
             behind.extend(rows_of(b, n, kind, Side::Behind, own_place, None));
         }
         rows.sort_by(|a, b| {
@@ -291,8 +321,9 @@ pub fn render_text(b: &ProfileBundle, reports: &[FopReport]) -> String {
     }
     out += "self time = time a translator spent on a fop not waiting for a child call it made for it\n\
              us/call, % = the part of the top's time per call a row stands for: its self time, parallel children\n  \
-             (replicate's) sharing their parent's wait; the rows add up to the top's time but for fops a translator\n  \
-             answers with other fops (open-behind's OPEN before a READ: see that fop)\n\
+             (replicate's) sharing their parent's wait, and a translator's wait for other fops it sent for this one\n  \
+             (write-behind's WRITEs before a STAT, open-behind's OPEN before a READ: NAME waiting for other fops);\n  \
+             the rows add up to the top's time\n\
              behind = calls in no caller's latency: sent after the caller was answered (write-behind, flush-behind,\n  \
              async directory operations) or by a translator for itself (heal)\n";
     if reports.is_empty() {
