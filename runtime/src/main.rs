@@ -42,6 +42,13 @@ fn main() -> ExitCode {
         eprintln!("xlfs: log file {file}: {e}");
         return ExitCode::FAILURE;
     }
+    // A panic in a spawned task ends only that task, and a daemonized
+    // mount's stderr is /dev/null: put it in the log too.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        tracing::error!(thread = std::thread::current().name().unwrap_or("?"), "panic: {info}");
+        default_hook(info);
+    }));
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

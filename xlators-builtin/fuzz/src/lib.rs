@@ -1,4 +1,5 @@
-//! The check the `frame` fuzz target runs, shared with the seed writer.
+//! The check the `frame` fuzz target runs, shared with the seed writer
+//! (the `graph_ops` target's is [`graph`]).
 //!
 //! One input: byte 0 picks the maximum frame size (small ones exercise the
 //! "frame too large" path) and where the rest is cut in two. The rest is
@@ -9,6 +10,8 @@
 //! bytes (the encoding is canonical), except a HELLO / HELLO_REPLY of a
 //! foreign ABI major, which decodes to its version alone.
 #![deny(missing_docs)]
+
+pub mod graph;
 
 use bytes::BytesMut;
 use xlfs_sdk::abi::ABI_MAJOR;
@@ -45,17 +48,10 @@ pub fn run(data: &[u8]) {
         return;
     };
     let max = MAX_FRAMES[usize::from(sel & 3)];
-    let cut = if rest.is_empty() {
-        0
-    } else {
-        usize::from(sel >> 2) * 997 % (rest.len() + 1)
-    };
+    let cut = if rest.is_empty() { 0 } else { usize::from(sel >> 2) * 997 % (rest.len() + 1) };
     let whole = frames(&[rest], max);
     let split = frames(&[&rest[..cut], &rest[cut..]], max);
-    assert_eq!(
-        whole, split,
-        "feeding the bytes in two chunks changes what decodes"
-    );
+    assert_eq!(whole, split, "feeding the bytes in two chunks changes what decodes");
     let limits = rpc::limits_for(max);
     for (frame, bytes) in whole.0 {
         let (kind, id) = (frame.kind, frame.id);
@@ -69,10 +65,7 @@ pub fn run(data: &[u8]) {
             _ => false,
         };
         if !foreign {
-            let again = msg
-                .to_frame(id)
-                .expect("a decoded message encodes")
-                .to_vec();
+            let again = msg.to_frame(id).expect("a decoded message encodes").to_vec();
             assert_eq!(again, bytes, "{msg:?} re-encodes to other bytes");
         }
     }
