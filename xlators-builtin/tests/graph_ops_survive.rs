@@ -39,6 +39,10 @@ fn seeds() -> Vec<Vec<u8>> {
             0, 0x00, 0, 0, 0x03, 0, 0xd0, 1, 4, 9, 0x03, 0, 0xe0, 3, 4, 9, 0x03, 0, 0xf0, 0, 4, 9, 0x08, 0, 0xd0, 0,
             0x06, 0, 0xd0, 0, 16,
         ],
+        // create a; write; close; child 1 down; open a with O_TRUNC; child
+        // 1 up; heal: the copy that missed the truncation is healed (it
+        // used to stay as it was, unblamed).
+        vec![0, 0, 0, 0, 0x03, 0, 0, 0, 0x0a, 0x09, 0x0c, 0, 0, 0x17, 0x01, 0x92, 0, 0],
     ]
 }
 

@@ -747,16 +747,9 @@ impl Runner {
                 }
             }
             Op::Open { at, slot: s, trunc } => {
-                // KNOWN BUG: replicate sends open(O_TRUNC) to the children up
-                // as a plain open, not as a data transaction: with a child
-                // down the others are truncated, nobody blames the down
-                // child, and heal never repairs it (the bricks differ for
-                // good; quorum is not checked either). Create a, write,
-                // close, child 1 down, open a with O_TRUNC, child 1 up, heal:
-                // XLFS_GRAPH_OPS_INPUT=00000000030000000a090c00001701920000
-                // with this guard removed. So no truncating open while a
-                // child is down.
-                let trunc = trunc && up == N;
+                // A truncating open is a data transaction (replicate
+                // truncates after a plain open): quorum applies, and a child
+                // down is blamed and healed.
                 self.close_slot(slot(s), 0).await;
                 let existing = self.m.lookup(at);
                 let e = match existing {
@@ -764,7 +757,7 @@ impl Runner {
                     Some(g) if self.m.is_dir(g) => Expect::Err(vec![Errno::EISDIR]),
                     Some(_) => Expect::Ok,
                 };
-                let e = self.gate(false, e);
+                let e = self.gate(trunc, e);
                 let id = self.new_fd();
                 let mut flags = libc::O_RDWR;
                 if trunc {

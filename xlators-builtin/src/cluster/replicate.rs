@@ -342,7 +342,11 @@ impl Inner {
         }
     }
 
-    /// Open or opendir on every child up.
+    /// Open or opendir on every child up. A writable open with O_TRUNC is
+    /// an open without it, then a truncation to 0 as a data transaction (as
+    /// GlusterFS's AFR does): quorum is checked and a child that missed it
+    /// is blamed and healed, where a truncating open sent to the children
+    /// up left a down child's old data standing for good.
     async fn open(self: &Arc<Self>, ctx: &CallCtx, mut req: Request, dir: bool) -> FopResult {
         let (id, flags, gfid) = match &req.fop {
             Fop::Open { loc, flags, fd } => (*fd, *flags, loc.gfid),
@@ -350,8 +354,16 @@ impl Inner {
             _ => return Err(Errno::EINVAL),
         };
         let gfid = self.resolve_gfid(ctx, gfid, &req).await?;
-        if let Fop::Open { loc, .. } | Fop::Opendir { loc, .. } = &mut req.fop {
-            loc.gfid = gfid;
+        let trunc = flags & libc::O_TRUNC as u32 != 0 && flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32;
+        match &mut req.fop {
+            Fop::Open { loc, flags, .. } => {
+                loc.gfid = gfid;
+                if trunc {
+                    *flags &= !(libc::O_TRUNC as u32);
+                }
+            }
+            Fop::Opendir { loc, .. } => loc.gfid = gfid,
+            _ => {}
         }
         let up = self.up_mask();
         if up == 0 {
@@ -369,6 +381,14 @@ impl Inner {
             }
             if !dir {
                 self.fd_opened_on(gfid);
+            }
+            if trunc && out.result.is_ok() {
+                let fd = Fd { id, gfid };
+                let truncate = Request::new(Fop::Ftruncate { fd, offset: 0 });
+                if let Err(e) = self.data_txn(ctx, gfid, Some(fd), (0, u64::MAX), truncate).await {
+                    self.release(ctx, fd, Request::new(Fop::Release { fd })).await?;
+                    return Err(e);
+                }
             }
         }
         out.result
