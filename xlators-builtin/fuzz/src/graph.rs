@@ -563,6 +563,10 @@ impl Model {
 struct Runner {
     g: Graph,
     m: Model,
+    /// Skip namespace changes while exactly one child is down (the KNOWN
+    /// BUG at [`Runner::namespace_frozen`]); off for the reproducers of
+    /// the cases since fixed.
+    freeze_namespace: bool,
     /// A path-based fop by parent and name (stat, getxattr, setxattr,
     /// removexattr, open, opendir) may still find a name removed (async
     /// dirops on).
@@ -1076,10 +1080,15 @@ impl Runner {
     /// entry heal to do (with two or three down it must fail for quorum,
     /// which is checked). The operation is then skipped.
     //
-    // KNOWN BUG: entry self-heal of a directory fails (heal "failed 1",
-    // report "<dir gfid> failed EIO") after several namespace changes made
-    // while a child was down. Reproducers (XLFS_GRAPH_OPS_INPUT=..., with this
-    // guard removed):
+    // Entry self-heal used to fail (heal "failed 1", report "<dir gfid>
+    // failed EIO") on a sink's stale names after namespace changes made
+    // while a child was down; the reproducers below now heal (entry heal
+    // removes a sink's name for another inode and makes it again) and run
+    // unfrozen in CI (graph_ops_survive). KNOWN BUG: random inputs still
+    // find another such EIO (with post-op delay, after rmdir, renames and
+    // creates with children down), e.g. XLFS_GRAPH_OPS_INPUT=8f5badd253e7bd754cdb1aadead50d42925f870e3aeb021b7fcaecbacb39892895a34a6f7617e22904221601268ce5f6d442c03977d57e7c1e38c49fe5eb541b1bcb0385353b44767a0284e512710c46c7a9c5ef977807dbc4e561f2bdf447fc29e27079e6b1e393f1b00ba9fc199cc69b364739483bd1cfcd944a24ac554109826c50bdb25f909b7bd9557a6aea6298914daa8ec840f79bba45
+    // with the guard off; so the guard stays for random inputs. The fixed
+    // reproducers:
     // - a name re-created with another gfid: create a, close, child 1
     //   down, unlink a, create a: 0f0000000c0000170d0d00000000; a
     //   directory replaced by a file: 8f7e7c1e38c49fe5f2bdf447e270799b7bd955;
@@ -1090,7 +1099,7 @@ impl Runner {
     //   rmdir, unlinks and renames with a child down:
     //   d0fed8bb6fb576a728966b26d6c603cfd1ef0ffef5f861d98bd11361951f9b2d566a63b51b6fca1adf43d62aaebe072fb5d8b9189793ccae36193d8d64a2a3b826230ecb2de875f5b7333573f683ec294daded72182295f22b7e2fea40c1e32b360d8954b7a7b9fbd3c6f0a8520efd520b0853e16e4f14d20d86d3dd1624a422939fc6ab
     fn namespace_frozen(&self) -> bool {
-        self.m.up_count() == N - 1
+        self.freeze_namespace && self.m.up_count() == N - 1
     }
 
     /// True if changing the data of `gfid` up to `end` now would make a
@@ -1524,12 +1533,32 @@ fn brick_tree(root: &Path) -> Tree {
 
 /// Runs the checks on one input (see the module doc).
 pub fn check_graph_ops(data: &[u8]) {
+    run_graph_ops(data, true)
+}
+
+/// [`check_graph_ops`] with namespace changes made while one child is
+/// down (entry heal then has stale names to replace: a name made again,
+/// a file renamed over another, a directory renamed or replaced by a
+/// file). Used for the reproducers of the entry heal cases fixed; random
+/// inputs still find one (the KNOWN BUG at [`Runner::namespace_frozen`]).
+pub fn check_graph_ops_unfrozen(data: &[u8]) {
+    run_graph_ops(data, false)
+}
+
+fn run_graph_ops(data: &[u8], freeze_namespace: bool) {
     let (config, ops) = decode(data);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let trace = std::env::var_os("XLFS_GRAPH_OPS_TRACE").is_some();
     rt.block_on(async {
         let stale_names = config.async_dirops && config.entry_eager_lock;
-        let mut r = Runner { g: Graph::new(&config), m: Model::new(), stale_names, next_fd: 0, at: String::new() };
+        let mut r = Runner {
+            g: Graph::new(&config),
+            m: Model::new(),
+            freeze_namespace,
+            stale_names,
+            next_fd: 0,
+            at: String::new(),
+        };
         for (i, op) in ops.iter().enumerate() {
             r.at = format!("op {i} {op:?} ({config:?})");
             if trace {

@@ -1,6 +1,7 @@
 //! Entry self-heal (GlusterFS's afr-self-heal-entry.c): a directory's
 //! names missing on a copy made there with the same gfid, extra names
-//! removed.
+//! removed, and a sink's name for another inode than the source's removed
+//! and made again.
 
 use super::*;
 
@@ -69,27 +70,45 @@ impl Inner {
                 union.entry(name.clone()).or_insert((i, e.clone()));
             }
         }
-        let mut new = Vec::new();
+        // A sink's entry naming another inode than the source's is stale
+        // (the name was removed and made again, or renamed over, while the
+        // sink was away): it goes, and the name is made again like a missing
+        // one, as GlusterFS's entry heal deletes a sink's mismatching entry.
+        // Between sources a mismatch is a gfid split-brain, left alone.
+        let mut missing: Vec<(usize, &str, usize, &DirEntry)> = Vec::new();
         for (name, (si, e)) in &union {
             for t in members(part & !failed) {
                 let Some(list) = lists[t].as_ref() else { continue };
                 match list.get(name) {
                     Some(have) if have.iatt.gfid == e.iatt.gfid || have.iatt.gfid.is_null() => {}
+                    Some(have) if sources & bit(t) == 0 => match self.remove_entry(ctx, t, dir, name, have).await {
+                        Ok(()) => {
+                            tracing::info!(volume = %self.name, %dir, name = %name, child = %self.children[t].name,
+                                stale = %have.iatt.gfid, source = %e.iatt.gfid, "entry heal: a stale entry removed");
+                            missing.push((t, name, *si, e));
+                        }
+                        Err(err) => {
+                            tracing::warn!(volume = %self.name, %dir, name = %name, child = %self.children[t].name, %err, "entry heal: cannot remove a stale entry");
+                            failed |= bit(t);
+                        }
+                    },
                     Some(have) => {
                         tracing::warn!(volume = %self.name, %dir, name = %name, child = %self.children[t].name,
                             theirs = %have.iatt.gfid, source = %e.iatt.gfid, "entry heal: gfid mismatch (gfid split-brain); left alone");
                         failed |= bit(t);
                     }
-                    None => match self.make_entry(ctx, t, dir, name, *si, e).await {
-                        Ok(true) => new.push(e.iatt.gfid),
-                        Ok(false) => {}
-                        Err(err) => {
-                            tracing::warn!(volume = %self.name, %dir, name = %name, child = %self.children[t].name, %err, "entry heal: cannot create");
-                            failed |= bit(t);
-                        }
-                    },
+                    None => missing.push((t, name, *si, e)),
                 }
             }
+        }
+        // Files first (a file renamed while a sink was away is still there
+        // under its old name, to link to), then the sinks' extra names go,
+        // then directories (a directory renamed is then gone under its old
+        // name, and is made again with its gfid).
+        let is_dir = |e: &DirEntry| e.d_type == FileType::Directory || e.iatt.is_dir();
+        let mut new = Vec::new();
+        for &(t, name, si, e) in missing.iter().filter(|m| !is_dir(m.3)) {
+            self.make_missing(ctx, t, dir, name, si, e, &mut new, &mut failed).await;
         }
         for t in members(sinks & !failed) {
             let Some(list) = lists[t].as_ref() else { continue };
@@ -100,9 +119,39 @@ impl Inner {
                 }
             }
         }
+        for &(t, name, si, e) in missing.iter().filter(|m| is_dir(m.3)) {
+            self.make_missing(ctx, t, dir, name, si, e, &mut new, &mut failed).await;
+        }
         new.sort();
         new.dedup();
         Ok((sinks & !failed, new))
+    }
+
+    /// [`Inner::make_entry`] unless child `t` already `failed`; a new
+    /// inode goes to `new`, a failure to `failed`.
+    #[allow(clippy::too_many_arguments)]
+    async fn make_missing(
+        &self,
+        ctx: &CallCtx,
+        t: usize,
+        dir: Gfid,
+        name: &str,
+        si: usize,
+        e: &DirEntry,
+        new: &mut Vec<Gfid>,
+        failed: &mut Mask,
+    ) {
+        if *failed & bit(t) != 0 {
+            return;
+        }
+        match self.make_entry(ctx, t, dir, name, si, e).await {
+            Ok(true) => new.push(e.iatt.gfid),
+            Ok(false) => {}
+            Err(err) => {
+                tracing::warn!(volume = %self.name, %dir, name = %name, child = %self.children[t].name, %err, "entry heal: cannot create");
+                *failed |= bit(t);
+            }
+        }
     }
 
     /// Makes entry `name` of `dir` on child `t` like `e` on source `si`:
