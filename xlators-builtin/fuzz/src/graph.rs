@@ -567,18 +567,6 @@ struct Runner {
     /// BUG at [`Runner::namespace_frozen`]); off for the reproducers of
     /// the cases since fixed.
     freeze_namespace: bool,
-    /// A path-based fop by parent and name (stat, getxattr, setxattr,
-    /// removexattr, open, opendir) may still find a name removed (async
-    /// dirops on).
-    //
-    // KNOWN BUG: with async-dirops (and entry-eager-lock) on, an unlink
-    // answered early is not ordered before a later stat (or getxattr...)
-    // of the same name by parent and name: create d, write, unlink d (Ok),
-    // stat d finds the file (nlink 1) in most runs
-    // (XLFS_GRAPH_OPS_INPUT=000003010301250002fb0d030a03 with this
-    // relaxation removed; a lookup instead of the stat, ...8203, answers
-    // ENOENT). Such a fop may then succeed, and is not checked further.
-    stale_names: bool,
     next_fd: u64,
     /// The operation running, for messages.
     at: String,
@@ -645,9 +633,12 @@ impl Runner {
     }
 
     /// What a path-based fop on a name the model does not have gets: an
-    /// error, or with async dirops anything (see [`Runner::stale_names`]).
+    /// error (with async dirops too: a fop by parent and name waits for
+    /// what is queued on the name, such as an unlink answered early; create
+    /// d, write, unlink d, stat d found d in most runs before,
+    /// XLFS_GRAPH_OPS_INPUT=000003010301250002fb0d030a03).
     fn absent(&self) -> Expect {
-        if self.stale_names { Expect::Any } else { Expect::Err(vec![]) }
+        Expect::Err(vec![])
     }
 
     fn new_fd(&mut self) -> u64 {
@@ -778,11 +769,6 @@ impl Runner {
                         self.m.file(g).truncate(0);
                     }
                     self.m.fds[slot(s)] = Some(OpenFd { id, gfid: g });
-                }
-                if ok && existing.is_none() {
-                    // A stale name (see Runner::stale_names): let it go.
-                    let r = self.call(Fop::Release { fd: Fd { id: FdId(id), gfid: Gfid::NULL } }).await;
-                    self.check("release", &r, &Expect::Ok);
                 }
             }
             Op::Write { slot: s, offset, len, fill } => {
@@ -1221,13 +1207,7 @@ impl Runner {
         if !self.check("opendir", &r, &e) {
             return;
         }
-        let Some(g) = g else {
-            // A name removed but still found (see Runner::stale_names):
-            // not checked further.
-            let r = self.call(Fop::Releasedir { fd: Fd { id: FdId(id), gfid: Gfid::NULL } }).await;
-            self.check("releasedir", &r, &Expect::Ok);
-            return;
-        };
+        let Some(g) = g else { return };
         let fd = Fd { id: FdId(id), gfid: g };
         let mut names = BTreeSet::new();
         let mut offset = 0;
@@ -1550,12 +1530,10 @@ fn run_graph_ops(data: &[u8], freeze_namespace: bool) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let trace = std::env::var_os("XLFS_GRAPH_OPS_TRACE").is_some();
     rt.block_on(async {
-        let stale_names = config.async_dirops && config.entry_eager_lock;
         let mut r = Runner {
             g: Graph::new(&config),
             m: Model::new(),
             freeze_namespace,
-            stale_names,
             next_fd: 0,
             at: String::new(),
         };

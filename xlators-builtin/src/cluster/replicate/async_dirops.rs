@@ -383,18 +383,25 @@ impl Inner {
             }
             fop if super::is_entry_fop(fop) => Wait::All,
             Fop::Ipc { op } if *op == xlfs_sdk::IPC_DRAIN => Wait::All,
-            Fop::Lookup { loc } if loc.is_entry() && loc.gfid.is_null() => {
-                Wait::On { gfids: vec![loc.parent], dir: None, name: Some((loc.parent, &loc.name)) }
+            Fop::Opendir { loc, .. } if !loc.gfid.is_null() => {
+                Wait::On { gfids: vec![loc.gfid], dir: Some(loc.gfid), name: None }
             }
-            Fop::Opendir { loc, .. } => Wait::On { gfids: vec![loc.gfid], dir: Some(loc.gfid), name: None },
             Fop::Readdir { fd, .. } | Fop::Readdirp { fd, .. } | Fop::Fsyncdir { fd, .. } => {
                 Wait::On { gfids: vec![fd.gfid], dir: Some(fd.gfid), name: None }
             }
-            fop => {
-                let mut gfids: Vec<Gfid> = fop.loc().map(|l| l.gfid).into_iter().collect();
-                gfids.extend(fop.fds().map(|f| f.gfid));
-                if gfids.is_empty() { Wait::Nothing } else { Wait::On { gfids, dir: None, name: None } }
-            }
+            // A fop by parent and name alone (a lookup; a stat or getxattr
+            // through the client API) waits for what is queued on that name:
+            // an unlink answered early must not be found again.
+            fop => match fop.loc() {
+                Some(loc) if loc.is_entry() && loc.gfid.is_null() => {
+                    Wait::On { gfids: vec![loc.parent], dir: None, name: Some((loc.parent, &loc.name)) }
+                }
+                _ => {
+                    let mut gfids: Vec<Gfid> = fop.loc().map(|l| l.gfid).into_iter().collect();
+                    gfids.extend(fop.fds().map(|f| f.gfid));
+                    if gfids.is_empty() { Wait::Nothing } else { Wait::On { gfids, dir: None, name: None } }
+                }
+            },
         };
         loop {
             let global = self.early.changed.notified();
