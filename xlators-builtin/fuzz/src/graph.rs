@@ -1530,13 +1530,7 @@ fn run_graph_ops(data: &[u8], freeze_namespace: bool) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let trace = std::env::var_os("XLFS_GRAPH_OPS_TRACE").is_some();
     rt.block_on(async {
-        let mut r = Runner {
-            g: Graph::new(&config),
-            m: Model::new(),
-            freeze_namespace,
-            next_fd: 0,
-            at: String::new(),
-        };
+        let mut r = Runner { g: Graph::new(&config), m: Model::new(), freeze_namespace, next_fd: 0, at: String::new() };
         for (i, op) in ops.iter().enumerate() {
             r.at = format!("op {i} {op:?} ({config:?})");
             if trace {
