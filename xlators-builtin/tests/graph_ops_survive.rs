@@ -43,6 +43,10 @@ fn seeds() -> Vec<Vec<u8>> {
         // 1 up; heal: the copy that missed the truncation is healed (it
         // used to stay as it was, unblamed).
         vec![0, 0, 0, 0, 0x03, 0, 0, 0, 0x0a, 0x09, 0x0c, 0, 0, 0x17, 0x01, 0x92, 0, 0],
+        // create a; child 0 down; one byte written at 2^40; heal: the
+        // source's hole is skipped (it used to be read block by block,
+        // millions of them, and the heal never ended).
+        vec![0, 0, 0, 0, 0x17, 0x12, 0x03, 0, 0xd0, 0, 0x01, 0x01],
     ]
 }
 

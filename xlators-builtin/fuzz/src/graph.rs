@@ -67,9 +67,6 @@ const NAMES: [&str; 4] = ["a", "b", "c", "d"];
 const XKEYS: [&str; 3] = ["user.k0", "user.k1", "user.k2"];
 const SLOTS: usize = 4;
 const CLIENT: &str = "fuzz-client";
-/// Files larger than this are not changed while a child is down (see
-/// [`Runner::heal_would_crawl`]).
-const HEAL_CRAWL: u64 = 16 << 20;
 /// A call still running after this is stuck.
 const STUCK: std::time::Duration = std::time::Duration::from_secs(3);
 /// Offsets at or past this may hit the brick file system's size limit.
@@ -773,9 +770,6 @@ impl Runner {
             }
             Op::Write { slot: s, offset, len, fill } => {
                 let Some((fd, f)) = self.fd(s) else { return };
-                if self.heal_would_crawl(f.gfid, offset.saturating_add(u64::from(len))) {
-                    return;
-                }
                 let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add(i.wrapping_mul(7))).collect();
                 let huge = offset.saturating_add(u64::from(len)) > BIG;
                 // A write of nothing may succeed anywhere.
@@ -827,9 +821,6 @@ impl Runner {
             }
             Op::Ftruncate { slot: s, size } => {
                 let Some((fd, f)) = self.fd(s) else { return };
-                if self.heal_would_crawl(f.gfid, size) {
-                    return;
-                }
                 let e = if size > i64::MAX as u64 {
                     Expect::Err(vec![])
                 } else if size > BIG {
@@ -1034,14 +1025,12 @@ impl Runner {
             Op::Lk { slot: s, owner: o, cmd, ty, start, len } => self.lk(s, owner(o), cmd, ty, start, len).await,
             Op::Down { child } => {
                 let i = usize::from(child) % N;
-                // (The KNOWN BUG of heal_would_crawl: a data window still
-                // open on a huge file when a child goes down makes it stale
-                // there too.)
-                let huge = self.m.inodes.values().any(|i| match &i.kind {
-                    Kind::File(f) => f.uncertain || f.size > HEAL_CRAWL,
-                    Kind::Dir(_) => false,
-                });
-                if !self.m.down[i] && !huge {
+                // Files of any apparent size may be changed with a child
+                // down: data heal skips the source's holes (SEEK_DATA). It
+                // used to read every block up to the size, so a byte written
+                // at 2^40 with a child down made a heal that never ended
+                // (XLFS_GRAPH_OPS_INPUT=0000000017120300d0000101).
+                if !self.m.down[i] {
                     if self.m.any_locks() {
                         // The child loses them (see Graph::set_down).
                         self.m.locks_exact = false;
@@ -1086,24 +1075,6 @@ impl Runner {
     //   d0fed8bb6fb576a728966b26d6c603cfd1ef0ffef5f861d98bd11361951f9b2d566a63b51b6fca1adf43d62aaebe072fb5d8b9189793ccae36193d8d64a2a3b826230ecb2de875f5b7333573f683ec294daded72182295f22b7e2fea40c1e32b360d8954b7a7b9fbd3c6f0a8520efd520b0853e16e4f14d20d86d3dd1624a422939fc6ab
     fn namespace_frozen(&self) -> bool {
         self.freeze_namespace && self.m.up_count() == N - 1
-    }
-
-    /// True if changing the data of `gfid` up to `end` now would make a
-    /// heal too slow to wait for (the operation is then skipped).
-    //
-    // KNOWN BUG: data self-heal (cluster/replicate/heal/data.rs) walks
-    // every 128 KiB block up to the source's size, holes included: a file
-    // of 1 TiB apparent size (one byte written at 2^40) that a child missed
-    // a change of takes millions of block reads to heal, and the heal looks
-    // hung. So no data change is made to a file beyond HEAL_CRAWL bytes (or
-    // of unknown size) while a child is down. Reproducer, with this guard
-    // removed: XLFS_GRAPH_OPS_INPUT=0000000017120300d0000101 (create a
-    // file, child 0 down, write one byte at 2^40, then at the end child 0
-    // up and the index heal, which does not finish).
-    fn heal_would_crawl(&mut self, gfid: Gfid, end: u64) -> bool {
-        let some_down = self.m.up_count() < N;
-        let f = self.m.file(gfid);
-        some_down && (f.uncertain || f.size.max(end) > HEAL_CRAWL)
     }
 
     fn check_attr(&mut self, g: Gfid, ia: &xlfs_sdk::Iatt) {

@@ -76,7 +76,7 @@ use xlfs_sdk::dict::keys::{
 };
 use xlfs_sdk::{
     CallCtx, Dict, DirEntry, Errno, Fd, FdId, FileType, Fop, FopResult, Gfid, Iatt, Loc, Reply, Request, Response,
-    SetAttr, TimeSet, Value, XattropOp,
+    SeekWhat, SetAttr, TimeSet, Value, XattropOp,
 };
 
 use super::lock::Target;

@@ -1,7 +1,8 @@
 //! Data self-heal (GlusterFS's afr-self-heal-data.c): copies the source's
 //! contents to the sinks, whole or by differing blocks, then truncates them
 //! to its size. Blocks of zeros are not written where a sink reads zeros
-//! already, and punched where it does not, so sparse files stay sparse.
+//! already, and punched where it does not, so sparse files stay sparse;
+//! the source's holes are found with SEEK_DATA and skipped whole.
 
 use super::*;
 
@@ -40,6 +41,18 @@ impl Inner {
         let window = cfg.heal_window.max(1) as u64;
         let mut b = 0;
         while b < blocks && live != 0 {
+            // A hole of the source of a block or more is skipped, once the
+            // sinks read zeros there: a sparse file's apparent size is no
+            // work (a byte at 1 TiB used to mean millions of block reads).
+            let at = b * BLOCK;
+            if let Some(next) = self.next_data(ctx, src, fd, at, size).await
+                && next.min(size) >= at + BLOCK
+                && let Some(failed) = self.clear_range(ctx, fd, live, at, next.min(size)).await
+            {
+                live &= !failed;
+                b = next.min(size) / BLOCK;
+                continue;
+            }
             let end = (b + window).min(blocks);
             let futs =
                 (b..end).map(|k| self.copy_block(ctx, fd, src, live, k * BLOCK, BLOCK.min(size - k * BLOCK), diff));
@@ -69,6 +82,34 @@ impl Inner {
         }
         self.fan(ctx, opened | bit(src), &Request::new(Fop::Release { fd })).await;
         live
+    }
+
+    /// Where child `i`'s next data at or after `at` starts (`size` when
+    /// there is none); None when it cannot tell (no SEEK there).
+    async fn next_data(&self, ctx: &CallCtx, i: usize, fd: Fd, at: u64, size: u64) -> Option<u64> {
+        match self.on(i, ctx, Fop::Seek { fd, offset: at, what: SeekWhat::Data }).await {
+            Ok(Response { reply: Reply::Offset(o), .. }) => Some(o.max(at)),
+            Err(Errno::ENXIO) => Some(size.max(at)),
+            _ => None,
+        }
+    }
+
+    /// Makes `[from, to)` read zeros on `sinks` (a hole of the source):
+    /// left alone where a sink has no data there, punched where it has.
+    /// Returns the sinks that failed, or None when some sink cannot say or
+    /// cannot punch (the range is then copied block by block).
+    async fn clear_range(&self, ctx: &CallCtx, fd: Fd, sinks: Mask, from: u64, to: u64) -> Option<Mask> {
+        let mut dirty = 0;
+        for i in members(sinks) {
+            if self.next_data(ctx, i, fd, from, u64::MAX).await? < to {
+                dirty |= bit(i);
+            }
+        }
+        let punch = Request::new(Fop::Discard { fd, offset: from, len: to - from });
+        for (_, r) in self.fan(ctx, dirty, &punch).await {
+            r.ok()?;
+        }
+        Some(0)
     }
 
     /// One block from `src` to those of `sinks` that need it; returns the
