@@ -489,7 +489,14 @@ async fn follow_spec(from: SpecSource, file: PathBuf, reloader: Arc<Reloader>, e
             }
         };
         if have.as_deref() == Some(text.as_str()) {
-            tokio::time::sleep_until(asked + every).await;
+            // A daemon that held the ask until its wait ran out (a long
+            // poll) is asked again at once: sleeping out a long interval
+            // here would leave the mount deaf to changes for that long.
+            // One that answered at once with the same volfile (an older
+            // daemon) is asked again after `every`.
+            if asked.elapsed() < crate::mgmt::protocol::SPEC_WAIT / 2 {
+                tokio::time::sleep_until(asked + every).await;
+            }
             continue;
         }
         if let Err(e) = write_spec(src, &file, &text) {
