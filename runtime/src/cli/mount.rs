@@ -99,8 +99,9 @@ pub struct MountArgs {
     #[arg(long, value_name = "SECS", default_value_t = 1.0)]
     pub watch_interval: f64,
     /// Mounted by name, the mount follows its volume's volfile: the daemon
-    /// answers as soon as it changes; this is the least time between two
-    /// asks (and the wait after an error). 0: do not follow.
+    /// answers as soon as it changes (or after 30 s, and the mount asks
+    /// again at once); this is the least time between two asks the daemon
+    /// answers at once, and the wait after an error. 0: do not follow.
     #[arg(long, value_name = "SECS", default_value_t = 2.0)]
     pub spec_interval: f64,
     /// Internal: this process is the daemon started by `xlfs mount`.
