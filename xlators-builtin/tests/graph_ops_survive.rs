@@ -60,6 +60,9 @@ const STALE_NAMES: &[&str] = &[
     "8f7e7c1e38c49fe5f2bdf447e270799b7bd955",
     "0f0f0117010e0100",
     "6501444cf007a536dc4cfa07171e1826265613",
+    // A name linked back (by gfid) to a file the sink had unlinked while
+    // open: posix linked it but left its handle parked, and the link failed.
+    "8f5badd253e7bd754cdb1aadead50d42925f870e3aeb021b7fcaecbacb39892895a34a6f7617e22904221601268ce5f6d442c03977d57e7c1e38c49fe5eb541b1bcb0385353b44767a0284e512710c46c7a9c5ef977807dbc4e561f2bdf447fc29e27079e6b1e393f1b00ba9fc199cc69b364739483bd1cfcd944a24ac554109826c50bdb25f909b7bd9557a6aea6298914daa8ec840f79bba45",
 ];
 
 #[test]

@@ -490,6 +490,10 @@ impl Inner {
                 let (np, ncn) = self.entry(&new, Errno::EPERM)?;
                 let _l = self.brick.entry_locks.lock_all(&[&[&np.gfid.0, new.name.as_bytes()]]);
                 sys::linkat(self.brick.gfs(), src.handle(), np.dir_fd()?, &ncn)?;
+                // A file unlinked while open has a name again (replicate's
+                // entry heal links a name to an inode by gfid): its handle
+                // leaves `.glusterfs/unlink`.
+                self.brick.unpark_handle(&src.gfid)?;
                 let n = self.brick.handle_node(src.gfid)?;
                 let postparent = self.node_iatt(&np)?;
                 ok(Reply::Entry { iatt: iatt(&n.st, n.gfid), postparent })

@@ -613,6 +613,19 @@ impl Brick {
         }
     }
 
+    /// Puts a parked handle back in its place (nothing parked is fine):
+    /// the file has a name again.
+    pub fn unpark_handle(&self, g: &Gfid) -> Sys<()> {
+        match sys::fstatat(self.gfs.as_fd(), &parked_rel(g), 0) {
+            Ok(_) => {
+                self.handle_dirs(g)?;
+                sys::renameat2(self.gfs.as_fd(), &parked_rel(g), self.gfs.as_fd(), &handle_rel(g), 0)
+            }
+            Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Drops a parked handle (missing is fine): the file's last fd closed.
     pub fn remove_parked(&self, g: &Gfid) -> Sys<()> {
         match sys::unlinkat(self.gfs.as_fd(), &parked_rel(g), 0) {
