@@ -30,6 +30,8 @@ mod read;
 struct Brick {
     dir: PathBuf,
     locks: Arc<dyn Xlator>,
+    /// features/locks itself (`locks` is features/index over it).
+    lock_server: Arc<dyn Xlator>,
     sink: EventSink,
 }
 
@@ -79,19 +81,29 @@ impl Cluster {
                     vec![Child { name: Arc::from(format!("posix-{i}")), xl: posix }],
                 );
                 let sink = locks_ctx.events.clone();
-                let locks = (crate::features::locks::TYPE.build)(locks_ctx).expect("locks");
+                let lock_server = (crate::features::locks::TYPE.build)(locks_ctx).expect("locks");
                 // features/index above locks (in memory), as on a brick.
                 let locks = (crate::features::index::TYPE.build)(ictx(
                     &format!("index-{i}"),
                     crate::features::index::TYPE.options,
                     &[],
-                    vec![Child { name: Arc::from(format!("locks-{i}")), xl: locks }],
+                    vec![Child { name: Arc::from(format!("locks-{i}")), xl: lock_server.clone() }],
                 ))
                 .expect("index");
-                Brick { dir, locks, sink }
+                Brick { dir, locks, lock_server, sink }
             })
             .collect();
         Cluster { _tmp: tmp, bricks }
+    }
+
+    /// Node `n` loses brick `i` as a real disconnect does: the child goes
+    /// down for it, and the brick drops the locks that client held there
+    /// (protocol/server's `ClientGone`). [`Node::down`] alone is a
+    /// partition the brick does not see: its locks stay.
+    fn disconnect(&self, n: &Node, i: usize) {
+        n.down(i);
+        let gone = Event::ClientGone { client_id: n.ctx.client_id.to_string() };
+        self.bricks[i].lock_server.notify(gone, EventFrom::Graph);
     }
 
     /// A replicate node (a client) over the bricks, all children up.
@@ -659,4 +671,30 @@ async fn heal_keeps_holes_as_holes() {
     // Two islands in 128 KiB heal blocks (and the file system's rounding),
     // not 12 MiB of zeros.
     assert!(h.blocks() * 512 <= 512 << 10, "{} bytes allocated of {}", h.blocks() * 512, h.len());
+}
+
+/// A file truncated while a child was away (after a write and fsync whose
+/// eager lock that child still held when it went) is healed by the same
+/// node: the disconnect frees the child's locks, as a brick does for a
+/// client gone, so the heal's own lock is granted. (With a partition the
+/// brick never sees, the stale lock kept the heal waiting forever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_truncated_while_a_child_was_away_is_healed() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    let fd = n.create("f").await.expect("create");
+    n.write(fd, 0, &[b'x'; 300_000]).await.expect("write");
+    n.fsync(fd).await.expect("fsync");
+    c.disconnect(&n, 0);
+    n.call(Fop::Ftruncate { fd, offset: 1000 }).await.expect("ftruncate");
+    n.close(fd).await;
+    n.up(0);
+    let mut run = Dict::new();
+    run.set_bytes(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index"));
+    let heal = Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 };
+    promptly("heal", n.call(heal)).await.expect("heal");
+    for i in 0..N {
+        let data = std::fs::read(c.bricks[i].dir.join("f")).expect("copy");
+        assert!(data.len() == 1000 && data.iter().all(|b| *b == b'x'), "brick {i}: {} bytes", data.len());
+    }
 }
