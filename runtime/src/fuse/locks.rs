@@ -342,7 +342,6 @@ impl Core {
             let gate = self.lk_gate.read().await;
             let entered = self.enter();
             let a = entered.0.clone();
-            let on = a.clone();
             let mut fop =
                 std::pin::pin!(self.call_on(&a, self.ctx(who, owner, false), Fop::Lk { fd, cmd, lock }, space(flock)));
             let r = if wait {
@@ -362,7 +361,7 @@ impl Core {
                         // bricks granted when its caller stops waiting.
                         let cancel = Fop::Lk { fd, cmd: LkCmd::SetLk, lock: Flock { ty: LockType::Unlock, ..lock } };
                         let x = space(flock).with(LK_CANCEL, Value::U64(1));
-                        let cancelled = self.call_on(&on, self.ctx(who, owner, false), cancel, x);
+                        let cancelled = self.call_on(&a, self.ctx(who, owner, false), cancel, x);
                         let answer = tokio::time::timeout(CANCEL_GRACE, async {
                             if let Err(e) = cancelled.await {
                                 tracing::debug!(gfid = %fd.gfid, %e, "cancelling an interrupted SETLKW");

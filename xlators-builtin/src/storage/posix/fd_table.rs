@@ -145,16 +145,14 @@ impl Inner {
             }
         };
         if left == 0 && !f.dir {
-            if let Err(e) = self.brick.remove_parked(&f.gfid) {
-                tracing::warn!(gfid = %f.gfid, error = %e, "cannot drop an unlinked file after its last close");
-            }
             self.forget_if_nameless(f.gfid);
         }
     }
 
     /// With the inode lock held, for a non-directory that may have lost its
-    /// last name: drops its handle when no fd is open on it, else parks the
-    /// handle until the last close ([`Brick::park_handle_if_nameless`]).
+    /// last name: drops its handle (parked or not) when no fd is open on it,
+    /// else parks the handle until the last close
+    /// ([`Brick::park_handle_if_nameless`]).
     ///
     /// [`Brick::park_handle_if_nameless`]: super::handle::Brick::park_handle_if_nameless
     pub(super) fn forget_if_nameless(&self, g: Gfid) {

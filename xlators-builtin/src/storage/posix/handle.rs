@@ -339,7 +339,7 @@ impl Brick {
     }
 
     /// Resolves a non-directory whose names were all removed while it was
-    /// open: its handle waits in `unlink/` ([`Brick::park_handle`]).
+    /// open: its handle waits in `unlink/` ([`Brick::park_handle_if_nameless`]).
     pub fn resolve_unlinked(&self, g: Gfid) -> Sys<Node> {
         let h = parked_rel(&g);
         let st = sys::fstatat(self.gfs.as_fd(), &h, 0)?;
@@ -589,11 +589,14 @@ impl Brick {
         }
     }
 
-    /// Removes a non-directory's handle if it is the inode's last link.
+    /// Removes a non-directory's handle if it is the inode's last link; a
+    /// handle not in its place may be parked (its file was unlinked while
+    /// open, and this is its last close), and is dropped there.
     pub fn remove_handle_if_nameless(&self, g: &Gfid) -> Sys<()> {
         match sys::fstatat(self.gfs.as_fd(), &handle_rel(g), 0) {
             Ok(st) if st.st_nlink <= 1 && !(is_lnk(&st) && self.looks_like_dir_handle(g)) => self.remove_handle(g),
-            Ok(_) | Err(Errno::ENOENT) => Ok(()),
+            Ok(_) => Ok(()),
+            Err(Errno::ENOENT) => self.remove_parked(g),
             Err(e) => Err(e),
         }
     }
@@ -601,7 +604,7 @@ impl Brick {
     /// Moves the handle of a non-directory whose last name was removed
     /// while fds are open on it to `unlink/`, where it keeps the inode
     /// (and gfid-based calls find it) until the last close
-    /// ([`Brick::remove_parked`]); a brick that stops first finds it there
+    /// ([`Brick::remove_handle_if_nameless`]); a brick that stops first finds it there
     /// at its next start and drops it. Nothing to do when a name is left.
     pub fn park_handle_if_nameless(&self, g: &Gfid) -> Sys<()> {
         match sys::fstatat(self.gfs.as_fd(), &handle_rel(g), 0) {
@@ -627,7 +630,7 @@ impl Brick {
     }
 
     /// Drops a parked handle (missing is fine): the file's last fd closed.
-    pub fn remove_parked(&self, g: &Gfid) -> Sys<()> {
+    fn remove_parked(&self, g: &Gfid) -> Sys<()> {
         match sys::unlinkat(self.gfs.as_fd(), &parked_rel(g), 0) {
             Ok(()) | Err(Errno::ENOENT) => Ok(()),
             Err(e) => Err(e),
