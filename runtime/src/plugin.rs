@@ -324,6 +324,13 @@ pub(crate) fn load(kind: Kind, path: &Path) -> Result<Arc<Loaded>, PluginError> 
     Ok(loaded)
 }
 
+/// How many compiled modules this process holds: those some node uses,
+/// plus at most [`CACHE_IDLE`] idle ones (a module is only let go of by
+/// the cache, and only once no node holds it).
+pub(crate) fn modules_loaded() -> usize {
+    cache().lock().loaded.len()
+}
+
 /// The content hash of the loaded module whose options `decls` are (the
 /// type [`specialize`] gave a volume), if `decls` came from one: what a
 /// graph validated against that module names, even if the file has

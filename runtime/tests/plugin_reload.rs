@@ -215,10 +215,16 @@ fn module_versions_left_behind_by_reloads_are_freed() {
         std::fs::create_dir(m.path().join(format!("d{i}"))).expect("mkdir through the new version");
         rss.push(rss_kib(m.pid()));
     }
-    // Once the idle modules the loader keeps are there (4), 16 more
-    // versions may not add more than a few MB.
+    // The process holds the version in use, the one before it (in use
+    // still when the last was loaded) and at most 4 idle ones (the
+    // loader's cache), not the 25 it was given.
+    let loaded = num(&dump(&m), "fi.plugin.modules-loaded");
+    assert!((1..=6).contains(&loaded), "{loaded} module versions still loaded after 24 reloads");
+    // And their memory is given back: once the idle modules are there, 16
+    // more versions (128 MB when they were kept) add no more than the
+    // allocator's own noise (up to 18 MB seen under CI load).
     let (warm, last) = (rss[7], rss[23]);
-    assert!(last < warm + 8 * 1024, "RSS over reloads 1..=24 (KiB): {rss:?}");
-    eprintln!("RSS over reloads 1..=24 (KiB): {rss:?}");
+    assert!(last < warm + 32 * 1024, "RSS over reloads 1..=24 (KiB): {rss:?}");
+    eprintln!("RSS over reloads 1..=24 (KiB): {rss:?}; {loaded} module versions loaded");
     drop(m);
 }

@@ -199,6 +199,7 @@ impl Xlator for PluginXlator {
             ("plugin.disabled".into(), slot.disabled.to_string()),
             ("plugin.instances".into(), core.instances.load(Ordering::Relaxed).to_string()),
             ("plugin.reconfigures".into(), core.reconfigures.load(Ordering::Relaxed).to_string()),
+            ("plugin.modules-loaded".into(), crate::plugin::modules_loaded().to_string()),
         ];
         drop(slot);
         let name = &l.desc.name;
