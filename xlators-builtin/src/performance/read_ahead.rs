@@ -12,6 +12,16 @@
 //! page faults wait on a pending page) instead of reading the same bytes a
 //! second time; otherwise it goes to the child unchanged.
 //!
+//! It stays out of the kernel's way: a read that arrives while another
+//! read of the same fd is still in flight from above shows that the
+//! kernel is reading ahead itself (FUSE's asynchronous readahead keeps up
+//! to `max-readahead` in flight), so that read's advice to prefetch is not
+//! followed (counted as `deferred-to-kernel`): prefetching what the kernel
+//! already asked for only reads it twice. Read-ahead works for the readers
+//! the kernel does not read ahead for: O_DIRECT and `direct-io-mode`
+//! readers, and mounts with a small `max-readahead`. A read served from
+//! one page is a slice of it, not a copy.
+//!
 //! Bounds: at most `2 * page-count + 2` pages per fd (prefetches past that
 //! are skipped) and [`MAX_FDS`] fds (later fds read without read-ahead).
 //! A write, truncate, fallocate, discard, zerofill or copy into an inode
@@ -71,6 +81,8 @@ struct FdRa {
     stream: Box<dyn ReadAheadStream>,
     pages: BTreeMap<u64, Page>,
     generation: u64,
+    /// Reads from above in flight (not answered from the cache at once).
+    inflight: u32,
 }
 
 impl FdRa {
@@ -88,6 +100,7 @@ struct Stats {
     resets: u64,
     prefetches: u64,
     untracked: u64,
+    deferred: u64,
 }
 
 struct State {
@@ -131,8 +144,9 @@ impl State {
     }
 
     /// Shows the read to the fd's stream, applies its advice, and answers
-    /// from the cache when it can. Returns the cached reply (if any), the pages to fetch
-    /// and the fd's generation.
+    /// from the cache when it can. Returns the cached reply (if any), the
+    /// pages to fetch and the fd's generation. A read not answered here is
+    /// counted in flight on its fd (an [`InFlight`] must take it back).
     fn read(&mut self, fd: Fd, info: ReadInfo) -> (Option<Reply>, Vec<u64>, u64) {
         let (geo, max_pages) = (self.geo, self.max_pages());
         if !self.fds.contains_key(&fd.id) {
@@ -141,10 +155,16 @@ impl State {
                 return (None, Vec::new(), 0);
             }
             let stream = self.policy.open(geo);
-            self.fds.insert(fd.id, FdRa { gfid: fd.gfid, stream, pages: BTreeMap::new(), generation: 0 });
+            let f = FdRa { gfid: fd.gfid, stream, pages: BTreeMap::new(), generation: 0, inflight: 0 };
+            self.fds.insert(fd.id, f);
         }
         let Some(f) = self.fds.get_mut(&fd.id) else { return (None, Vec::new(), 0) };
-        let advice = f.stream.on_read(info);
+        let mut advice = f.stream.on_read(info);
+        // Another read of this fd still in flight: the kernel reads ahead.
+        let deferred = f.inflight > 0 && !advice.prefetch.is_empty();
+        if deferred {
+            advice.prefetch.clear();
+        }
         // Serve before dropping: the advice may drop the pages this read
         // consumes (gluster-strict keeps nothing behind the reader).
         let plan = serve(&f.pages, info, geo);
@@ -153,7 +173,11 @@ impl State {
         apply_drops(&mut f.pages, &advice, geo, keep);
         let fetch = plan_prefetch(&mut f.pages, &advice, geo, max_pages);
         let generation = f.generation;
+        if plan.is_none() {
+            f.inflight += 1;
+        }
         let st = &mut self.stats;
+        st.deferred += u64::from(deferred);
         st.resets += u64::from(advice.reset);
         st.prefetches += fetch.len() as u64;
         match plan {
@@ -239,7 +263,7 @@ fn serve(pages: &BTreeMap<u64, Page>, info: ReadInfo, geo: Geometry) -> Option<R
     if info.size == 0 {
         return None;
     }
-    let mut out = BytesMut::new();
+    let mut parts = Vec::new();
     let mut pos = info.offset;
     let mut last = None;
     while pos < end {
@@ -251,13 +275,37 @@ fn serve(pages: &BTreeMap<u64, Page>, info: ReadInfo, geo: Geometry) -> Option<R
             break; // end of file
         }
         let to = data.len().min((end - page) as usize);
-        out.extend_from_slice(&data[from..to]);
+        parts.push(data.slice(from..to));
         if data.len() < geo.page_size as usize {
             break;
         }
         pos = page.saturating_add(geo.page_size);
     }
-    last.map(|iatt| Reply::Read { data: out.freeze(), iatt })
+    let data = match parts.len() {
+        0 => Bytes::new(),
+        1 => parts.swap_remove(0),
+        _ => {
+            let mut out = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+            parts.iter().for_each(|p| out.extend_from_slice(p));
+            out.freeze()
+        }
+    };
+    last.map(|iatt| Reply::Read { data, iatt })
+}
+
+/// A read from above counted in flight on its fd until it ends (or is
+/// dropped).
+struct InFlight<'a> {
+    state: &'a Mutex<State>,
+    fd: FdId,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(f) = self.state.lock().fds.get_mut(&self.fd) {
+            f.inflight = f.inflight.saturating_sub(1);
+        }
+    }
 }
 
 impl ReadAhead {
@@ -345,24 +393,26 @@ impl Xlator for ReadAhead {
             Fop::Readv { fd, size, offset, .. } => {
                 let fd = *fd;
                 let info = ReadInfo { offset: *offset, size: u64::from(*size), at_ns: now_ns() };
-                let (plan, fetch, generation, page_size) = {
+                let (plan, fetch, generation, page_size, wait) = {
                     let mut st = self.state.lock();
                     let (plan, fetch, generation) = st.read(fd, info);
-                    (plan, fetch, generation, st.geo.page_size)
+                    let wait = plan.is_none() && st.fetching(fd, info);
+                    (plan, fetch, generation, st.geo.page_size, wait)
                 };
                 if !fetch.is_empty() {
                     self.prefetch(&ctx, fd, fetch, generation, page_size);
                 }
-                match plan {
-                    Some(reply) => Box::pin(async move { Ok(Response::from(reply)) }),
-                    None if self.state.lock().fetching(fd, info) => Box::pin(async move {
-                        match self.after_prefetch(fd, info).await {
-                            Some(reply) => Ok(Response::from(reply)),
-                            None => self.child.call(ctx, req).await,
-                        }
-                    }),
-                    None => self.child.call(ctx, req),
+                if let Some(reply) = plan {
+                    return Box::pin(async move { Ok(Response::from(reply)) });
                 }
+                let counted = InFlight { state: &self.state, fd: fd.id };
+                Box::pin(async move {
+                    let _counted = counted;
+                    if wait && let Some(reply) = self.after_prefetch(fd, info).await {
+                        return Ok(Response::from(reply));
+                    }
+                    self.child.call(ctx, req).await
+                })
             }
             Fop::Release { fd } => {
                 if let Some(mut f) = self.state.lock().fds.remove(&fd.id) {
@@ -415,6 +465,7 @@ impl Xlator for ReadAhead {
             ("resets", s.resets.to_string()),
             ("prefetches", s.prefetches.to_string()),
             ("untracked-reads", s.untracked.to_string()),
+            ("deferred-to-kernel", s.deferred.to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -579,6 +630,60 @@ mod tests {
             settle(&xl).await;
         }
         assert_eq!((dump(&xl, "hits").as_str(), dump(&xl, "resets").as_str()), ("14", "0"));
+    }
+
+    /// The kernel reading ahead itself: four reads of the fd in flight at
+    /// all times, as FUSE's asynchronous readahead sends them.
+    #[tokio::test(flavor = "current_thread")]
+    async fn reads_the_kernel_keeps_in_flight_are_not_prefetched_again() {
+        let (xl, file) = setup(&opts("tolerant"), 64 * PS);
+        let call = |i: usize| {
+            let req = Request::new(Fop::Readv { fd: fd(1), size: PS as u32, offset: (i * PS) as u64, flags: 0 });
+            xl.call(CallCtx::root("t"), req)
+        };
+        let mut pipe: std::collections::VecDeque<_> = (0..4).map(|i| (i, call(i))).collect();
+        let mut next = 4;
+        while let Some((i, oldest)) = pipe.pop_front() {
+            match oldest.await {
+                Ok(Response { reply: Reply::Read { data, .. }, .. }) => assert_eq!(data, expected(i * PS, PS)),
+                other => panic!("read {i}: {other:?}"),
+            }
+            if next < 64 {
+                pipe.push_back((next, call(next)));
+                next += 1;
+            }
+            settle(&xl).await;
+        }
+        assert_eq!(next, 64);
+        let deferred: u64 = dump(&xl, "deferred-to-kernel").parse().expect("deferred");
+        let prefetches: u64 = dump(&xl, "prefetches").parse().expect("prefetches");
+        // Only the first read, alone in flight, prefetched (its window).
+        assert!(deferred >= 60, "deferred {deferred}");
+        assert!(prefetches <= 4, "prefetches {prefetches}");
+        let reads = file.reads.lock().len();
+        assert!(reads <= 64 + 4, "child reads {reads}");
+        // The reader goes on alone (O_DIRECT, or the kernel gave up): read-ahead works again.
+        let before = dump(&xl, "hits").parse::<u64>().expect("hits");
+        for i in 0..16 {
+            assert_eq!(read(&xl, fd(2), (i * PS) as u64, PS as u32).await, expected(i * PS, PS));
+            settle(&xl).await;
+        }
+        let hits = dump(&xl, "hits").parse::<u64>().expect("hits") - before;
+        assert!(hits >= 14, "hits {hits}");
+    }
+
+    /// A read within one cached page is that page's bytes, not a copy.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_read_within_one_page_is_a_slice_of_it() {
+        let (xl, _file) = setup(&opts("tolerant"), 16 * PS);
+        read(&xl, fd(1), 0, PS as u32).await;
+        settle(&xl).await;
+        let a = read(&xl, fd(1), PS as u64, 100).await;
+        let b = read(&xl, fd(1), PS as u64 + 100, 100).await;
+        assert_eq!((a.clone(), b.clone()), (Bytes::from(expected(PS, 100)), Bytes::from(expected(PS + 100, 100))));
+        assert_eq!(b.as_ptr() as usize - a.as_ptr() as usize, 100, "both are slices of the same page");
+        // Across two pages: the bytes of both.
+        assert_eq!(read(&xl, fd(1), (2 * PS - 10) as u64, 20).await, expected(2 * PS - 10, 20));
     }
 
     #[tokio::test(flavor = "current_thread")]
