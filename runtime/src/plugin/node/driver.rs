@@ -40,8 +40,9 @@ pub(super) struct FrameEntry {
     /// Calls wound for it so far.
     wound: u32,
     /// The fop as the guest got it (WRITE data left out): what a wind
-    /// "as it came" ([`sys::WIND_AS_IS`], ABI v1.3) sends, without decoding.
-    req: Request,
+    /// "as it came" ([`sys::WIND_AS_IS`], ABI v1.3) sends, without decoding
+    /// (cloned, or taken by a tail wind, which ends the frame).
+    req: Option<Request>,
 }
 
 /// Who a wound call belongs to, echoed with its result.
@@ -133,6 +134,9 @@ struct Driver {
     deadline: Instant,
     /// Set on the background task's driver: its drop hands nothing on.
     detached: bool,
+    /// The frame's result was taken: it is out of the frame table and no
+    /// call can be queued for it any more.
+    finished: bool,
 }
 
 impl Driver {
@@ -149,6 +153,9 @@ impl Driver {
             };
             self.calls.extend(wounds.into_iter().map(Wound::start));
             if result.is_some() {
+                // An unwind takes the frame out of the table before it
+                // sets the result, so nothing more can be queued.
+                self.finished = true;
                 return Poll::Ready(result);
             }
             let mut progressed = false;
@@ -162,6 +169,8 @@ impl Driver {
                 progressed = true;
                 if meta.tail {
                     if want_result {
+                        // The tail wind took the frame out of the table.
+                        self.finished = true;
                         return Poll::Ready(Some(result));
                     }
                 } else {
@@ -211,6 +220,9 @@ impl Drop for Driver {
             return;
         }
         if self.calls.is_empty() {
+            if self.finished {
+                return;
+            }
             // One lock at a time: elsewhere the order is frames, then cell.
             let queued = !self.cell.0.lock().inbox.is_empty();
             let live = self.core.frames.lock().contains_key(&self.frame);
@@ -226,6 +238,7 @@ impl Drop for Driver {
             calls: std::mem::take(&mut self.calls),
             deadline: self.deadline,
             detached: true,
+            finished: self.finished,
         };
         rt.spawn(rest.finish());
     }
@@ -241,7 +254,11 @@ impl Core {
             let _ = self.rt.set(h);
         }
         let Some(me) = self.me.upgrade() else { return Err(Errno::ENOTCONN) };
-        let _permit = self.permits.acquire().await.map_err(|_| Errno::EIO)?;
+        let _permit = match self.permits.try_acquire() {
+            Ok(p) => p,
+            Err(tokio::sync::TryAcquireError::NoPermits) => self.permits.acquire().await.map_err(|_| Errno::EIO)?,
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(Errno::EIO),
+        };
         self.entered.fetch_add(1, Ordering::Relaxed);
         let kind = req.fop.kind();
         let frame = self.next_frame.fetch_add(1, Ordering::Relaxed);
@@ -254,6 +271,7 @@ impl Core {
             calls: Vec::new(),
             deadline: deadline.into_std(),
             detached: false,
+            finished: false,
         };
         let data = sys::take_fop_data(&mut req.fop);
         let entered = self.with_guest(None, |g, msg| {
@@ -266,7 +284,7 @@ impl Core {
             };
             msg.clear();
             sys::encode_call(Some(&ctx), &req, msg);
-            self.frames.lock().insert(frame, FrameEntry { cell, ctx, kind, req, wound: 0 });
+            self.frames.lock().insert(frame, FrameEntry { cell, ctx, kind, req: Some(req), wound: 0 });
             g.on_fop(frame, msg, payload).map(Ok)
         });
         match entered {
@@ -351,22 +369,21 @@ impl Core {
             self.fail_frame(frame, &format!("wind with bad flags {flags:#x}"));
             return neg(Errno::EINVAL);
         }
+        // A request the guest encoded; None: the frame's fop as it came,
+        // taken from the frame table below.
         let decoded = if !as_is {
-            sys::decode_call(msg, &Limits::DEFAULT).map_err(|e| format!("wind of an undecodable request ({e})"))
+            match sys::decode_call(msg, &Limits::DEFAULT) {
+                Ok(x) => Some(x),
+                Err(e) => {
+                    self.fail_frame(frame, &format!("wind of an undecodable request ({e})"));
+                    return neg(Errno::EINVAL);
+                }
+            }
         } else if !msg.is_empty() {
-            Err("wind as it came with a message".to_string())
+            self.fail_frame(frame, "wind as it came with a message");
+            return neg(Errno::EINVAL);
         } else {
-            match self.frames.lock().get(&frame) {
-                Some(entry) => Ok((None, entry.req.clone())),
-                None => return neg(Errno::ENOENT),
-            }
-        };
-        let (ctx, mut req) = match decoded {
-            Ok(x) => x,
-            Err(why) => {
-                self.fail_frame(frame, &why);
-                return neg(Errno::EINVAL);
-            }
+            None
         };
         let Some(target) = self.children.get(child as usize).cloned() else {
             self.fail_frame(
@@ -375,16 +392,24 @@ impl Core {
             );
             return neg(Errno::EINVAL);
         };
-        if payload != sys::NO_BUF {
-            let Some(bytes) = self.bufs.lock().get(payload) else {
-                self.fail_frame(frame, &format!("wind with unknown buffer handle {payload}"));
-                return neg(Errno::EBADF);
-            };
-            if !sys::put_fop_data(&mut req.fop, bytes) {
-                self.fail_frame(frame, &format!("wind of {} with a data buffer", req.fop.kind().name()));
-                return neg(Errno::EINVAL);
+        let data = match payload {
+            sys::NO_BUF => None,
+            h => match self.bufs.lock().get(h) {
+                Some(bytes) => Some(bytes),
+                None => {
+                    self.fail_frame(frame, &format!("wind with unknown buffer handle {h}"));
+                    return neg(Errno::EBADF);
+                }
+            },
+        };
+        let with_data = |req: &mut Request, data: Option<bytes::Bytes>| {
+            let Some(bytes) = data else { return Ok(()) };
+            if sys::put_fop_data(&mut req.fop, bytes) {
+                Ok(())
+            } else {
+                Err(format!("wind of {} with a data buffer", req.fop.kind().name()))
             }
-        }
+        };
         let max_calls = self.limits.max_frames.saturating_mul(4).max(64);
         if self.calls.load(Ordering::Relaxed) >= max_calls {
             if frame != 0 {
@@ -395,12 +420,17 @@ impl Core {
         let era = self.generation.load(Ordering::Acquire);
         let call = self.next_call.fetch_add(1, Ordering::Relaxed);
         let meta = CallMeta { call, era, tail };
-        let wound = |ctx: CallCtx, count: CallCount| Wound { meta, target, ctx, req, _count: count };
         if frame == 0 {
             // A detached call: no fop to drive it, so a task of its own.
+            let Some((ctx, mut req)) = decoded else { return neg(Errno::EINVAL) };
+            if let Err(why) = with_data(&mut req, data) {
+                self.fail_frame(frame, &why);
+                return neg(Errno::EINVAL);
+            }
             let (Some(rt), Some(me)) = (self.handle(), self.me.upgrade()) else { return neg(Errno::EAGAIN) };
             self.calls.fetch_add(1, Ordering::Relaxed);
-            let fut = wound(ctx.unwrap_or_else(|| self.node_ctx.clone()), CallCount(self.calls.clone())).start();
+            let ctx = ctx.unwrap_or_else(|| self.node_ctx.clone());
+            let fut = Wound { meta, target, ctx, req, _count: CallCount(self.calls.clone()) }.start();
             rt.spawn(async move {
                 let (meta, result) = fut.await;
                 me.deliver(meta.era, 0, meta.call, result);
@@ -415,6 +445,19 @@ impl Core {
             self.fail_frame(frame, &format!("wind refused: more than {MAX_CALLS_PER_FRAME} calls for one frame"));
             return neg(Errno::EAGAIN);
         }
+        let (ctx, mut req) = match decoded {
+            Some(x) => x,
+            // A tail wind ends the frame: its fop moves into the call.
+            None => match if tail { entry.req.take() } else { entry.req.clone() } {
+                Some(req) => (None, req),
+                None => return neg(Errno::ENOENT),
+            },
+        };
+        if let Err(why) = with_data(&mut req, data) {
+            drop(frames);
+            self.fail_frame(frame, &why);
+            return neg(Errno::EINVAL);
+        }
         self.calls.fetch_add(1, Ordering::Relaxed);
         // A context the guest encoded lacks the fop's timing frame
         // (never encoded): the call is still the fop's own.
@@ -422,8 +465,7 @@ impl Core {
             Some(c) => CallCtx { frame: entry.ctx.frame.clone(), ..c },
             None => entry.ctx.clone(),
         };
-        let w = wound(ctx, CallCount(self.calls.clone()));
-        entry.cell.push(w);
+        entry.cell.push(Wound { meta, target, ctx, req, _count: CallCount(self.calls.clone()) });
         if tail {
             // The frame ends here: its result is this call's.
             frames.remove(&frame);
