@@ -137,7 +137,7 @@ const CTIME: Opt<kind::Bool> = Opt::bool("ctime", true).desc(
          graph), in the xattr trusted.xlfs.mdata, and answer with those (GlusterFS's storage.ctime, on by \
          default there too): the copies of a replica set then show the same times, and the bricks' own \
          bookkeeping (replicate's changelog, the index) does not move them, so tar and make see no change \
-         that did not happen. Off: every copy shows its own file system's times.",
+         that did not happen. A file's data changes within a second of the last one written are kept in          memory and written once the second is over, at release, before a full fsync or when the brick          stops (an fdatasync promises no times; writing them each time cost a journal commit per WAL write).          Off: every copy shows its own file system's times.",
 );
 
 const OPTIONS: &[OptionDecl] = &[
@@ -242,6 +242,8 @@ struct Inner {
     ctime: AtomicBool,
     /// Stored times of recently seen inodes.
     times: mdata::Cache,
+    /// Data-change times not written yet (see `mdata`).
+    deferred: mdata::Deferred,
 }
 
 impl Posix {
@@ -269,6 +271,7 @@ impl Posix {
             open: Mutex::new(HashMap::new()),
             ctime: AtomicBool::new(CTIME.get(o)),
             times: mdata::Cache::default(),
+            deferred: mdata::Deferred::default(),
             brick,
         };
         tracing::info!(brick = %dir.display(), "storage/posix ready");
@@ -537,6 +540,9 @@ impl Inner {
             Fop::Flush { fd } => self.fd(fd.id).and(ok(Reply::Empty)),
             Fop::Fsync { fd, datasync } => {
                 let f = self.fd(fd.id)?;
+                if !datasync {
+                    self.write_deferred_times(f.gfid);
+                }
                 let pre = f.iatt()?;
                 if xdata.contains(xlfs_sdk::dict::keys::SYNCFS) {
                     sys::syncfs(f.fd.as_fd())?;
@@ -588,10 +594,16 @@ impl Inner {
             }
             Fop::Getxattr { loc, name } => {
                 let n = self.resolve(&loc)?;
+                if name == mdata::MDATA_XATTR {
+                    self.write_deferred_times(n.gfid);
+                }
                 ok(Reply::Xattrs(get_xattrs(self.brick.target(&n), &name)?))
             }
             Fop::Fgetxattr { fd, name } => {
                 let f = self.fd(fd.id)?;
+                if name == mdata::MDATA_XATTR {
+                    self.write_deferred_times(f.gfid);
+                }
                 ok(Reply::Xattrs(get_xattrs(Target::Fd(f.fd.as_fd()), &name)?))
             }
             Fop::Removexattr { loc, name } => {
@@ -644,6 +656,7 @@ impl Inner {
             }
             Fop::Release { fd } | Fop::Releasedir { fd } => {
                 let f = self.fds.remove(&fd.id).ok_or(Errno::EBADF)?;
+                self.write_deferred_times(f.gfid);
                 self.closed(&f);
                 ok(Reply::Empty)
             }
@@ -705,6 +718,27 @@ fn inline_ok(fop: &Fop) -> bool {
     }
 }
 
+/// Writes the deferred times whose window is over, every window, until
+/// none is left (or the brick is gone); without a runtime, now.
+fn write_deferred_times_later(inner: std::sync::Weak<Inner>) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        if let Some(i) = inner.upgrade() {
+            i.write_due_times(true);
+        }
+        return;
+    };
+    rt.spawn(async move {
+        loop {
+            tokio::time::sleep(mdata::DEFER_WINDOW).await;
+            let Some(i) = inner.upgrade() else { return };
+            match tokio::task::spawn_blocking(move || i.write_due_times(false)).await {
+                Ok(true) => {}
+                Ok(false) | Err(_) => return,
+            }
+        }
+    });
+}
+
 /// Runs `f` on the blocking pool (inline when there is no tokio runtime).
 async fn blocking(f: impl FnOnce() -> FopResult + Send + 'static) -> FopResult {
     match tokio::runtime::Handle::try_current() {
@@ -726,6 +760,7 @@ impl Xlator for Posix {
                 return ok(Reply::Empty);
             }
             let inline = inner.inline.load(Ordering::Relaxed) && inline_ok(&req.fop);
+            let me = inner.clone();
             let run = move || {
                 let _e = span.enter();
                 let r = inner.dispatch(&ctx, req);
@@ -734,7 +769,11 @@ impl Xlator for Posix {
                 }
                 r
             };
-            if inline { run() } else { blocking(run).await }
+            let r = if inline { run() } else { blocking(run).await };
+            if me.deferred.wants_timer() {
+                write_deferred_times_later(Arc::downgrade(&me));
+            }
+            r
         })
     }
 
@@ -797,6 +836,7 @@ impl Xlator for Posix {
     }
 
     fn fini(&self) {
+        self.inner.write_due_times(true);
         let mut all = Vec::new();
         self.inner.fds.retain(|_, f| {
             all.push(f.clone());

@@ -94,3 +94,59 @@ async fn ctime_off_shows_the_file_systems_times() {
     assert!(ia.mtime.sec > 1_000_000_000, "{:?}", ia.mtime);
     assert_eq!(xattr(&e.brick.join("f"), MDATA_XATTR), None);
 }
+
+/// A file written again and again (a database's WAL) has its times
+/// written to the xattr once a window, not once a write: what a stat shows
+/// is always the last stamp, and the xattr catches up when read by name,
+/// at release, and once the window is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_of_a_file_written_often_are_written_once_a_window() {
+    use crate::storage::posix::mdata::Mdata;
+    let e = env();
+    let g = Gfid::random();
+    let id = e.fd_id();
+    let create =
+        Fop::Create { loc: Loc::entry(Gfid::ROOT, "f"), flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, fd: id };
+    let mut x = stamp(at(1_700_000_000, 0));
+    x.set(GFID_REQ, Value::Gfid(g));
+    e.entry_of(create, x).await.expect("create");
+    let fd = Fd { id, gfid: g };
+    let on_disk = || {
+        let v = xattr(&e.brick.join("f"), MDATA_XATTR).expect("stored times");
+        Mdata::decode(&v).expect("decodes").mtime
+    };
+    let write = |i: i64| {
+        let w = Fop::Writev { fd, data: Bytes::from_static(b"wal record"), offset: 0, flags: libc::O_DSYNC as u32 };
+        e.runx(w, stamp(at(1_700_000_000 + i, 0)))
+    };
+    // The first data change is written at once; the next ones in the
+    // window only shown.
+    write(1).await.expect("write");
+    assert_eq!(on_disk(), at(1_700_000_001, 0));
+    for i in 2..=5 {
+        write(i).await.expect("write");
+        assert_eq!(e.stat(g).await.expect("stat").mtime, at(1_700_000_000 + i, 0));
+    }
+    assert_eq!(on_disk(), at(1_700_000_001, 0), "deferred within the window");
+    // Read by name: written first.
+    e.run(Fop::Fgetxattr { fd, name: MDATA_XATTR.into() }).await.expect("getxattr");
+    assert_eq!(on_disk(), at(1_700_000_005, 0));
+    // Once the window is over, the timer writes what is pending.
+    write(6).await.expect("write");
+    assert_eq!(on_disk(), at(1_700_000_005, 0));
+    tokio::time::sleep(crate::storage::posix::mdata::DEFER_WINDOW * 3).await;
+    assert_eq!(on_disk(), at(1_700_000_006, 0), "written by the timer");
+    // At release.
+    write(7).await.expect("write");
+    write(8).await.expect("write");
+    e.release(fd).await;
+    assert_eq!(on_disk(), at(1_700_000_008, 0), "written at release");
+    // A full-sync write's times are never deferred.
+    let id = e.fd_id();
+    e.run(Fop::Open { loc: Loc::gfid(g), flags: libc::O_RDWR as u32, fd: id }).await.expect("open");
+    let fd = Fd { id, gfid: g };
+    let w = Fop::Writev { fd, data: Bytes::from_static(b"x"), offset: 0, flags: libc::O_SYNC as u32 };
+    e.runx(w, stamp(at(1_700_000_009, 0))).await.expect("write");
+    assert_eq!(on_disk(), at(1_700_000_009, 0));
+    e.release(fd).await;
+}
