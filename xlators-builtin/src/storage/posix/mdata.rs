@@ -162,8 +162,12 @@ pub(super) struct Deferred(Mutex<DeferredState>);
 #[derive(Default)]
 struct DeferredState {
     recent: HashMap<Gfid, Recent>,
+    /// Entries of `recent` with times pending.
+    pending: usize,
     /// A timer task is running to write what is due.
     timer: bool,
+    /// When `recent` was last pruned because it was full.
+    pruned: Option<Instant>,
 }
 
 #[derive(Clone, Copy)]
@@ -175,36 +179,54 @@ struct Recent {
     pending: Option<Mdata>,
 }
 
+impl DeferredState {
+    /// Takes `g`'s pending times, if any.
+    fn take_one(&mut self, g: &Gfid, now: Instant) -> Option<(bool, Mdata)> {
+        let r = self.recent.get_mut(g)?;
+        let m = r.pending.take()?;
+        r.written = now;
+        self.pending -= 1;
+        Some((r.dir, m))
+    }
+}
+
 impl Deferred {
     /// Keeps `m` in memory if `g`'s times were written within the window.
     fn defer(&self, g: Gfid, m: Mdata) -> bool {
         let mut st = self.0.lock();
-        match st.recent.get_mut(&g) {
-            Some(r) if r.written.elapsed() < DEFER_WINDOW => {
-                r.pending = Some(m);
-                true
-            }
-            _ => false,
+        let Some(r) = st.recent.get_mut(&g) else { return false };
+        if r.written.elapsed() >= DEFER_WINDOW {
+            return false;
         }
+        let was = r.pending.replace(m);
+        if was.is_none() {
+            st.pending += 1;
+        }
+        true
     }
 
     /// `g`'s times were just written: a data change (`data`) opens a
     /// window; any write supersedes what was pending.
     fn written(&self, g: Gfid, dir: bool, data: bool) {
         let mut st = self.0.lock();
+        let now = Instant::now();
+        let _ = st.take_one(&g, now);
         if !data {
-            if let Some(r) = st.recent.get_mut(&g) {
-                r.pending = None;
-            }
             return;
         }
         if st.recent.len() >= DEFER_MAX && !st.recent.contains_key(&g) {
-            st.recent.retain(|_, r| r.pending.is_some() || r.written.elapsed() < DEFER_WINDOW);
+            // Pruned at most every quarter window: a storm of new inodes
+            // is written at once meanwhile.
+            if st.pruned.is_some_and(|t| now.duration_since(t) < DEFER_WINDOW / 4) {
+                return;
+            }
+            st.pruned = Some(now);
+            st.recent.retain(|_, r| r.pending.is_some() || now.duration_since(r.written) < DEFER_WINDOW);
             if st.recent.len() >= DEFER_MAX {
                 return;
             }
         }
-        st.recent.insert(g, Recent { dir, written: Instant::now(), pending: None });
+        st.recent.insert(g, Recent { dir, written: now, pending: None });
     }
 
     fn pending(&self, g: &Gfid) -> Option<Mdata> {
@@ -215,26 +237,27 @@ impl Deferred {
     /// (all with `all`).
     fn take(&self, only: Option<Gfid>, all: bool) -> Vec<(Gfid, bool, Mdata)> {
         let mut st = self.0.lock();
-        let mut out = Vec::new();
         let now = Instant::now();
-        for (g, r) in st.recent.iter_mut() {
-            let due = match only {
-                Some(o) => o == *g,
-                None => all || now.duration_since(r.written) >= DEFER_WINDOW,
-            };
-            if due && let Some(m) = r.pending.take() {
-                r.written = now;
-                out.push((*g, r.dir, m));
-            }
+        if let Some(g) = only {
+            return st.take_one(&g, now).map(|(dir, m)| (g, dir, m)).into_iter().collect();
         }
-        out
+        if st.pending == 0 {
+            return Vec::new();
+        }
+        let due: Vec<Gfid> = st
+            .recent
+            .iter()
+            .filter(|(_, r)| r.pending.is_some() && (all || now.duration_since(r.written) >= DEFER_WINDOW))
+            .map(|(g, _)| *g)
+            .collect();
+        due.into_iter().filter_map(|g| st.take_one(&g, now).map(|(dir, m)| (g, dir, m))).collect()
     }
 
     /// True when something is pending and no timer runs: the caller starts
     /// one ([`Inner::write_due_times`] until it returns false).
     pub(super) fn wants_timer(&self) -> bool {
         let mut st = self.0.lock();
-        if st.timer || st.recent.values().all(|r| r.pending.is_none()) {
+        if st.timer || st.pending == 0 {
             return false;
         }
         st.timer = true;
@@ -245,7 +268,7 @@ impl Deferred {
     /// pending.
     fn timer_goes_on(&self) -> bool {
         let mut st = self.0.lock();
-        st.timer = st.recent.values().any(|r| r.pending.is_some());
+        st.timer = st.pending > 0;
         st.timer
     }
 }
@@ -482,6 +505,29 @@ mod tests {
         assert_eq!(Mdata::decode(&big), None, "nanoseconds out of range");
         assert_eq!(Timespec::from_nanos(1_500_000_000_250), t(1500, 250));
         assert_eq!(t(1500, 250).to_nanos(), 1_500_000_000_250);
+    }
+
+    #[test]
+    fn deferred_times_are_counted_taken_and_superseded() {
+        let d = Deferred::default();
+        let g = Gfid([1; 16]);
+        let t = Timespec { sec: 1, nsec: 0 };
+        let m = Mdata { ctime: t, mtime: t, atime: t };
+        assert!(!d.defer(g, m), "no window before a first write");
+        d.written(g, false, true);
+        assert!(d.defer(g, m) && d.defer(g, m));
+        assert_eq!(d.0.lock().pending, 1);
+        assert!(d.wants_timer());
+        assert!(!d.wants_timer(), "one timer at a time");
+        assert!(d.take(None, false).is_empty(), "the window is not over");
+        assert_eq!(d.take(None, true), vec![(g, false, m)]);
+        assert!(!d.timer_goes_on(), "nothing left: the timer stops");
+        // Times written at once (an attribute change) supersede pending ones.
+        assert!(d.defer(g, m));
+        d.written(g, false, false);
+        assert_eq!((d.pending(&g), d.0.lock().pending), (None, 0));
+        assert!(!d.wants_timer());
+        assert!(d.take(Some(g), false).is_empty());
     }
 
     #[test]
