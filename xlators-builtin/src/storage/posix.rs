@@ -137,7 +137,10 @@ const CTIME: Opt<kind::Bool> = Opt::bool("ctime", true).desc(
          graph), in the xattr trusted.xlfs.mdata, and answer with those (GlusterFS's storage.ctime, on by \
          default there too): the copies of a replica set then show the same times, and the bricks' own \
          bookkeeping (replicate's changelog, the index) does not move them, so tar and make see no change \
-         that did not happen. A file's data changes within a second of the last one written are kept in          memory and written once the second is over, at release, before a full fsync or when the brick          stops (an fdatasync promises no times; writing them each time cost a journal commit per WAL write).          Off: every copy shows its own file system's times.",
+         that did not happen. A file's data changes within a second of the last one written are kept in \
+         memory and written once the second is over, at release, before a full fsync or when the brick \
+         stops (an fdatasync promises no times; writing them each time cost a journal commit per WAL \
+         write). Off: every copy shows its own file system's times.",
 );
 
 const OPTIONS: &[OptionDecl] = &[
