@@ -433,6 +433,12 @@ fn up_and_down(sets: usize) {
     assert_eq!(std::fs::read(mnt.join("kept")).expect("read after up"), b"across up and down\n");
     let down = run_xlfs(&["down".as_ref(), dir.as_os_str()]);
     assert!(down.status.success());
+    // A directory that is not there is named, and not made.
+    let absent = dir.join("absent");
+    let down = run_xlfs(&["down".as_ref(), absent.as_os_str()]);
+    let why = String::from_utf8_lossy(&down.stderr);
+    assert!(!down.status.success() && why.contains(&*absent.to_string_lossy()), "{why}");
+    assert!(!absent.exists(), "down made {}", absent.display());
 }
 
 #[test]

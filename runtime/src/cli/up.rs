@@ -215,6 +215,11 @@ struct Layout {
 impl Layout {
     fn new(dir: &Path) -> Result<Layout, UpError> {
         std::fs::create_dir_all(dir).map_err(|source| UpError::Io { path: dir.to_path_buf(), source })?;
+        Layout::existing(dir)
+    }
+
+    /// The layout of a DIR that must exist already (`down` makes nothing).
+    fn existing(dir: &Path) -> Result<Layout, UpError> {
         let dir = std::fs::canonicalize(dir).map_err(|source| UpError::Io { path: dir.to_path_buf(), source })?;
         Ok(Layout { dir })
     }
@@ -708,7 +713,7 @@ fn stop(lay: &Layout, procs: &[Started]) -> Vec<String> {
 
 impl DownArgs {
     pub(super) async fn run(self, out: &mut (dyn Write + Send)) -> Result<(), CliError> {
-        let lay = Layout::new(&self.dir)?;
+        let lay = Layout::existing(&self.dir)?;
         let mnt = lay.mnt();
         // Whatever serves the mount point goes first, also a mount made
         // again by hand (`xlfs umount` then `xlfs mount`), which no pid file
