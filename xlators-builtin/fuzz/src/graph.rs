@@ -681,6 +681,26 @@ impl Runner {
     }
 
     /// Runs one operation and checks its reply.
+    /// An unlink or rmdir (`fop`) of `at`: the model expects ENOENT for a
+    /// missing name, `refuse`'s errors for an existing inode it refuses,
+    /// else success, and drops the name when the graph did.
+    async fn remove(&mut self, at: Target, what: &str, refuse: impl Fn(&Model, Gfid) -> Option<Vec<Errno>>, fop: Fop) {
+        if self.namespace_frozen() {
+            return;
+        }
+        let (p, alive) = self.m.parent(at);
+        let e = match self.m.lookup(at) {
+            _ if !alive => Expect::Err(vec![]),
+            None => Expect::Err(vec![Errno::ENOENT]),
+            Some(g) => refuse(&self.m, g).map_or(Expect::Ok, Expect::Err),
+        };
+        let e = self.gate(true, e);
+        let r = self.call(fop).await;
+        if self.check(what, &r, &e) {
+            self.m.unlink_entry(p, name(at));
+        }
+    }
+
     async fn step(&mut self, op: &Op) {
         let up = self.m.up_count();
         match *op {
@@ -888,41 +908,20 @@ impl Runner {
             }
             Op::Close { slot: s, owner: o } => self.close_slot(slot(s), owner(o)).await,
             Op::Unlink { at } => {
-                if self.namespace_frozen() {
-                    return;
-                }
-                let (p, alive) = self.m.parent(at);
-                let existing = self.m.lookup(at);
-                let e = match existing {
-                    _ if !alive => Expect::Err(vec![]),
-                    None => Expect::Err(vec![Errno::ENOENT]),
-                    Some(g) if self.m.is_dir(g) => Expect::Err(vec![Errno::EISDIR]),
-                    Some(_) => Expect::Ok,
-                };
-                let e = self.gate(true, e);
-                let r = self.call(Fop::Unlink { loc: self.loc(at), flags: 0 }).await;
-                if self.check("unlink", &r, &e) {
-                    self.m.unlink_entry(p, name(at));
-                }
+                let refuse = |m: &Model, g| m.is_dir(g).then(|| vec![Errno::EISDIR]);
+                self.remove(at, "unlink", refuse, Fop::Unlink { loc: self.loc(at), flags: 0 }).await;
             }
             Op::Rmdir { at } => {
-                if self.namespace_frozen() {
-                    return;
-                }
-                let (p, alive) = self.m.parent(at);
-                let existing = self.m.lookup(at);
-                let e = match existing {
-                    _ if !alive => Expect::Err(vec![]),
-                    None => Expect::Err(vec![Errno::ENOENT]),
-                    Some(g) if !self.m.is_dir(g) => Expect::Err(vec![Errno::ENOTDIR]),
-                    Some(g) if !self.m.entries(g).is_empty() => Expect::Err(vec![Errno::ENOTEMPTY, Errno::EEXIST]),
-                    Some(_) => Expect::Ok,
+                let refuse = |m: &Model, g| {
+                    if !m.is_dir(g) {
+                        Some(vec![Errno::ENOTDIR])
+                    } else if !m.entries(g).is_empty() {
+                        Some(vec![Errno::ENOTEMPTY, Errno::EEXIST])
+                    } else {
+                        None
+                    }
                 };
-                let e = self.gate(true, e);
-                let r = self.call(Fop::Rmdir { loc: self.loc(at), flags: 0 }).await;
-                if self.check("rmdir", &r, &e) {
-                    self.m.unlink_entry(p, name(at));
-                }
+                self.remove(at, "rmdir", refuse, Fop::Rmdir { loc: self.loc(at), flags: 0 }).await;
             }
             Op::Mkdir { at } => {
                 if self.namespace_frozen() {
