@@ -396,8 +396,8 @@ impl Inner {
                 Some(loc) if loc.is_entry() && loc.gfid.is_null() => {
                     Wait::On { gfids: vec![loc.parent], dir: None, name: Some((loc.parent, &loc.name)) }
                 }
-                _ => {
-                    let mut gfids: Vec<Gfid> = fop.loc().map(|l| l.gfid).into_iter().collect();
+                loc => {
+                    let mut gfids: Vec<Gfid> = loc.map(|l| l.gfid).into_iter().collect();
                     gfids.extend(fop.fds().map(|f| f.gfid));
                     if gfids.is_empty() { Wait::Nothing } else { Wait::On { gfids, dir: None, name: None } }
                 }

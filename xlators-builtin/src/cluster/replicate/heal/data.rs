@@ -47,9 +47,8 @@ impl Inner {
             let at = b * BLOCK;
             if let Some(next) = self.next_data(ctx, src, fd, at, size).await
                 && next.min(size) >= at + BLOCK
-                && let Some(failed) = self.clear_range(ctx, fd, live, at, next.min(size)).await
+                && self.clear_range(ctx, fd, live, at, next.min(size)).await
             {
-                live &= !failed;
                 b = next.min(size) / BLOCK;
                 continue;
             }
@@ -96,20 +95,19 @@ impl Inner {
 
     /// Makes `[from, to)` read zeros on `sinks` (a hole of the source):
     /// left alone where a sink has no data there, punched where it has.
-    /// Returns the sinks that failed, or None when some sink cannot say or
-    /// cannot punch (the range is then copied block by block).
-    async fn clear_range(&self, ctx: &CallCtx, fd: Fd, sinks: Mask, from: u64, to: u64) -> Option<Mask> {
+    /// False when some sink cannot say or cannot punch (the range is then
+    /// copied block by block).
+    async fn clear_range(&self, ctx: &CallCtx, fd: Fd, sinks: Mask, from: u64, to: u64) -> bool {
         let mut dirty = 0;
         for i in members(sinks) {
-            if self.next_data(ctx, i, fd, from, u64::MAX).await? < to {
-                dirty |= bit(i);
+            match self.next_data(ctx, i, fd, from, u64::MAX).await {
+                Some(next) if next < to => dirty |= bit(i),
+                Some(_) => {}
+                None => return false,
             }
         }
         let punch = Request::new(Fop::Discard { fd, offset: from, len: to - from });
-        for (_, r) in self.fan(ctx, dirty, &punch).await {
-            r.ok()?;
-        }
-        Some(0)
+        self.fan(ctx, dirty, &punch).await.iter().all(|(_, r)| r.is_ok())
     }
 
     /// One block from `src` to those of `sinks` that need it; returns the
