@@ -763,6 +763,8 @@ impl Xlator for Posix {
                 return ok(Reply::Empty);
             }
             let inline = inner.inline.load(Ordering::Relaxed) && inline_ok(&req.fop);
+            // Only a stamped fop can leave times deferred (see `mdata`).
+            let stamped = req.xdata.contains(mdata::UTIME);
             let me = inner.clone();
             let run = move || {
                 let _e = span.enter();
@@ -773,7 +775,7 @@ impl Xlator for Posix {
                 r
             };
             let r = if inline { run() } else { blocking(run).await };
-            if me.deferred.wants_timer() {
+            if stamped && me.deferred.wants_timer() {
                 write_deferred_times_later(Arc::downgrade(&me));
             }
             r

@@ -233,14 +233,16 @@ impl Deferred {
         self.0.lock().recent.get(g).and_then(|r| r.pending)
     }
 
-    /// Takes what is pending: `g`'s, or every inode's whose window is over
-    /// (all with `all`).
-    fn take(&self, only: Option<Gfid>, all: bool) -> Vec<(Gfid, bool, Mdata)> {
+    /// Takes `g`'s pending times (whether a directory's, and the times).
+    fn take_one(&self, g: Gfid) -> Option<(bool, Mdata)> {
+        self.0.lock().take_one(&g, Instant::now())
+    }
+
+    /// Takes the pending times of every inode whose window is over (of
+    /// every inode with `all`).
+    fn take_due(&self, all: bool) -> Vec<(Gfid, bool, Mdata)> {
         let mut st = self.0.lock();
         let now = Instant::now();
-        if let Some(g) = only {
-            return st.take_one(&g, now).map(|(dir, m)| (g, dir, m)).into_iter().collect();
-        }
         if st.pending == 0 {
             return Vec::new();
         }
@@ -370,13 +372,15 @@ impl Inner {
     /// Writes the times kept in memory for `g` (before its xattr is read by
     /// name, a full fsync, its release).
     pub(super) fn write_deferred_times(&self, g: Gfid) {
-        self.write_times(self.deferred.take(Some(g), false));
+        if let Some((dir, m)) = self.deferred.take_one(g) {
+            self.write_times(vec![(g, dir, m)]);
+        }
     }
 
     /// Writes the times kept in memory whose window is over (every one
     /// with `all`); false once nothing is pending and the timer may stop.
     pub(super) fn write_due_times(&self, all: bool) -> bool {
-        self.write_times(self.deferred.take(None, all));
+        self.write_times(self.deferred.take_due(all));
         self.deferred.timer_goes_on()
     }
 
@@ -519,15 +523,15 @@ mod tests {
         assert_eq!(d.0.lock().pending, 1);
         assert!(d.wants_timer());
         assert!(!d.wants_timer(), "one timer at a time");
-        assert!(d.take(None, false).is_empty(), "the window is not over");
-        assert_eq!(d.take(None, true), vec![(g, false, m)]);
+        assert!(d.take_due(false).is_empty(), "the window is not over");
+        assert_eq!(d.take_due(true), vec![(g, false, m)]);
         assert!(!d.timer_goes_on(), "nothing left: the timer stops");
         // Times written at once (an attribute change) supersede pending ones.
         assert!(d.defer(g, m));
         d.written(g, false, false);
         assert_eq!((d.pending(&g), d.0.lock().pending), (None, 0));
         assert!(!d.wants_timer());
-        assert!(d.take(Some(g), false).is_empty());
+        assert!(d.take_one(g).is_none());
     }
 
     #[test]
