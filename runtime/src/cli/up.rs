@@ -21,7 +21,8 @@
 //! (`--afr K=V` is the key `cluster.K`, `--posix K=V` is `storage.K`,
 //! `--perf LIST` the `performance.*` toggles, `--plugin NAME=SPEC` is
 //! `plugin.NAME`, `--ssl-*` the `ssl.*`, `client.ssl`, `server.ssl` and
-//! `auth.ssl-allow` keys, `--no-shd` is `cluster.self-heal-daemon off`);
+//! `auth.ssl-allow` keys, `--no-shd` is `cluster.self-heal-daemon off`,
+//! `--tcp` is `network.local-transport off`);
 //! starts it (the daemon serves the bricks and runs the self-heal daemon);
 //! and mounts it by name (`xlfs mount 127.0.0.1:PORT:/xlfs DIR/mnt`), so
 //! the mount follows `xlfs volume --daemon 127.0.0.1:PORT set xlfs ...`.
@@ -84,6 +85,12 @@ pub struct UpArgs {
     /// Do not run the self-heal daemon (`cluster.self-heal-daemon off`).
     #[arg(long)]
     pub no_shd: bool,
+    /// Reach the bricks over TCP although they are on this host
+    /// (`network.local-transport off`), as a client elsewhere would; by
+    /// default the mount uses their Unix sockets with payloads in shared
+    /// memory.
+    #[arg(long)]
+    pub tcp: bool,
     /// Replica-3 sets; more than one puts cluster/distribute over them
     /// (bricks b0..b2 are the first set, b3..b5 the second, ...).
     /// Default: as many as DIR holds already, else 1. A DIR made with
@@ -433,6 +440,9 @@ impl UpArgs {
         }
         if self.no_shd {
             out.push(("cluster.self-heal-daemon".into(), "off".into()));
+        }
+        if self.tcp {
+            out.push(("network.local-transport".into(), "off".into()));
         }
         Ok(out)
     }

@@ -107,6 +107,8 @@ pub const KEYS: &[Key] = &[
     Key { name: "cluster.ensure-durability", target: Target::Options(&[(AFR, "ensure-durability")]) },
     Key { name: "network.ping-timeout", target: Target::Options(&[(CLIENT, "ping-timeout")]) },
     Key { name: "network.frame-timeout", target: Target::Options(&[(CLIENT, "frame-timeout")]) },
+    Key { name: "network.local-transport", target: Target::Options(&[(CLIENT, "transport.local")]) },
+    Key { name: "network.local-shm-size", target: Target::Options(&[(CLIENT, "transport.local.shm-size")]) },
     Key { name: "performance.read-ahead-policy", target: Target::Options(&[("performance/read-ahead", "policy")]) },
     Key { name: "cluster.lock-contention-policy", target: Target::Options(&[(AFR, "lock-contention-policy")]) },
     Key { name: "client.ssl", target: Target::Options(&[(CLIENT, "transport.socket.ssl-enabled")]) },

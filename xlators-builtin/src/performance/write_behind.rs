@@ -97,7 +97,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;

@@ -3,7 +3,10 @@
 //! `sdk/WIRE.md`; transport: [`super::rpc`].
 //!
 //! - **Connection.** On `ParentUp` it connects to `remote-host:remote-port`
-//!   and says `ChildConnecting`; after the handshake (ABI version,
+//!   (a brick on this host through its Unix socket, the local transport,
+//!   unless `transport.local` is off: payloads of 32 KiB and more then
+//!   cross in shared memory, `sdk/WIRE.md` section 12; `dump()` says which
+//!   as `transport`) and says `ChildConnecting`; after the handshake (ABI version,
 //!   `remote-subvolume`, `username`/`password`) it says `ChildUp`. When the
 //!   connection drops, or the server refuses the handshake (the server's
 //!   reason is logged and shown by `dump()` as `last-error`), it says
@@ -42,6 +45,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
@@ -55,15 +59,15 @@ use xlfs_sdk::{
 };
 
 use super::rpc::{
-    self, Frame, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, Hello, Link, Message, Outgoing, SocketOptions, TlsStream,
-    WireRead, hello_keys, limits_for, with_transport_options,
+    self, Descriptor, Frame, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, Hello, Link, Message, Outgoing,
+    SocketOptions, TlsStream, WireRead, hello_keys, limits_for, with_transport_options,
 };
 use connection::*;
 
 /// The translator type.
 pub const TYPE: XlatorType = XlatorType {
     name: "protocol/client",
-    description: "sends fops to a subvolume of a remote protocol/server over TCP",
+    description: "sends fops to a subvolume of a remote protocol/server over TCP (or a local one's Unix socket)",
     options: OPTIONS,
     min_children: 0,
     max_children: 0,
@@ -146,6 +150,10 @@ struct Config {
     sock: SocketOptions,
     /// TLS (`transport.socket.ssl-enabled`).
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// `transport.local`: try the brick's local socket first.
+    local: bool,
+    /// `transport.local.shm-size` (0: no shared memory).
+    shm_size: usize,
 }
 
 #[derive(Default)]
@@ -159,6 +167,10 @@ struct Counters {
     upcalls: AtomicU64,
     reopens: AtomicU64,
     reopen_failures: AtomicU64,
+    /// CALLs whose payload the brick read from shared memory.
+    shared_calls: AtomicU64,
+    /// REPLYs whose data the brick put in a lent chunk.
+    shared_replies: AtomicU64,
 }
 
 /// An fd opened through this client.
@@ -182,25 +194,95 @@ struct Conn {
     /// socket is free.
     link: Link,
     /// Reply waiters by request id; None once the connection is closed.
-    pending: Mutex<Option<HashMap<u64, oneshot::Sender<FopResult>>>>,
+    pending: Mutex<Option<HashMap<u64, Waiter>>>,
+    /// The regions the brick mapped (local transport with shared memory).
+    shm: Option<Shm>,
+    /// "tcp", "tls", "unix" or "unix+shm".
+    transport: &'static str,
+}
+
+/// A call waiting for its reply.
+struct Waiter {
+    tx: oneshot::Sender<FopResult>,
+    /// The chunk of the receive region lent for the reply's data.
+    lent: Option<Chunk>,
+}
+
+/// The shared regions of a local connection.
+struct Shm {
+    /// The process's send region (read-only for the brick).
+    send: Arc<Region>,
+    /// This connection's receive region (read-write for the brick).
+    recv: Arc<Region>,
+}
+
+/// A CALL ready to go over a connection: the frame, the payload to keep
+/// alive until the reply (the brick reads it from shared memory), and the
+/// chunk lent for the reply's data.
+struct Prepared {
+    frame: rpc::OutFrame,
+    keep: Option<Bytes>,
+    lent: Option<Chunk>,
 }
 
 impl Conn {
+    /// Puts a call's payload in shared memory (where it is already, or a
+    /// copy) and lends a chunk for a read's reply, when the connection has
+    /// shared regions and the sizes make it worth it.
+    fn prepare(&self, frame: rpc::OutFrame, reply_size: usize) -> Prepared {
+        let plain = |frame| Prepared { frame, keep: None, lent: None };
+        let Some(shm) = &self.shm else {
+            return plain(frame);
+        };
+        let payload = frame.payload().clone();
+        let data = match payload.len() >= shm::SHARED_MIN {
+            true => match shm.send.locate(&payload) {
+                Some(_) => Some(payload.clone()),
+                None => shm.send.alloc(payload.len()).map(|mut c| {
+                    c.as_mut_slice().copy_from_slice(&payload);
+                    c.freeze()
+                }),
+            },
+            false => None,
+        };
+        // The payload section holds descriptors only: a chunk is lent only
+        // when no inline payload has to go too.
+        let lent = match reply_size >= shm::SHARED_MIN && (payload.is_empty() || data.is_some()) {
+            true => shm.recv.alloc(reply_size),
+            false => None,
+        };
+        if data.is_none() && lent.is_none() {
+            return plain(frame);
+        }
+        let desc = |(offset, len)| Descriptor { offset, len };
+        let data_at = data.as_ref().and_then(|d| shm.send.locate(d)).map(desc);
+        let reply_at = lent.as_ref().map(|c| Descriptor { offset: c.offset(), len: c.len() as u64 });
+        Prepared { frame: frame.with_descriptors(data_at, reply_at), keep: data, lent }
+    }
+
     fn try_send(&self, out: Outgoing) {
         self.link.try_send(out);
     }
 
     /// Closes: no more frames (those queued are still written), every
-    /// waiter fails with ENOTCONN.
+    /// waiter fails with ENOTCONN (the chunks they lent are buried: the
+    /// brick may still fill them).
     fn close(&self) {
         self.link.close();
-        drop(self.pending.lock().take());
+        let waiters = self.pending.lock().take();
+        for w in waiters.into_iter().flat_map(HashMap::into_values) {
+            if let Some(c) = w.lent {
+                shm::bury(c);
+            }
+        }
     }
 
     fn inflight(&self) -> usize {
         self.pending.lock().as_ref().map_or(0, HashMap::len)
     }
 }
+
+use rpc::shm::{self, Chunk, Region};
 
 /// Removes a reply waiter that is not going to wait any more.
 struct PendingGuard<'a> {
@@ -210,8 +292,30 @@ struct PendingGuard<'a> {
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        if let Some(map) = self.conn.pending.lock().as_mut() {
-            map.remove(&self.id);
+        let gone = self.conn.pending.lock().as_mut().and_then(|map| map.remove(&self.id));
+        // Still waiting: the call ends without its reply, and the brick may
+        // still fill the chunk it lent.
+        if let Some(c) = gone.and_then(|w| w.lent) {
+            shm::bury(c);
+        }
+    }
+}
+
+/// A call's shared payload, kept until its reply; buried if the call ends
+/// without one (the brick may still be reading it).
+struct Keep(Option<Bytes>);
+
+impl Keep {
+    /// The reply came: the brick is done with the payload.
+    fn release(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Keep {
+    fn drop(&mut self) {
+        if let Some(b) = self.0.take() {
+            shm::bury(b);
         }
     }
 }
@@ -283,6 +387,8 @@ impl Client {
             strict_locks: STRICT_LOCKS.get(&o),
             sock: SocketOptions::from_options(&o),
             tls: rpc::TlsFiles::from_options(&o).map(|f| f.client_config()).transpose().map_err(|e| e.to_string())?,
+            local: rpc::transport::LOCAL.get(&o),
+            shm_size: usize::try_from(rpc::transport::SHM_SIZE.get(&o)).unwrap_or(usize::MAX),
         };
         let client_id = format!("{}-{}-{}-{}", hostname(), std::process::id(), name, Gfid::random());
         let (run, _) = watch::channel(false);
@@ -355,6 +461,7 @@ impl Xlator for Client {
         vec![
             ("state".into(), st.phase.to_string()),
             ("remote".into(), format!("{}:{}", i.cfg.host, i.cfg.port)),
+            ("transport".into(), i.conn.lock().as_ref().map_or("none", |c| c.transport).to_string()),
             ("remote-subvolume".into(), i.cfg.subvolume.clone()),
             ("client-id".into(), i.client_id.clone()),
             ("server-client-id".into(), st.assigned_id.clone()),
@@ -370,6 +477,8 @@ impl Xlator for Client {
             ("upcalls-total".into(), n(&c.upcalls)),
             ("reopens-total".into(), n(&c.reopens)),
             ("reopen-failures-total".into(), n(&c.reopen_failures)),
+            ("shared-calls-total".into(), n(&c.shared_calls)),
+            ("shared-replies-total".into(), n(&c.shared_replies)),
             ("last-error".into(), st.last_error.clone()),
         ]
     }
@@ -542,14 +651,25 @@ impl Inner {
             tracing::warn!(client = %self.name, size, "read reply could not fit in max-frame-size {}: EINVAL", self.cfg.max_frame);
             return Err(Errno::EINVAL);
         }
+        let reply_size = match &req.fop {
+            Fop::Readv { size, .. } => *size as usize,
+            _ => 0,
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = Message::Call { ctx, req }.to_frame(id).and_then(|f| f.check_size(self.cfg.max_frame).map(|()| f));
         let frame = frame.map_err(|e| {
             tracing::warn!(client = %self.name, "call not sent: {e}");
             Errno::EINVAL
         })?;
+        // `keep` lives until the reply: the brick reads it from shared
+        // memory until then.
+        let Prepared { frame, keep, lent } = conn.prepare(frame, reply_size);
+        if keep.is_some() {
+            self.counters.shared_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        let keep = Keep(keep);
         let (tx, rx) = oneshot::channel();
-        let Some(inflight) = self.conn_pending_insert(conn, id, tx) else {
+        let Some(inflight) = self.conn_pending_insert(conn, id, Waiter { tx, lent }) else {
             return Err(Errno::ENOTCONN);
         };
         let _guard = PendingGuard { conn, id };
@@ -565,15 +685,21 @@ impl Inner {
         if !sent {
             return Err(Errno::ENOTCONN);
         }
-        rx.await.unwrap_or(Err(Errno::ENOTCONN))
+        match rx.await {
+            Ok(res) => {
+                keep.release();
+                res
+            }
+            Err(_) => Err(Errno::ENOTCONN),
+        }
     }
 
     /// Registers a reply waiter; the calls then in flight (this one
     /// included), or None when the connection is closed.
-    fn conn_pending_insert(&self, conn: &Conn, id: u64, tx: oneshot::Sender<FopResult>) -> Option<usize> {
+    fn conn_pending_insert(&self, conn: &Conn, id: u64, w: Waiter) -> Option<usize> {
         let mut pending = conn.pending.lock();
         let map = pending.as_mut()?;
-        map.insert(id, tx);
+        map.insert(id, w);
         Some(map.len())
     }
 }

@@ -25,6 +25,10 @@
 //!
 //! - [`TlsStream`] puts a TLS session (rustls) under both halves when
 //!   `transport.socket.ssl-enabled` is on ([`WireRead`], [`WireWrite`]).
+//! - The local transport: a brick also listens on an abstract Unix socket
+//!   named after its TCP address ([`local_socket_name`]); a client on the
+//!   same host connects there instead and hands the brick shared memory
+//!   regions, so write and read data cross by reference ([`shm`]).
 //!
 //! They live in `frames`, `messages`, `socket` and `tls`, re-exported
 //! here; this file keeps the transport options both sides declare.
@@ -44,6 +48,7 @@ use xlfs_sdk::{CallCtx, Dict, Event, FopResult, Request};
 
 mod frames;
 mod messages;
+pub mod shm;
 mod socket;
 mod tls;
 
@@ -93,6 +98,18 @@ pub mod transport {
     pub const KEEPALIVE_COUNT: Opt<kind::Int> = Opt::int("transport.socket.keepalive-count", "9")
         .range(1.0, 127.0)
         .desc("Unanswered keepalive probes before the connection is declared dead.");
+    /// `transport.local`.
+    pub const LOCAL: Opt<kind::Bool> = Opt::bool("transport.local", true).desc(
+        "A client: reach a brick on this host through the brick's Unix socket rather than TCP, with write and \
+         read data in shared memory (no socket copies); TCP when the brick is elsewhere or does not offer it. A \
+         brick: also listen on that socket (never with TLS on).",
+    );
+    /// `transport.local.shm-size`.
+    pub const SHM_SIZE: Opt<kind::Size> = Opt::size("transport.local.shm-size", "64MB").range(0.0, 4294967296.0).desc(
+        "A client: bytes of shared memory for payloads to local bricks, once per process for writes (the first \
+             client's size) and again per local connection for reads (up to a quarter of it); 0 sends every \
+             payload through the socket. Only pages used are resident.",
+    );
     /// `transport.tcp-user-timeout`.
     pub const USER_TIMEOUT: Opt<kind::Time> = Opt::time("transport.tcp-user-timeout", "0")
         .range(0.0, 86400.0)
@@ -151,6 +168,27 @@ pub fn check_transport(o: &xlfs_sdk::Options) -> Result<(), String> {
     Ok(())
 }
 
+/// The abstract Unix socket a brick listening on TCP `addr` also listens
+/// on (the local transport).
+pub fn local_socket_name(addr: std::net::SocketAddr) -> String {
+    format!("xlfs-brick/{addr}")
+}
+
+/// True when `ip` is an address of this host (in this network namespace):
+/// a socket can be bound to it.
+pub fn is_local_ip(ip: std::net::IpAddr) -> bool {
+    ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
+/// The first byte a local-transport client sends, with its regions'
+/// memfds (SCM_RIGHTS) or none.
+pub mod local_preface {
+    /// Two memfds follow: the send region, then the receive region.
+    pub const SHARED: u8 = b'S';
+    /// No shared memory: payloads go through the socket.
+    pub const PLAIN: u8 = b'P';
+}
+
 /// An option array: the given declarations, then the GlusterFS transport
 /// options both translators declare ([`transport`]).
 macro_rules! with_transport_options {
@@ -168,6 +206,8 @@ macro_rules! with_transport_options {
             $crate::protocol::rpc::transport::KEEPALIVE_INTERVAL.decl,
             $crate::protocol::rpc::transport::KEEPALIVE_COUNT.decl,
             $crate::protocol::rpc::transport::USER_TIMEOUT.decl,
+            $crate::protocol::rpc::transport::LOCAL.decl,
+            $crate::protocol::rpc::transport::SHM_SIZE.decl,
         ]
     };
 }

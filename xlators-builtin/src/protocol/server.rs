@@ -6,7 +6,13 @@
 //! - **Listening.** The socket is bound when the translator is built (a bind
 //!   error is an init error naming the address); connections are accepted
 //!   once a child reports `ChildUp`. `dump()` reports the bound address as
-//!   `listen` (useful with `transport.socket.listen-port 0`).
+//!   `listen` (useful with `transport.socket.listen-port 0`). Unless
+//!   `transport.local` is off or TLS is on, it also listens on the abstract
+//!   Unix socket named after that address (`listen-local`), for clients on
+//!   this host: they may hand over shared regions, and then write data is
+//!   read from the client's memory and read data put there, with no socket
+//!   copies (`sdk/WIRE.md` section 12; a bad region or descriptor closes
+//!   that connection).
 //! - **Clients.** Each connection gets a client id of its own, the HELLO's
 //!   `client-id` plus `#<connection number>`, which the server writes into
 //!   every call's [`CallCtx::client_id`] (what the client sent there is
@@ -79,21 +85,21 @@ use xlfs_sdk::options::{OptType, OptionDecl};
 use xlfs_sdk::profile::{PROFILE_KEY, PROFILE_RESET_KEY, STATEDUMP_KEY};
 use xlfs_sdk::{
     CallCtx, Child, Dict, Errno, Event, EventFrom, EventSink, Fd, FdId, Fop, FopKind, FopResult, Gfid, InitCtx,
-    InitError, Reply, Request, Response, Upcall, Value, Xlator, XlatorType,
+    InitError, Reply, Request, Response, Upcall, Xlator, XlatorType,
 };
 
 use self::auth::Auth;
 use self::connection::*;
 use self::fds::FdTable;
 use super::rpc::{
-    self, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, Held, HelloReply, Link, Message, MessageError, OUT_QUEUE,
-    Outgoing, SocketOptions, TlsStream, WireRead, hello_keys, limits_for, with_transport_options,
+    self, Descriptor, FrameKind, FrameReader, HANDSHAKE_MAX_FRAME, Held, HelloReply, Link, Message, MessageError,
+    OUT_QUEUE, Outgoing, SocketOptions, TlsStream, WireRead, WireWrite, hello_keys, limits_for, with_transport_options,
 };
 
 /// The translator type.
 pub const TYPE: XlatorType = XlatorType {
     name: "protocol/server",
-    description: "serves the brick graph below it to protocol/client peers over TCP",
+    description: "serves the brick graph below it to protocol/client peers over TCP (and a Unix socket for local ones)",
     options: OPTIONS,
     min_children: 1,
     max_children: usize::MAX,
@@ -235,6 +241,10 @@ struct Shared {
     rt: Handle,
     cfg: Config,
     listener: Mutex<Option<std::net::TcpListener>>,
+    /// The local transport's abstract Unix socket, when offered.
+    unix_listener: Mutex<Option<std::os::unix::net::UnixListener>>,
+    /// Its name (for the dump), when offered.
+    unix_name: Option<String>,
     local: SocketAddr,
     /// Handshaken connections by their client id.
     conns: Mutex<HashMap<Arc<str>, Arc<Conn>>>,
@@ -246,6 +256,15 @@ struct Shared {
     stop: watch::Sender<bool>,
     tasks: TaskCount,
     counters: Counters,
+}
+
+/// A local client's regions, mapped here.
+struct PeerShm {
+    /// Its send region (read-only here): CALL payloads.
+    send: Arc<rpc::shm::Mapping>,
+    /// Its receive region for this connection (read-write here): the data
+    /// of replies to calls that lend a chunk of it.
+    recv: Arc<rpc::shm::Mapping>,
 }
 
 /// How far a closing connection's calls are cancelled.
@@ -262,6 +281,10 @@ enum Cancel {
 struct Conn {
     client_id: Arc<str>,
     peer: SocketAddr,
+    /// The client's shared regions (local transport only).
+    shm: Option<PeerShm>,
+    /// "tcp", "tls", "unix" or "unix+shm", for the dump.
+    transport: &'static str,
     child: Child,
     /// The socket's write side: a reply is written by the task that has
     /// it when the socket is free.
@@ -357,6 +380,24 @@ struct Server {
     shared: Arc<Shared>,
 }
 
+/// Binds the local transport's abstract Unix socket for the TCP address
+/// `tcp`; None (logged) when it cannot be bound, e.g. another brick of this
+/// host already holds the name: clients then use TCP.
+fn bind_local(tcp: SocketAddr) -> Option<std::os::unix::net::UnixListener> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = rpc::local_socket_name(tcp);
+    let bound = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+        .and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a))
+        .and_then(|l| l.set_nonblocking(true).map(|()| l));
+    match bound {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(socket = %name, error = %e, "local transport not offered: clients on this host use TCP");
+            None
+        }
+    }
+}
+
 /// Binds a listening IPv4 TCP socket.
 fn bind(host: &str, port: u16, backlog: i32) -> Result<std::net::TcpListener, String> {
     let fail = |e: &dyn std::fmt::Display| format!("cannot listen on {host}:{port}: {e}");
@@ -396,7 +437,12 @@ impl Server {
         let port = TRANSPORT_SOCKET_LISTEN_PORT.get(&o).clamp(0, 65535) as u16;
         let listener = bind(host, port, TRANSPORT_LISTEN_BACKLOG.get(&o).clamp(1, 65535) as i32)?;
         let local = listener.local_addr().map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
-        tracing::info!(server = %name, listen = %local, subvolumes = %names.join(","), "listening");
+        let unix_listener = match rpc::transport::LOCAL.get(&o) && cfg.tls.is_none() {
+            true => bind_local(local),
+            false => None,
+        };
+        let unix_name = unix_listener.as_ref().map(|_| rpc::local_socket_name(local));
+        tracing::info!(server = %name, listen = %local, local = ?unix_name, subvolumes = %names.join(","), "listening");
         let (stop, _) = watch::channel(false);
         Ok(Server {
             shared: Arc::new(Shared {
@@ -406,6 +452,8 @@ impl Server {
                 rt,
                 cfg,
                 listener: Mutex::new(Some(listener)),
+                unix_listener: Mutex::new(unix_listener),
+                unix_name,
                 local,
                 conns: Mutex::new(HashMap::new()),
                 open: AtomicUsize::new(0),
@@ -429,6 +477,11 @@ impl Server {
         let sh = self.shared.clone();
         let guard = TaskGuard::new(&sh);
         self.shared.rt.spawn(accept_loop(sh, listener, guard));
+        if let Some(unix) = self.shared.unix_listener.lock().take() {
+            let sh = self.shared.clone();
+            let guard = TaskGuard::new(&sh);
+            self.shared.rt.spawn(accept_local_loop(sh, unix, guard));
+        }
     }
 
     fn route_upcall(&self, u: Upcall) {
@@ -503,6 +556,7 @@ impl Xlator for Server {
         let conns = sh.conns.lock();
         let mut out = vec![
             ("listen".to_string(), sh.local.to_string()),
+            ("listen-local".to_string(), sh.unix_name.clone().unwrap_or_else(|| "none".into())),
             ("accepting".to_string(), (sh.listener.lock().is_none() && !*sh.stop.borrow()).to_string()),
             ("clients".to_string(), conns.len().to_string()),
             ("connections-open".to_string(), sh.open.load(Ordering::Relaxed).to_string()),
@@ -519,8 +573,9 @@ impl Xlator for Server {
             out.push((
                 format!("client.{id}"),
                 format!(
-                    "peer {} subvolume {} inflight {inflight} fds {}",
+                    "peer {} transport {} subvolume {} inflight {inflight} fds {}",
                     conn.peer,
+                    conn.transport,
                     conn.child.name,
                     conn.fds.lock().len()
                 ),
@@ -533,6 +588,7 @@ impl Xlator for Server {
         let sh = &self.shared;
         sh.stop.send_replace(true);
         drop(sh.listener.lock().take());
+        drop(sh.unix_listener.lock().take());
         let on_current_thread_rt =
             Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
         if on_current_thread_rt {

@@ -48,11 +48,8 @@ impl Entry {
 
     pub(super) fn data(&mut self) -> Bytes {
         if self.chunks.len() != 1 {
-            let mut b = BytesMut::with_capacity(self.len as usize);
-            for c in &self.chunks {
-                b.extend_from_slice(c);
-            }
-            self.chunks = vec![b.freeze()];
+            // In the shared send region when local bricks use one.
+            self.chunks = vec![crate::protocol::rpc::shm::concat(&self.chunks)];
         }
         self.chunks.first().cloned().unwrap_or_default()
     }

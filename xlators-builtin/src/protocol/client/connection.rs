@@ -2,6 +2,8 @@
 //! and handshake, the reader that routes each frame to its waiting call or
 //! as an event, and the loop that reconnects with backoff and pings.
 
+use std::os::fd::AsRawFd;
+
 use super::*;
 
 impl Inner {
@@ -13,26 +15,15 @@ impl Inner {
         let cfg = &self.cfg;
         let addr = format!("{}:{}", cfg.host, cfg.port);
         let plain = |e: String| (e, false);
-        let stream =
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect((cfg.host.as_str(), cfg.port))).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => return Err(plain(format!("cannot connect to {addr}: {e}"))),
-                Err(_) => {
-                    return Err(plain(format!("cannot connect to {addr}: no answer within {HANDSHAKE_TIMEOUT:?}")));
-                }
-            };
-        if let Err(e) = cfg.sock.apply(socket2::SockRef::from(&stream)) {
-            tracing::debug!(client = %self.name, error = %e, "socket options not applied");
-        }
-        let (rd, wr) = match &cfg.tls {
-            None => rpc::plain(stream),
-            Some(tls) => {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsStream::connect(stream, tls.clone(), &cfg.host)).await
-                {
-                    Ok(Ok(halves)) => halves,
-                    Ok(Err(e)) => return Err((format!("{addr}: {e}"), true)),
-                    Err(_) => return Err((format!("{addr}: no TLS handshake within {HANDSHAKE_TIMEOUT:?}"), true)),
-                }
+        let local = self.connect_local().await;
+        let (rd, wr, local) = match local {
+            Some((stream, shm, ip)) => {
+                let (rd, wr) = rpc::unix(stream);
+                (rd, wr, Some((shm, ip)))
+            }
+            None => {
+                let (rd, wr) = self.connect_tcp(&addr).await?;
+                (rd, wr, None)
             }
         };
         let (link, writer) = Link::spawn(wr);
@@ -45,6 +36,9 @@ impl Inner {
         }
         if let Some(p) = &cfg.password {
             params.set_str(hello_keys::PASSWORD, p.clone());
+        }
+        if let Some((_, ip)) = &local {
+            params.set_str(hello_keys::LOCAL_ADDR, ip.to_string());
         }
         let hello = Message::Hello(Hello { version: AbiVersion::CURRENT, params })
             .to_frame(0)
@@ -87,11 +81,93 @@ impl Inner {
         }
         reader.set_max_frame(cfg.max_frame);
         let assigned = reply.info.get_str(hello_keys::ASSIGNED_CLIENT_ID).unwrap_or_default().to_string();
-        let conn = Arc::new(Conn { generation, link, pending: Mutex::new(Some(HashMap::new())) });
+        let shared = reply.info.get_u64(hello_keys::SHARED_MEMORY) == Some(1);
+        let (shm, transport) = match local {
+            Some((Some(shm), _)) if shared => (Some(shm), "unix+shm"),
+            Some(_) => (None, "unix"),
+            None if cfg.tls.is_some() => (None, "tls"),
+            None => (None, "tcp"),
+        };
+        let conn = Arc::new(Conn { generation, link, pending: Mutex::new(Some(HashMap::new())), shm, transport });
         let mut st = self.status.lock();
         st.assigned_id = assigned;
         st.generation = generation;
         Ok((conn, reader, writer))
+    }
+
+    /// A TCP connection to the brick, under TLS when configured.
+    async fn connect_tcp(&self, addr: &str) -> Result<(WireRead, rpc::WireWrite), (String, bool)> {
+        let cfg = &self.cfg;
+        let plain = |e: String| (e, false);
+        let stream =
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect((cfg.host.as_str(), cfg.port))).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return Err(plain(format!("cannot connect to {addr}: {e}"))),
+                Err(_) => {
+                    return Err(plain(format!("cannot connect to {addr}: no answer within {HANDSHAKE_TIMEOUT:?}")));
+                }
+            };
+        if let Err(e) = cfg.sock.apply(socket2::SockRef::from(&stream)) {
+            tracing::debug!(client = %self.name, error = %e, "socket options not applied");
+        }
+        match &cfg.tls {
+            None => Ok(rpc::plain(stream)),
+            Some(tls) => {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsStream::connect(stream, tls.clone(), &cfg.host)).await
+                {
+                    Ok(Ok(halves)) => Ok(halves),
+                    Ok(Err(e)) => Err((format!("{addr}: {e}"), true)),
+                    Err(_) => Err((format!("{addr}: no TLS handshake within {HANDSHAKE_TIMEOUT:?}"), true)),
+                }
+            }
+        }
+    }
+
+    /// The local transport, when the brick is on this host and offers it
+    /// (`transport.local`, never with TLS): the Unix socket, its preface
+    /// sent (the shared regions, unless `transport.local.shm-size` is 0 or
+    /// they cannot be made), and the brick address dialed. None: use TCP.
+    async fn connect_local(&self) -> Option<(tokio::net::UnixStream, Option<Shm>, std::net::IpAddr)> {
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
+        let cfg = &self.cfg;
+        if !cfg.local || cfg.tls.is_some() {
+            return None;
+        }
+        let ip = tokio::net::lookup_host((cfg.host.as_str(), cfg.port)).await.ok()?.find(|a| a.is_ipv4())?.ip();
+        if !rpc::is_local_ip(ip) {
+            return None;
+        }
+        let any = std::net::SocketAddr::from(([0, 0, 0, 0], cfg.port));
+        let stream = [std::net::SocketAddr::new(ip, cfg.port), any].into_iter().find_map(|a| {
+            let name = rpc::local_socket_name(a);
+            UnixAddr::from_abstract_name(name.as_bytes()).and_then(|n| UnixStream::connect_addr(&n)).ok()
+        })?;
+        let shm = match cfg.shm_size {
+            0 => None,
+            size => shm::send_region(size).and_then(|send| match Region::create("xlfs-recv", (size / 4).max(1 << 20)) {
+                Ok(recv) => Some(Shm { send, recv }),
+                Err(e) => {
+                    tracing::warn!(client = %self.name, error = %e, "no receive region: read data comes through the socket");
+                    None
+                }
+            }),
+        };
+        let sent = match &shm {
+            Some(s) => {
+                shm::send_fds(stream.as_raw_fd(), rpc::local_preface::SHARED, &[s.send.raw_fd(), s.recv.raw_fd()])
+            }
+            None => shm::send_fds(stream.as_raw_fd(), rpc::local_preface::PLAIN, &[]),
+        };
+        let ready =
+            sent.and_then(|()| stream.set_nonblocking(true)).and_then(|()| tokio::net::UnixStream::from_std(stream));
+        match ready {
+            Ok(s) => Some((s, shm, ip)),
+            Err(e) => {
+                tracing::debug!(client = %self.name, error = %e, "local transport failed: TCP instead");
+                None
+            }
+        }
     }
 
     /// Serves a connection until it ends; returns why.
@@ -142,6 +218,14 @@ impl Inner {
         let id = frame.id;
         match frame.kind {
             FrameKind::Reply => {
+                let mut waiter = conn.pending.lock().as_mut().and_then(|m| m.remove(&id));
+                let mut frame = frame;
+                let lent = waiter.as_mut().and_then(|w| w.lent.take());
+                if frame.flags != 0 {
+                    self.counters.shared_replies.fetch_add(1, Ordering::Relaxed);
+                    frame = shared_reply(frame, lent)
+                        .map_err(|e| format!("{}:{} sent a bad shared reply: {e}", self.cfg.host, self.cfg.port))?;
+                }
                 let res = match Message::from_frame(frame, limits) {
                     Ok(Message::Reply(r)) => r,
                     Ok(_) | Err(_) => {
@@ -149,10 +233,9 @@ impl Inner {
                         Err(Errno::EIO)
                     }
                 };
-                let waiter = conn.pending.lock().as_mut().and_then(|m| m.remove(&id));
                 match waiter {
                     Some(w) => {
-                        let _ = w.send(res);
+                        let _ = w.tx.send(res);
                     }
                     None => tracing::debug!(client = %self.name, id, "reply for no waiting call"),
                 }
@@ -183,6 +266,28 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// A REPLY whose data the brick put in the chunk its call lent: the data
+/// as a slice of that chunk (taken from the waiter, it is freed once the
+/// caller drops the data).
+fn shared_reply(mut frame: Frame, lent: Option<Chunk>) -> Result<Frame, String> {
+    let (data, reply_at) = frame.descriptors().map_err(|e| e.to_string())?;
+    let (Some(d), None, Some(chunk)) = (data, reply_at, lent) else {
+        return Err(format!("flags {:#04x} on a reply to a call that lent no chunk", frame.flags));
+    };
+    if d.offset != chunk.offset() || d.len > chunk.len() as u64 {
+        return Err(format!(
+            "data at {}+{} is not in the chunk lent at {}+{}",
+            d.offset,
+            d.len,
+            chunk.offset(),
+            chunk.len()
+        ));
+    }
+    frame.flags = 0;
+    frame.payload = chunk.freeze().slice(..d.len as usize);
+    Ok(frame)
 }
 
 /// Connects, serves, reconnects with backoff, until told to stop.

@@ -14,6 +14,34 @@ pub(super) const FIXED_AFTER_LEN: usize = PREFIX_LEN - 4;
 /// Largest frame accepted before a connection's handshake is done.
 pub const HANDSHAKE_MAX_FRAME: usize = 64 << 10;
 
+/// The prefix's flags: both are sent only on a connection whose handshake
+/// set up shared regions (the local transport, [`super::shm`]); each adds
+/// one [`Descriptor`] to the payload section, in this order.
+pub mod frame_flags {
+    /// The payload is not in the frame: it lies in shared memory where the
+    /// first descriptor says (a CALL: the client's send region; a REPLY: the
+    /// client's receive region).
+    pub const SHARED_DATA: u8 = 0x01;
+    /// A CALL lends a chunk of the client's receive region for its reply's
+    /// data: the last descriptor.
+    pub const REPLY_AT: u8 = 0x02;
+    /// Every flag this build knows.
+    pub const KNOWN: u8 = SHARED_DATA | REPLY_AT;
+}
+
+/// Where shared bytes lie: an offset and a length in a region, 16 bytes on
+/// the wire (two u64).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Descriptor {
+    /// Offset in the region.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// Bytes of one [`Descriptor`] on the wire.
+pub const DESCRIPTOR_LEN: usize = 16;
+
 macro_rules! frame_kinds {
     ($($kind:ident = $code:expr, $name:expr;)*) => {
         /// What a frame carries.
@@ -71,13 +99,24 @@ pub enum FrameError {
     /// An unknown frame kind.
     #[error("unknown frame kind {0}")]
     UnknownKind(u8),
-    /// Flags or the reserved field are not zero.
-    #[error("frame flags {flags:#04x} and reserved field {reserved:#06x} must be zero")]
+    /// Unknown flags, or a reserved field that is not zero.
+    #[error("frame flags {flags:#04x} and reserved field {reserved:#06x}: unknown flags set or reserved not zero")]
     Reserved {
         /// The flags byte.
         flags: u8,
         /// The reserved field.
         reserved: u16,
+    },
+    /// Shared-memory flags where none were agreed, or a payload section
+    /// that is not the descriptors the flags announce.
+    #[error("frame flags {flags:#04x} with a {payload}-byte payload section: {why}")]
+    Shared {
+        /// The flags byte.
+        flags: u8,
+        /// The payload section's length.
+        payload: usize,
+        /// What is wrong.
+        why: &'static str,
     },
     /// `header_len` is more than the frame holds.
     #[error("header length {header_len} is over the {available} bytes the frame holds after its prefix")]
@@ -96,6 +135,8 @@ pub struct Frame {
     pub kind: FrameKind,
     /// The request id (CALL/REPLY, PING/PONG), 0 for the others.
     pub id: u64,
+    /// [`frame_flags`]; 0 on every connection without shared regions.
+    pub flags: u8,
     /// The ABI-encoded header.
     pub header: Bytes,
     /// The bulk data beside the header (empty for most frames).
@@ -106,6 +147,7 @@ pub struct Frame {
 pub(super) struct Prefix {
     pub(super) size: usize,
     pub(super) kind: FrameKind,
+    pub(super) flags: u8,
     pub(super) id: u64,
     pub(super) header_len: usize,
 }
@@ -139,7 +181,7 @@ pub(super) fn parse_prefix(b: &[u8], max_frame: usize) -> Result<Option<Prefix>,
         return Ok(None);
     };
     let reserved = u16::from_le_bytes([r[0], r[1]]);
-    if flags != 0 || reserved != 0 {
+    if flags & !frame_flags::KNOWN != 0 || reserved != 0 {
         return Err(FrameError::Reserved { flags, reserved });
     }
     let (Some(id), Some(header_len)) = (le_u64(b, 8), le_u32(b, 16)) else {
@@ -150,7 +192,7 @@ pub(super) fn parse_prefix(b: &[u8], max_frame: usize) -> Result<Option<Prefix>,
         return Err(FrameError::HeaderTooLong { header_len, available });
     }
     // size <= max_frame, a usize.
-    Ok(Some(Prefix { size: size as usize, kind, id, header_len: header_len as usize }))
+    Ok(Some(Prefix { size: size as usize, kind, flags, id, header_len: header_len as usize }))
 }
 
 /// Takes the first whole frame off the front of `buf`: `Ok(None)` when
@@ -167,7 +209,31 @@ pub fn decode_frame(buf: &mut BytesMut, max_frame: usize) -> Result<Option<Frame
     let mut body = buf.split_to(p.size).freeze();
     body.advance(PREFIX_LEN);
     let header = body.split_to(p.header_len);
-    Ok(Some(Frame { kind: p.kind, id: p.id, header, payload: body }))
+    Ok(Some(Frame { kind: p.kind, id: p.id, flags: p.flags, header, payload: body }))
+}
+
+impl Frame {
+    /// The descriptors the flags announce: (shared data, reply chunk).
+    /// The payload section must be exactly those descriptors.
+    pub fn descriptors(&self) -> Result<(Option<Descriptor>, Option<Descriptor>), FrameError> {
+        let f = self.flags;
+        let n = usize::from(f & frame_flags::SHARED_DATA != 0) + usize::from(f & frame_flags::REPLY_AT != 0);
+        let p = &self.payload;
+        if p.len() != n * DESCRIPTOR_LEN {
+            return Err(FrameError::Shared {
+                flags: f,
+                payload: p.len(),
+                why: "not the descriptors the flags announce",
+            });
+        }
+        let at = |i: usize| {
+            let o = i * DESCRIPTOR_LEN;
+            Descriptor { offset: le_u64(p, o).unwrap_or(0), len: le_u64(p, o + 8).unwrap_or(0) }
+        };
+        let data = (f & frame_flags::SHARED_DATA != 0).then(|| at(0));
+        let reply = (f & frame_flags::REPLY_AT != 0).then(|| at(n - 1));
+        Ok((data, reply))
+    }
 }
 
 /// The size of the frame starting `buf`, once its length field is there
@@ -205,6 +271,33 @@ impl OutFrame {
         head[8..16].copy_from_slice(&id.to_le_bytes());
         head[16..20].copy_from_slice(&header_len.to_le_bytes());
         Ok(OutFrame { head: Bytes::from(head), payload })
+    }
+
+    /// The frame with its payload replaced by descriptors ([`frame_flags`]):
+    /// `data` where the payload lies in shared memory, `reply` a chunk lent
+    /// for the reply's data.
+    pub fn with_descriptors(self, data: Option<Descriptor>, reply: Option<Descriptor>) -> OutFrame {
+        let mut flags = 0;
+        let mut payload = Vec::with_capacity(2 * DESCRIPTOR_LEN);
+        for (flag, d) in [(frame_flags::SHARED_DATA, data), (frame_flags::REPLY_AT, reply)] {
+            if let Some(d) = d {
+                flags |= flag;
+                payload.extend_from_slice(&d.offset.to_le_bytes());
+                payload.extend_from_slice(&d.len.to_le_bytes());
+            }
+        }
+        let mut head = self.head.to_vec();
+        // The head's len fits u32 already and the new payload is smaller
+        // than a u32 can hold.
+        let len = (head.len() - 4 + payload.len()) as u32;
+        head[0..4].copy_from_slice(&len.to_le_bytes());
+        head[5] |= flags;
+        OutFrame { head: Bytes::from(head), payload: Bytes::from(payload) }
+    }
+
+    /// The payload (the bulk data beside the header).
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
     }
 
     /// The whole frame's size in bytes.

@@ -20,6 +20,14 @@ pub mod hello_keys {
     /// In an accepting HELLO_REPLY's info: the id the server gave this
     /// connection (what lock upcalls name as the holder).
     pub const ASSIGNED_CLIENT_ID: &str = "client-id";
+    /// Over the local transport: the brick's IP address the client dialed
+    /// (an address of this host, which the server checks), taken as the
+    /// client's address by `auth.addr`; 127.0.0.1 when absent.
+    pub const LOCAL_ADDR: &str = "local-addr";
+    /// In an accepting HELLO_REPLY's info, over the local transport: true
+    /// when the server mapped the regions the client sent, so both sides
+    /// may use the shared-memory frame flags.
+    pub const SHARED_MEMORY: &str = "shared-memory";
 }
 
 /// The client's opening message.

@@ -141,12 +141,32 @@ fn bad_prefixes_are_refused_early() {
     assert_eq!(decode_frame(&mut short, MAX), Err(FrameError::TooShort { len: 3 }));
     let mut kind = BytesMut::from(&encode_raw_frame(99, 0, 0, 1, b"", b"")[..5]);
     assert_eq!(decode_frame(&mut kind, MAX), Err(FrameError::UnknownKind(99)));
-    let mut flags = BytesMut::from(&encode_raw_frame(5, 1, 0, 1, b"", b"")[..]);
-    assert_eq!(decode_frame(&mut flags, MAX), Err(FrameError::Reserved { flags: 1, reserved: 0 }));
+    let mut flags = BytesMut::from(&encode_raw_frame(5, 4, 0, 1, b"", b"")[..]);
+    assert_eq!(decode_frame(&mut flags, MAX), Err(FrameError::Reserved { flags: 4, reserved: 0 }));
+    let mut reserved = BytesMut::from(&encode_raw_frame(5, 0, 1, 1, b"", b"")[..]);
+    assert_eq!(decode_frame(&mut reserved, MAX), Err(FrameError::Reserved { flags: 0, reserved: 1 }));
     let mut raw = encode_raw_frame(5, 0, 0, 1, b"abc", b"");
     raw[16..20].copy_from_slice(&10u32.to_le_bytes());
     let mut over = BytesMut::from(&raw[..]);
     assert_eq!(decode_frame(&mut over, MAX), Err(FrameError::HeaderTooLong { header_len: 10, available: 3 }));
+}
+
+#[test]
+fn shared_memory_flags_announce_exactly_their_descriptors() {
+    let d = |offset, len| Descriptor { offset, len };
+    let out = Message::Ping.to_frame(3).expect("frame").with_descriptors(Some(d(4096, 10)), Some(d(8192, 1 << 20)));
+    let mut buf = BytesMut::from(&out.to_vec()[..]);
+    let f = decode_frame(&mut buf, MAX).expect("frame ok").expect("whole");
+    assert_eq!(f.flags, frame_flags::SHARED_DATA | frame_flags::REPLY_AT);
+    assert_eq!(f.descriptors(), Ok((Some(d(4096, 10)), Some(d(8192, 1 << 20)))));
+    let only_reply = Message::Ping.to_frame(3).expect("frame").with_descriptors(None, Some(d(0, 7)));
+    let mut buf = BytesMut::from(&only_reply.to_vec()[..]);
+    let f = decode_frame(&mut buf, MAX).expect("frame ok").expect("whole");
+    assert_eq!(f.descriptors(), Ok((None, Some(d(0, 7)))));
+    // A payload section that is not what the flags announce.
+    let mut raw = BytesMut::from(&encode_raw_frame(3, frame_flags::SHARED_DATA, 0, 1, b"", &[0; 15])[..]);
+    let f = decode_frame(&mut raw, MAX).expect("frame ok").expect("whole");
+    assert!(matches!(f.descriptors(), Err(FrameError::Shared { payload: 15, .. })));
 }
 
 #[test]

@@ -213,6 +213,8 @@ pub enum WireRead {
     Tcp(OwnedReadHalf),
     /// TLS over TCP.
     Tls(Arc<TlsStream>),
+    /// A Unix socket (the local transport).
+    Unix(tokio::net::unix::OwnedReadHalf),
 }
 
 /// The write half of a connection.
@@ -221,6 +223,8 @@ pub enum WireWrite {
     Tcp(OwnedWriteHalf),
     /// TLS over TCP.
     Tls(Arc<TlsStream>),
+    /// A Unix socket (the local transport).
+    Unix(tokio::net::unix::OwnedWriteHalf),
 }
 
 impl From<OwnedWriteHalf> for WireWrite {
@@ -233,6 +237,12 @@ impl From<OwnedWriteHalf> for WireWrite {
 pub fn plain(stream: TcpStream) -> (WireRead, WireWrite) {
     let (rd, wr) = stream.into_split();
     (WireRead::Tcp(rd), WireWrite::Tcp(wr))
+}
+
+/// Splits a Unix socket connection (the local transport).
+pub fn unix(stream: tokio::net::UnixStream) -> (WireRead, WireWrite) {
+    let (rd, wr) = stream.into_split();
+    (WireRead::Unix(rd), WireWrite::Unix(wr))
 }
 
 /// A TLS session over a TCP socket, shared by both halves.
@@ -425,6 +435,7 @@ impl tokio::io::AsyncRead for WireRead {
         match self.get_mut() {
             WireRead::Tcp(r) => Pin::new(r).poll_read(cx, buf),
             WireRead::Tls(s) => s.poll_read(cx, buf),
+            WireRead::Unix(r) => Pin::new(r).poll_read(cx, buf),
         }
     }
 }
@@ -436,6 +447,7 @@ impl WireWrite {
         match self {
             WireWrite::Tcp(w) => w.try_write_vectored(slices),
             WireWrite::Tls(s) => s.try_write_vectored(slices),
+            WireWrite::Unix(w) => w.try_write_vectored(slices),
         }
     }
 
@@ -443,7 +455,7 @@ impl WireWrite {
     /// take); WouldBlock while some remain. Nothing to do on plain TCP.
     pub(super) fn flush(&self) -> io::Result<()> {
         match self {
-            WireWrite::Tcp(_) => Ok(()),
+            WireWrite::Tcp(_) | WireWrite::Unix(_) => Ok(()),
             WireWrite::Tls(s) => s.flush_locked(&mut s.state.lock()),
         }
     }
@@ -453,6 +465,7 @@ impl WireWrite {
         match self {
             WireWrite::Tcp(w) => w.writable().await,
             WireWrite::Tls(s) => s.sock.writable().await,
+            WireWrite::Unix(w) => w.writable().await,
         }
     }
 
@@ -461,6 +474,7 @@ impl WireWrite {
     pub(super) fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
         let sock = match self {
             WireWrite::Tcp(w) => socket2::SockRef::from(w.as_ref()),
+            WireWrite::Unix(w) => socket2::SockRef::from(w.as_ref()),
             WireWrite::Tls(s) => {
                 if how == std::net::Shutdown::Write {
                     let mut st = s.state.lock();

@@ -2,6 +2,10 @@
 //! loop): accepting it, the HELLO handshake with its checks, the serve loop
 //! that runs each CALL and sends its REPLY, and what a disconnect releases.
 
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use bytes::Bytes;
+
 use super::*;
 
 pub(super) async fn accept_loop(sh: Arc<Shared>, listener: std::net::TcpListener, _guard: TaskGuard) {
@@ -56,13 +60,20 @@ pub(super) async fn finish_writer(writer: JoinHandle<std::io::Result<()>>) {
     }
 }
 
-pub(super) async fn connection(
-    sh: Arc<Shared>,
-    stream: TcpStream,
-    peer: SocketAddr,
-    _open: OpenGuard,
-    _task: TaskGuard,
-) {
+/// How a connection reached the server, and what its peer brought.
+pub(super) struct Wire {
+    pub(super) rd: WireRead,
+    pub(super) wr: WireWrite,
+    pub(super) peer: SocketAddr,
+    /// The TLS peer's certificate common name.
+    pub(super) cn: Option<String>,
+    /// Over the local transport: the client's regions, if it sent them and
+    /// they mapped (`None` inside: local without shared memory).
+    pub(super) local: Option<Option<PeerShm>>,
+}
+
+/// A TCP connection: socket options, TLS when configured, then served.
+pub(super) async fn connection(sh: Arc<Shared>, stream: TcpStream, peer: SocketAddr, open: OpenGuard, task: TaskGuard) {
     if let Err(e) = sh.cfg.sock.apply(socket2::SockRef::from(&stream)) {
         tracing::debug!(%peer, error = %e, "socket options not applied");
     }
@@ -85,9 +96,103 @@ pub(super) async fn connection(
             }
         },
     };
+    serve_connection(sh, Wire { rd, wr, peer, cn, local: None }, open, task).await;
+}
+
+/// Accepts local-transport connections on the abstract Unix socket.
+pub(super) async fn accept_local_loop(sh: Arc<Shared>, listener: std::os::unix::net::UnixListener, _guard: TaskGuard) {
+    let listener = match tokio::net::UnixListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(server = %sh.name, error = %e, "cannot accept local connections");
+            return;
+        }
+    };
+    let mut stop = sh.stop.subscribe();
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            r = listener.accept() => r,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                sh.counters.accepted.fetch_add(1, Ordering::Relaxed);
+                let open = sh.open.fetch_add(1, Ordering::AcqRel) + 1;
+                let guard = OpenGuard(sh.clone());
+                if open > sh.cfg.max_clients.saturating_mul(2) {
+                    tracing::warn!(server = %sh.name, open, "too many connections: local one closed at once");
+                    continue;
+                }
+                let task = TaskGuard::new(&sh);
+                tokio::spawn(local_connection(sh.clone(), stream, guard, task));
+            }
+            Err(e) => {
+                tracing::warn!(server = %sh.name, error = %e, "local accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// A local-transport connection: its preface (one byte, with the client's
+/// two region memfds or none), the regions mapped, then served.
+pub(super) async fn local_connection(
+    sh: Arc<Shared>,
+    stream: tokio::net::UnixStream,
+    open: OpenGuard,
+    task: TaskGuard,
+) {
+    let pid = stream.peer_cred().ok().and_then(|c| c.pid()).unwrap_or(0);
+    let peer = SocketAddr::from(([127, 0, 0, 1], 0));
+    let preface = async {
+        loop {
+            stream.readable().await?;
+            match stream.try_io(tokio::io::Interest::READABLE, || rpc::shm::recv_fds(stream.as_raw_fd(), 2)) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                r => return r,
+            }
+        }
+    };
+    let (tag, fds) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, preface).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            sh.counters.closed_bad_input.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(server = %sh.name, pid, "local connection closed before its handshake: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(server = %sh.name, pid, "no local preface within {HANDSHAKE_TIMEOUT:?}: closed");
+            return;
+        }
+    };
+    let shm = match (tag, <[OwnedFd; 2]>::try_from(fds)) {
+        (rpc::local_preface::SHARED, Ok([send, recv])) => {
+            match (rpc::shm::Mapping::from_peer(send, false), rpc::shm::Mapping::from_peer(recv, true)) {
+                (Ok(send), Ok(recv)) => Some(PeerShm { send, recv }),
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::warn!(server = %sh.name, pid, "{e}: payloads of this local client go through the socket");
+                    None
+                }
+            }
+        }
+        (rpc::local_preface::PLAIN, Ok(_)) | (rpc::local_preface::PLAIN, Err(_)) => None,
+        (tag, _) => {
+            sh.counters.closed_bad_input.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(server = %sh.name, pid, tag, "bad local preface: closed");
+            return;
+        }
+    };
+    let (rd, wr) = rpc::unix(stream);
+    serve_connection(sh, Wire { rd, wr, peer, cn: None, local: Some(shm) }, open, task).await;
+}
+
+/// Handshakes and serves a connection until it ends, then releases what
+/// its client held.
+pub(super) async fn serve_connection(sh: Arc<Shared>, wire: Wire, _open: OpenGuard, _task: TaskGuard) {
+    let Wire { rd, wr, peer, cn, local } = wire;
     let (link, writer) = Link::spawn(wr);
     let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME);
-    let conn = match handshake(&sh, &mut reader, &link, peer, cn.as_deref()).await {
+    let conn = match handshake(&sh, &mut reader, &link, peer, cn.as_deref(), local).await {
         Ok(conn) => conn,
         Err(()) => {
             link.close();
@@ -96,6 +201,7 @@ pub(super) async fn connection(
             return;
         }
     };
+    let peer = conn.peer;
     reader.set_max_frame(sh.cfg.max_frame);
     let (why, graceful) = serve(&sh, &conn, &mut reader).await;
     drop(reader);
@@ -156,6 +262,7 @@ pub(super) async fn handshake(
     tx: &Link,
     peer: SocketAddr,
     cn: Option<&str>,
+    local: Option<Option<PeerShm>>,
 ) -> Result<Arc<Conn>, ()> {
     let frame = match tokio::time::timeout(HANDSHAKE_TIMEOUT, reader.next()).await {
         Ok(Ok(Some(f))) => f,
@@ -174,11 +281,18 @@ pub(super) async fn handshake(
         }
     };
     let id = frame.id;
+    let mut peer = peer;
     let checked = match frame.kind {
+        _ if frame.flags != 0 => Err(format!("HELLO with frame flags {:#04x}", frame.flags)),
         FrameKind::Hello => Message::from_frame(frame, &limits_for(HANDSHAKE_MAX_FRAME))
             .map_err(|e| format!("malformed HELLO: {e}"))
             .and_then(|m| match m {
-                Message::Hello(h) => check_hello(sh, &h.params, h.version, peer, cn),
+                Message::Hello(h) => {
+                    if local.is_some() {
+                        peer = local_peer(&h.params)?;
+                    }
+                    check_hello(sh, &h.params, h.version, peer, cn)
+                }
                 _ => Err("malformed HELLO".into()),
             }),
         other => Err(format!("expected HELLO as the first frame, got {other}")),
@@ -191,9 +305,19 @@ pub(super) async fn handshake(
         }
     };
     let (cancel, _) = watch::channel(Cancel::None);
+    let transport = match (&local, &sh.cfg.tls) {
+        (Some(Some(_)), _) => "unix+shm",
+        (Some(None), _) => "unix",
+        (None, Some(_)) => "tls",
+        (None, None) => "tcp",
+    };
+    let shm = local.flatten();
+    let shared = shm.is_some();
     let conn = Arc::new(Conn {
         client_id: assigned.clone(),
         peer,
+        shm,
+        transport,
         child,
         link: tx.clone(),
         fds: Mutex::new(FdTable::new(sh.cfg.max_fds)),
@@ -216,13 +340,31 @@ pub(super) async fn handshake(
         refuse(sh, tx, id, peer, reason).await;
         return Err(());
     }
-    let info = Dict::new().with(hello_keys::ASSIGNED_CLIENT_ID, Value::Str(assigned.to_string()));
+    let mut info = Dict::new();
+    info.set_str(hello_keys::ASSIGNED_CLIENT_ID, assigned.to_string());
+    if shared {
+        info.set_u64(hello_keys::SHARED_MEMORY, 1);
+    }
     let reply = HelloReply { version: AbiVersion::CURRENT, accepted: true, reason: String::new(), info };
     if let Ok(f) = Message::HelloReply(reply).to_frame(id) {
         tx.send(f.into()).await;
     }
-    tracing::info!(server = %sh.name, %peer, client = %assigned, subvolume = %conn.child.name, "client connected");
+    tracing::info!(server = %sh.name, %peer, client = %assigned, subvolume = %conn.child.name, transport, "client connected");
     Ok(conn)
+}
+
+/// A local client's address for `auth.addr`: the brick address it dialed
+/// ([`hello_keys::LOCAL_ADDR`]), which must be one of this host's (any
+/// local process may connect over TCP from any of them), else 127.0.0.1.
+pub(super) fn local_peer(p: &Dict) -> Result<SocketAddr, String> {
+    let Some(addr) = p.get_str(hello_keys::LOCAL_ADDR) else {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], 0)));
+    };
+    let ip: std::net::IpAddr = addr.parse().map_err(|_| format!("local-addr '{addr}' is not an IP address"))?;
+    if !rpc::is_local_ip(ip) {
+        return Err(format!("local-addr {ip} is not an address of this host"));
+    }
+    Ok(SocketAddr::new(ip, 0))
 }
 
 /// The subvolume and the connection's client id, or why the client is
@@ -306,6 +448,10 @@ pub(super) async fn serve(sh: &Arc<Shared>, conn: &Arc<Conn>, reader: &mut Frame
         };
         let id = frame.id;
         let frame_bytes = frame.header.len() + frame.payload.len();
+        let (frame, reply_at) = match resolve_shared(conn, frame) {
+            Ok(f) => f,
+            Err(e) => return bad(&e),
+        };
         match frame.kind {
             FrameKind::Call => match Message::from_frame(frame, &limits) {
                 Ok(Message::Call { ctx, req }) => {
@@ -327,7 +473,7 @@ pub(super) async fn serve(sh: &Arc<Shared>, conn: &Arc<Conn>, reader: &mut Frame
                         }
                     };
                     let held = Held { slot: Some(permit), bytes: Some(bytes) };
-                    let mut call = Box::pin(run_call(sh.clone(), Running::new(conn), id, ctx, req, held));
+                    let mut call = Box::pin(run_call(sh.clone(), Running::new(conn), id, ctx, req, held, reply_at));
                     // Most fops (a stat, a write into the page cache) finish
                     // on their first poll: run them here and write the reply
                     // from this task, without a spawn and a wake-up. One that
@@ -341,7 +487,7 @@ pub(super) async fn serve(sh: &Arc<Shared>, conn: &Arc<Conn>, reader: &mut Frame
                 Err(MessageError { source: DecodeError::UnknownFop(code), .. }) => {
                     tracing::debug!(client = %conn.client_id, code, "unknown fop code: ENOSYS");
                     cork = None;
-                    send_reply(sh, conn, id, Err(Errno::ENOSYS), Held::slot(permit)).await;
+                    send_reply(sh, conn, id, Err(Errno::ENOSYS), Held::slot(permit), None).await;
                 }
                 Ok(_) => return bad(&"CALL frame did not decode as a call"),
                 Err(e) => return bad(&e),
@@ -367,6 +513,37 @@ pub(super) async fn serve(sh: &Arc<Shared>, conn: &Arc<Conn>, reader: &mut Frame
         }
         corked += usize::from(cork.is_some());
     }
+}
+
+/// A CALL whose payload lies in the client's send region gets it from
+/// there (no copy), and the chunk it lends for its reply is checked; any
+/// other frame must carry no shared-memory flags.
+pub(super) fn resolve_shared(
+    conn: &Conn,
+    mut frame: rpc::Frame,
+) -> Result<(rpc::Frame, Option<Descriptor>), rpc::FrameError> {
+    if frame.flags == 0 {
+        return Ok((frame, None));
+    }
+    let refuse = |why| rpc::FrameError::Shared { flags: frame.flags, payload: frame.payload.len(), why };
+    let Some(shm) = conn.shm.as_ref() else {
+        return Err(refuse("no shared regions were set up on this connection"));
+    };
+    if frame.kind != FrameKind::Call {
+        return Err(refuse("only a CALL may name shared memory"));
+    }
+    let (data, reply_at) = frame.descriptors()?;
+    if let Some(at) = reply_at
+        && at.offset.checked_add(at.len).is_none_or(|end| end > shm.recv.size())
+    {
+        return Err(refuse("the reply chunk lies outside the receive region"));
+    }
+    frame.payload = match data {
+        Some(d) => shm.send.bytes(d.offset, d.len).map_err(|_| refuse("the payload lies outside the send region"))?,
+        None => Bytes::new(),
+    };
+    frame.flags = 0;
+    Ok((frame, reply_at))
 }
 
 /// Polls a future once, with a waker that does nothing: a future left
@@ -395,18 +572,26 @@ pub(super) fn is_lock_fop(kind: FopKind) -> bool {
 
 /// Runs one call and queues its reply (unless the connection is closing
 /// and the call is cancelled).
-pub(super) async fn run_call(sh: Arc<Shared>, running: Running, id: u64, mut ctx: CallCtx, req: Request, held: Held) {
+pub(super) async fn run_call(
+    sh: Arc<Shared>,
+    running: Running,
+    id: u64,
+    mut ctx: CallCtx,
+    req: Request,
+    held: Held,
+    reply_at: Option<Descriptor>,
+) {
     let conn = running.0.clone();
     ctx.client_id = conn.client_id.clone();
     let level = if is_lock_fop(req.fop.kind()) { Cancel::Locks } else { Cancel::All };
     if matches!(&req.fop, Fop::Getxattr { name, .. } if name == STATEDUMP_KEY) {
         let res = statedump_reply(&sh);
-        send_reply(&sh, &conn, id, res, held).await;
+        send_reply(&sh, &conn, id, res, held, None).await;
         return;
     }
     if let Some(reset) = profile_request(&req.fop) {
         let res = profile_reply(&sh, reset);
-        send_reply(&sh, &conn, id, res, held).await;
+        send_reply(&sh, &conn, id, res, held, None).await;
         return;
     }
     let mut cancel = conn.cancel.subscribe();
@@ -414,7 +599,7 @@ pub(super) async fn run_call(sh: Arc<Shared>, running: Running, id: u64, mut ctx
         r = conn.dispatch(&sh.next_fd, ctx, req) => r,
         _ = cancel.wait_for(|c| *c >= level) => return,
     };
-    send_reply(&sh, &conn, id, res, held).await;
+    send_reply(&sh, &conn, id, res, held, reply_at).await;
     drop(running);
 }
 
@@ -449,7 +634,16 @@ pub(super) fn statedump_reply(sh: &Shared) -> FopResult {
     Ok(Response { reply: Reply::Xattrs(d), xdata: Dict::new() })
 }
 
-pub(super) async fn send_reply(sh: &Shared, conn: &Conn, id: u64, res: FopResult, held: Held) {
+/// Sends a call's reply; data that fits the chunk the call lent
+/// (`reply_at`) is put there and the REPLY names it instead of carrying it.
+pub(super) async fn send_reply(
+    sh: &Shared,
+    conn: &Conn,
+    id: u64,
+    res: FopResult,
+    held: Held,
+    reply_at: Option<Descriptor>,
+) {
     let frame = Message::Reply(res).to_frame(id).and_then(|f| f.check_size(sh.cfg.max_frame).map(|()| f));
     let frame = match frame {
         Ok(f) => f,
@@ -460,6 +654,16 @@ pub(super) async fn send_reply(sh: &Shared, conn: &Conn, id: u64, res: FopResult
                 Err(_) => return,
             }
         }
+    };
+    let frame = match (reply_at, &conn.shm) {
+        (Some(at), Some(shm)) if !frame.payload().is_empty() && frame.payload().len() as u64 <= at.len => {
+            let len = frame.payload().len() as u64;
+            match shm.recv.write(at.offset, frame.payload()) {
+                Ok(()) => frame.with_descriptors(Some(Descriptor { offset: at.offset, len }), None),
+                Err(_) => frame,
+            }
+        }
+        _ => frame,
     };
     conn.send(Outgoing { frame, guard: held }).await;
 }

@@ -298,9 +298,26 @@ pub(crate) fn read_data(res: FopResult) -> Bytes {
 
 // ---- raw sockets ----
 
+/// A socket a raw connection reads and writes.
+pub(crate) trait Stream: Read + Write + Send {
+    fn shutdown_write(&self);
+}
+
+impl Stream for std::net::TcpStream {
+    fn shutdown_write(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+impl Stream for std::os::unix::net::UnixStream {
+    fn shutdown_write(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Write);
+    }
+}
+
 /// A blocking raw connection for hostile input.
 pub(crate) struct Raw {
-    s: std::net::TcpStream,
+    s: Box<dyn Stream>,
     buf: BytesMut,
 }
 
@@ -308,7 +325,20 @@ impl Raw {
     pub(crate) fn connect(addr: SocketAddr) -> Raw {
         let s = std::net::TcpStream::connect(addr).expect("connect");
         s.set_read_timeout(Some(PATIENCE)).expect("timeout");
-        Raw { s, buf: BytesMut::new() }
+        Raw { s: Box::new(s), buf: BytesMut::new() }
+    }
+
+    /// A connection to the local transport of the server on `addr`, whose
+    /// preface is `tag` with `fds`.
+    pub(crate) fn connect_local(addr: SocketAddr, tag: u8, fds: &[std::os::fd::RawFd]) -> Raw {
+        use std::os::fd::AsRawFd;
+        use std::os::linux::net::SocketAddrExt;
+        let name = rpc::local_socket_name(addr);
+        let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).expect("name");
+        let s = std::os::unix::net::UnixStream::connect_addr(&a).expect("connect to the local socket");
+        s.set_read_timeout(Some(PATIENCE)).expect("timeout");
+        rpc::shm::send_fds(s.as_raw_fd(), tag, fds).expect("preface");
+        Raw { s: Box::new(s), buf: BytesMut::new() }
     }
 
     pub(crate) fn send(&mut self, bytes: &[u8]) {
@@ -381,8 +411,27 @@ fn g(n: u64) -> Gfid {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fops_round_trip_over_tcp() {
+    fops_round_trip(&[("transport.local", "off")], "tcp").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fops_round_trip_over_the_local_transport() {
+    fops_round_trip(&[], "unix+shm").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fops_round_trip_over_the_local_socket_without_shared_memory() {
+    fops_round_trip(&[("transport.local.shm-size", "0")], "unix").await;
+}
+
+/// Every kind of fop through a client with `opts`, which must connect over
+/// `transport`; with shared memory, the 1 MiB write and read cross in it.
+async fn fops_round_trip(opts: &[(&str, &str)], transport: &str) {
     let brick = Brick::start(&[]);
-    let c = TestClient::up(brick.addr(), &[]).await;
+    let c = TestClient::up(brick.addr(), opts).await;
+    assert_eq!(c.dump("transport"), transport);
+    let line = brick.chain.top().dump(&format!("client.{}", c.dump("server-client-id")));
+    assert!(line.contains(&format!("transport {transport} ")), "{line}");
 
     let root = c.run(Fop::Lookup { loc: Loc::root() }).await;
     assert!(root.expect("lookup root").reply != Reply::Empty);
@@ -394,6 +443,21 @@ async fn fops_round_trip_over_tcp() {
     let w = c.run(Fop::Writev { fd: fd(1, file), data: data.clone(), offset: 0, flags: 0 }).await.expect("write");
     assert!(matches!(w.reply, Reply::PrePost { post, .. } if post.size == 1 << 20), "{w:?}");
     assert_eq!(read_data(c.run(Fop::Readv { fd: fd(1, file), size: 1 << 20, offset: 0, flags: 0 }).await), data);
+    // A short read into a lent chunk, and a small one inline.
+    let tail =
+        read_data(c.run(Fop::Readv { fd: fd(1, file), size: 1 << 20, offset: (1 << 20) - 40_000, flags: 0 }).await);
+    assert_eq!(tail, data.slice((1 << 20) - 40_000..));
+    assert_eq!(
+        read_data(c.run(Fop::Readv { fd: fd(1, file), size: 10, offset: 5, flags: 0 }).await),
+        data.slice(5..15)
+    );
+    let shared = (c.dump("shared-calls-total"), c.dump("shared-replies-total"));
+    match transport {
+        "unix+shm" => {
+            assert_eq!(shared, ("1".into(), "2".into()), "the 1 MiB write and two large reads in shared memory")
+        }
+        _ => assert_eq!(shared, ("0".into(), "0".into())),
+    }
     match c.run(Fop::Fstat { fd: fd(1, file) }).await.expect("fstat").reply {
         Reply::Attr(a) => assert_eq!((a.gfid, a.size), (file, 1 << 20)),
         other => panic!("{other:?}"),

@@ -107,7 +107,7 @@ async fn hostile_input_closes_only_that_connection() {
             }
             raw.send(&bytes);
             if what == "a truncated frame" {
-                let _ = raw.s.shutdown(std::net::Shutdown::Write);
+                raw.s.shutdown_write();
             }
             assert!(raw.closed(), "{what}: the server closes the connection");
         })
@@ -128,6 +128,105 @@ async fn hostile_input_closes_only_that_connection() {
     })
     .await;
     good.run(Fop::Stat { loc: Loc::root() }).await.expect("still served");
+    good.stop();
+    brick.stop_server().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_local_clients_close_only_their_connection() {
+    use crate::protocol::rpc::{Descriptor, local_preface, shm};
+    use std::os::fd::AsRawFd;
+    let brick = Brick::start(&[]);
+    let addr = brick.addr();
+    let good = TestClient::up(addr, &[]).await;
+    assert_eq!(good.dump("transport"), "unix+shm");
+    let file = entry_gfid(good.run(create("f", 1)).await);
+    fn hello(who: &str) -> Message {
+        Message::Hello(Hello {
+            version: AbiVersion::CURRENT,
+            params: Dict::new()
+                .with(hello_keys::VOLUME, Value::Str(SUBVOL.into()))
+                .with(hello_keys::CLIENT_ID, Value::Str(who.into())),
+        })
+    }
+    /// Accepted; whether with shared memory.
+    fn accepted(raw: &mut Raw, who: &str) -> bool {
+        raw.send_msg(&hello(who), 0);
+        match raw.recv() {
+            Some(Message::HelloReply(r)) if r.accepted => r.info.get_u64(hello_keys::SHARED_MEMORY) == Some(1),
+            other => panic!("{who}: {other:?}"),
+        }
+    }
+    // A write whose data, 64 KiB, the frame says lies in shared memory.
+    let write = |offset: u64, len: u64| {
+        let data = Bytes::from(vec![b'x'; len as usize]);
+        let fop = Fop::Writev { fd: fd(1, file), data, offset: 0, flags: 0 };
+        let m = Message::Call { ctx: CallCtx::root("evil"), req: Request::new(fop) };
+        m.to_frame(5).expect("call").with_descriptors(Some(Descriptor { offset, len }), None).to_vec()
+    };
+    let send = shm::Region::create("evil-send", 1 << 20).expect("region");
+    let recv = shm::Region::create("evil-recv", 1 << 20).expect("region");
+    let (s, r) = (send.raw_fd(), recv.raw_fd());
+    let plain_file = tempfile::tempfile().expect("file");
+    plain_file.set_len(1 << 20).expect("size");
+    let pf = plain_file.as_raw_fd();
+
+    type Case = (&'static str, u8, Vec<std::os::fd::RawFd>, bool, Vec<u8>);
+    let cases: Vec<Case> = vec![
+        ("shared data on a connection without regions", local_preface::PLAIN, vec![], false, write(0, 65536)),
+        ("a plain file for a region", local_preface::SHARED, vec![pf, pf], false, write(0, 65536)),
+        ("data past the send region", local_preface::SHARED, vec![s, r], true, write(1 << 20, 65536)),
+        ("data with an overflowing end", local_preface::SHARED, vec![s, r], true, write(u64::MAX - 10, 65536)),
+        ("shared flags on a PING", local_preface::SHARED, vec![s, r], true, {
+            Message::Ping
+                .to_frame(1)
+                .expect("ping")
+                .with_descriptors(Some(Descriptor { offset: 0, len: 1 }), None)
+                .to_vec()
+        }),
+        ("a reply chunk past the receive region", local_preface::SHARED, vec![s, r], true, {
+            let fop = Fop::Readv { fd: fd(1, file), size: 65536, offset: 0, flags: 0 };
+            let m = Message::Call { ctx: CallCtx::root("evil"), req: Request::new(fop) };
+            let at = Descriptor { offset: (1 << 20) - 4096, len: 65536 };
+            m.to_frame(6).expect("call").with_descriptors(None, Some(at)).to_vec()
+        }),
+    ];
+    for (what, tag, fds, shared, bytes) in cases {
+        blocking(move || {
+            let mut raw = Raw::connect_local(addr, tag, &fds);
+            assert_eq!(accepted(&mut raw, what), shared, "{what}: shared memory agreed");
+            raw.send(&bytes);
+            assert!(raw.closed(), "{what}: the server closes the connection");
+        })
+        .await;
+        good.run(Fop::Fstat { fd: fd(1, file) }).await.unwrap_or_else(|e| panic!("after {what}: {e:?}"));
+    }
+    // Three fds, or a preface byte that means nothing: closed before the
+    // handshake.
+    for (what, tag, fds) in [("three fds", local_preface::SHARED, vec![s, r, s]), ("a bad tag", b'?', vec![])] {
+        blocking(move || {
+            let mut raw = Raw::connect_local(addr, tag, &fds);
+            raw.send_msg(&hello(what), 0);
+            assert!(raw.recv().is_none(), "{what}: closed without a HELLO_REPLY");
+        })
+        .await;
+    }
+    // A local client claiming another host's address for auth.addr is refused.
+    blocking(move || {
+        let mut raw = Raw::connect_local(addr, local_preface::PLAIN, &[]);
+        let mut params = Dict::new().with(hello_keys::VOLUME, Value::Str(SUBVOL.into()));
+        params.set_str(hello_keys::CLIENT_ID, "liar");
+        params.set_str(hello_keys::LOCAL_ADDR, "192.0.2.1");
+        raw.send_msg(&Message::Hello(Hello { version: AbiVersion::CURRENT, params }), 0);
+        match raw.recv() {
+            Some(Message::HelloReply(r)) => {
+                assert!(!r.accepted && r.reason.contains("not an address of this host"), "{}", r.reason)
+            }
+            other => panic!("{other:?}"),
+        }
+    })
+    .await;
+    assert!(brick.chain.top().dump("closed-bad-input-total").parse::<u32>().expect("counter") >= 7);
     good.stop();
     brick.stop_server().await;
 }
