@@ -111,14 +111,33 @@ fn ns_per_tick() -> f64 {
         if !clock().tsc {
             return 1.0;
         }
-        let (i0, t0) = (Instant::now(), ticks());
+        let (i0, t0) = clock_pair();
         while i0.elapsed() < Duration::from_millis(10) {
             std::hint::spin_loop();
         }
-        let (t1, i1) = (ticks(), Instant::now());
+        let (i1, t1) = clock_pair();
         let rate = (i1 - i0).as_nanos() as f64 / t1.saturating_sub(t0).max(1) as f64;
         if rate.is_finite() && rate > 0.0 { rate } else { 1.0 }
     })
+}
+
+/// An [`Instant`] and the [`ticks`] at the same moment: the reading of
+/// the tightest of a few tick brackets around `Instant::now()`. A process
+/// preempted between two unbracketed readings (a busy machine starting a
+/// brick) would skew the rate by the preemption over the 10 ms window:
+/// a millisecond makes every profile time 10 % long.
+fn clock_pair() -> (Instant, u64) {
+    let mut best = (Instant::now(), ticks(), u64::MAX);
+    for _ in 0..16 {
+        let before = ticks();
+        let now = Instant::now();
+        let after = ticks();
+        let width = after.saturating_sub(before);
+        if width < best.2 {
+            best = (now, before + width / 2, width);
+        }
+    }
+    (best.0, best.1)
 }
 
 /// Converts a number of [`ticks`] to nanoseconds.
