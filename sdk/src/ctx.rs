@@ -27,6 +27,62 @@ pub struct CallCtx {
     /// so that the child calls a translator makes are subtracted from its
     /// self time. Never encoded; ignored by comparisons.
     pub frame: Frame,
+    /// Memory the caller lends for a read's data (see [`Lent`]). Never
+    /// encoded; ignored by comparisons.
+    pub lent: Lent,
+}
+
+/// Memory lent for the data of a read: a brick's protocol/server lends the
+/// chunk of a local client's shared memory that the client lent for the
+/// reply, so the translator that reads (storage/posix) reads into it and
+/// the data reaches the client with no copy on the way. Any translator may
+/// ignore it (the data is then copied there). One use: the first
+/// [`Lent::take`] gets it.
+#[derive(Clone, Default)]
+pub struct Lent(Option<Arc<LentSlot>>);
+
+/// The one-use slot a [`Lent`] shares between its clones.
+type LentSlot = std::sync::Mutex<Option<Box<dyn LentMem>>>;
+
+/// The memory behind a [`Lent`].
+pub trait LentMem: Send {
+    /// How many bytes it holds.
+    fn capacity(&self) -> usize;
+    /// The bytes to fill.
+    fn as_mut_slice(&mut self) -> &mut [u8];
+    /// The first `len` bytes (at most the slice's length), as `Bytes`
+    /// over the lent memory.
+    fn freeze(self: Box<Self>, len: usize) -> bytes::Bytes;
+}
+
+impl Lent {
+    /// Lends `mem`.
+    pub fn new(mem: Box<dyn LentMem>) -> Lent {
+        Lent(Some(Arc::new(std::sync::Mutex::new(Some(mem)))))
+    }
+
+    /// The memory, once.
+    pub fn take(&self) -> Option<Box<dyn LentMem>> {
+        self.0.as_ref()?.lock().ok()?.take()
+    }
+}
+
+impl std::fmt::Debug for Lent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Lent(some)" } else { "Lent(none)" })
+    }
+}
+
+impl PartialEq for Lent {
+    fn eq(&self, _: &Lent) -> bool {
+        true
+    }
+}
+
+impl Eq for Lent {}
+
+impl std::hash::Hash for Lent {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
 }
 
 impl CallCtx {
@@ -41,6 +97,7 @@ impl CallCtx {
             lk_owner: 0,
             client_id: client_id.into(),
             frame: Frame::none(),
+            lent: Lent::default(),
         }
     }
     /// The same caller with another lock owner.

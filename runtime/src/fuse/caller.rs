@@ -74,6 +74,7 @@ impl Core {
             lk_owner,
             client_id: self.client_id.clone(),
             frame: Default::default(),
+            lent: Default::default(),
         }
     }
 }

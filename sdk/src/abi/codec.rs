@@ -455,6 +455,7 @@ impl Codec for CallCtx {
             lk_owner: Codec::get(r)?,
             client_id: Arc::from(String::get(r)?),
             frame: crate::profile::Frame::none(),
+            lent: Default::default(),
         })
     }
 }

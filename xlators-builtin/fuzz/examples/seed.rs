@@ -29,6 +29,7 @@ fn main() {
         lk_owner: 5,
         client_id: Arc::from("c"),
         frame: Default::default(),
+        lent: Default::default(),
     };
     let params = Dict::new()
         .with(hello_keys::VOLUME, Value::Str("/b1".into()))

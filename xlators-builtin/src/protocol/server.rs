@@ -205,6 +205,10 @@ struct Counters {
     calls_spawned: AtomicU64,
     closed_bad_input: AtomicU64,
     upcalls_dropped: AtomicU64,
+    /// REPLYs whose data went in the chunk the client lent: read there by
+    /// the graph, or copied there.
+    shared_replies_direct: AtomicU64,
+    shared_replies_copied: AtomicU64,
 }
 
 /// Live tasks (accept loop, connections), so `fini` can wait for them.
@@ -566,6 +570,8 @@ impl Xlator for Server {
             ("calls-spawned-total".to_string(), c.calls_spawned.load(Ordering::Relaxed).to_string()),
             ("closed-bad-input-total".to_string(), c.closed_bad_input.load(Ordering::Relaxed).to_string()),
             ("upcalls-dropped-total".to_string(), c.upcalls_dropped.load(Ordering::Relaxed).to_string()),
+            ("shared-replies-direct-total".to_string(), c.shared_replies_direct.load(Ordering::Relaxed).to_string()),
+            ("shared-replies-copied-total".to_string(), c.shared_replies_copied.load(Ordering::Relaxed).to_string()),
             ("max-frame-size".to_string(), sh.cfg.max_frame.to_string()),
         ];
         for (id, conn) in conns.iter().take(DUMP_CLIENTS) {

@@ -68,6 +68,7 @@ use xlfs_sdk::options::{Opt, kind};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
+use xlfs_sdk::ctx::LentMem;
 use xlfs_sdk::dict::keys::{self, CONTENT, GFID_REQ, GFID_XATTR, VOLUME_ID_XATTR};
 use xlfs_sdk::slots::FdSlots;
 use xlfs_sdk::xlator::ReconfigureError;
@@ -518,8 +519,8 @@ impl Inner {
             }
             Fop::Readv { fd, size, offset, .. } => {
                 let f = self.fd(fd.id)?;
-                let data = read_at(&f, size as usize, offset)?;
-                ok(Reply::Read { data: Bytes::from(data), iatt: f.iatt()? })
+                let data = read_at(&f, size as usize, offset, ctx.lent.take())?;
+                ok(Reply::Read { data, iatt: f.iatt()? })
             }
             Fop::Writev { fd, data, offset, flags } => {
                 let f = self.fd(fd.id)?;
@@ -644,7 +645,7 @@ impl Inner {
             }
             Fop::Rchecksum { fd, offset, len } => {
                 let f = self.fd(fd.id)?;
-                let data = read_at(&f, len as usize, offset)?;
+                let data = read_at(&f, len as usize, offset, None)?;
                 let mut rsp =
                     Response::from(Reply::Checksum { weak: adler32(&data), strong: Sha256::digest(&data).into() });
                 if xdata.contains("check-zero-filled") {

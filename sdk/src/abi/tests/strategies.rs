@@ -286,6 +286,7 @@ pub(super) fn call_ctx() -> impl Strategy<Value = CallCtx> {
             lk_owner,
             client_id: Arc::from(client),
             frame: Default::default(),
+            lent: Default::default(),
         },
     )
 }

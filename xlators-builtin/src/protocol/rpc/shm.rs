@@ -8,7 +8,7 @@
 //!
 //! - its **send region**, one per process ([`send_region`]), mapped
 //!   read-only by every brick it talks to. Write data is put there once
-//!   ([`copy_from`], [`concat`]: the FUSE bridge and write-behind build
+//!   ([`copy_from`], [`concat()`]: the FUSE bridge and write-behind build
 //!   their payloads in it), and a CALL names where it lies instead of
 //!   carrying it, so replicate's three children send one buffer by
 //!   reference and each brick writes it to its file from the mapping (page
@@ -362,6 +362,22 @@ impl Mapping {
         Ok(Bytes::from_owner(Slice { map: self.clone(), at, len: len as usize }))
     }
 
+    /// Where `b` lies in this mapping, as an offset, when it does.
+    pub fn locate(&self, b: &[u8]) -> Option<u64> {
+        let start = (b.as_ptr() as usize).checked_sub(self.base.as_ptr() as usize)?;
+        (start.checked_add(b.len())? <= self.size).then_some(start as u64)
+    }
+
+    /// The `len` bytes at `offset` lent for a read to fill (a writable
+    /// mapping only): the sdk's [`xlfs_sdk::ctx::Lent`] memory.
+    pub fn lend(self: &Arc<Mapping>, offset: u64, len: u64) -> Result<Box<dyn xlfs_sdk::ctx::LentMem>, ShmError> {
+        let at = self.check(offset, len)?;
+        if !self.writable {
+            return Err(ShmError::Region("the region is read-only here".into()));
+        }
+        Ok(Box::new(Slice { map: self.clone(), at, len: len as usize }))
+    }
+
     /// Copies `data` to `offset` (a writable mapping only).
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), ShmError> {
         let at = self.check(offset, data.len() as u64)?;
@@ -387,6 +403,24 @@ struct Slice {
     map: Arc<Mapping>,
     at: usize,
     len: usize,
+}
+
+impl xlfs_sdk::ctx::LentMem for Slice {
+    fn capacity(&self) -> usize {
+        self.len
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: checked against the mapping's size when made, and made
+        // only on a writable mapping (`lend`), for a range the peer lent
+        // to this call alone.
+        unsafe { std::slice::from_raw_parts_mut(self.map.base.as_ptr().add(self.at), self.len) }
+    }
+
+    fn freeze(mut self: Box<Self>, len: usize) -> Bytes {
+        self.len = self.len.min(len);
+        Bytes::from_owner(*self)
+    }
 }
 
 impl AsRef<[u8]> for Slice {
@@ -461,12 +495,12 @@ fn build(len: usize, fill: impl FnOnce(&mut [u8])) -> Bytes {
     b.freeze()
 }
 
-/// `data` as a payload (see [`build`]).
+/// `data` as a payload (see `build`).
 pub fn copy_from(data: &[u8]) -> Bytes {
     build(data.len(), |dst| dst.copy_from_slice(data))
 }
 
-/// The chunks, back to back, as one payload (see [`build`]).
+/// The chunks, back to back, as one payload (see `build`).
 pub fn concat(chunks: &[Bytes]) -> Bytes {
     let len = chunks.iter().map(Bytes::len).sum();
     build(len, |dst| {

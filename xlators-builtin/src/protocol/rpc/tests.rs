@@ -28,6 +28,7 @@ fn ctx() -> CallCtx {
         lk_owner: 0xabc,
         client_id: Arc::from("me"),
         frame: Default::default(),
+        lent: Default::default(),
     }
 }
 

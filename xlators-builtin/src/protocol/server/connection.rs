@@ -583,6 +583,13 @@ pub(super) async fn run_call(
 ) {
     let conn = running.0.clone();
     ctx.client_id = conn.client_id.clone();
+    // The chunk the client lent for the reply is lent on to the graph, so
+    // storage/posix reads straight into it.
+    if let (Some(at), Some(shm)) = (reply_at, &conn.shm)
+        && let Ok(mem) = shm.recv.lend(at.offset, at.len)
+    {
+        ctx.lent = xlfs_sdk::ctx::Lent::new(mem);
+    }
     let level = if is_lock_fop(req.fop.kind()) { Cancel::Locks } else { Cancel::All };
     if matches!(&req.fop, Fop::Getxattr { name, .. } if name == STATEDUMP_KEY) {
         let res = statedump_reply(&sh);
@@ -658,9 +665,15 @@ pub(super) async fn send_reply(
     let frame = match (reply_at, &conn.shm) {
         (Some(at), Some(shm)) if !frame.payload().is_empty() && frame.payload().len() as u64 <= at.len => {
             let len = frame.payload().len() as u64;
-            match shm.recv.write(at.offset, frame.payload()) {
-                Ok(()) => frame.with_descriptors(Some(Descriptor { offset: at.offset, len }), None),
-                Err(_) => frame,
+            // Read into the lent chunk already (posix), or copied there.
+            let there = shm.recv.locate(frame.payload()) == Some(at.offset);
+            let counter = if there { &sh.counters.shared_replies_direct } else { &sh.counters.shared_replies_copied };
+            match there || shm.recv.write(at.offset, frame.payload()).is_ok() {
+                true => {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    frame.with_descriptors(Some(Descriptor { offset: at.offset, len }), None)
+                }
+                false => frame,
             }
         }
         _ => frame,

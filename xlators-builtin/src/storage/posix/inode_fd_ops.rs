@@ -131,15 +131,25 @@ pub(super) fn write_direct(direct: BorrowedFd<'_>, file: BorrowedFd<'_>, data: &
 }
 
 /// Reads up to `size` bytes at `offset` (fewer at end of file).
-pub(super) fn read_at(f: &OpenFd, size: usize, offset: u64) -> Sys<Vec<u8>> {
+pub(super) fn read_at(f: &OpenFd, size: usize, offset: u64, lent: Option<Box<dyn LentMem>>) -> Sys<Bytes> {
     if size > MAX_IO {
         return Err(Errno::EINVAL);
     }
     let file = f.file()?;
+    // Into the memory the caller lent (a local client's shared chunk, page
+    // aligned, so O_DIRECT reads need no buffer of their own).
+    if let Some(mut mem) = lent.filter(|m| m.capacity() >= size) {
+        let dst = &mut mem.as_mut_slice()[..size];
+        let aligned = (dst.as_ptr() as usize).is_multiple_of(sys::ALIGN);
+        if !f.direct || aligned && direct_aligned(offset, size) {
+            let n = sys::pread_full(file, dst, offset)?;
+            return Ok(mem.freeze(n));
+        }
+    }
     if f.direct {
         let mut buf = sys::AlignedBuf::zeroed(size)?;
         let n = sys::pread_full(file, buf.as_mut_slice(), offset)?;
-        return Ok(buf.as_slice()[..n].to_vec());
+        return Ok(Bytes::copy_from_slice(&buf.as_slice()[..n]));
     }
     let mut buf = sys::pread_vec(file, size, offset)?;
     let n = buf.len();
@@ -148,7 +158,7 @@ pub(super) fn read_at(f: &OpenFd, size: usize, offset: u64) -> Sys<Vec<u8>> {
     if n < size / 2 {
         buf.shrink_to_fit();
     }
-    Ok(buf)
+    Ok(Bytes::from(buf))
 }
 
 /// Writes zeroes over a range (extending the file if needed).

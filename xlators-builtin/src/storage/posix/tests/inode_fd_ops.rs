@@ -39,6 +39,48 @@ async fn reads_writes_sparse_and_eof() {
     assert_eq!(e.read(fd, 0, 1).await, Err(Errno::EBADF));
 }
 
+/// Lent memory over a heap buffer, saying when it is used.
+struct HeapLent(Vec<u8>, Arc<std::sync::atomic::AtomicBool>);
+
+impl LentMem for HeapLent {
+    fn capacity(&self) -> usize {
+        self.0.len()
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+    fn freeze(self: Box<Self>, len: usize) -> Bytes {
+        self.1.store(true, Ordering::Relaxed);
+        let mut v = self.0;
+        v.truncate(len);
+        Bytes::from(v)
+    }
+}
+
+#[tokio::test]
+async fn a_read_fills_the_memory_its_caller_lent() {
+    let e = env();
+    let (_, fd) = e.create(Gfid::ROOT, "f").await;
+    e.write(fd, 0, b"abcdef").await;
+    let read = |size: u32, lent: Vec<u8>| {
+        let used = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mem = HeapLent(lent, used.clone());
+        let ctx = CallCtx { lent: xlfs_sdk::ctx::Lent::new(Box::new(mem)), ..e.ctx.clone() };
+        let xl = e.xl.clone();
+        async move {
+            match xl.call(ctx, Request::new(Fop::Readv { fd, size, offset: 1, flags: 0 })).await.expect("read").reply {
+                Reply::Read { data, .. } => (data.to_vec(), used.load(Ordering::Relaxed)),
+                r => panic!("{r:?}"),
+            }
+        }
+    };
+    // Read into the lent buffer (a short read at end of file, too).
+    assert_eq!(read(4, vec![0; 64]).await, (b"bcde".to_vec(), true));
+    assert_eq!(read(64, vec![0; 64]).await, (b"bcdef".to_vec(), true));
+    // Lent memory smaller than the read is not used.
+    assert_eq!(read(5, vec![0; 2]).await, (b"bcdef".to_vec(), false));
+}
+
 #[tokio::test]
 async fn mknod_setattr_access_statfs() {
     let e = env_with(&[("shared-brick-count", "2")]);
