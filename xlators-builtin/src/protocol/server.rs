@@ -480,11 +480,11 @@ impl Server {
         }
         let sh = self.shared.clone();
         let guard = TaskGuard::new(&sh);
-        self.shared.rt.spawn(accept_loop(sh, listener, guard));
+        self.shared.rt.spawn(accept_loop(sh, Listener::Tcp(listener), guard));
         if let Some(unix) = self.shared.unix_listener.lock().take() {
             let sh = self.shared.clone();
             let guard = TaskGuard::new(&sh);
-            self.shared.rt.spawn(accept_local_loop(sh, unix, guard));
+            self.shared.rt.spawn(accept_loop(sh, Listener::Local(unix), guard));
         }
     }
 

@@ -8,11 +8,45 @@ use bytes::Bytes;
 
 use super::*;
 
-pub(super) async fn accept_loop(sh: Arc<Shared>, listener: std::net::TcpListener, _guard: TaskGuard) {
-    let listener = match TcpListener::from_std(listener) {
+/// A socket the server listens on: TCP, or the local transport's abstract
+/// Unix socket.
+pub(super) enum Listener {
+    Tcp(std::net::TcpListener),
+    Local(std::os::unix::net::UnixListener),
+}
+
+/// The tokio side of a [`Listener`].
+enum Accepting {
+    Tcp(TcpListener),
+    Local(tokio::net::UnixListener),
+}
+
+/// A connection just accepted.
+enum Accepted {
+    Tcp(TcpStream, SocketAddr),
+    Local(tokio::net::UnixStream),
+}
+
+impl Accepting {
+    async fn accept(&self) -> std::io::Result<Accepted> {
+        match self {
+            Accepting::Tcp(l) => l.accept().await.map(|(s, peer)| Accepted::Tcp(s, peer)),
+            Accepting::Local(l) => l.accept().await.map(|(s, _)| Accepted::Local(s)),
+        }
+    }
+}
+
+/// Accepts connections until the server stops; past twice `max-clients`
+/// open connections a new one is closed at once.
+pub(super) async fn accept_loop(sh: Arc<Shared>, listener: Listener, _guard: TaskGuard) {
+    let (listener, kind) = match listener {
+        Listener::Tcp(l) => (TcpListener::from_std(l).map(Accepting::Tcp), "TCP"),
+        Listener::Local(l) => (tokio::net::UnixListener::from_std(l).map(Accepting::Local), "local"),
+    };
+    let listener = match listener {
         Ok(l) => l,
         Err(e) => {
-            tracing::error!(server = %sh.name, error = %e, "cannot accept connections");
+            tracing::error!(server = %sh.name, error = %e, "cannot accept {kind} connections");
             return;
         }
     };
@@ -23,24 +57,27 @@ pub(super) async fn accept_loop(sh: Arc<Shared>, listener: std::net::TcpListener
             r = listener.accept() => r,
         };
         match accepted {
-            Ok((stream, peer)) => {
+            Ok(conn) => {
                 sh.counters.accepted.fetch_add(1, Ordering::Relaxed);
                 let open = sh.open.fetch_add(1, Ordering::AcqRel) + 1;
                 let guard = OpenGuard(sh.clone());
                 if open > sh.cfg.max_clients.saturating_mul(2) {
-                    tracing::warn!(server = %sh.name, %peer, open, "too many connections: closed at once");
+                    tracing::warn!(server = %sh.name, open, "too many connections: {kind} one closed at once");
                     continue;
                 }
                 let task = TaskGuard::new(&sh);
-                tokio::spawn(connection(sh.clone(), stream, peer, guard, task));
+                match conn {
+                    Accepted::Tcp(stream, peer) => tokio::spawn(connection(sh.clone(), stream, peer, guard, task)),
+                    Accepted::Local(stream) => tokio::spawn(local_connection(sh.clone(), stream, guard, task)),
+                };
             }
             Err(e) => {
-                tracing::warn!(server = %sh.name, error = %e, "accept failed");
+                tracing::warn!(server = %sh.name, error = %e, "{kind} accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     }
-    tracing::debug!(server = %sh.name, "no longer accepting");
+    tracing::debug!(server = %sh.name, "no longer accepting {kind} connections");
 }
 
 /// Counts an accepted connection while it lives.
@@ -97,41 +134,6 @@ pub(super) async fn connection(sh: Arc<Shared>, stream: TcpStream, peer: SocketA
         },
     };
     serve_connection(sh, Wire { rd, wr, peer, cn, local: None }, open, task).await;
-}
-
-/// Accepts local-transport connections on the abstract Unix socket.
-pub(super) async fn accept_local_loop(sh: Arc<Shared>, listener: std::os::unix::net::UnixListener, _guard: TaskGuard) {
-    let listener = match tokio::net::UnixListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(server = %sh.name, error = %e, "cannot accept local connections");
-            return;
-        }
-    };
-    let mut stop = sh.stop.subscribe();
-    loop {
-        let accepted = tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
-            r = listener.accept() => r,
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                sh.counters.accepted.fetch_add(1, Ordering::Relaxed);
-                let open = sh.open.fetch_add(1, Ordering::AcqRel) + 1;
-                let guard = OpenGuard(sh.clone());
-                if open > sh.cfg.max_clients.saturating_mul(2) {
-                    tracing::warn!(server = %sh.name, open, "too many connections: local one closed at once");
-                    continue;
-                }
-                let task = TaskGuard::new(&sh);
-                tokio::spawn(local_connection(sh.clone(), stream, guard, task));
-            }
-            Err(e) => {
-                tracing::warn!(server = %sh.name, error = %e, "local accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
 }
 
 /// A local-transport connection: its preface (one byte, with the client's
