@@ -62,7 +62,15 @@ pub(super) async fn accept_loop(sh: Arc<Shared>, listener: Listener, _guard: Tas
                 let open = sh.open.fetch_add(1, Ordering::AcqRel) + 1;
                 let guard = OpenGuard(sh.clone());
                 if open > sh.cfg.max_clients.saturating_mul(2) {
-                    tracing::warn!(server = %sh.name, open, "too many connections: {kind} one closed at once");
+                    let peer = match &conn {
+                        Accepted::Tcp(_, peer) => peer.to_string(),
+                        Accepted::Local(s) => s
+                            .peer_cred()
+                            .ok()
+                            .and_then(|c| c.pid())
+                            .map_or("local".into(), |p| format!("local pid {p}")),
+                    };
+                    tracing::warn!(server = %sh.name, %peer, open, "too many connections: closed at once");
                     continue;
                 }
                 let task = TaskGuard::new(&sh);
