@@ -127,17 +127,20 @@ fn ns_per_tick() -> f64 {
 /// brick) would skew the rate by the preemption over the 10 ms window:
 /// a millisecond makes every profile time 10 % long.
 fn clock_pair() -> (Instant, u64) {
-    let mut best = (Instant::now(), ticks(), u64::MAX);
-    for _ in 0..16 {
+    let bracket = || {
         let before = ticks();
         let now = Instant::now();
-        let after = ticks();
-        let width = after.saturating_sub(before);
-        if width < best.2 {
-            best = (now, before + width / 2, width);
+        let width = ticks().saturating_sub(before);
+        (width, now, before + width / 2)
+    };
+    let mut best = bracket();
+    for _ in 1..16 {
+        let b = bracket();
+        if b.0 < best.0 {
+            best = b;
         }
     }
-    (best.0, best.1)
+    (best.1, best.2)
 }
 
 /// Converts a number of [`ticks`] to nanoseconds.

@@ -678,12 +678,11 @@ pub(super) async fn send_reply(
             // Read into the lent chunk already (posix), or copied there.
             let there = shm.recv.locate(frame.payload()) == Some(at.offset);
             let counter = if there { &sh.counters.shared_replies_direct } else { &sh.counters.shared_replies_copied };
-            match there || shm.recv.write(at.offset, frame.payload()).is_ok() {
-                true => {
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    frame.with_descriptors(Some(Descriptor { offset: at.offset, len }), None)
-                }
-                false => frame,
+            if there || shm.recv.write(at.offset, frame.payload()).is_ok() {
+                counter.fetch_add(1, Ordering::Relaxed);
+                frame.with_descriptors(Some(Descriptor { offset: at.offset, len }), None)
+            } else {
+                frame
             }
         }
         _ => frame,
