@@ -9,7 +9,7 @@
 //! past it fails with ENOMEM rather than growing without limit.
 
 use std::collections::HashMap;
-use std::hash::Hash;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use parking_lot::Mutex;
 
@@ -17,6 +17,32 @@ use crate::errno::Errno;
 use crate::types::{FdId, Gfid};
 
 const SHARDS: usize = 16;
+
+/// A map keyed by ids a counter hands out (frames, calls, timers), hashed
+/// with [`IdHasher`].
+pub type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+/// The hash of a counter-issued id: one multiplication (Fibonacci hashing)
+/// spreads consecutive ids over the table. Not for keys a peer chooses:
+/// it gives no protection against collisions made on purpose.
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 /// A sharded concurrent map with a capacity.
 pub struct Slots<K, V> {

@@ -33,7 +33,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
 use tokio::task::AbortHandle;
 use xlfs_sdk::guest::sys::Descriptor;
-use xlfs_sdk::slots::Slots;
+use xlfs_sdk::slots::{IdMap, Slots};
 use xlfs_sdk::{CallCtx, Child, Errno, EventSink, FdId, Gfid, Options};
 
 use super::Loaded;
@@ -149,7 +149,7 @@ pub(crate) struct Core {
     limits: NodeLimits,
     /// The guest; declared before `loaded` so it is dropped first.
     slot: Mutex<Slot>,
-    frames: Mutex<HashMap<u64, FrameEntry>>,
+    frames: Mutex<IdMap<FrameEntry>>,
     /// The result `xlfs_on_reply` is being given, with its frame: what an
     /// unwind "as it came" (an empty message, ABI v1.3) answers with.
     in_hand: Mutex<Option<(u64, xlfs_sdk::FopResult)>>,
@@ -214,7 +214,7 @@ impl Core {
             permits: Semaphore::new(limits.max_frames),
             limits,
             slot: Mutex::new(Slot::default()),
-            frames: Mutex::new(HashMap::new()),
+            frames: Mutex::new(IdMap::default()),
             in_hand: Mutex::new(None),
             bufs: Mutex::new(Bufs::default()),
             timers: Mutex::new(HashMap::new()),

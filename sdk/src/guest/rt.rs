@@ -12,8 +12,6 @@
 //! - `rt/guard.rs`: the panic guard around every handler, and the panic
 //!   hook behind it.
 
-use std::collections::BTreeMap;
-
 use crate::options::{OptionDecl, Options};
 use crate::xlator::ReconfigureError;
 use crate::{CallCtx, Event, EventFrom, FopResult, Request};
@@ -127,18 +125,49 @@ pub trait Plugin: Sized + 'static {
     }
 }
 
-/// One frame in flight: its caller, the fop as it arrived (WRITE data
-/// left out: a wind of it unchanged goes "as it came", ABI v1.3) and the
-/// plugin's state. Boxed in the frame map, so it never moves.
+/// One frame in flight: its caller, the fop as it arrived (encoded, WRITE
+/// data left out: a wind of it unchanged goes "as it came", ABI v1.3) and the
+/// plugin's state. Boxed in the frame map (only a frame that outlives its
+/// first handler gets there), so it never moves.
 struct Slot<S> {
     ctx: CallCtx,
-    req: Request,
+    /// The fop as it came, encoded (what a wind compares its own
+    /// encoding with).
+    came: Vec<u8>,
     state: S,
+}
+
+/// The frames in flight by id (the host numbers them from a counter).
+type Frames<S> = crate::slots::IdMap<Box<Slot<S>>>;
+
+/// The caller context of the last fop, with its encoding: fops mostly come
+/// from one caller, and a fop whose context has the same bytes shares the
+/// decoded value (two reference counts) instead of decoding it again.
+#[derive(Default)]
+struct CtxCache {
+    bytes: Vec<u8>,
+    ctx: Option<CallCtx>,
+}
+
+impl CtxCache {
+    fn decode(&mut self, bytes: &[u8]) -> Result<CallCtx, crate::abi::DecodeError> {
+        if let Some(ctx) = &self.ctx
+            && self.bytes == bytes
+        {
+            return Ok(ctx.clone());
+        }
+        let ctx = crate::abi::decode::<CallCtx>(bytes, None, &crate::abi::Limits::DEFAULT)?;
+        self.bytes.clear();
+        self.bytes.extend_from_slice(bytes);
+        self.ctx = Some(ctx.clone());
+        Ok(ctx)
+    }
 }
 
 pub(super) struct Instance<P: Plugin> {
     pub(super) host: Host,
     pub(super) plugin: P,
-    frames: BTreeMap<u64, Box<Slot<P::Frame>>>,
+    frames: Frames<P::Frame>,
+    callers: CtxCache,
     scratch: Vec<u8>,
 }

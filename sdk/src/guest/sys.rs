@@ -29,7 +29,9 @@ pub use descriptor::{
     DeclaredOption, DeclaredType, Descriptor, DescriptorError, EventSet, FopSet, MAX_DESCRIPTOR, MAX_OPTIONS,
     Placement, UNLIMITED_CHILDREN,
 };
-pub use message::{decode_call, encode_call, put_fop_data, put_result_data, take_fop_data, take_result_data};
+pub use message::{
+    CALL_HEADER, decode_call, encode_call, put_fop_data, put_result_data, split_call, take_fop_data, take_result_data,
+};
 pub use node::{MAX_DUMP, NodeExports, RECONFIGURE_UNSUPPORTED, decode_dump, encode_dump, node_exports};
 pub use policy::{
     LOCK_VIEW_LEN, LOCK_WANTS_INODELK_COUNT, LOCK_WANTS_OPEN_FD_COUNT, MAX_ADVICE, MAX_ADVICE_RANGES, PolicyExports,

@@ -19,6 +19,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use tokio::runtime::Handle;
 use xlfs_sdk::abi::{self, Limits};
 use xlfs_sdk::guest::sys;
@@ -91,7 +92,7 @@ impl Wound {
 /// and the waker of its task while it waits.
 #[derive(Default)]
 struct FrameState {
-    inbox: Vec<Wound>,
+    inbox: SmallVec<[Wound; 1]>,
     result: Option<FopResult>,
     waker: Option<Waker>,
 }
@@ -106,6 +107,14 @@ impl FrameCell {
         if let Some(waker) = s.waker.take() {
             waker.wake();
         }
+    }
+
+    /// The frame's one call if the guest tail-wound it and did nothing
+    /// else (a pass-through's `xlfs_on_fop`).
+    fn take_sole_tail(&self) -> Option<Wound> {
+        let mut s = self.0.lock();
+        let sole_tail = s.result.is_none() && s.inbox.len() == 1 && s.inbox[0].meta.tail;
+        if sole_tail { s.inbox.pop() } else { None }
     }
 
     /// Sets the frame's result (the first one stands).
@@ -129,7 +138,7 @@ struct Driver {
     core: Arc<Core>,
     frame: u64,
     cell: Arc<FrameCell>,
-    calls: Vec<CallFuture>,
+    calls: SmallVec<[CallFuture; 2]>,
     /// When the frame times out.
     deadline: Instant,
     /// Set on the background task's driver: its drop hands nothing on.
@@ -268,7 +277,7 @@ impl Core {
             core: me,
             frame,
             cell: cell.clone(),
-            calls: Vec::new(),
+            calls: SmallVec::new(),
             deadline: deadline.into_std(),
             detached: false,
             finished: false,
@@ -294,6 +303,14 @@ impl Core {
                 self.frames.lock().remove(&frame);
                 return Err(e);
             }
+        }
+        // Tail-wound at once (a pass-through): the frame is over and its
+        // call is the fop's own, awaited here like a native translator's
+        // child call: no driver, no boxed call, no frame-timeout (which
+        // bounds a frame until it ends).
+        if let Some(Wound { target, ctx, req, _count, .. }) = driver.cell.take_sole_tail() {
+            driver.finished = true;
+            return target.call(ctx, req).await;
         }
         let mut run = std::pin::pin!(std::future::poll_fn(|cx| driver.poll_frame(cx, true)));
         // Most frames end in their first poll (a pass-through over a child
@@ -459,16 +476,21 @@ impl Core {
             return neg(Errno::EINVAL);
         }
         self.calls.fetch_add(1, Ordering::Relaxed);
+        let _count = CallCount(self.calls.clone());
         // A context the guest encoded lacks the fop's timing frame
         // (never encoded): the call is still the fop's own.
-        let ctx = match ctx {
-            Some(c) => CallCtx { frame: entry.ctx.frame.clone(), ..c },
-            None => entry.ctx.clone(),
+        let call_ctx = |frame_ctx: CallCtx| match ctx {
+            Some(c) => CallCtx { frame: frame_ctx.frame, ..c },
+            None => frame_ctx,
         };
-        entry.cell.push(Wound { meta, target, ctx, req, _count: CallCount(self.calls.clone()) });
         if tail {
-            // The frame ends here: its result is this call's.
-            frames.remove(&frame);
+            // The frame ends here: its result is this call's, which takes
+            // the frame's context.
+            let Some(FrameEntry { cell, ctx, .. }) = frames.remove(&frame) else { return neg(Errno::ENOENT) };
+            drop(frames);
+            cell.push(Wound { meta, target, ctx: call_ctx(ctx), req, _count });
+        } else {
+            entry.cell.push(Wound { meta, target, ctx: call_ctx(entry.ctx.clone()), req, _count });
         }
         call as i64
     }

@@ -2,8 +2,6 @@
 //! [`Plugin::fop`] and [`Plugin::reply`]), and [`Ctl`], outside a frame
 //! (timers, detached replies).
 
-use std::collections::BTreeMap;
-
 use crate::abi;
 use crate::errno::Errno;
 use crate::guest::host::{Buf, Host};
@@ -12,18 +10,37 @@ use crate::{CallCtx, FopResult, Request};
 
 #[cfg(doc)]
 use super::Plugin;
-use super::{CallId, Slot};
+use super::{CallId, Frames, Slot};
 
 /// One frame's context in [`Plugin::fop`] and [`Plugin::reply`].
 pub struct Cx<'a, S> {
     pub(super) host: Host,
     pub(super) frame: u64,
-    pub(super) slot: &'a mut Slot<S>,
+    pub(super) ctx: &'a CallCtx,
+    pub(super) state: &'a mut S,
+    /// The frame's fop as it came, encoded (a WRITE's data left out).
+    pub(super) came: &'a [u8],
     pub(super) scratch: &'a mut Vec<u8>,
     pub(super) data: Option<Buf>,
-    /// In [`Plugin::reply`]: the result as it came (its data left out).
-    pub(super) incoming: Option<FopResult>,
+    /// In [`Plugin::reply`]: the result message as it came (its data left
+    /// out), if the host takes an unwind "as it came".
+    pub(super) incoming: Option<&'a [u8]>,
     pub(super) ended: bool,
+}
+
+impl<S> Slot<S> {
+    /// A context for this frame's handler.
+    pub(super) fn cx<'a>(
+        &'a mut self,
+        host: Host,
+        frame: u64,
+        scratch: &'a mut Vec<u8>,
+        data: Option<Buf>,
+        incoming: Option<&'a [u8]>,
+    ) -> Cx<'a, S> {
+        let Slot { ctx, came, state } = self;
+        Cx { host, frame, ctx, state, came, scratch, data, incoming, ended: false }
+    }
 }
 
 impl<S> Cx<'_, S> {
@@ -34,12 +51,12 @@ impl<S> Cx<'_, S> {
 
     /// Who called.
     pub fn ctx(&self) -> &CallCtx {
-        &self.slot.ctx
+        self.ctx
     }
 
     /// This frame's state.
     pub fn state(&mut self) -> &mut S {
-        &mut self.slot.state
+        self.state
     }
 
     /// The host.
@@ -105,28 +122,26 @@ impl<S> Cx<'_, S> {
             return;
         }
         let own = sys::take_result_data(&mut result);
-        if data.is_none()
-            && own.as_ref().is_none_or(|b| b.is_empty())
-            && self.incoming.take().is_some_and(|came| came == result)
-        {
-            // Unchanged: the host answers with the result it delivered.
-            let handle = self.data.as_ref().map_or(sys::NO_BUF, Buf::handle);
-            self.send_unwind(&[], handle);
-            return;
-        }
-        let Ok(handle) = self.pick(own, data) else {
-            result = Err(Errno::ENOMEM);
-            self.finish_unwind(result, None);
+        let own_empty = own.as_ref().is_none_or(|b| b.is_empty());
+        let Ok(picked) = self.pick(own, data) else {
+            self.finish_unwind(&Err(Errno::ENOMEM), sys::NO_BUF, false);
             return;
         };
-        self.finish_unwind(result, handle.as_ref().map(|(h, _)| *h));
+        let handle = picked.as_ref().map_or(sys::NO_BUF, |(h, _)| *h);
+        // Unchanged (with its data as it came): the host answers with the
+        // result it delivered, without decoding this one.
+        let may_be_as_came = data.is_none() && own_empty;
+        self.finish_unwind(&result, handle, may_be_as_came);
     }
 
-    fn finish_unwind(&mut self, result: FopResult, handle: Option<u32>) {
+    /// Encodes `result` and unwinds it, or an empty message if it encodes
+    /// to the result as it came (when `may_be_as_came`).
+    fn finish_unwind(&mut self, result: &FopResult, handle: u32, may_be_as_came: bool) {
         let mut msg = std::mem::take(self.scratch);
         msg.clear();
-        abi::encode(&result, &mut msg);
-        self.send_unwind(&msg, handle.unwrap_or(sys::NO_BUF));
+        abi::encode(result, &mut msg);
+        let as_came = may_be_as_came && self.incoming.take().is_some_and(|came| came == msg.as_slice());
+        self.send_unwind(if as_came { &[] } else { &msg }, handle);
         *self.scratch = msg;
     }
 
@@ -189,29 +204,29 @@ impl<S> Cx<'_, S> {
         flags: u32,
     ) -> Result<u64, Errno> {
         self.check_open()?;
-        let write = matches!(req.fop, crate::Fop::Writev { .. });
-        if ctx.is_none() && *req == self.slot.req && self.host.as_is() {
-            // The fop as it came (a WRITE's data field empty, as it arrived):
-            // the host reuses what it decoded, nothing is encoded.
-            let picked = self.pick(write.then(bytes::Bytes::new), data)?;
-            let handle = picked.as_ref().map_or(sys::NO_BUF, |(h, _)| *h);
+        // Only a WRITE carries data, which crosses as a handle: encoded
+        // without it (a copy, cheap: the bytes are shared).
+        let stripped;
+        let (req, own) = match &req.fop {
+            crate::Fop::Writev { data, .. } if !data.is_empty() => {
+                let mut r = req.clone();
+                let own = sys::take_fop_data(&mut r.fop);
+                stripped = r;
+                (&stripped, own)
+            }
+            crate::Fop::Writev { .. } => (req, Some(bytes::Bytes::new())),
+            _ => (req, None),
+        };
+        let picked = self.pick(own, data)?;
+        let handle = picked.as_ref().map_or(sys::NO_BUF, |(h, _)| *h);
+        self.scratch.clear();
+        sys::encode_call(ctx, req, self.scratch);
+        // The fop as it came (a WRITE's data field empty, as it arrived),
+        // as the frame's caller: the host reuses what it decoded.
+        let req_bytes = &self.scratch[sys::CALL_HEADER..];
+        if ctx.is_none() && self.host.as_is() && req_bytes == self.came {
             return self.host.raw_wind(self.frame, child, flags | sys::WIND_AS_IS, &[], handle);
         }
-        self.scratch.clear();
-        // Only a WRITE carries data, which crosses as a handle: encode a
-        // copy without it (cheap: the bytes are shared); anything else as is.
-        let picked = if write {
-            let mut req = req.clone();
-            let own = sys::take_fop_data(&mut req.fop);
-            let picked = self.pick(own, data)?;
-            sys::encode_call(ctx, &req, self.scratch);
-            picked
-        } else {
-            let picked = self.pick(None, data)?;
-            sys::encode_call(ctx, req, self.scratch);
-            picked
-        };
-        let handle = picked.as_ref().map_or(sys::NO_BUF, |(h, _)| *h);
         self.host.raw_wind(self.frame, child, flags, self.scratch, handle)
     }
 }
@@ -219,7 +234,7 @@ impl<S> Cx<'_, S> {
 /// Context outside a frame: timers and detached replies.
 pub struct Ctl<'a, S> {
     pub(super) host: Host,
-    pub(super) frames: &'a mut BTreeMap<u64, Box<Slot<S>>>,
+    pub(super) frames: &'a mut Frames<S>,
     pub(super) scratch: &'a mut Vec<u8>,
 }
 
@@ -229,9 +244,11 @@ impl<S> Ctl<'_, S> {
         self.host
     }
 
-    /// The ids of the frames in flight in this instance.
+    /// The ids of the frames in flight in this instance, in order.
     pub fn frames(&self) -> Vec<u64> {
-        self.frames.keys().copied().collect()
+        let mut ids: Vec<u64> = self.frames.keys().copied().collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// A frame's state, if it is in flight.
@@ -244,24 +261,13 @@ impl<S> Ctl<'_, S> {
     /// [`Plugin::reply`] for that frame.
     pub fn wind(&mut self, frame: u64, child: u32, req: &Request, data: Option<&Buf>) -> Result<CallId, Errno> {
         let slot = self.frames.get_mut(&frame).ok_or(Errno::ENOENT)?;
-        let mut cx =
-            Cx { host: self.host, frame, slot, scratch: self.scratch, data: None, incoming: None, ended: false };
-        cx.wind(child, req, data)
+        slot.cx(self.host, frame, self.scratch, None, None).wind(child, req, data)
     }
 
     /// Answers a frame in flight (for example one delayed until a timer).
     pub fn unwind(&mut self, frame: u64, result: FopResult, data: Option<&Buf>) -> Result<(), Errno> {
         let mut slot = self.frames.remove(&frame).ok_or(Errno::ENOENT)?;
-        let mut cx = Cx {
-            host: self.host,
-            frame,
-            slot: &mut slot,
-            scratch: self.scratch,
-            data: None,
-            incoming: None,
-            ended: false,
-        };
-        cx.unwind_with(result, data);
+        slot.cx(self.host, frame, self.scratch, None, None).unwind_with(result, data);
         Ok(())
     }
 

@@ -3,15 +3,13 @@
 //! decodes the host's message, finds the instance and the frame's state,
 //! and runs the plugin's handler inside the panic guard.
 
-use std::collections::BTreeMap;
-
 use crate::abi::{self, Limits};
 use crate::errno::Errno;
 use crate::guest::host::{Buf, Host};
 use crate::guest::sys::{self, DeclaredOption, Descriptor, HostVtable};
 use crate::options::Options;
 use crate::xlator::ReconfigureError;
-use crate::{Dict, Event, EventFrom, FopResult, Value};
+use crate::{Dict, Event, EventFrom, FopResult, Request, Value};
 
 use super::guard::{guard, install_panic_hook};
 use super::{CallId, Ctl, Cx, Instance, Plugin, Slot, TimerId};
@@ -98,7 +96,13 @@ pub unsafe fn init<P: Plugin>(host: *const HostVtable, opts: *const u8, len: u32
         let Some(options) = options_of::<P>(host, msg) else { return 0 };
         match P::init(host, &options) {
             Ok(plugin) => {
-                let inst = Instance::<P> { host, plugin, frames: BTreeMap::new(), scratch: Vec::new() };
+                let inst = Instance::<P> {
+                    host,
+                    plugin,
+                    frames: Default::default(),
+                    callers: Default::default(),
+                    scratch: Vec::new(),
+                };
                 Box::into_raw(Box::new(inst)) as usize
             }
             Err(e) => {
@@ -121,9 +125,14 @@ pub unsafe fn on_fop<P: Plugin>(inst: usize, frame: u64, msg: *const u8, len: u3
     let host = i.host;
     guard(host, sys::HANDLER_FAILED, || {
         let data = Buf::adopt(host, payload);
-        let (ctx, req) = match sys::decode_call(msg, &Limits::DEFAULT) {
-            Ok((Some(ctx), req)) => (ctx, req),
-            Ok((None, _)) => {
+        let Instance { plugin, frames, callers, scratch, .. } = i;
+        let decoded = sys::split_call(msg).and_then(|(ctx, came)| {
+            let ctx = if ctx.is_empty() { None } else { Some(callers.decode(ctx)?) };
+            Ok((ctx, abi::decode::<Request>(came, None, &Limits::DEFAULT)?, came))
+        });
+        let (ctx, req, came) = match decoded {
+            Ok((Some(ctx), req, came)) => (ctx, req, came),
+            Ok((None, ..)) => {
                 host.error("fop message without a caller context");
                 return sys::HANDLER_FAILED;
             }
@@ -132,16 +141,16 @@ pub unsafe fn on_fop<P: Plugin>(inst: usize, frame: u64, msg: *const u8, len: u3
                 return sys::HANDLER_FAILED;
             }
         };
-        let Instance { plugin, frames, scratch, .. } = i;
-        // The frame joins the map only if it outlives this handler (a tail
-        // wind or an unwind here ends it).
-        let mut slot = Box::new(Slot { ctx, req: req.clone(), state: P::Frame::default() });
-        let mut cx = Cx { host, frame, slot: &mut slot, scratch, data, incoming: None, ended: false };
+        // The frame joins the map (boxed) only if it outlives this handler
+        // (a tail wind or an unwind here ends it).
+        let mut state = P::Frame::default();
+        let mut cx =
+            Cx { host, frame, ctx: &ctx, state: &mut state, came, scratch, data, incoming: None, ended: false };
         plugin.fop(&mut cx, req);
         let ended = cx.ended;
         drop(cx);
         if !ended {
-            frames.insert(frame, slot);
+            frames.insert(frame, Box::new(Slot { ctx, came: came.to_vec(), state }));
         }
         sys::HANDLER_OK
     })
@@ -159,6 +168,12 @@ pub unsafe fn on_reply<P: Plugin>(inst: usize, frame: u64, call: u64, msg: *cons
     let host = i.host;
     guard(host, sys::HANDLER_FAILED, || {
         let data = Buf::adopt(host, payload);
+        let Instance { plugin, frames, scratch, .. } = i;
+        // A reply for a frame already unwound (fan-out answered early) is
+        // dropped with its data, undecoded.
+        if frame != 0 && !frames.contains_key(&frame) {
+            return sys::HANDLER_OK;
+        }
         let result = match abi::decode::<FopResult>(msg, None, &Limits::DEFAULT) {
             Ok(r) => r,
             Err(e) => {
@@ -166,19 +181,16 @@ pub unsafe fn on_reply<P: Plugin>(inst: usize, frame: u64, call: u64, msg: *cons
                 return sys::HANDLER_FAILED;
             }
         };
-        let Instance { plugin, frames, scratch, .. } = i;
         if frame == 0 {
             let mut ctl = Ctl { host, frames, scratch };
             plugin.detached_reply(&mut ctl, CallId(call), result, data);
             return sys::HANDLER_OK;
         }
-        // A reply for a frame already unwound (fan-out answered early) is
-        // dropped with its data.
         let Some(slot) = frames.get_mut(&frame) else { return sys::HANDLER_OK };
         // Kept to see whether the plugin unwinds it unchanged (then it goes
         // "as it came", ABI v1.3, without being encoded again).
-        let incoming = host.as_is().then(|| result.clone());
-        let mut cx = Cx { host, frame, slot, scratch, data, incoming, ended: false };
+        let incoming = host.as_is().then_some(msg);
+        let mut cx = slot.cx(host, frame, scratch, data, incoming);
         plugin.reply(&mut cx, CallId(call), result);
         let ended = cx.ended;
         drop(cx);

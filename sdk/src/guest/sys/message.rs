@@ -6,13 +6,16 @@ use bytes::Bytes;
 use crate::abi::{self, DecodeError, Limits};
 use crate::{CallCtx, Fop, FopResult, Reply, Request};
 
+/// The bytes before a fop message's caller context: its length, a `u32`.
+pub const CALL_HEADER: usize = 4;
+
 /// Encodes a fop message (`xlfs_on_fop`, `wind`): `u32` length of the
 /// caller context (0: none, meaning the frame's own), the CallCtx, then
 /// the Request. A WRITE's data must already be taken out
 /// ([`take_fop_data`]): it crosses as a buffer handle.
 pub fn encode_call(ctx: Option<&CallCtx>, req: &Request, out: &mut Vec<u8>) {
     let at = out.len();
-    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&[0; CALL_HEADER]);
     if let Some(ctx) = ctx {
         abi::encode(ctx, out);
         let n = (out.len() - at - 4) as u32;
@@ -23,6 +26,15 @@ pub fn encode_call(ctx: Option<&CallCtx>, req: &Request, out: &mut Vec<u8>) {
 
 /// Decodes a fop message; the WRITE data, if any, is empty.
 pub fn decode_call(bytes: &[u8], limits: &Limits) -> Result<(Option<CallCtx>, Request), DecodeError> {
+    let (ctx_bytes, req_bytes) = split_call(bytes)?;
+    let ctx = if ctx_bytes.is_empty() { None } else { Some(abi::decode::<CallCtx>(ctx_bytes, None, limits)?) };
+    let req = abi::decode::<Request>(req_bytes, None, limits)?;
+    Ok((ctx, req))
+}
+
+/// A fop message's two parts, undecoded: the caller context's bytes
+/// (empty: none) and the Request's.
+pub fn split_call(bytes: &[u8]) -> Result<(&[u8], &[u8]), DecodeError> {
     let Some((len, rest)) = bytes.split_first_chunk::<4>() else {
         return Err(DecodeError::Truncated { offset: 0, needed: 4, remaining: bytes.len() });
     };
@@ -30,10 +42,7 @@ pub fn decode_call(bytes: &[u8], limits: &Limits) -> Result<(Option<CallCtx>, Re
     if n > rest.len() {
         return Err(DecodeError::Truncated { offset: 4, needed: n as u64, remaining: rest.len() });
     }
-    let (ctx_bytes, req_bytes) = rest.split_at(n);
-    let ctx = if n == 0 { None } else { Some(abi::decode::<CallCtx>(ctx_bytes, None, limits)?) };
-    let req = abi::decode::<Request>(req_bytes, None, limits)?;
-    Ok((ctx, req))
+    Ok(rest.split_at(n))
 }
 
 /// Takes a WRITE's data out of `fop` (leaving it empty).
