@@ -312,14 +312,21 @@ impl Core {
             driver.finished = true;
             return target.call(ctx, req).await;
         }
-        let mut run = std::pin::pin!(std::future::poll_fn(|cx| driver.poll_frame(cx, true)));
         // Most frames end in their first poll (a pass-through over a child
         // that answers at once): no timer for those.
-        let first = std::future::poll_fn(|cx| Poll::Ready(run.as_mut().poll(cx))).await;
+        let first = std::future::poll_fn(|cx| Poll::Ready(driver.poll_frame(cx, true))).await;
         if let Poll::Ready(done) = first {
             return done.unwrap_or(Err(Errno::EIO));
         }
-        match tokio::time::timeout_at(deadline, run).await {
+        // Boxed: its timer would make every fop's future larger (and
+        // moved about) for the frames that never need it.
+        Box::pin(self.wait_frame(driver, deadline, frame)).await
+    }
+
+    /// The rest of a frame that did not end in its first poll, under its
+    /// deadline.
+    async fn wait_frame(&self, mut driver: Driver, deadline: tokio::time::Instant, frame: u64) -> FopResult {
+        match tokio::time::timeout_at(deadline, std::future::poll_fn(|cx| driver.poll_frame(cx, true))).await {
             Ok(Some(result)) => result,
             Ok(None) => Err(Errno::EIO),
             Err(_) => {
