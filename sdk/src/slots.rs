@@ -143,6 +143,21 @@ impl<K: SlotKey, V> Slots<K, V> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn counter_ids_spread_over_an_id_map() {
+        use std::hash::BuildHasher;
+        let h = BuildHasherDefault::<IdHasher>::default();
+        // Consecutive ids differ in their top 7 bits (hashbrown's tag) as
+        // well as in their low bits (the bucket).
+        let tags: std::collections::HashSet<u64> = (1..=128u64).map(|id| h.hash_one(id) >> 57).collect();
+        assert!(tags.len() > 64, "{} distinct tags", tags.len());
+        let mut m: IdMap<u64> = IdMap::default();
+        for id in 1..=1000 {
+            m.insert(id, id * 2);
+        }
+        assert!((1..=1000).all(|id| m.get(&id) == Some(&(id * 2))));
+    }
+
     use super::*;
 
     #[test]

@@ -605,6 +605,73 @@ mod tests {
         unsafe { fini::<T>(inst) };
     }
 
+    /// Adds an xdata key to every fop it winds, and answers every reply
+    /// with ENOENT.
+    struct M;
+
+    impl Plugin for M {
+        type Frame = ();
+        const NAME: &'static str = "m";
+        fn init(_host: Host, _options: &Options) -> Result<M, String> {
+            Ok(M)
+        }
+        fn fop(&mut self, cx: &mut Cx<'_, ()>, mut req: Request) {
+            req.xdata.set_str("seen", "1");
+            cx.wind(0, &req, None).expect("wind");
+        }
+        fn reply(&mut self, cx: &mut Cx<'_, ()>, _call: CallId, _result: FopResult) {
+            cx.unwind(Err(Errno::ENOENT));
+        }
+    }
+
+    #[test]
+    fn changed_fops_and_replies_are_encoded_for_an_as_is_host() {
+        take();
+        let vt = HostVtable { minor: sys::AS_IS_MINOR, ..VT };
+        let o = opts(&[]);
+        // SAFETY (all calls below): the fake host and valid messages.
+        let inst = unsafe { init::<M>(&vt, o.as_ptr(), o.len() as u32) };
+        assert_ne!(inst, 0);
+        let stat = Request::new(Fop::Stat { loc: Loc::root() });
+        let m = msg(&stat);
+        assert_eq!(unsafe { on_fop::<M>(inst, 1, m.as_ptr(), m.len() as u32, 0) }, sys::HANDLER_OK);
+        let Some(Call::Wind { frame: 1, child: 0, flags: 0, msg: wound, payload: 0 }) = take().pop() else {
+            panic!("no wind, or wound as it came")
+        };
+        let mut want = stat.clone();
+        want.xdata.set_str("seen", "1");
+        assert_eq!(sys::decode_call(&wound, &Limits::DEFAULT).expect("decodes"), (None, want));
+        let mut r = Vec::new();
+        abi::encode(&FopResult::Ok(Response::from(Reply::Attr(Iatt::default()))), &mut r);
+        assert_eq!(unsafe { on_reply::<M>(inst, 1, 77, r.as_ptr(), r.len() as u32, 0) }, sys::HANDLER_OK);
+        let mut e = Vec::new();
+        abi::encode(&FopResult::Err(Errno::ENOENT), &mut e);
+        assert_eq!(take(), [Call::Unwind { frame: 1, msg: e, payload: 0 }]);
+        unsafe { fini::<M>(inst) };
+    }
+
+    #[test]
+    fn a_caller_context_is_decoded_once_per_encoding() {
+        let enc = |c: &CallCtx| {
+            let mut b = Vec::new();
+            abi::encode(c, &mut b);
+            b
+        };
+        let a = CallCtx::root("a");
+        let b = CallCtx { uid: 7, groups: vec![1, 2].into(), ..CallCtx::root("b") };
+        let (ea, eb) = (enc(&a), enc(&b));
+        let mut cache = super::super::CtxCache::default();
+        let first = cache.decode(&ea).expect("a");
+        let again = cache.decode(&ea).expect("a again");
+        assert_eq!((&first, &again), (&a, &a));
+        assert!(std::sync::Arc::ptr_eq(&first.client_id, &again.client_id), "shared, not decoded again");
+        assert_eq!(cache.decode(&eb).expect("b"), b);
+        let after = cache.decode(&ea).expect("a after b");
+        assert_eq!(after, a);
+        assert!(!std::sync::Arc::ptr_eq(&first.client_id, &after.client_id), "decoded again after b");
+        assert!(cache.decode(&ea[..ea.len() - 1]).is_err());
+    }
+
     fn msg(req: &Request) -> Vec<u8> {
         let mut b = Vec::new();
         sys::encode_call(Some(&CallCtx::root("c")), req, &mut b);
