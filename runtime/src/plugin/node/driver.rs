@@ -67,8 +67,15 @@ struct Wound {
     _count: CallCount,
 }
 
-/// One of the node's calls in flight; the count drops with it.
+/// One of the node's calls in flight: counted while it lives.
 struct CallCount(Arc<AtomicUsize>);
+
+impl CallCount {
+    fn start(calls: &Arc<AtomicUsize>) -> CallCount {
+        calls.fetch_add(1, Ordering::Relaxed);
+        CallCount(calls.clone())
+    }
+}
 
 impl Drop for CallCount {
     fn drop(&mut self) {
@@ -452,9 +459,8 @@ impl Core {
                 return neg(Errno::EINVAL);
             }
             let (Some(rt), Some(me)) = (self.handle(), self.me.upgrade()) else { return neg(Errno::EAGAIN) };
-            self.calls.fetch_add(1, Ordering::Relaxed);
             let ctx = ctx.unwrap_or_else(|| self.node_ctx.clone());
-            let fut = Wound { meta, target, ctx, req, _count: CallCount(self.calls.clone()) }.start();
+            let fut = Wound { meta, target, ctx, req, _count: CallCount::start(&self.calls) }.start();
             rt.spawn(async move {
                 let (meta, result) = fut.await;
                 me.deliver(meta.era, 0, meta.call, result);
@@ -482,8 +488,7 @@ impl Core {
             self.fail_frame(frame, &why);
             return neg(Errno::EINVAL);
         }
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        let _count = CallCount(self.calls.clone());
+        let _count = CallCount::start(&self.calls);
         // A context the guest encoded lacks the fop's timing frame
         // (never encoded): the call is still the fop's own.
         let call_ctx = |frame_ctx: CallCtx| match ctx {

@@ -168,25 +168,24 @@ pub unsafe fn on_reply<P: Plugin>(inst: usize, frame: u64, call: u64, msg: *cons
     let host = i.host;
     guard(host, sys::HANDLER_FAILED, || {
         let data = Buf::adopt(host, payload);
-        let Instance { plugin, frames, scratch, .. } = i;
-        // A reply for a frame already unwound (fan-out answered early) is
-        // dropped with its data, undecoded.
-        if frame != 0 && !frames.contains_key(&frame) {
-            return sys::HANDLER_OK;
-        }
-        let result = match abi::decode::<FopResult>(msg, None, &Limits::DEFAULT) {
-            Ok(r) => r,
+        let decoded = || match abi::decode::<FopResult>(msg, None, &Limits::DEFAULT) {
+            Ok(r) => Some(r),
             Err(e) => {
                 host.error(&format!("reply message: {e}"));
-                return sys::HANDLER_FAILED;
+                None
             }
         };
+        let Instance { plugin, frames, scratch, .. } = i;
         if frame == 0 {
+            let Some(result) = decoded() else { return sys::HANDLER_FAILED };
             let mut ctl = Ctl { host, frames, scratch };
             plugin.detached_reply(&mut ctl, CallId(call), result, data);
             return sys::HANDLER_OK;
         }
+        // A reply for a frame already unwound (fan-out answered early) is
+        // dropped with its data, undecoded.
         let Some(slot) = frames.get_mut(&frame) else { return sys::HANDLER_OK };
+        let Some(result) = decoded() else { return sys::HANDLER_FAILED };
         // Kept to see whether the plugin unwinds it unchanged (then it goes
         // "as it came", ABI v1.3, without being encoded again).
         let incoming = host.as_is().then_some(msg);
@@ -459,6 +458,18 @@ mod tests {
         declare,
     };
 
+    /// A v1.3 host: the same fake, declaring the minor with AS_IS.
+    const AS_IS_VT: HostVtable = HostVtable { minor: sys::AS_IS_MINOR, ..VT };
+
+    /// An instance of `P` on host `vt`, with no options.
+    fn started<P: Plugin>(vt: &'static HostVtable) -> usize {
+        let o = opts(&[]);
+        // SAFETY: the fake host and a valid options message.
+        let inst = unsafe { init::<P>(vt, o.as_ptr(), o.len() as u32) };
+        assert_ne!(inst, 0);
+        inst
+    }
+
     /// Stat winds to child 0; WRITE is forwarded (tail); LOOKUP panics;
     /// MKDIR winds to child 3, which the host refuses.
     struct T;
@@ -581,12 +592,8 @@ mod tests {
     #[test]
     fn unchanged_fops_and_replies_go_as_they_came() {
         take();
-        // A v1.3 host: the same fake, declaring the minor with AS_IS.
-        let vt = HostVtable { minor: sys::AS_IS_MINOR, ..VT };
-        let o = opts(&[]);
+        let inst = started::<T>(&AS_IS_VT);
         // SAFETY (all calls below): the fake host and valid messages.
-        let inst = unsafe { init::<T>(&vt, o.as_ptr(), o.len() as u32) };
-        assert_ne!(inst, 0);
         // Stat is wound unchanged: flag AS_IS, no message.
         let m = msg(&Request::new(Fop::Stat { loc: Loc::root() }));
         assert_eq!(unsafe { on_fop::<T>(inst, 1, m.as_ptr(), m.len() as u32, 0) }, sys::HANDLER_OK);
@@ -627,11 +634,8 @@ mod tests {
     #[test]
     fn changed_fops_and_replies_are_encoded_for_an_as_is_host() {
         take();
-        let vt = HostVtable { minor: sys::AS_IS_MINOR, ..VT };
-        let o = opts(&[]);
+        let inst = started::<M>(&AS_IS_VT);
         // SAFETY (all calls below): the fake host and valid messages.
-        let inst = unsafe { init::<M>(&vt, o.as_ptr(), o.len() as u32) };
-        assert_ne!(inst, 0);
         let stat = Request::new(Fop::Stat { loc: Loc::root() });
         let m = msg(&stat);
         assert_eq!(unsafe { on_fop::<M>(inst, 1, m.as_ptr(), m.len() as u32, 0) }, sys::HANDLER_OK);

@@ -18,8 +18,8 @@ pub fn encode_call(ctx: Option<&CallCtx>, req: &Request, out: &mut Vec<u8>) {
     out.extend_from_slice(&[0; CALL_HEADER]);
     if let Some(ctx) = ctx {
         abi::encode(ctx, out);
-        let n = (out.len() - at - 4) as u32;
-        out[at..at + 4].copy_from_slice(&n.to_le_bytes());
+        let n = (out.len() - at - CALL_HEADER) as u32;
+        out[at..at + CALL_HEADER].copy_from_slice(&n.to_le_bytes());
     }
     abi::encode(req, out);
 }
@@ -35,12 +35,12 @@ pub fn decode_call(bytes: &[u8], limits: &Limits) -> Result<(Option<CallCtx>, Re
 /// A fop message's two parts, undecoded: the caller context's bytes
 /// (empty: none) and the Request's.
 pub fn split_call(bytes: &[u8]) -> Result<(&[u8], &[u8]), DecodeError> {
-    let Some((len, rest)) = bytes.split_first_chunk::<4>() else {
-        return Err(DecodeError::Truncated { offset: 0, needed: 4, remaining: bytes.len() });
+    let Some((len, rest)) = bytes.split_first_chunk::<CALL_HEADER>() else {
+        return Err(DecodeError::Truncated { offset: 0, needed: CALL_HEADER as u64, remaining: bytes.len() });
     };
     let n = u32::from_le_bytes(*len) as usize;
     if n > rest.len() {
-        return Err(DecodeError::Truncated { offset: 4, needed: n as u64, remaining: rest.len() });
+        return Err(DecodeError::Truncated { offset: CALL_HEADER, needed: n as u64, remaining: rest.len() });
     }
     Ok(rest.split_at(n))
 }
