@@ -58,6 +58,12 @@ impl Client {
         Client { shared: self.shared.clone(), ctx: self.ctx.with_lk_owner(owner) }
     }
 
+    /// The same client calling with pid `pid` (a daemon's, such as
+    /// [`CallCtx::SELF_HEAL_PID`]).
+    pub fn with_pid(&self, pid: u32) -> Client {
+        Client { shared: self.shared.clone(), ctx: CallCtx { pid, ..self.ctx.clone() } }
+    }
+
     /// The caller identity this client uses.
     pub fn ctx(&self) -> &CallCtx {
         &self.ctx

@@ -86,6 +86,15 @@ impl std::hash::Hash for Lent {
 }
 
 impl CallCtx {
+    /// Pids from here up are the filesystem's own daemons, not an
+    /// application (GlusterFS gives them negative pids): performance/io-threads
+    /// runs their fops at least priority, and features/upcall does not count
+    /// them as caching what they touch.
+    pub const DAEMON_PIDS: u32 = 0xffff_ff00;
+    /// The pid of self-heal's fops, in the self-heal daemon and in a mount's
+    /// background heal (GlusterFS's `GF_CLIENT_PID_SELF_HEALD`, -6).
+    pub const SELF_HEAL_PID: u32 = -6i32 as u32;
+
     /// A root caller for a given client (used by the in-process API, tests,
     /// and internal fops such as self-heal).
     pub fn root(client_id: impl Into<Arc<str>>) -> CallCtx {
@@ -100,6 +109,17 @@ impl CallCtx {
             lent: Lent::default(),
         }
     }
+    /// A root caller for self-heal's fops (pid [`CallCtx::SELF_HEAL_PID`]).
+    pub fn self_heal(client_id: impl Into<Arc<str>>) -> CallCtx {
+        CallCtx { pid: CallCtx::SELF_HEAL_PID, ..CallCtx::root(client_id) }
+    }
+
+    /// Whether the caller is one of the filesystem's daemons
+    /// ([`CallCtx::DAEMON_PIDS`]).
+    pub fn is_daemon(&self) -> bool {
+        self.pid >= CallCtx::DAEMON_PIDS
+    }
+
     /// The same caller with another lock owner.
     pub fn with_lk_owner(&self, owner: u64) -> CallCtx {
         CallCtx { lk_owner: owner, ..self.clone() }

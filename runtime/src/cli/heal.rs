@@ -33,7 +33,7 @@ use xlfs_sdk::dict::keys::{
     HEAL_FAILED, HEAL_GFID, HEAL_HEALED, HEAL_INFO, HEAL_REMAINING, HEAL_REPORT, HEAL_RESULT, HEAL_RUN,
     HEAL_SPLIT_BRAIN, SPLIT_BRAIN_RESOLVE,
 };
-use xlfs_sdk::{Dict, Errno, Fop, Loc, Reply, Response};
+use xlfs_sdk::{CallCtx, Dict, Errno, Fop, Loc, Reply, Response};
 
 use super::CliError;
 use crate::client::Client;
@@ -225,7 +225,9 @@ impl HealArgs {
         let wait = Duration::from_secs(self.wait.max(1));
         graph.wait_up(wait).await.map_err(HealError::from)?;
         wait_children(graph, wait).await;
-        let client = Client::new(graph.top());
+        // A daemon's pid: its fops are not an application's (io-threads runs
+        // them last, upcall does not count it as caching what it touches).
+        let client = Client::new(graph.top()).with_pid(CallCtx::SELF_HEAL_PID);
         match &self.action {
             Some(HealAction::Info) => {
                 let text = info(&client).await?;

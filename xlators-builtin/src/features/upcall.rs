@@ -15,7 +15,11 @@
 //!   rename) invalidate the parent directories (their entries changed) and
 //!   the inode they act on (its link count or ctime changed).
 //!
-//! The changing client itself is not told: its caches saw the reply.
+//! The changing client itself is not told: its caches saw the reply. The
+//! filesystem's daemons (self-heal: [`CallCtx::is_daemon`]) cache nothing,
+//! so their fops record no interest (a self-heal daemon that once looked
+//! at a busy file was otherwise sent a message for each of its writes);
+//! their changes are told like any other.
 //!
 //! Race: a client's interest is recorded when its fop returns, so a change
 //! that lands while that fop runs (a lookup reading the old size while
@@ -345,9 +349,13 @@ impl Xlator for UpcallXl {
             let start = self.seq();
             let r = self.child.call(ctx.clone(), req).await;
             if let Ok(rsp) = &r {
-                let mut touched = before;
-                touched.extend(answered(rsp));
-                self.touch(&ctx.client_id, &touched, start);
+                // A daemon (self-heal) caches nothing: telling it about
+                // later changes would only cost a message per change.
+                if !ctx.is_daemon() {
+                    let mut touched = before;
+                    touched.extend(answered(rsp));
+                    self.touch(&ctx.client_id, &touched, start);
+                }
                 if let Change::Inodes(g) = changed(&fop, rsp) {
                     self.invalidate(&ctx.client_id, &g);
                 }
@@ -485,6 +493,19 @@ mod tests {
         let st = Fop::Stat { loc: Loc::gfid(Gfid([9; 16])) };
         xl.call(b.clone(), st.into()).await.expect_err("fails");
         assert!(sent(&top).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_daemon_is_told_nothing_but_its_changes_are_told() {
+        let (xl, top) = node(&[]);
+        let (app, heal) = (CallCtx::root("app"), CallCtx::self_heal("shd"));
+        let w = || Fop::Writev { fd: fd(FILE), data: bytes::Bytes::from_static(b"x"), offset: 0, flags: 0 };
+        xl.call(heal.clone(), Fop::Fstat { fd: fd(FILE) }.into()).await.expect("heal inspects");
+        xl.call(app.clone(), w().into()).await.expect("the application writes");
+        assert!(sent(&top).is_empty(), "self-heal caches nothing and is not told");
+        xl.call(app.clone(), Fop::Fstat { fd: fd(FILE) }.into()).await.expect("the application stats");
+        xl.call(heal.clone(), w().into()).await.expect("heal writes");
+        assert_eq!(sent(&top), vec![(FILE, "app".to_string())], "a heal's change is told to the caches");
     }
 
     #[tokio::test]

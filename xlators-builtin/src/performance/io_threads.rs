@@ -48,7 +48,7 @@ pub enum Priority {
 
 /// Callers whose [`CallCtx::pid`] is at least this (GlusterFS gives its
 /// daemons negative pids) are scheduled at [`Priority::Least`].
-pub const LEAST_PRIORITY_PID: u32 = 0xffff_ff00;
+pub const LEAST_PRIORITY_PID: u32 = CallCtx::DAEMON_PIDS;
 
 /// The class of a fop, or `None` when it bypasses the pool.
 pub fn priority(ctx: &CallCtx, kind: FopKind) -> Option<Priority> {
@@ -61,7 +61,7 @@ pub fn priority(ctx: &CallCtx, kind: FopKind) -> Option<Priority> {
         Readv | Writev | Fsync | Truncate | Ftruncate | Fsyncdir | Xattrop | Fxattrop | Rchecksum | Fallocate
         | Discard | Zerofill | Seek | CopyFileRange => Priority::Low,
     };
-    if ctx.pid >= LEAST_PRIORITY_PID { Some(Priority::Least) } else { Some(class) }
+    if ctx.is_daemon() { Some(Priority::Least) } else { Some(class) }
 }
 
 const THREADS: Opt<kind::Int> = Opt::int("thread-count", "16")

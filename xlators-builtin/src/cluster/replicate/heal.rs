@@ -374,7 +374,7 @@ impl Inner {
             Kind::Metadata => Target::Inode { gfid, fd: None, metadata: true },
             Kind::Entry => Target::Entry { dir: gfid, name: String::new() },
         };
-        let lctx = CallCtx::root(ctx.client_id.clone()).with_lk_owner(self.new_owner());
+        let lctx = CallCtx::self_heal(ctx.client_id.clone()).with_lk_owner(self.new_owner());
         let held = self.lock(lctx, vec![target], have, false).await?;
         let r = self.heal_locked(&held.ctx, gfid, kind, held.locked, how).await;
         self.unlock(&held).await;

@@ -89,7 +89,7 @@ impl Inner {
 
     /// The control interface (see the module docs).
     pub async fn control(self: &Arc<Self>, ctx: &CallCtx, req: &Request) -> FopResult {
-        let hctx = CallCtx::root(ctx.client_id.clone());
+        let hctx = CallCtx::self_heal(ctx.client_id.clone());
         match &req.fop {
             Fop::Getxattr { loc, .. } => {
                 if !root_loc(loc) {

@@ -168,7 +168,7 @@ impl Inner {
         let me = self.clone();
         h.spawn(async move {
             if let Ok(_permit) = me.heal.running.acquire().await {
-                let ctx = CallCtx::root(client);
+                let ctx = CallCtx::self_heal(client);
                 let (rep, _) = me.heal_tree(&ctx, gfid, How { kinds, ..How::all() }).await;
                 tracing::debug!(volume = %me.name, %gfid, ?rep, "background self-heal done");
             }
