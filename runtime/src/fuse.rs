@@ -297,23 +297,18 @@ impl Core {
         }
     }
 
-    /// Runs `f` on the runtime, counted as in flight.
-    /// Runs `f` for a request: polled once right here on the reader
-    /// thread, so a fop that does not wait (answered from a cache, or
-    /// acknowledged by write-behind) is answered without waking a worker
-    /// thread (a wake-up costs more than such a fop); only if it has to
-    /// wait is it spawned as a task, and the reader goes on.
+    /// Runs `f` for a request, counted as in flight: polled once right here
+    /// on the reader thread, so a fop that does not wait (answered from a
+    /// cache, or acknowledged by write-behind) is answered without waking a
+    /// worker thread (a wake-up costs more than such a fop); one that waits
+    /// becomes a task when it is woken (`task::run_here`), and the reader
+    /// goes on.
     fn spawn(self: &Arc<Self>, f: impl Future<Output = ()> + Send + 'static) {
         let c = self.clone();
-        let mut task = Box::pin(async move {
+        xlfs_xlators::task::run_here(&self.rt, async move {
             let _g = c.inflight.enter();
             f.await;
         });
-        let _rt = self.rt.enter();
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if task.as_mut().poll(&mut cx).is_pending() {
-            self.rt.spawn(task);
-        }
     }
 
     /// Runs a fop task and answers with `ok` or the errno.

@@ -46,6 +46,8 @@ pub mod performance {
     pub mod write_behind;
 }
 
+pub mod task;
+
 pub mod debug {
     //! Diagnosis and fault injection.
     pub mod error_gen;

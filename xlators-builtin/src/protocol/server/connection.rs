@@ -483,15 +483,15 @@ pub(super) async fn serve(sh: &Arc<Shared>, conn: &Arc<Conn>, reader: &mut Frame
                         }
                     };
                     let held = Held { slot: Some(permit), bytes: Some(bytes) };
-                    let mut call = Box::pin(run_call(sh.clone(), Running::new(conn), id, ctx, req, held, reply_at));
+                    let call = run_call(sh.clone(), Running::new(conn), id, ctx, req, held, reply_at);
                     // Most fops (a stat, a write into the page cache) finish
                     // on their first poll: run them here and write the reply
                     // from this task, without a spawn and a wake-up. One that
                     // would wait (a blocked lock, the blocking pool) goes on
-                    // in a task of its own, so the reader never waits for it.
-                    if poll_once(call.as_mut()).is_pending() {
+                    // in a task of its own once woken, so the reader never
+                    // waits for it.
+                    if crate::task::run_here(&sh.rt, call) {
                         sh.counters.calls_spawned.fetch_add(1, Ordering::Relaxed);
-                        tokio::spawn(call);
                     }
                 }
                 Err(MessageError { source: DecodeError::UnknownFop(code), .. }) => {
@@ -554,13 +554,6 @@ pub(super) fn resolve_shared(
     };
     frame.flags = 0;
     Ok((frame, reply_at))
-}
-
-/// Polls a future once, with a waker that does nothing: a future left
-/// pending is polled again by the task it is then spawned as (which
-/// registers that task's waker).
-pub(super) fn poll_once<F: std::future::Future + ?Sized>(f: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
-    f.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
 }
 
 /// The part of a connection's byte budget a call holds until its reply is
