@@ -121,6 +121,27 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert!(d.ok(&["getspec", "gv0"]).contains("subvolumes pt-probe\nend-volume"), "io-stats sits on the plugin");
     assert_eq!(std::fs::read(mnt.join("hello")).expect("read through the plugin"), data);
     assert!(d.ok(&["get", "gv0", "all"]).lines().any(|l| l.starts_with("plugin.pt-probe") && l.ends_with("set")));
+    // The plugin's own options are keys of their own, checked against what
+    // its module declares; the mount applies one as any option.
+    let e = d.refused(&["set", "gv0", "plugin.pt-probe.nope", "on"]);
+    assert!(e.contains("key plugin.pt-probe.nope") && e.contains("declares no option 'nope'"), "{e}");
+    let e = d.refused(&["set", "gv0", "plugin.pt-probe.tail", "maybe"]);
+    assert!(e.contains("key plugin.pt-probe.tail") && e.contains("option 'tail'"), "{e}");
+    let e = d.refused(&["set", "gv0", "plugin.absent.tail", "on"]);
+    assert!(e.contains("no plugin 'absent'") && e.contains("set plugin.absent first"), "{e}");
+    d.ok(&["set", "gv0", "plugin.pt-probe.tail", "on"]);
+    let module = plugin_kit::wasm("passthrough").display().to_string();
+    let spec = d.ok(&["getspec", "gv0"]);
+    assert!(spec.contains(&format!("option module {module}\n    option tail on\n")), "{spec}");
+    wait_for("the mount to apply the plugin's option", DEADLINE, || {
+        mount_status(&mnt)
+            .lines()
+            .any(|l| l.starts_with("last reload") && l.contains("tail off -> on"))
+            .then_some(())
+    });
+    assert_eq!(std::fs::read(mnt.join("hello")).expect("read through the plugin's tail winds"), data);
+    let got = d.ok(&["get", "gv0", "plugin.pt-probe.tail"]);
+    assert!(got.contains("plugin.pt-probe.tail") && got.contains("on"), "{got}");
     // A plugin whose descriptor asks for the cluster place (access-log,
     // plugin ABI v1.4) goes below the performance translators.
     let faults = format!("wasm:{}", plugin_kit::wasm("access-log").display());
@@ -140,6 +161,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert_eq!(std::fs::read(mnt.join("hello")).expect("read through both plugins"), data);
     d.ok(&["reset", "gv0", "plugin.faults"]);
     d.ok(&["reset", "gv0", "plugin.pt-probe"]);
+    assert!(d.ok(&["get", "gv0", "plugin.pt-probe.tail"]).contains("(unset)"), "its options go with it");
     let without = wait_for("the mount to drop the plugin", DEADLINE, || {
         let s = mount_status(&mnt);
         (!graph_of(&s).contains("pt-probe")).then_some(s)

@@ -143,8 +143,18 @@ fn pgbench_on_the_mount() {
         ok(tool, as_pg(tool, &a))
     };
     run("pgbench", &["-i", "-s", "10", "-q", "postgres"]);
-    let before = settled_io_stats(&m.mnt);
-    xlfs(&["profile", "--reset", m.mnt.to_str().expect("utf-8")]);
+    // io-stats's reading and the profile's reset must see the same fops:
+    // the server may still be writing after `pgbench -i` (a checkpoint's
+    // writes and closes), and one fop that ends between the two would be
+    // in one count and not the other. So the pair is taken again until
+    // io-stats reads the same after the reset as before it.
+    let before = (0..20)
+        .find_map(|_| {
+            let before = settled_io_stats(&m.mnt);
+            xlfs(&["profile", "--reset", m.mnt.to_str().expect("utf-8")]);
+            (io_stats(&m.mnt) == before).then_some(before)
+        })
+        .expect("the idle server stops doing fops between two readings of io-stats");
     let out = run("pgbench", &["-c", "4", "-j", "2", "-t", "500", "postgres"]);
     assert!(out.contains("number of transactions actually processed: 2000/2000"), "{out}");
     assert!(out.contains("number of failed transactions: 0 "), "{out}");
@@ -168,8 +178,7 @@ fn pgbench_on_the_mount() {
     let profile = xlfs(&["profile", m.mnt.to_str().expect("utf-8")]);
 
     // The profile of the run against io-stats's own latency counters (the
-    // top of the graph): per fop that took time, the same calls (but for
-    // what the idle server did between the two readings at the start), and
+    // top of the graph): per fop that took time, the same calls, and
     // the translators' parts adding up to what io-stats measured per call.
     let mut checked = Vec::new();
     for (fop, calls, accounted_us, io_stats_self_us) in profile_tops(&profile) {

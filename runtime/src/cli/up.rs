@@ -20,7 +20,7 @@
 //! flags stand for, so the volume has exactly what this `up` says
 //! (`--afr K=V` is the key `cluster.K`, `--posix K=V` is `storage.K`,
 //! `--perf LIST` the `performance.*` toggles, `--plugin NAME=SPEC` is
-//! `plugin.NAME`, `--ssl-*` the `ssl.*`, `client.ssl`, `server.ssl` and
+//! `plugin.NAME` (`--plugin NAME.OPTION=VALUE` `plugin.NAME.OPTION`), `--ssl-*` the `ssl.*`, `client.ssl`, `server.ssl` and
 //! `auth.ssl-allow` keys, `--no-shd` is `cluster.self-heal-daemon off`,
 //! `--tcp` is `network.local-transport off`);
 //! starts it (the daemon serves the bricks and runs the self-heal daemon);
@@ -107,7 +107,9 @@ pub struct UpArgs {
     pub perf: Option<String>,
     /// A plugin translator in the client graph, as NAME=wasm:/ABS/PATH or
     /// NAME=dylib:/ABS/PATH, where its module asks to sit (the volume key
-    /// `plugin.NAME`); repeatable, stacked in the order of their names.
+    /// `plugin.NAME`), or an option of one as NAME.OPTION=VALUE (the key
+    /// `plugin.NAME.OPTION`, e.g. `pt.tail=on`); repeatable, stacked in the
+    /// order of their names.
     #[arg(long = "plugin", value_name = "NAME=SPEC")]
     pub plugins: Vec<String>,
     /// TLS between the mount (and the heal daemon) and the bricks, both
@@ -381,21 +383,28 @@ impl UpArgs {
     fn settings(&self) -> Result<Vec<(String, String)>, UpError> {
         let reg = Registry::builtin();
         let mut out = Vec::new();
-        let check = |flag: &'static str, given: &str, key: String, value: &str| {
-            let value = keys::validate(&reg, &key, value).map_err(|e| UpError::BadFlag {
+        // What is set so far: a plugin's options are checked against its module.
+        let mut known = std::collections::BTreeMap::new();
+        let check = |flag: &'static str, given: &str, key: String, value: &str, known: &_| {
+            let value = keys::validate_in(&reg, known, &key, value).map_err(|e| UpError::BadFlag {
                 flag,
                 value: given.to_string(),
                 why: e.to_string(),
             })?;
             Ok::<_, UpError>((key, value))
         };
-        for (flag, prefix, list) in [
-            ("--afr", "cluster.", &self.afr),
-            ("--posix", "storage.", &self.posix),
-            ("--plugin", "plugin.", &self.plugins),
-        ] {
+        // A plugin's module before its options (`--plugin pt.tail=on` may
+        // come first).
+        let mut plugins: Vec<&String> = self.plugins.iter().collect();
+        plugins.sort_by_key(|kv| kv.split('=').next().is_some_and(|k| k.contains('.')));
+        let plugins: Vec<String> = plugins.into_iter().cloned().collect();
+        for (flag, prefix, list) in
+            [("--afr", "cluster.", &self.afr), ("--posix", "storage.", &self.posix), ("--plugin", "plugin.", &plugins)]
+        {
             for (given, (k, v)) in list.iter().zip(key_values(flag, list)?) {
-                out.push(check(flag, given, format!("{prefix}{k}"), &v)?);
+                let (key, value) = check(flag, given, format!("{prefix}{k}"), &v, &known)?;
+                known.insert(key.clone(), value.clone());
+                out.push((key, value));
             }
         }
         if let Some(list) = &self.perf {
@@ -435,7 +444,7 @@ impl UpArgs {
                 tls.push(("auth.ssl-allow", names.clone()));
             }
             for (key, value) in tls {
-                out.push(check("--ssl-*", &value, key.to_string(), &value)?);
+                out.push(check("--ssl-*", &value, key.to_string(), &value, &known)?);
             }
         }
         if self.no_shd {

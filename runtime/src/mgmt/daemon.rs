@@ -448,8 +448,8 @@ impl Daemon {
                     }
                     .into());
                 }
-                let value = keys::validate(&self.registry, &key, &value)?;
                 let mut v = self.get(&name)?;
+                let value = keys::validate_in(&self.registry, &v.spec.options, &key, &value)?;
                 v.spec.options.insert(key.clone(), value.clone());
                 self.store.put(&v.spec, Expect::Revision(v.revision))?;
                 Ok(done(format!("volume set: {name}: {key} = {value}")))
@@ -461,6 +461,12 @@ impl Daemon {
                     Some(k) => {
                         keys::check_name(k)?;
                         v.spec.options.remove(k);
+                        // A plugin's options go with it.
+                        if let Some(plugin) = k.strip_prefix(keys::PLUGIN_PREFIX)
+                            && keys::plugin_option(k).is_none()
+                        {
+                            v.spec.options.retain(|o, _| keys::plugin_option(o).is_none_or(|(n, _)| n != plugin));
+                        }
                     }
                     None => v.spec.options.clear(),
                 }
@@ -793,7 +799,7 @@ impl Daemon {
             removing: Vec::new(),
         };
         for (key, value) in options {
-            let value = keys::validate(&self.registry, key, value)?;
+            let value = keys::validate_in(&self.registry, &spec.options, key, value)?;
             spec.options.insert(key.clone(), value);
         }
         // Refuses layouts volgen cannot serve, before anything is marked.

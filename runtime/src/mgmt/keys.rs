@@ -28,7 +28,10 @@
 //! `wasm:`/`dylib:` module, and the policy is loaded to check it. Plugin
 //! keys (`plugin.NAME`, value `wasm:/ABS/PATH` or `dylib:/ABS/PATH`) add a
 //! `plugin/wasm` or `plugin/dylib` translator named NAME to the client
-//! graph ([`plugin`]); the module is loaded to check it.
+//! graph ([`plugin`]); the module is loaded to check it. A plugin's own
+//! options are keys of their own, `plugin.NAME.OPTION` ([`plugin_option`]),
+//! checked against the declarations its module exports, once `plugin.NAME`
+//! is set ([`validate_in`]); resetting `plugin.NAME` drops them too.
 
 use serde::{Deserialize, Serialize};
 use xlfs_sdk::options::{OptType, OptionDecl, OptionError, parse_bool};
@@ -256,6 +259,23 @@ pub struct Plugin {
     pub xlator: &'static str,
     /// The module's absolute path.
     pub module: String,
+    /// Its options (`plugin.NAME.OPTION` keys), option -> value.
+    pub options: std::collections::BTreeMap<String, String>,
+}
+
+/// The (NAME, OPTION) a `plugin.NAME.OPTION` key names, if `key` is one
+/// (syntax only; a plugin name has no dots).
+pub fn plugin_option(key: &str) -> Option<(&str, &str)> {
+    key.strip_prefix(PLUGIN_PREFIX)?.split_once('.').filter(|(n, o)| !n.is_empty() && !o.is_empty())
+}
+
+/// The `plugin.NAME.OPTION` keys of `options` for the plugin `NAME`, as
+/// (option, value).
+pub fn plugin_options<'a>(
+    options: &'a std::collections::BTreeMap<String, String>,
+    name: &'a str,
+) -> impl Iterator<Item = (&'a str, &'a String)> {
+    options.iter().filter_map(move |(k, v)| plugin_option(k).filter(|(n, _)| *n == name).map(|(_, o)| (o, v)))
 }
 
 /// The plugin a `plugin.NAME` key with `value` names (syntax only: the
@@ -279,7 +299,7 @@ pub fn plugin(key: &str, value: &str) -> Result<Plugin, KeyError> {
     if !path.starts_with('/') {
         return Err(bad(format!("value '{value}': the module path must be absolute")));
     }
-    Ok(Plugin { name: name.to_string(), xlator, module: path.to_string() })
+    Ok(Plugin { name: name.to_string(), xlator, module: path.to_string(), options: Default::default() })
 }
 
 impl Plugin {
@@ -294,18 +314,64 @@ impl Plugin {
 }
 
 /// Checks a `plugin.NAME` key and loads its module through the registry's
-/// specializer for `plugin/wasm` or `plugin/dylib`.
-fn validate_plugin(reg: &Registry, key: &str, value: &str) -> Result<String, KeyError> {
+/// specializer for `plugin/wasm` or `plugin/dylib`; returns the module's
+/// type (its option declarations).
+fn plugin_type(reg: &Registry, key: &str, value: &str) -> Result<xlfs_sdk::XlatorType, KeyError> {
     let p = plugin(key, value)?;
     let bad = |why: String| KeyError::Plugin { key: key.to_string(), why };
     let specialize = reg.specializer(p.xlator).ok_or_else(|| bad(format!("{} is not registered", p.xlator)))?;
-    specialize(&[("module", p.module.as_str())]).map_err(|e| bad(format!("{}: {e}", p.xlator)))?;
-    Ok(value.trim().to_string())
+    specialize(&[("module", p.module.as_str())]).map_err(|e| bad(format!("{}: {e}", p.xlator)))
 }
 
-/// Checks that a key exists: one of [`KEYS`], a family key (syntax only)
-/// or a well-formed `plugin.NAME`.
+/// Checks the value of option `option` of the plugin whose module `ty` is,
+/// for key `key`; returns it trimmed.
+fn check_plugin_option(ty: &xlfs_sdk::XlatorType, key: &str, option: &str, value: &str) -> Result<String, KeyError> {
+    let bad = |why: String| KeyError::Plugin { key: key.to_string(), why };
+    if option == "module" {
+        return Err(bad("the module is the value of the plugin's own key".into()));
+    }
+    let d = ty.options.iter().find(|d| d.matches(option));
+    let d = d.ok_or_else(|| bad(format!("the plugin's module declares no option '{option}'")))?;
+    let value = value.trim();
+    d.parse(value).map_err(|e| bad(format!("option '{option}': {e}")))?;
+    Ok(value.to_string())
+}
+
+/// Checks `value` for key `name` in a volume whose keys are `options` (a
+/// `plugin.NAME.OPTION` key needs its `plugin.NAME` there; setting
+/// `plugin.NAME` to another module checks the plugin's options against
+/// it); returns it trimmed.
+pub fn validate_in(
+    reg: &Registry,
+    options: &std::collections::BTreeMap<String, String>,
+    name: &str,
+    value: &str,
+) -> Result<String, KeyError> {
+    if let Some((plugin_name, option)) = plugin_option(name) {
+        let module_key = format!("{PLUGIN_PREFIX}{plugin_name}");
+        check_name(&module_key)?;
+        let Some(module) = options.get(&module_key) else {
+            let why = format!("the volume has no plugin '{plugin_name}': set {module_key} first");
+            return Err(KeyError::Plugin { key: name.to_string(), why });
+        };
+        return check_plugin_option(&plugin_type(reg, &module_key, module)?, name, option, value);
+    }
+    if let Some(plugin_name) = name.strip_prefix(PLUGIN_PREFIX) {
+        let ty = plugin_type(reg, name, value)?;
+        for (option, v) in plugin_options(options, plugin_name) {
+            check_plugin_option(&ty, &format!("{name}.{option}"), option, v)?;
+        }
+        return Ok(value.trim().to_string());
+    }
+    validate(reg, name, value)
+}
+
+/// Checks that a key exists: one of [`KEYS`], a family key (syntax only),
+/// a well-formed `plugin.NAME` or `plugin.NAME.OPTION`.
 pub fn check_name(name: &str) -> Result<(), KeyError> {
+    if let Some((plugin_name, _)) = plugin_option(name) {
+        return plugin(&format!("{PLUGIN_PREFIX}{plugin_name}"), "wasm:/x").map(|_| ());
+    }
     if name.starts_with(PLUGIN_PREFIX) {
         return plugin(name, "wasm:/x").map(|_| ());
     }
@@ -350,10 +416,16 @@ fn validate_family(
     Ok(())
 }
 
-/// Checks `value` for key `name`; returns it trimmed.
+/// Checks `value` for key `name`, on its own (a `plugin.NAME.OPTION` key
+/// needs the volume's keys: [`validate_in`]); returns it trimmed.
 pub fn validate(reg: &Registry, name: &str, value: &str) -> Result<String, KeyError> {
+    if plugin_option(name).is_some() {
+        let why = "a plugin's option is checked against the plugin the volume has".to_string();
+        return Err(KeyError::Plugin { key: name.to_string(), why });
+    }
     if name.starts_with(PLUGIN_PREFIX) {
-        return validate_plugin(reg, name, value);
+        plugin_type(reg, name, value)?;
+        return Ok(value.trim().to_string());
     }
     let value = value.trim();
     if let Some((xlator, option)) = family(name) {
@@ -546,6 +618,28 @@ mod tests {
         assert!(e.contains("plugin name"), "{e}");
         let e = validate(&reg, "plugin.x", "wasm:/nonexistent/x.wasm").expect_err("no module").to_string();
         assert!(e.contains("plugin/wasm"), "{e}");
+    }
+
+    #[test]
+    fn a_plugin_option_key_names_its_plugin_and_needs_it_set() {
+        let reg = Registry::builtin();
+        assert_eq!(plugin_option("plugin.pt.tail"), Some(("pt", "tail")));
+        assert_eq!(plugin_option("plugin.pt"), None);
+        assert_eq!(plugin_option("plugin..tail"), None);
+        check_name("plugin.pt.tail").expect("well formed");
+        check_name("plugin.a/b.tail").expect_err("bad plugin name");
+        let none = std::collections::BTreeMap::new();
+        let e = validate_in(&reg, &none, "plugin.pt.tail", "on").expect_err("no plugin").to_string();
+        assert!(e.contains("key plugin.pt.tail") && e.contains("set plugin.pt first"), "{e}");
+        let e = validate(&reg, "plugin.pt.tail", "on").expect_err("needs the volume").to_string();
+        assert!(e.contains("key plugin.pt.tail"), "{e}");
+        let options: std::collections::BTreeMap<String, String> =
+            [("plugin.pt.tail", "on"), ("plugin.pt-x.tail", "off"), ("plugin.q.tail", "on")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        let got: Vec<(&str, &String)> = plugin_options(&options, "pt").collect();
+        assert_eq!(got, vec![("tail", &"on".to_string())]);
     }
 
     #[test]

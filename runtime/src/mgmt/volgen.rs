@@ -18,7 +18,7 @@ use xlfs_sdk::options::parse_bool;
 
 use xlfs_sdk::guest::sys::Placement;
 
-use super::keys::{KEYS, PLUGIN_PREFIX, Plugin, Target, plugin};
+use super::keys::{KEYS, PLUGIN_PREFIX, Plugin, Target, plugin, plugin_option, plugin_options};
 use super::spec::VolumeSpec;
 
 pub mod local;
@@ -77,7 +77,14 @@ fn client_volfile_placing(
         if !key.starts_with(PLUGIN_PREFIX) {
             break;
         }
-        let p = plugin(key, value).map_err(|e| VolgenError::Plugin(e.to_string()))?;
+        if let Some((name, _)) = plugin_option(key) {
+            if !spec.options.contains_key(&format!("{PLUGIN_PREFIX}{name}")) {
+                return Err(VolgenError::Plugin(format!("key {key}: the volume has no plugin '{name}'")));
+            }
+            continue;
+        }
+        let mut p = plugin(key, value).map_err(|e| VolgenError::Plugin(e.to_string()))?;
+        p.options = plugin_options(&spec.options, &p.name).map(|(o, v)| (o.to_string(), v.clone())).collect();
         let at = placement(&p).map_err(VolgenError::Plugin)?;
         plugins.push((p, at));
     }
@@ -164,8 +171,9 @@ fn client_volfile_placing(
 /// moves `below` to the last of them.
 pub(crate) fn stack_plugins(v: &mut String, below: &mut String, plugins: &[(Plugin, Placement)], at: Placement) {
     for (p, _) in plugins.iter().filter(|(_, a)| *a == at) {
+        let options: String = p.options.iter().map(|(k, val)| format!("    option {k} {val}\n")).collect();
         *v += &format!(
-            "volume {}\n    type {}\n    option module {}\n    subvolumes {below}\nend-volume\n\n",
+            "volume {}\n    type {}\n    option module {}\n{options}    subvolumes {below}\nend-volume\n\n",
             p.name, p.xlator, p.module
         );
         *below = p.name.clone();
@@ -288,12 +296,13 @@ mod tests {
         s.options.insert("plugin.log".into(), "wasm:/p/log.wasm".into());
         s.options.insert("plugin.net".into(), "dylib:/p/libnet.so".into());
         s.options.insert("plugin.a-net".into(), "dylib:/p/libanet.so".into());
+        s.options.insert("plugin.log.tail".into(), "on".into());
         // log asks for the top, the two others for the cluster place.
         let at = |p: &Plugin| Ok(if p.name == "log" { Placement::Top } else { Placement::Cluster });
         let text = client_volfile_placing(&s, &[1, 2, 3], &at).expect("volgen");
         assert!(
             text.contains(
-                "volume log\n    type plugin/wasm\n    option module /p/log.wasm\n    subvolumes gv0-md-cache\n"
+                "volume log\n    type plugin/wasm\n    option module /p/log.wasm\n    option tail on\n    subvolumes gv0-md-cache\n"
             ) && text.contains("subvolumes log\nend-volume\n"),
             "{text}"
         );
@@ -308,6 +317,10 @@ mod tests {
         // A module that cannot be read fails the volfile, naming the key.
         let e = client_volfile(&s, &[1, 2, 3]).expect_err("no such module").to_string();
         assert!(e.contains("key plugin.a-net") && e.contains("/p/libanet.so"), "{e}");
+        // An option of a plugin the volume does not have fails it too.
+        s.options.insert("plugin.gone.tail".into(), "on".into());
+        let e = client_volfile_placing(&s, &[1, 2, 3], &at).expect_err("orphan option").to_string();
+        assert!(e.contains("key plugin.gone.tail") && e.contains("no plugin 'gone'"), "{e}");
     }
 
     #[test]
