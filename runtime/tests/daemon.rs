@@ -134,10 +134,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     let spec = d.ok(&["getspec", "gv0"]);
     assert!(spec.contains(&format!("option module {module}\n    option tail on\n")), "{spec}");
     wait_for("the mount to apply the plugin's option", DEADLINE, || {
-        mount_status(&mnt)
-            .lines()
-            .any(|l| l.starts_with("last reload") && l.contains("tail off -> on"))
-            .then_some(())
+        mount_status(&mnt).lines().any(|l| l.starts_with("last reload") && l.contains("tail off -> on")).then_some(())
     });
     assert_eq!(std::fs::read(mnt.join("hello")).expect("read through the plugin's tail winds"), data);
     let got = d.ok(&["get", "gv0", "plugin.pt-probe.tail"]);
