@@ -1,7 +1,8 @@
 //! The `xlfs` command: parses the arguments, sets up logging (to stderr, or
 //! appended to the command's `--log-file`; filter from `XLFS_LOG`, else
 //! `RUST_LOG`, else the command's default) and runs the subcommand on a
-//! multi-thread tokio runtime; on error prints the message to stderr (and
+//! multi-thread tokio runtime (`TOKIO_WORKER_THREADS` worker threads, else
+//! one per core); on error prints the message to stderr (and
 //! logs it) and exits with 1.
 
 use std::process::ExitCode;
@@ -14,6 +15,29 @@ use xlfs_runtime::cli::Cli;
 
 /// How long leftover runtime tasks may take to stop once the command is done.
 const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(5);
+
+/// The variable that sizes a process's pool of worker threads (tokio's own
+/// name; GlusterFS's `client.event-threads` / `server.event-threads`): the
+/// number of cores when unset. Checked here, so that a bad value is an
+/// error naming it rather than a panic inside tokio.
+const WORKER_THREADS_ENV: &str = "TOKIO_WORKER_THREADS";
+
+/// Most worker threads [`WORKER_THREADS_ENV`] may ask for.
+const MAX_WORKER_THREADS: usize = 256;
+
+/// The worker threads [`WORKER_THREADS_ENV`] asks for, if set.
+fn worker_threads() -> Result<Option<usize>, String> {
+    let bad =
+        |v: &str| format!("{WORKER_THREADS_ENV}={v:?}: expected a number of threads from 1 to {MAX_WORKER_THREADS}");
+    match std::env::var(WORKER_THREADS_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(bad(&v.to_string_lossy())),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (1..=MAX_WORKER_THREADS).contains(&n) => Ok(Some(n)),
+            _ => Err(bad(&v)),
+        },
+    }
+}
 
 fn init_logging(cli: &Cli) -> std::io::Result<()> {
     let filter = std::env::var("XLFS_LOG")
@@ -49,7 +73,18 @@ fn main() -> ExitCode {
         tracing::error!(thread = std::thread::current().name().unwrap_or("?"), "panic: {info}");
         default_hook(info);
     }));
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    match worker_threads() {
+        Ok(Some(n)) => {
+            builder.worker_threads(n);
+        }
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("xlfs: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("xlfs: starting the async runtime: {e}");

@@ -132,6 +132,9 @@ pub struct Status {
     /// Graphs alive in the process (the running one, and old ones still
     /// draining).
     pub live_graphs: usize,
+    /// The process's worker threads (`TOKIO_WORKER_THREADS`, else one per
+    /// core; 0 outside a runtime).
+    pub event_threads: usize,
     /// The last reload.
     pub last: Option<Attempt>,
 }
@@ -149,6 +152,7 @@ impl std::fmt::Display for Status {
         writeln!(f, "generation: {}", self.generation)?;
         writeln!(f, "switched: {}", when(self.switched_at))?;
         writeln!(f, "live graphs: {}", self.live_graphs)?;
+        writeln!(f, "event threads: {}", self.event_threads)?;
         match &self.last {
             None => writeln!(f, "last reload: none")?,
             Some(a) => {
@@ -324,6 +328,7 @@ impl Reloader {
             switched_at: st.switched_at,
             graph: self.target.graph().map(|g| g.describe()).unwrap_or_default(),
             live_graphs: live_graphs(),
+            event_threads: tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_workers()),
             last: st.last.clone(),
         }
     }

@@ -688,6 +688,51 @@ fn mount_errors_are_reported() {
     );
 }
 
+/// A mount's worker threads follow `TOKIO_WORKER_THREADS` (what
+/// GlusterFS calls `client.event-threads`) and `xlfs status` shows them;
+/// without it there is one per core; a bad value is refused, named.
+#[test]
+fn event_threads_follow_the_environment() {
+    let brick = kit::Brick::start();
+    let volfile = kit::client_volfile(&brick, &[]);
+    let threads = |m: &FuseMount| {
+        let out = kit::run_xlfs(&["status".as_ref(), m.path().as_os_str()]);
+        assert!(out.status.success(), "xlfs status: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let n = text.lines().find_map(|l| l.strip_prefix("event threads: ")).map(str::to_string);
+        n.unwrap_or_else(|| panic!("no event threads line:\n{text}"))
+    };
+    let one = FuseMount::start_env(&volfile, "", &[], &[("TOKIO_WORKER_THREADS", "1")]);
+    assert_eq!(threads(&one), "1");
+    std::fs::write(one.path().join("f"), b"one worker").expect("write through one worker");
+    drop(one);
+    let three = FuseMount::start_env(&volfile, "", &[], &[("TOKIO_WORKER_THREADS", "3")]);
+    assert_eq!(threads(&three), "3");
+    assert_eq!(std::fs::read(three.path().join("f")).expect("read"), b"one worker");
+    drop(three);
+    // One per core, unless the tests themselves run with the variable set.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).to_string();
+    let default = FuseMount::start_env(&volfile, "", &[], &[]);
+    assert_eq!(threads(&default), std::env::var("TOKIO_WORKER_THREADS").unwrap_or(cores), "one per core");
+    drop(default);
+    let dir = tempfile::tempdir().expect("dir");
+    let vol = dir.path().join("c.vol");
+    std::fs::write(&vol, &volfile).expect("volfile");
+    for bad in ["0", "many", "100000"] {
+        let out = Command::new(XLFS)
+            .args(["mount", "-f", "--volfile"])
+            .arg(&vol)
+            .arg(dir.path())
+            .env("TOKIO_WORKER_THREADS", bad)
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(&format!("TOKIO_WORKER_THREADS=\"{bad}\"")), "{bad}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert!(!is_mounted(dir.path()));
+}
+
 fn getxattr_errno(p: &Path, name: &str) -> i32 {
     let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
     let n = std::ffi::CString::new(name).expect("name");

@@ -45,12 +45,18 @@ impl FuseMount {
 
     /// [`FuseMount::start`] with more `xlfs mount` arguments.
     pub fn start_args(volfile: &str, opts: &str, args: &[&str]) -> FuseMount {
+        FuseMount::start_env(volfile, opts, args, &[])
+    }
+
+    /// [`FuseMount::start_args`] with more environment variables for the
+    /// mount process.
+    pub fn start_env(volfile: &str, opts: &str, args: &[&str], env: &[(&str, &str)]) -> FuseMount {
         let dir = tempfile::Builder::new().prefix("xlfs-fuse-").tempdir().expect("temp dir");
         let vol = dir.path().join("client.vol");
         std::fs::write(&vol, volfile).expect("volfile");
         let mut all = vec!["--volfile".to_string(), vol.display().to_string()];
         all.extend(args.iter().map(|a| a.to_string()));
-        FuseMount::launch(dir, vol, opts, &all)
+        FuseMount::launch(dir, vol, opts, &all, env)
     }
 
     /// Mounts a volume by name (`HOST:PORT:/VOLUME`, from an `xlfs
@@ -59,10 +65,10 @@ impl FuseMount {
         let dir = tempfile::Builder::new().prefix("xlfs-fuse-").tempdir().expect("temp dir");
         let mut all = vec![source.to_string()];
         all.extend(args.iter().map(|a| a.to_string()));
-        FuseMount::launch(dir, PathBuf::new(), opts, &all)
+        FuseMount::launch(dir, PathBuf::new(), opts, &all, &[])
     }
 
-    fn launch(dir: tempfile::TempDir, vol: PathBuf, opts: &str, args: &[String]) -> FuseMount {
+    fn launch(dir: tempfile::TempDir, vol: PathBuf, opts: &str, args: &[String], env: &[(&str, &str)]) -> FuseMount {
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).expect("mount point");
         let mnt = std::fs::canonicalize(&mnt).expect("canonical");
@@ -74,6 +80,7 @@ impl FuseMount {
         }
         cmd.arg(&mnt).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         cmd.env("XLFS_LOG", std::env::var("XLFS_TEST_LOG").unwrap_or_else(|_| "info".into()));
+        cmd.envs(env.iter().copied());
         // SAFETY: prctl is async-signal-safe: the mount unmounts cleanly
         // (SIGTERM) if the test process dies.
         unsafe {
