@@ -395,9 +395,8 @@ impl UpArgs {
         };
         // A plugin's module before its options (`--plugin pt.tail=on` may
         // come first).
-        let mut plugins: Vec<&String> = self.plugins.iter().collect();
+        let mut plugins = self.plugins.clone();
         plugins.sort_by_key(|kv| kv.split('=').next().is_some_and(|k| k.contains('.')));
-        let plugins: Vec<String> = plugins.into_iter().cloned().collect();
         for (flag, prefix, list) in
             [("--afr", "cluster.", &self.afr), ("--posix", "storage.", &self.posix), ("--plugin", "plugin.", &plugins)]
         {

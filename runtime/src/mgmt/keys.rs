@@ -370,7 +370,7 @@ pub fn validate_in(
 /// a well-formed `plugin.NAME` or `plugin.NAME.OPTION`.
 pub fn check_name(name: &str) -> Result<(), KeyError> {
     if let Some((plugin_name, _)) = plugin_option(name) {
-        return plugin(&format!("{PLUGIN_PREFIX}{plugin_name}"), "wasm:/x").map(|_| ());
+        return check_name(&format!("{PLUGIN_PREFIX}{plugin_name}"));
     }
     if name.starts_with(PLUGIN_PREFIX) {
         return plugin(name, "wasm:/x").map(|_| ());
@@ -620,6 +620,11 @@ mod tests {
         assert!(e.contains("plugin/wasm"), "{e}");
     }
 
+    /// A volume's keys from (key, value) pairs.
+    fn keys_of(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
     #[test]
     fn a_plugin_option_key_names_its_plugin_and_needs_it_set() {
         let reg = Registry::builtin();
@@ -633,11 +638,7 @@ mod tests {
         assert!(e.contains("key plugin.pt.tail") && e.contains("set plugin.pt first"), "{e}");
         let e = validate(&reg, "plugin.pt.tail", "on").expect_err("needs the volume").to_string();
         assert!(e.contains("key plugin.pt.tail"), "{e}");
-        let options: std::collections::BTreeMap<String, String> =
-            [("plugin.pt.tail", "on"), ("plugin.pt-x.tail", "off"), ("plugin.q.tail", "on")]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
+        let options = keys_of(&[("plugin.pt.tail", "on"), ("plugin.pt-x.tail", "off"), ("plugin.q.tail", "on")]);
         let got: Vec<(&str, &String)> = plugin_options(&options, "pt").collect();
         assert_eq!(got, vec![("tail", &"on".to_string())]);
     }
@@ -656,11 +657,7 @@ mod tests {
         assert!(e.contains("unknown key"), "{e}");
         let e = validate(&reg, "storage.directory", "/etc").expect_err("managed").to_string();
         assert!(e.contains("set by the daemon"), "{e}");
-        let opts: std::collections::BTreeMap<String, String> =
-            [("storage.reserve", "25%"), ("cluster.eager-lock", "off"), ("storage.ctime", "off")]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
+        let opts = keys_of(&[("storage.reserve", "25%"), ("cluster.eager-lock", "off"), ("storage.ctime", "off")]);
         assert_eq!(
             brick_posix_options(&opts),
             [("ctime".to_string(), "off".to_string()), ("reserve".to_string(), "25%".to_string())]
