@@ -35,6 +35,7 @@ use xlfs_sdk::dict::keys::{self, CONTENT, INDEX_COUNT, IS_LOCAL, OPEN_FD_COUNT, 
 use xlfs_sdk::{CallCtx, Dict, Errno, Fd, Fop, FopResult, Gfid, Loc, Reply, Request, Response, Value};
 
 use super::Inner;
+use super::lock::Target;
 use super::pending::{self, Kind, Mask, all, bit, members};
 use super::quorum::QUORUM_ERRNO;
 
@@ -105,16 +106,48 @@ fn bad_for(stale: &[Mask; 3], kind: Kind) -> Mask {
     }
 }
 
+/// The children answered a lookup with different gfids.
+struct GfidsDiffer;
+
 impl Inner {
     /// Lookup on every child up; see the module docs.
+    ///
+    /// Children that disagree on the gfid of a name are most often another
+    /// client's entry transaction caught between its children (a rename
+    /// replacing the name, done on one child and not yet on the next): the
+    /// lookup then waits for that transaction's lock on the name (an
+    /// entrylk, which conflicts with a directory delegation too) and looks
+    /// again, as GlusterFS's lookup does before it calls a gfid split-brain.
+    /// Only a disagreement that outlives the lock is EIO.
     pub async fn lookup(self: &Arc<Self>, ctx: &CallCtx, loc: Loc, xdata: Dict) -> FopResult {
+        let answer = match self.lookup_once(ctx, &loc, &xdata).await {
+            Err(GfidsDiffer) if loc.is_entry() => {
+                let lctx = ctx.with_lk_owner(self.new_owner());
+                let name = Target::Entry { dir: loc.parent, name: loc.name.clone() };
+                let held = self.lock(lctx, vec![name], self.up_mask(), false).await;
+                let second = self.lookup_once(ctx, &loc, &xdata).await;
+                if let Ok(h) = &held {
+                    self.unlock(h).await;
+                }
+                second
+            }
+            first => first,
+        };
+        answer.unwrap_or_else(|GfidsDiffer| {
+            tracing::warn!(volume = %self.name, "lookup: children disagree on the gfid of an entry (gfid split-brain)");
+            Err(Errno::EIO)
+        })
+    }
+
+    /// One lookup round on every child up.
+    async fn lookup_once(self: &Arc<Self>, ctx: &CallCtx, loc: &Loc, xdata: &Dict) -> Result<FopResult, GfidsDiffer> {
         let up = self.up_mask();
         if up == 0 {
-            return Err(Errno::ENOTCONN);
+            return Ok(Err(Errno::ENOTCONN));
         }
         // The directory is delegated to this client and has no such name.
         if loc.is_entry() && loc.gfid.is_null() && self.known_absent(loc.parent, &loc.name) {
-            return Err(Errno::ENOENT);
+            return Ok(Err(Errno::ENOENT));
         }
         let cfg = self.cfg();
         let mut x = xdata.clone();
@@ -139,7 +172,7 @@ impl Inner {
             0
         };
         let (parent, parent_missing_heal) = (loc.parent, loc.is_entry());
-        let results = self.fan(ctx, up, &Request::with_xdata(Fop::Lookup { loc }, x)).await;
+        let results = self.fan(ctx, up, &Request::with_xdata(Fop::Lookup { loc: loc.clone() }, x)).await;
         let n = self.children.len();
         if let Some(e) = epoch
             && up == all(n)
@@ -171,15 +204,14 @@ impl Inner {
             ok.retain(|(i, _)| parent_bad & bit(*i) == 0);
             missing &= !parent_bad;
             if ok.is_empty() {
-                return Err(Errno::ENOENT);
+                return Ok(Err(Errno::ENOENT));
             }
         }
         let Some(gfid) = ok.iter().map(|(_, r)| entry_gfid(r)).next() else {
-            return Err(err.unwrap_or(Errno::ENOTCONN));
+            return Ok(Err(err.unwrap_or(Errno::ENOTCONN)));
         };
         if ok.iter().any(|(_, r)| entry_gfid(r) != gfid) {
-            tracing::warn!(volume = %self.name, "lookup: children disagree on the gfid of an entry (gfid split-brain)");
-            return Err(Errno::EIO);
+            return Err(GfidsDiffer);
         }
         let mut fds = 0u32;
         for (i, r) in &ok {
@@ -251,7 +283,7 @@ impl Inner {
                 rsp.xdata.remove(k);
             }
         }
-        Ok(rsp)
+        Ok(Ok(rsp))
     }
 
     /// Children the last lookup of `gfid` found stale for a read of `kind`.

@@ -176,3 +176,65 @@ async fn size_listed(node: &Node) -> u64 {
     let entries = rsp.reply.into_dirents().expect("dirents");
     entries.iter().find(|e| e.name == "f").map(|e| e.iatt.size).expect("f listed")
 }
+
+/// Another client's rename of `from` over `to`, done so far on `child`
+/// only: its entry lock on `to` (held by `holder`, as replicate's own lock
+/// is) and the rename on that brick.
+async fn rename_on_one_child(c: &Cluster, holder: &CallCtx, child: usize, from: &str, to: &str, lock: bool) {
+    let entrylk = |cmd| {
+        Request::new(Fop::Entrylk {
+            domain: "test-afr".into(),
+            loc: Loc::gfid(Gfid::ROOT),
+            name: to.into(),
+            cmd,
+            ty: xlfs_sdk::EntrylkType::Write,
+        })
+    };
+    if lock {
+        for b in &c.bricks {
+            b.locks.call(holder.clone(), entrylk(xlfs_sdk::EntrylkCmd::Lock)).await.expect("entrylk");
+        }
+    }
+    let rename = Fop::Rename { old: Loc::entry(Gfid::ROOT, from), new: Loc::entry(Gfid::ROOT, to), flags: 0 };
+    c.bricks[child].locks.call(holder.clone(), Request::new(rename)).await.expect("rename on one child");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_caught_mid_rename_between_children_waits_for_the_rename() {
+    let c = Cluster::new();
+    let a = c.node("client-a", &[]);
+    let mut gfid = std::collections::HashMap::new();
+    for name in ["f", "g", "h", "k"] {
+        let fd = a.create(name).await.expect("create");
+        a.close(fd).await;
+        gfid.insert(name, fd.gfid);
+    }
+    // Child 1 has g's file under the name f, children 0 and 2 still f's.
+    let holder = CallCtx::root("client-c").with_lk_owner(77);
+    rename_on_one_child(&c, &holder, 1, "g", "f", true).await;
+    let b = c.node("client-b", &[]);
+    let look = tokio::spawn(async move { entry_gfid(b.lookup("f").await) });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!look.is_finished(), "the lookup waits for the rename's entry lock instead of failing");
+    // The rename ends on the other children, and its lock is let go.
+    for i in [0, 2] {
+        let rename = Fop::Rename { old: Loc::entry(Gfid::ROOT, "g"), new: Loc::entry(Gfid::ROOT, "f"), flags: 0 };
+        c.bricks[i].locks.call(holder.clone(), Request::new(rename)).await.expect("rename");
+    }
+    for br in &c.bricks {
+        let unlock = Fop::Entrylk {
+            domain: "test-afr".into(),
+            loc: Loc::gfid(Gfid::ROOT),
+            name: "f".into(),
+            cmd: xlfs_sdk::EntrylkCmd::Unlock,
+            ty: xlfs_sdk::EntrylkType::Write,
+        };
+        br.locks.call(holder.clone(), Request::new(unlock)).await.expect("unlock");
+    }
+    let got = promptly("the lookup after the rename", look).await.expect("lookup task");
+    assert_eq!(got, gfid["g"], "f is g's file everywhere now");
+    // A disagreement nobody's lock explains is a gfid split-brain: EIO.
+    rename_on_one_child(&c, &holder, 1, "k", "h", false).await;
+    let n = c.node("client-d", &[]);
+    assert_eq!(n.lookup("h").await.err(), Some(Errno::EIO));
+}
