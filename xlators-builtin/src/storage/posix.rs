@@ -7,7 +7,11 @@
 //! submodule documents the layout and how resolution stays inside the brick).
 //! `.glusterfs` is invisible to clients.
 //!
-//! Every fop runs its system calls on tokio's blocking pool. Per-fd state
+//! A fop that normally finishes in the page cache runs its system calls on
+//! the calling task (`inline-fops`); one that may wait for the disk (an
+//! fsync, an O_DSYNC write, a create) blocks in place in a task of its own
+//! (`task::block_in_task`), or on tokio's blocking pool where the runtime
+//! cannot block in place. Per-fd state
 //! (the real descriptor) is kept in bounded [`FdSlots`] keyed by the
 //! caller's [`FdId`]; `max-open-fds` bounds them (EMFILE beyond). An
 //! unlinked file stays readable and writable through fds open on it: its
@@ -743,9 +747,13 @@ fn write_deferred_times_later(inner: std::sync::Weak<Inner>) {
     });
 }
 
-/// Runs `f` on the blocking pool (inline when there is no tokio runtime).
+/// Runs `f`, a fop that may wait for the disk, where it cannot hold up
+/// other work: in place in the fop's own task on a multi-thread runtime
+/// ([`crate::task::block_in_task`]), else on the blocking pool (inline when
+/// there is no tokio runtime).
 async fn blocking(f: impl FnOnce() -> FopResult + Send + 'static) -> FopResult {
     match tokio::runtime::Handle::try_current() {
+        Ok(rt) if crate::task::can_block_in_task(&rt) => crate::task::block_in_task(f).await,
         Ok(rt) => rt.spawn_blocking(f).await.unwrap_or_else(|e| {
             tracing::error!(error = %e, "storage/posix: a fop's blocking task failed");
             Err(Errno::EIO)
