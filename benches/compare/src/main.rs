@@ -75,7 +75,9 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     pub sets: u32,
     /// One more xlfs column: NAME='xlfs up arguments', e.g. wb='-o writeback-cache'
-    /// or noperf='--perf none'; repeatable.
+    /// or noperf='--perf none'; repeatable. Arguments that start with
+    /// `@PATH` run another xlfs binary (e.g. base='@/tmp/xlfs-old', a build
+    /// before a change) with the rest.
     #[arg(long = "xlfs-column", value_name = "NAME=ARGS")]
     pub xlfs_columns: Vec<String>,
     /// Run a named experiment instead of the standard comparison.

@@ -104,6 +104,14 @@ fn gluster_pids() -> Vec<u32> {
 }
 
 impl Ctx {
+    /// The xlfs binary of an xlfs system: its column's own, or `--xlfs`.
+    fn bin(&self, s: &System) -> PathBuf {
+        match &s.kind {
+            Kind::Xlfs { bin: Some(b), .. } => b.clone(),
+            _ => self.xlfs.clone(),
+        }
+    }
+
     /// Brings `s` up if it is not, and returns its mount point and remount command.
     fn up(&mut self, s: &System) -> Result<(PathBuf, String)> {
         let (mnt, remount) = match &s.kind {
@@ -111,9 +119,10 @@ impl Ctx {
                 std::fs::create_dir_all(&s.dir)?;
                 (s.dir.clone(), ":".to_string())
             }
-            Kind::Xlfs { args, ra_policy } => {
+            Kind::Xlfs { args, ra_policy, .. } => {
                 let mnt = s.dir.join("mnt");
-                let x = self.xlfs.to_string_lossy().into_owned();
+                let xlfs = self.bin(s);
+                let x = xlfs.to_string_lossy().into_owned();
                 let vol = s.dir.join("client.vol");
                 let opts = args.iter().position(|a| a == "-o").and_then(|i| args.get(i + 1));
                 // `xlfs umount` can return before the old mount process has
@@ -128,8 +137,8 @@ impl Ctx {
                     o = opts.map(|o| format!(" -o {}", sq(o))).unwrap_or_default(),
                 );
                 if !is_mounted(&mnt) {
-                    let _ = setup_cmd(Command::new(&self.xlfs).arg("down").arg(&s.dir), &mut self.log);
-                    setup_cmd(Command::new(&self.xlfs).arg("up").arg(&s.dir).args(args), &mut self.log)
+                    let _ = setup_cmd(Command::new(&xlfs).arg("down").arg(&s.dir), &mut self.log);
+                    setup_cmd(Command::new(&xlfs).arg("up").arg(&s.dir).args(args), &mut self.log)
                         .with_context(|| format!("bringing up {}", s.name))?;
                     if let Some(p) = ra_policy {
                         let text = std::fs::read_to_string(&vol)?;
@@ -186,11 +195,12 @@ impl Ctx {
     fn down(&mut self, s: &System) {
         if let Kind::Xlfs { .. } = s.kind {
             let mnt = s.dir.join("mnt");
+            let xlfs = self.bin(s);
             if is_mounted(&mnt) {
-                let _ = setup_cmd(Command::new(&self.xlfs).arg("umount").arg(&mnt), &mut self.log);
+                let _ = setup_cmd(Command::new(&xlfs).arg("umount").arg(&mnt), &mut self.log);
             }
             if s.dir.exists() {
-                let _ = setup_cmd(Command::new(&self.xlfs).arg("down").arg(&s.dir), &mut self.log);
+                let _ = setup_cmd(Command::new(&xlfs).arg("down").arg(&s.dir), &mut self.log);
             }
         }
     }
@@ -236,12 +246,12 @@ impl Ctx {
             let profiled = self.count_locks && matches!(s.kind, Kind::Xlfs { .. });
             if profiled && line.starts_with("pgbench-init") {
                 // Count from here: the run, not initdb and the table load.
-                let _ = Command::new(&self.xlfs).args(["profile", "--reset"]).arg(&mnt).output();
+                let _ = Command::new(self.bin(s)).args(["profile", "--reset"]).arg(&mnt).output();
             }
             let Some(p) = parse_line(&line) else { continue };
             let mut fops = std::collections::BTreeMap::new();
             if let (true, Some(crate::parse::Work::Txns(n))) = (profiled, p.work) {
-                let out = Command::new(&self.xlfs).args(["profile", "--json"]).arg(&mnt).output()?;
+                let out = Command::new(self.bin(s)).args(["profile", "--json"]).arg(&mnt).output()?;
                 match crate::parse::lock_fops(&String::from_utf8_lossy(&out.stdout)) {
                     Some(m) => fops = m.into_iter().map(|(k, v)| (k, v / n)).collect(),
                     None => pb.suspend(|| eprintln!("xlfs-bench: `xlfs profile --json` gave no lock counts")),

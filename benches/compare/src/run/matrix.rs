@@ -8,7 +8,8 @@ use super::*;
 pub(super) enum Kind {
     /// `xlfs up DIR ARGS`, then, when set, read-ahead's `policy` option
     /// written into the client volfile (and the client remounted).
-    Xlfs { args: Vec<String>, ra_policy: Option<String> },
+    /// `bin` is another xlfs binary than `--xlfs` (a column `NAME=@PATH ...`).
+    Xlfs { args: Vec<String>, ra_policy: Option<String>, bin: Option<PathBuf> },
     /// gluster-ref.sh with this volume (or, for more than one replica-3
     /// set, the same steps with `3 x sets` bricks: distribute over
     /// replicate), then these `gluster volume set` options (and the
@@ -60,7 +61,7 @@ pub(super) fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>
         if sets > 1 {
             args.extend(["--sets".to_string(), sets.to_string()]);
         }
-        System { name: name.into(), kind: Kind::Xlfs { args, ra_policy: None }, dir, fresh: false }
+        System { name: name.into(), kind: Kind::Xlfs { args, ra_policy: None, bin: None }, dir, fresh: false }
     };
     let gluster = |name: &str, dir: PathBuf, vol: String| System {
         name: name.into(),
@@ -87,7 +88,11 @@ pub(super) fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>
                 v.push(System {
                     dir: work.join(format!("xm{}", v.len())),
                     name,
-                    kind: Kind::Xlfs { args: vec!["--perf".into(), perf.join(",")], ra_policy: ra.map(String::from) },
+                    kind: Kind::Xlfs {
+                        args: vec!["--perf".into(), perf.join(",")],
+                        ra_policy: ra.map(String::from),
+                        bin: None,
+                    },
                     fresh: true,
                 });
             }
@@ -128,6 +133,7 @@ pub(super) fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>
                 kind: Kind::Xlfs {
                     args: vec!["--afr".into(), format!("lock-contention-policy={spec}")],
                     ra_policy: None,
+                    bin: None,
                 },
                 dir,
                 fresh: true,
@@ -154,7 +160,21 @@ pub(super) fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>
                         bail!("--xlfs-column {c:?}: the name must be new and not start with glusterfs or ext4");
                     }
                     let dir = work.join(format!("xc{}", v.len()));
-                    v.push(xlfs(name, dir, a.split_whitespace().map(String::from).collect()));
+                    let mut up: Vec<String> = a.split_whitespace().map(String::from).collect();
+                    let bin = match up.first().and_then(|t| t.strip_prefix('@')) {
+                        Some(path) => {
+                            let bin = std::fs::canonicalize(path)
+                                .with_context(|| format!("--xlfs-column {c:?}: the binary {path}"))?;
+                            up.remove(0);
+                            Some(bin)
+                        }
+                        None => None,
+                    };
+                    let mut column = xlfs(name, dir, up);
+                    if let Kind::Xlfs { bin: b, .. } = &mut column.kind {
+                        *b = bin;
+                    }
+                    v.push(column);
                 }
             }
             "glusterfs" => v.push(gluster("glusterfs", work.join("gl"), vol.into())),
