@@ -568,6 +568,26 @@ pub fn help(reg: &Registry) -> Vec<KeyHelp> {
             });
         }
     }
+    // Plugin keys name a module and its own declared options, so they are
+    // listed by form.
+    out.push(KeyHelp {
+        key: format!("{PLUGIN_PREFIX}NAME"),
+        form: "wasm:/ABSOLUTE/PATH | dylib:/ABSOLUTE/PATH".into(),
+        default: "(unset)".into(),
+        description: "A plugin translator in the client graph, where its module asks to sit; NAME (letters, digits, \
+                      '-', '_') is its volume name, and plugins that ask for the same place stack in the order of \
+                      their names. The module is loaded and checked when the key is set; `volume reset` of the key \
+                      takes it out with its options."
+            .into(),
+    });
+    out.push(KeyHelp {
+        key: format!("{PLUGIN_PREFIX}NAME.OPTION"),
+        form: "as the plugin declares it".into(),
+        default: "(the plugin's default)".into(),
+        description: "An option the plugin NAME declares (its module's descriptor); checked against that \
+                      declaration, so plugin.NAME must be set first."
+            .into(),
+    });
     out
 }
 
@@ -589,7 +609,10 @@ mod tests {
         }
         let help = help(&reg);
         assert!(help.len() > KEYS.len(), "family keys are listed too");
-        for h in &help[KEYS.len()..] {
+        let plugin_keys: Vec<&str> =
+            help.iter().filter(|h| h.key.starts_with(PLUGIN_PREFIX)).map(|h| &*h.key).collect();
+        assert_eq!(plugin_keys, ["plugin.NAME", "plugin.NAME.OPTION"], "plugin keys are listed by form");
+        for h in help[KEYS.len()..].iter().filter(|h| !h.key.starts_with(PLUGIN_PREFIX)) {
             if h.default != "(unset)" {
                 validate(&reg, &h.key, &h.default).unwrap_or_else(|e| panic!("{}: default {}: {e}", h.key, h.default));
             }
