@@ -148,6 +148,15 @@ impl Cli {
         }
     }
 
+    /// The worker threads the command's own options ask for (a mount's
+    /// `-o event-threads=N`), over `TOKIO_WORKER_THREADS`.
+    pub fn event_threads(&self) -> Option<usize> {
+        match &self.command {
+            Command::Mount(m) => m.event_threads(),
+            _ => None,
+        }
+    }
+
     /// The log filter when neither `XLFS_LOG` nor `RUST_LOG` sets one: a
     /// brick is a server and logs what it does (`info`, like GlusterFS's
     /// bricks); one-shot commands only warn. A mount leaves out fuser's

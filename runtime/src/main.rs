@@ -1,8 +1,8 @@
 //! The `xlfs` command: parses the arguments, sets up logging (to stderr, or
 //! appended to the command's `--log-file`; filter from `XLFS_LOG`, else
 //! `RUST_LOG`, else the command's default) and runs the subcommand on a
-//! multi-thread tokio runtime (`TOKIO_WORKER_THREADS` worker threads, else
-//! one per core); on error prints the message to stderr (and
+//! multi-thread tokio runtime (a mount's `-o event-threads=N` worker
+//! threads, else `TOKIO_WORKER_THREADS`, else one per core); on error prints the message to stderr (and
 //! logs it) and exits with 1.
 
 use std::process::ExitCode;
@@ -74,7 +74,7 @@ fn main() -> ExitCode {
         default_hook(info);
     }));
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    match worker_threads() {
+    match cli.event_threads().map(|n| Ok(Some(n))).unwrap_or_else(worker_threads) {
         Ok(Some(n)) => {
             builder.worker_threads(n);
         }

@@ -692,7 +692,7 @@ fn mount_errors_are_reported() {
 /// GlusterFS calls `client.event-threads`) and `xlfs status` shows them;
 /// without it there is one per core; a bad value is refused, named.
 #[test]
-fn event_threads_follow_the_environment() {
+fn event_threads_follow_the_mount_option_and_the_environment() {
     let brick = kit::Brick::start();
     let volfile = kit::client_volfile(&brick, &[]);
     let threads = |m: &FuseMount| {
@@ -710,6 +710,11 @@ fn event_threads_follow_the_environment() {
     assert_eq!(threads(&three), "3");
     assert_eq!(std::fs::read(three.path().join("f")).expect("read"), b"one worker");
     drop(three);
+    // The mount option wins over the variable.
+    let opt = FuseMount::start_env(&volfile, "event-threads=2", &[], &[("TOKIO_WORKER_THREADS", "3")]);
+    assert_eq!(threads(&opt), "2");
+    assert_eq!(std::fs::read(opt.path().join("f")).expect("read"), b"one worker");
+    drop(opt);
     // One per core, unless the tests themselves run with the variable set.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).to_string();
     let default = FuseMount::start_env(&volfile, "", &[], &[]);

@@ -162,6 +162,12 @@ pub enum MountError {
 }
 
 impl MountArgs {
+    /// `-o event-threads=N`, if given (and the options parse; if they do
+    /// not, the mount itself reports it).
+    pub fn event_threads(&self) -> Option<usize> {
+        self.mount_options().ok().and_then(|o| o.event_threads)
+    }
+
     fn mount_options(&self) -> Result<MountOptions, MountError> {
         let mut o = MountOptions::default();
         for s in &self.options {

@@ -39,6 +39,7 @@ pub const KNOWN: &[(&str, &str)] = &[
     ("selinux", "off"),
     ("allow-other", "on"),
     ("reader-threads", "2"),
+    ("event-threads", "TOKIO_WORKER_THREADS, else one per core"),
     ("max-background", "64"),
     ("inode-lru-limit", "65536"),
     ("max-open-fds", "65536"),
@@ -97,6 +98,10 @@ pub struct MountOptions {
     /// How many threads read requests from /dev/fuse, each on its own cloned
     /// fd (`reader-threads`). They never wait on a fop.
     pub reader_threads: usize,
+    /// The mount process's worker threads (`event-threads`, GlusterFS's
+    /// `client.event-threads`); None: `TOKIO_WORKER_THREADS`, else one per
+    /// core. Read by `main` before the runtime starts.
+    pub event_threads: Option<usize>,
     /// Most background requests (read-ahead, write-back) the kernel keeps in
     /// flight (`max-background`).
     pub max_background: u16,
@@ -147,6 +152,7 @@ impl Default for MountOptions {
             selinux: false,
             allow_other: true,
             reader_threads: 2,
+            event_threads: None,
             max_background: 64,
             inode_lru_limit: 65536,
             max_open_fds: 65536,
@@ -287,6 +293,7 @@ impl MountOptions {
             "selinux" => self.selinux = parse_bool(raw, v)?,
             "allow-other" => self.allow_other = parse_bool(raw, v)?,
             "reader-threads" => self.reader_threads = parse_count(raw, v, 1, 64)? as usize,
+            "event-threads" => self.event_threads = Some(parse_count(raw, v, 1, 256)? as usize),
             "max-background" | "background-qlen" => self.max_background = parse_count(raw, v, 1, 65535)? as u16,
             "inode-lru-limit" | "lru-limit" => self.inode_lru_limit = parse_count(raw, v, 0, 1 << 30)? as usize,
             "max-open-fds" => self.max_open_fds = parse_count(raw, v, 1, 1 << 24)? as usize,
@@ -381,6 +388,9 @@ impl MountOptions {
         if !self.backup_volfile_servers.is_empty() {
             v.push(format!("backup-volfile-servers={}", self.backup_volfile_servers.join(":")));
         }
+        if let Some(n) = self.event_threads {
+            v.push(format!("event-threads={n}"));
+        }
         v.join(",")
     }
 }
@@ -441,7 +451,7 @@ mod tests {
         let o = MountOptions::parse(
             "entry_timeout=0.5,attribute-timeout=3,negative-timeout=2,kernel-cache=off,writeback-cache,atime,\
              max-write=128k,max_read=1M,max-readahead=8m,direct-io-mode=enable,allow_other=no,reader-threads=4,\
-             fsname=vol1,ro,suid,defaults,_netdev,noauto,x-systemd.automount,inode-lru-limit=0",
+             fsname=vol1,ro,suid,defaults,_netdev,noauto,x-systemd.automount,inode-lru-limit=0,event-threads=1",
         )
         .expect("parses");
         assert_eq!(o.entry_timeout, Duration::from_millis(500));
@@ -453,6 +463,7 @@ mod tests {
             (o.reader_threads, o.fsname.as_str(), o.read_only, o.suid, o.inode_lru_limit),
             (4, "vol1", true, true, 0)
         );
+        assert_eq!((o.event_threads, d.event_threads), (Some(1), None));
         // Round trip through the option string.
         assert_eq!(MountOptions::parse(&o.to_option_string()).expect("round trip"), o);
         assert_eq!(MountOptions::parse(&d.to_option_string()).expect("round trip"), d);
@@ -468,6 +479,8 @@ mod tests {
         assert!(MountOptions::parse("keep-cache=maybe").is_err());
         assert!(MountOptions::parse("noatime=1").is_err(), "flags take no value");
         assert!(MountOptions::parse("reader-threads=0").is_err());
+        assert!(MountOptions::parse("event-threads=0").is_err());
+        assert!(MountOptions::parse("event-threads=257").is_err());
         assert!(MountOptions::parse("entry-timeout").is_err(), "needs a value");
         let e = MountOptions::parse("frobnicate").expect_err("unknown");
         assert!(e.to_string().starts_with("unknown mount option 'frobnicate' (known: entry-timeout,"), "{e}");
