@@ -11,13 +11,25 @@
 //! Here the future is kept aside with a waker of its own; the first wake
 //! spawns it (from the thread that woke it: a runtime worker finishing the
 //! reply's read, so the task runs next on that worker).
+//!
+//! A fop so kept aside that must block (an fdatasync, a create on a brick)
+//! hands its syscalls to a sync thread with [`offload`]: that thread runs
+//! them and then polls the fop itself, so the rest of it (the translators
+//! above, the reply's write to the socket) runs there too. The fop costs
+//! the sync thread's wake-up and its wait for the disk and nothing else: no
+//! runtime task, no worker handing its core to another thread
+//! ([`block_in_task`], which a fop already spawned still uses).
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Wake, Waker};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use tokio::runtime::Handle;
 
 type Task = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -63,24 +75,187 @@ impl Wake for Parked {
 /// each poll, as every tokio and std future does.
 pub fn run_here(rt: &Handle, fut: impl Future<Output = ()> + Send + 'static) -> bool {
     let parked = Arc::new(Parked { rt: rt.clone(), slot: Mutex::new(Slot::Polling) });
-    let waker = Waker::from(parked.clone());
-    let mut task: Task = Box::pin(fut);
-    let pending = {
-        let _in = rt.enter();
-        task.as_mut().poll(&mut Context::from_waker(&waker)).is_pending()
-    };
-    if !pending {
-        return false;
+    parked.poll_here(Box::pin(fut))
+}
+
+thread_local! {
+    /// The kept-aside fop this thread is polling, if any ([`offload`]'s home).
+    static CURRENT: RefCell<Option<Arc<Parked>>> = const { RefCell::new(None) };
+}
+
+/// Restores the previous [`CURRENT`] when a poll ends (or unwinds).
+struct Polling(Option<Arc<Parked>>);
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        let prev = self.0.take();
+        CURRENT.with(|c| *c.borrow_mut() = prev);
     }
-    let mut slot = parked.slot.lock();
-    match std::mem::replace(&mut *slot, Slot::Spawned) {
-        Slot::Woken => {
-            drop(slot);
-            rt.spawn(task);
+}
+
+impl Parked {
+    /// Polls `task` (its slot says `Polling`) on this thread, then keeps it
+    /// aside or spawns it as [`run_here`] says. True if it is not done.
+    fn poll_here(self: &Arc<Self>, mut task: Task) -> bool {
+        let waker = Waker::from(self.clone());
+        let pending = {
+            let _in = self.rt.enter();
+            let _current = Polling(CURRENT.with(|c| c.borrow_mut().replace(self.clone())));
+            task.as_mut().poll(&mut Context::from_waker(&waker)).is_pending()
+        };
+        if !pending {
+            return false;
         }
-        _ => *slot = Slot::Waiting(task),
+        let mut slot = self.slot.lock();
+        match std::mem::replace(&mut *slot, Slot::Spawned) {
+            Slot::Woken => {
+                drop(slot);
+                self.rt.spawn(task);
+            }
+            _ => *slot = Slot::Waiting(task),
+        }
+        true
     }
-    true
+
+    /// Polls the task here if it is kept aside waiting (for a sync thread's
+    /// job that just ended); false, with nothing done, if it is not.
+    fn resume_here(self: &Arc<Self>) -> bool {
+        let mut slot = self.slot.lock();
+        match std::mem::replace(&mut *slot, Slot::Polling) {
+            Slot::Waiting(task) => {
+                drop(slot);
+                self.poll_here(task);
+                true
+            }
+            other => {
+                *slot = other;
+                false
+            }
+        }
+    }
+}
+
+/// A job's outcome (`Err` if it panicked) and the waker of whoever waits.
+type Outcome<R> = Mutex<(Option<std::thread::Result<R>>, Option<Waker>)>;
+
+/// Runs `f` (a fop's blocking syscalls) on a sync thread, if this thread is
+/// polling a fop [`run_here`] kept aside (else `f` is given back: block
+/// some other way, as [`block_in_task`]). The future returned is ready with `f`'s
+/// value, or `Err` if it panicked. Once `f` is done, the sync thread polls
+/// the fop itself (if it is still kept aside, as it is unless something
+/// else woke it meanwhile), so the fop goes on there; otherwise it wakes it.
+/// At most [`SYNC_THREADS`] run at once; more jobs queue. The bound on jobs
+/// is the caller's (performance/io-threads, a connection's in-flight calls).
+pub fn offload<R: Send + 'static, F: FnOnce() -> R + Send + 'static>(
+    f: F,
+) -> Result<impl Future<Output = std::thread::Result<R>>, F> {
+    let Some(home) = CURRENT.with(|c| c.borrow().clone()) else { return Err(f) };
+    let outcome: Arc<Outcome<R>> = Arc::new(Mutex::new((None, None)));
+    let done = outcome.clone();
+    pool().submit(Box::new(move || {
+        let r = std::panic::catch_unwind(AssertUnwindSafe(f));
+        let waker = {
+            let mut o = done.lock();
+            o.0 = Some(r);
+            o.1.take()
+        };
+        if !home.resume_here()
+            && let Some(w) = waker
+        {
+            w.wake();
+        }
+    }));
+    Ok(std::future::poll_fn(move |cx| {
+        let mut o = outcome.lock();
+        match o.0.take() {
+            Some(r) => Poll::Ready(r),
+            None => {
+                o.1 = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }))
+}
+
+/// Most sync threads at once (each idle one ends after [`SYNC_IDLE`]).
+pub const SYNC_THREADS: usize = 64;
+/// How long a sync thread waits for a job before it ends.
+pub const SYNC_IDLE: Duration = Duration::from_secs(10);
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The sync threads of the process and their queue.
+struct Pool {
+    st: Mutex<PoolState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct PoolState {
+    jobs: VecDeque<Job>,
+    threads: usize,
+    /// Threads waiting for a job.
+    idle: usize,
+    /// Of those, how many a submit has woken and not yet run.
+    woken: usize,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| Pool { st: Mutex::new(PoolState::default()), cv: Condvar::new() })
+}
+
+impl Pool {
+    fn submit(&'static self, job: Job) {
+        let mut st = self.st.lock();
+        st.jobs.push_back(job);
+        if st.idle > st.woken {
+            st.woken += 1;
+            drop(st);
+            self.cv.notify_one();
+            return;
+        }
+        if st.threads >= SYNC_THREADS {
+            return; // a busy thread takes it when it is done
+        }
+        st.threads += 1;
+        drop(st);
+        let spawned = std::thread::Builder::new().name("xlfs-sync".into()).spawn(move || self.work());
+        if let Err(e) = spawned {
+            let mut st = self.st.lock();
+            st.threads -= 1;
+            let orphan = if st.threads == 0 { st.jobs.pop_front() } else { None };
+            drop(st);
+            tracing::warn!(error = %e, "no sync thread: a blocking fop runs on its caller's thread");
+            if let Some(job) = orphan {
+                job();
+            }
+        }
+    }
+
+    fn work(&self) {
+        let mut st = self.st.lock();
+        loop {
+            if let Some(job) = st.jobs.pop_front() {
+                drop(st);
+                // A fop that panics as it goes on here is dropped, as a
+                // runtime task's would be; the thread stays.
+                if std::panic::catch_unwind(AssertUnwindSafe(job)).is_err() {
+                    tracing::error!("a fop panicked on a sync thread; it is dropped");
+                }
+                st = self.st.lock();
+                continue;
+            }
+            st.idle += 1;
+            let timed_out = self.cv.wait_for(&mut st, SYNC_IDLE).timed_out();
+            st.idle -= 1;
+            st.woken = st.woken.saturating_sub(1).min(st.idle);
+            if timed_out && st.jobs.is_empty() {
+                st.threads -= 1;
+                return;
+            }
+        }
+    }
 }
 
 /// Whether a future polled here may block its thread in
@@ -211,6 +386,58 @@ mod tests {
         let (may, got) = out_rx.await.expect("the call ran");
         assert!(may, "a task of a multi-thread runtime may block in place");
         assert!(got, "the reader went on before the call blocked");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_offloaded_call_goes_on_to_its_end_on_the_sync_thread() {
+        // Outside a fop kept aside by run_here, nothing is offloaded.
+        assert!(offload(|| ()).is_err(), "not polled by run_here");
+
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let (out_tx, out_rx) = tokio::sync::oneshot::channel::<(bool, String, String)>();
+        let rt = Handle::current();
+        let reader = std::thread::spawn(move || {
+            let call = async move {
+                let job = offload(move || {
+                    // Blocks until the reader has gone on.
+                    let got = go_rx.recv_timeout(std::time::Duration::from_secs(5)).is_ok();
+                    (got, std::thread::current().name().unwrap_or_default().to_string())
+                });
+                let Ok(job) = job else { panic!("run_here's poll offloads") };
+                let (got, ran_on) = job.await.expect("no panic");
+                // What follows the syscalls (a reply's write) runs here.
+                let then_on = std::thread::current().name().unwrap_or_default().to_string();
+                let _ = out_tx.send((got, ran_on, then_on));
+            };
+            let waits = run_here(&rt, call);
+            go_tx.send(()).expect("the call waits for it");
+            waits
+        });
+        assert!(reader.join().expect("reader"), "the call waits for its sync thread");
+        let (got, ran_on, then_on) = out_rx.await.expect("the call ended");
+        assert!(got, "the reader went on before the call blocked");
+        assert_eq!(ran_on, "xlfs-sync");
+        assert_eq!(then_on, "xlfs-sync", "the call went on where its syscalls ran, not in a runtime task");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_on_a_sync_thread_is_the_callers_error_and_the_pool_goes_on() {
+        let rt = Handle::current();
+        for _ in 0..2 {
+            let (out_tx, out_rx) = tokio::sync::oneshot::channel::<bool>();
+            let rt2 = rt.clone();
+            std::thread::spawn(move || {
+                run_here(&rt2, async move {
+                    let Ok(job) = offload(|| -> u32 { panic!("a fop's syscalls panicked") }) else {
+                        panic!("offloaded")
+                    };
+                    let _ = out_tx.send(job.await.is_err());
+                })
+            })
+            .join()
+            .expect("reader");
+            assert!(out_rx.await.expect("answered"), "the panic is the caller's Err");
+        }
     }
 
     #[tokio::test]

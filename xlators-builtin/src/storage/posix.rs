@@ -9,7 +9,9 @@
 //!
 //! A fop that normally finishes in the page cache runs its system calls on
 //! the calling task (`inline-fops`); one that may wait for the disk (an
-//! fsync, an O_DSYNC write, a create) blocks in place in a task of its own
+//! fsync, an O_DSYNC write, a create) goes to a sync thread, which then
+//! carries the fop on to its reply (`task::offload`), when the fop is run
+//! where it arrived; in a task of its own it blocks in place
 //! (`task::block_in_task`), or on tokio's blocking pool where the runtime
 //! cannot block in place. Per-fd state
 //! (the real descriptor) is kept in bounded [`FdSlots`] keyed by the
@@ -116,10 +118,9 @@ const MAX_OPEN_FDS: Opt<kind::Int> = Opt::int("max-open-fds", "65536")
 const INLINE_FOPS: Opt<kind::Bool> = Opt::bool("inline-fops", true).desc(
     "Run the fops that normally finish in the page cache (reads and writes up to 128 KiB, lookup, stat, \
          xattr reads and xattrop, open, flush, release, seek, statfs) on the calling task, as part of reading \
-         the request, instead of making each a task of its own that blocks in place: no task and no thread \
-         hand-off per fop (against the blocking pool, about 14% more pgbench TPS on a replica-3 mount on 2 \
-         cores). fsync, O_SYNC/O_DSYNC \
-         writes, directory and namespace fops always get their own task. Off: every fop does (GlusterFS's \
+         the request, instead of handing each to a sync thread: no thread hand-off per fop (against the \
+         blocking pool, about 14% more pgbench TPS on a replica-3 mount on 2 cores). fsync, O_SYNC/O_DSYNC \
+         writes, directory and namespace fops always go to a sync thread. Off: every fop does (GlusterFS's \
          io-threads model), for disks where a page-cache miss is slow.",
 );
 const RESERVE: Opt<kind::Str> = Opt::str("reserve", "1").desc(
@@ -750,10 +751,21 @@ fn write_deferred_times_later(inner: std::sync::Weak<Inner>) {
 }
 
 /// Runs `f`, a fop that may wait for the disk, where it cannot hold up
-/// other work: in place in the fop's own task on a multi-thread runtime
+/// other work: on a sync thread that then carries the fop on to its reply
+/// when the fop is being run where it arrived ([`crate::task::offload`]),
+/// in place in the fop's own task on a multi-thread runtime
 /// ([`crate::task::block_in_task`]), else on the blocking pool (inline when
 /// there is no tokio runtime).
 async fn blocking(f: impl FnOnce() -> FopResult + Send + 'static) -> FopResult {
+    let f = match crate::task::offload(f) {
+        Ok(job) => {
+            return job.await.unwrap_or_else(|_| {
+                tracing::error!("storage/posix: a fop's blocking call panicked");
+                Err(Errno::EIO)
+            });
+        }
+        Err(f) => f,
+    };
     match tokio::runtime::Handle::try_current() {
         Ok(rt) if crate::task::can_block_in_task(&rt) => crate::task::block_in_task(f).await,
         Ok(rt) => rt.spawn_blocking(f).await.unwrap_or_else(|e| {
