@@ -51,6 +51,7 @@ mod messages;
 pub mod shm;
 mod socket;
 mod tls;
+mod unix;
 
 pub use frames::*;
 pub use messages::*;

@@ -18,7 +18,7 @@ impl Inner {
         let local = self.connect_local().await;
         let (rd, wr, local) = match local {
             Some((stream, shm, ip)) => {
-                let (rd, wr) = rpc::unix(stream);
+                let (rd, wr) = rpc::unix(stream).map_err(|e| plain(format!("local socket of {addr}: {e}")))?;
                 (rd, wr, Some((shm, ip)))
             }
             None => {

@@ -214,7 +214,7 @@ pub enum WireRead {
     /// TLS over TCP.
     Tls(Arc<TlsStream>),
     /// A Unix socket (the local transport).
-    Unix(tokio::net::unix::OwnedReadHalf),
+    Unix(super::unix::UnixRead),
 }
 
 /// The write half of a connection.
@@ -224,7 +224,7 @@ pub enum WireWrite {
     /// TLS over TCP.
     Tls(Arc<TlsStream>),
     /// A Unix socket (the local transport).
-    Unix(tokio::net::unix::OwnedWriteHalf),
+    Unix(super::unix::UnixWrite),
 }
 
 impl From<OwnedWriteHalf> for WireWrite {
@@ -239,10 +239,10 @@ pub fn plain(stream: TcpStream) -> (WireRead, WireWrite) {
     (WireRead::Tcp(rd), WireWrite::Tcp(wr))
 }
 
-/// Splits a Unix socket connection (the local transport).
-pub fn unix(stream: tokio::net::UnixStream) -> (WireRead, WireWrite) {
-    let (rd, wr) = stream.into_split();
-    (WireRead::Unix(rd), WireWrite::Unix(wr))
+/// Splits a Unix socket connection (the local transport; see [`super::unix`]).
+pub fn unix(stream: tokio::net::UnixStream) -> io::Result<(WireRead, WireWrite)> {
+    let (rd, wr) = super::unix::split(stream)?;
+    Ok((WireRead::Unix(rd), WireWrite::Unix(wr)))
 }
 
 /// A TLS session over a TCP socket, shared by both halves.
@@ -435,7 +435,7 @@ impl tokio::io::AsyncRead for WireRead {
         match self.get_mut() {
             WireRead::Tcp(r) => Pin::new(r).poll_read(cx, buf),
             WireRead::Tls(s) => s.poll_read(cx, buf),
-            WireRead::Unix(r) => Pin::new(r).poll_read(cx, buf),
+            WireRead::Unix(r) => r.poll_read(cx, buf),
         }
     }
 }
@@ -474,7 +474,7 @@ impl WireWrite {
     pub(super) fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
         let sock = match self {
             WireWrite::Tcp(w) => socket2::SockRef::from(w.as_ref()),
-            WireWrite::Unix(w) => socket2::SockRef::from(w.as_ref()),
+            WireWrite::Unix(w) => w.sock(),
             WireWrite::Tls(s) => {
                 if how == std::net::Shutdown::Write {
                     let mut st = s.state.lock();

@@ -192,7 +192,13 @@ pub(super) async fn local_connection(
             return;
         }
     };
-    let (rd, wr) = rpc::unix(stream);
+    let (rd, wr) = match rpc::unix(stream) {
+        Ok(halves) => halves,
+        Err(e) => {
+            tracing::warn!(server = %sh.name, pid, "local connection not served: {e}");
+            return;
+        }
+    };
     serve_connection(sh, Wire { rd, wr, peer, cn: None, local: Some(shm) }, open, task).await;
 }
 
