@@ -593,9 +593,14 @@ async fn a_plugin_that_floods_the_log_is_held_to_a_rate_and_cannot_forge_lines()
     // debug build on a loaded machine; the limit is not what this tests.
     let h = hostile("wasm", "log-flood", &[("plugin-call-timeout", "120s")]).await;
     // The flooding fop itself goes through (there is no such file).
+    let flood = std::time::Instant::now();
     assert_eq!(h.c.stat("/evil").await.expect_err("no such file"), Errno::ENOENT);
+    let secs = flood.elapsed().as_secs_f64();
+    // The budget is a burst of 200 lines and 100 more a second (host.rs);
+    // a slow machine takes longer over the flood and keeps more.
     let kept = log_lines(&[&h.node, "flood "]);
-    assert!((100..=400).contains(&kept.len()), "100,000 lines logged, {} kept", kept.len());
+    let most = 200 + (100.0 * secs).ceil() as usize + 10;
+    assert!((100..=most).contains(&kept.len()), "100,000 lines logged in {secs:.1} s, {} kept", kept.len());
     // Each is one line: the embedded newline is shown escaped, so no line
     // of the log starts as a forged host line.
     let forged = log_lines(&["FORGED host line"]);
