@@ -249,7 +249,11 @@ impl Pool {
             st.idle += 1;
             let timed_out = self.cv.wait_for(&mut st, SYNC_IDLE).timed_out();
             st.idle -= 1;
-            st.woken = st.woken.saturating_sub(1).min(st.idle);
+            // parking_lot's waits never wake spuriously: a wait that did not
+            // time out is one a submit notified.
+            if !timed_out {
+                st.woken = st.woken.saturating_sub(1);
+            }
             if timed_out && st.jobs.is_empty() {
                 st.threads -= 1;
                 return;
