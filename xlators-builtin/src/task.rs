@@ -101,7 +101,17 @@ impl Parked {
         let pending = {
             let _in = self.rt.enter();
             let _current = Polling(CURRENT.with(|c| c.borrow_mut().replace(self.clone())));
-            task.as_mut().poll(&mut Context::from_waker(&waker)).is_pending()
+            // A fop that panics here is dropped (its reply object answers
+            // EIO), as a runtime task's would be; the thread goes on.
+            std::panic::catch_unwind(AssertUnwindSafe(|| task.as_mut().poll(&mut Context::from_waker(&waker))))
+                .map(|p| p.is_pending())
+        };
+        let pending = match pending {
+            Ok(pending) => pending,
+            Err(_) => {
+                tracing::error!("a fop panicked where it arrived; it is dropped");
+                false
+            }
         };
         if !pending {
             return false;
@@ -298,6 +308,61 @@ pub async fn block_in_task<R>(f: impl FnOnce() -> R) -> R {
     tokio::task::block_in_place(f)
 }
 
+/// Polls `fut` in its caller's task, so the caller pays no spawn and no
+/// task hand-off; if the caller stops waiting before it is done, the rest
+/// of it runs to its end as a task of `rt` (its output dropped). For work
+/// that must not stop halfway (a replicated transaction holding brick
+/// locks) but whose caller almost always waits for it.
+pub fn run_to_end<F>(rt: Option<Handle>, fut: F) -> RunToEnd<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    RunToEnd { fut: Some(Box::pin(fut)), rt }
+}
+
+/// The future of [`run_to_end`].
+pub struct RunToEnd<F: Future + Send + 'static>
+where
+    F::Output: Send + 'static,
+{
+    fut: Option<Pin<Box<F>>>,
+    rt: Option<Handle>,
+}
+
+impl<F: Future + Send + 'static> Future for RunToEnd<F>
+where
+    F::Output: Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        let Some(fut) = this.fut.as_mut() else { panic!("RunToEnd polled after it was done") };
+        let out = std::task::ready!(fut.as_mut().poll(cx));
+        this.fut = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for RunToEnd<F>
+where
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(fut) = self.fut.take() {
+            match &self.rt {
+                Some(rt) => {
+                    rt.spawn(async move {
+                        fut.await;
+                    });
+                }
+                None => tracing::warn!("work that must run to its end was dropped with no runtime to finish it"),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -448,6 +513,58 @@ mod tests {
     async fn a_current_thread_runtime_never_blocks_in_place() {
         let inside = tokio::spawn(async { can_block_in_task(&Handle::current()) });
         assert!(!inside.await.expect("task"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn run_to_end_runs_in_its_caller_and_finishes_what_a_dropped_caller_left() {
+        // Waited for: polled in the caller's task, no task of its own.
+        let caller = tokio::task::try_id();
+        let here = run_to_end(Some(Handle::current()), async move { tokio::task::try_id() }).await;
+        assert_eq!(here, caller, "polled by its caller");
+
+        // Dropped halfway: the rest runs to its end on the runtime.
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<&str>();
+        let steps = Arc::new(AtomicUsize::new(0));
+        let s = steps.clone();
+        let mut fut = Box::pin(run_to_end(Some(Handle::current()), async move {
+            s.fetch_add(1, Ordering::SeqCst);
+            let _ = go_rx.await;
+            let _ = done_tx.send("finished");
+        }));
+        assert!(xlfs_sdk::testing::poll(fut.as_mut()).is_pending());
+        assert_eq!(steps.load(Ordering::SeqCst), 1, "started in the caller");
+        drop(fut);
+        go_tx.send(()).expect("the rest is still alive");
+        let done = tokio::time::timeout(Duration::from_secs(10), done_rx).await;
+        assert_eq!(done.expect("in time").expect("sent"), "finished");
+        assert_eq!(steps.load(Ordering::SeqCst), 1, "not started again");
+    }
+
+    #[test]
+    fn a_fop_that_panics_on_its_first_poll_is_dropped_and_the_thread_goes_on() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().expect("runtime");
+        let (tx, rx) = std::sync::mpsc::channel::<u32>();
+        struct Answer(Option<std::sync::mpsc::Sender<u32>>);
+        impl Drop for Answer {
+            fn drop(&mut self) {
+                if let Some(tx) = self.0.take() {
+                    let _ = tx.send(5); // EIO, as an unanswered FUSE reply
+                }
+            }
+        }
+        let answer = Answer(Some(tx.clone()));
+        let waits = run_here(rt.handle(), async move {
+            let _a = answer;
+            panic!("a translator's bug");
+        });
+        assert!(!waits, "nothing left to run");
+        assert_eq!(rx.recv().expect("its reply was dropped"), 5);
+        // The same thread serves the next fop.
+        assert!(!run_here(rt.handle(), async move {
+            let _ = tx.send(0);
+        }));
+        assert_eq!(rx.recv().expect("next fop"), 0);
     }
 
     trait ThenSend: Future<Output = ()> + Sized {

@@ -210,16 +210,14 @@ impl Inner {
         self.children[i].call(ctx, req)
     }
 
-    /// Runs a fop to completion on the runtime even if the caller stops
-    /// waiting: a transaction dropped halfway would leave brick locks held
-    /// and counters unsettled.
-    async fn detached(self: Arc<Self>, ctx: CallCtx, req: Request) -> FopResult {
-        let Some(h) = self.handle() else { return self.dispatch(ctx, req).await };
-        let me = self.clone();
-        h.spawn(async move { me.dispatch(ctx, req).await }).await.unwrap_or_else(|e| {
-            tracing::error!(volume = %self.name, "replicate task failed: {e}");
-            Err(Errno::EIO)
-        })
+    /// Runs a fop to completion even if the caller stops waiting: a
+    /// transaction dropped halfway would leave brick locks held and
+    /// counters unsettled. It is polled in the caller's own task (a task
+    /// of its own cost a spawn and two thread hand-offs on every write and
+    /// fsync), and only what a dropped caller left is spawned.
+    fn detached(self: Arc<Self>, ctx: CallCtx, req: Request) -> impl Future<Output = FopResult> + Send + 'static {
+        let rt = self.handle();
+        crate::task::run_to_end(rt, async move { self.dispatch(ctx, req).await })
     }
 
     async fn dispatch(self: &Arc<Self>, ctx: CallCtx, req: Request) -> FopResult {

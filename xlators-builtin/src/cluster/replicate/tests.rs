@@ -300,6 +300,51 @@ async fn writes_and_entries_land_on_every_child_with_one_gfid() {
     assert!(c.gfid_on(0, "d").is_some());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_whose_caller_stops_waiting_runs_to_its_end() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::new();
+    let a = c.node("client-a", &[]);
+    let fd = a.create("f").await.expect("create");
+    a.close(fd).await;
+    a.quiesce().await;
+    // A second client whose children hold every fop until released.
+    let gates: Vec<Arc<xlfs_sdk::testing::Gate>> =
+        c.bricks.iter().map(|b| xlfs_sdk::testing::Gate::new(b.locks.clone())).collect();
+    let children =
+        gates.iter().enumerate().map(|(i, g)| Child { name: Arc::from(format!("test-client-{i}")), xl: g.clone() });
+    let b = Replicate::new(ictx("test-afr", TYPE.options, &[], children.collect())).expect("replicate");
+    for i in 0..N {
+        b.notify(Event::ChildUp, EventFrom::Child(i));
+    }
+    let attr = xlfs_sdk::SetAttr { mode: Some(0o600), ..Default::default() };
+    let req = Request::new(Fop::Setattr { loc: Loc::gfid(fd.gfid), attr });
+    let mut call = b.call(CallCtx::root("client-b"), req);
+    let held = Instant::now();
+    while gates.iter().any(|g| g.held() == 0) {
+        assert!(xlfs_sdk::testing::poll(call.as_mut()).is_pending(), "waits for its locks");
+        assert!(held.elapsed() < Duration::from_secs(10), "the lock calls reach every child");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    drop(call);
+    gates.iter().for_each(|g| g.open());
+    xlfs_sdk::testing::until("the setattr on every brick", Duration::from_secs(10), || {
+        (0..N).all(|i| {
+            std::fs::metadata(c.bricks[i].dir.join("f")).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o600)
+        })
+    })
+    .await;
+    // Its locks are given back: the other client's transaction goes through.
+    let attr = xlfs_sdk::SetAttr { mode: Some(0o640), ..Default::default() };
+    let again = a.call(Fop::Setattr { loc: Loc::gfid(fd.gfid), attr });
+    tokio::time::timeout(Duration::from_secs(10), again).await.expect("not blocked by a lock left").expect("setattr");
+    for i in 0..N {
+        for j in 0..N {
+            assert_eq!(c.pending(i, "f", j), [0, 0, 0], "brick {i} blames {j}");
+        }
+    }
+}
+
 /// A node that prefers child 2 for reads, with file "f" written "one"
 /// everywhere and then "two" while child 2 was down (it is still down).
 async fn child_2_missed_a_write(c: &Cluster) -> (Node, Fd) {
