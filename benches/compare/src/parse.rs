@@ -34,6 +34,15 @@ impl Work {
         }
     }
 
+    /// How much work, in the unit of the phase's rate: MiB, files or
+    /// transactions (so the amount over the rate is the phase's seconds).
+    pub fn amount(self) -> f64 {
+        match self {
+            Work::Bytes(b) => b / (1u64 << 20) as f64,
+            Work::Files(n) | Work::Txns(n) => n,
+        }
+    }
+
     /// The unit of [`Work::cost`].
     pub fn cost_unit(self) -> &'static str {
         match self {
@@ -85,6 +94,28 @@ pub fn parse_size(s: &str) -> Option<f64> {
         _ => (s, 1.0),
     };
     num.parse::<f64>().ok().map(|n| n * mult)
+}
+
+/// The label of the line xlfs-bench's remount wrapper prints
+/// ([`timed_remount`]).
+pub const REMOUNT_LABEL: &str = "remount+sync";
+
+/// The remount command a workload script runs, timed, and followed by a
+/// `sync`: it prints `remount+sync: SECONDS s` when done. A client that
+/// answered early (write-behind, asynchronous directory operations) sends
+/// what it kept at unmount, and a local disk writes its dirty pages at the
+/// sync, so this is when a phase's work is on stable storage for every
+/// system alike.
+pub fn timed_remount(remount: &str) -> String {
+    format!(
+        r#"t0=$(date +%s.%N); ({remount}) && sync && printf '{REMOUNT_LABEL}: %.2f s\n' "$(echo "$(date +%s.%N) - $t0" | bc -l)""#
+    )
+}
+
+/// The seconds of a [`timed_remount`] line.
+pub fn parse_remount(line: &str) -> Option<f64> {
+    let rest = line.trim().strip_prefix(REMOUNT_LABEL)?.strip_prefix(": ")?;
+    rest.strip_suffix(" s")?.trim().parse().ok()
 }
 
 /// The phase a workload line reports, or None for other lines (`cpu:`,
@@ -234,6 +265,22 @@ mod tests {
         ] {
             assert_eq!(parse_line(l), None, "{l}");
         }
+    }
+
+    #[test]
+    fn remount_lines() {
+        assert_eq!(parse_remount("remount+sync: 2.35 s"), Some(2.35));
+        assert_eq!(parse_line("remount+sync: 2.35 s"), None, "not a phase of its own");
+        assert_eq!(parse_remount("create n=5000: 5.20 s, 961 files/s"), None);
+        // The wrapper prints such a line, and fails with the command.
+        let run = |cmd: &str| std::process::Command::new("bash").arg("-c").arg(timed_remount(cmd)).output();
+        let ok = run("true").expect("bash");
+        assert!(ok.status.success());
+        let secs = parse_remount(String::from_utf8_lossy(&ok.stdout).trim()).expect("a remount line");
+        assert!(secs >= 0.0);
+        let failed = run("false").expect("bash");
+        assert!(!failed.status.success() && failed.stdout.is_empty());
+        assert_eq!(Work::Bytes(512.0 * 1048576.0).amount(), 512.0);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cpu::{self, Matcher, Meter};
-use crate::parse::parse_line;
+use crate::parse::{parse_line, parse_remount, timed_remount};
 use crate::report::{self, Sample};
 use crate::{Args, Preset};
 
@@ -101,6 +101,26 @@ fn gluster_pids() -> Vec<u32> {
         .into_iter()
         .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.starts_with("gluster")))
         .collect()
+}
+
+/// The row of `phase` carried on to the end of the remount and sync that
+/// followed it (`secs` long, `dc` and `db` CPU seconds of the client and
+/// the bricks): its work over the time of both, and the CPU of both.
+fn through_remount(phase: &Sample, work: crate::parse::Work, secs: f64, dc: f64, db: f64, metered: bool) -> Sample {
+    let amount = work.amount();
+    let phase_secs = if phase.value > 0.0 { amount / phase.value } else { 0.0 };
+    let (cc, cb) = (phase.cpu_client_s + dc, phase.cpu_bricks_s + db);
+    Sample {
+        round: phase.round,
+        system: phase.system.clone(),
+        label: format!("{} + {}", phase.label, crate::parse::REMOUNT_LABEL),
+        unit: phase.unit.clone(),
+        value: if phase_secs + secs > 0.0 { amount / (phase_secs + secs) } else { 0.0 },
+        cpu: metered.then(|| (work.cost(cc + cb), work.cost_unit().to_string())),
+        cpu_client_s: cc,
+        cpu_bricks_s: cb,
+        fops: Default::default(),
+    }
 }
 
 impl Ctx {
@@ -219,7 +239,7 @@ impl Ctx {
             .arg(r#"exec bash "$0" "$@" 2>&1"#)
             .arg(self.bench.join(w.script))
             .arg(&mnt)
-            .arg(&remount)
+            .arg(timed_remount(&remount))
             .args(&w.args)
             .env("RAW", &raw)
             .env("PORT", self.pg_port.to_string())
@@ -235,6 +255,9 @@ impl Ctx {
         }
         let mut samples = Vec::new();
         let mut prev = (0.0, 0.0);
+        // The last phase reported (its sample's index and work): a remount
+        // after it drains what it left queued.
+        let mut last: Option<(usize, crate::parse::Work)> = None;
         let mut tail = Vec::new();
         for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
             let Ok(line) = line else { break };
@@ -247,6 +270,22 @@ impl Ctx {
             if profiled && line.starts_with("pgbench-init") {
                 // Count from here: the run, not initdb and the table load.
                 let _ = Command::new(self.bin(s)).args(["profile", "--reset"]).arg(&mnt).output();
+            }
+            if let Some(secs) = parse_remount(&line) {
+                // The remount's CPU is not the next phase's. With the
+                // phase before it, it makes a row of its own: that phase
+                // until its work is on stable storage.
+                let now = meter.as_ref().map(Meter::snapshot).unwrap_or_default();
+                let (dc, db) = (now.0 - prev.0, now.1 - prev.1);
+                prev = now;
+                if let Some((i, work)) = last.take() {
+                    let through = through_remount(&samples[i], work, secs, dc, db, meter.is_some());
+                    pb.suspend(|| {
+                        eprintln!("  {:<12} {}: {} {}", s.name, through.label, report::num(through.value), through.unit)
+                    });
+                    samples.push(through);
+                }
+                continue;
             }
             let Some(p) = parse_line(&line) else { continue };
             let mut fops = std::collections::BTreeMap::new();
@@ -266,6 +305,7 @@ impl Ctx {
             };
             let cpu_text = cpu.as_ref().map(|(c, u)| format!(", {} {u}", report::num(*c))).unwrap_or_default();
             pb.suspend(|| eprintln!("  {:<12} {}: {} {}{cpu_text}", s.name, p.label, report::num(p.value), p.unit));
+            last = p.work.map(|w| (samples.len(), w));
             samples.push(Sample {
                 round,
                 system: s.name.clone(),
