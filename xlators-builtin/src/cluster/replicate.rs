@@ -45,6 +45,7 @@
 //! windows opened and why they ended, settles, upcalls and read failovers.
 
 mod async_dirops;
+pub use async_dirops::IN_FLIGHT as ASYNC_DIROPS_IN_FLIGHT;
 mod eager_lock;
 mod entry_lock;
 mod fds;

@@ -11,11 +11,17 @@
 //! set-group-ID), and sent to the children behind, one after the other in
 //! the order they were answered.
 //!
-//! **Order.** Queued operations run one at a time: the next is sent once
-//! the previous one has finished on every child, so after a crash the
-//! bricks hold a prefix of them, never a later one without an earlier one.
-//! Every other entry operation of this client (any directory) waits until
-//! the queue is empty, so it too lands after the earlier ones. Any other
+//! **Order.** Queued operations are sent in the order they were answered,
+//! up to [`IN_FLIGHT`] at once: one that depends on an earlier one still
+//! running (the same name, a name in a directory an earlier one makes or
+//! removes, the lock of a directory's promised delegation) waits for it, so
+//! every child applies dependent operations in one order, and operations
+//! on different names, which commute, overlap. An operation is sent only
+//! after every earlier one was: if this client dies, the bricks get a
+//! prefix of the queue (the operations it had sent), never a later one
+//! without an earlier one. Every other entry operation of this client (any
+//! directory) waits until the queue is empty, so it too lands after the
+//! earlier ones. Any other
 //! fop on an inode a queued operation makes or removes (write, setattr,
 //! open, lookup by gfid, readdir of a directory with queued operations, a
 //! lookup of a queued name, release of a create's fd) waits for that
@@ -55,6 +61,37 @@ const MAX_FAILED: usize = 4096;
 /// How long the graph going away waits for the queue.
 const DRAIN_AT_SHUTDOWN: Duration = Duration::from_secs(60);
 
+/// Most queued operations sent at once.
+pub const IN_FLIGHT: usize = 8;
+
+/// What a queued operation touches, to order it after those it depends on.
+struct Key {
+    dir: Gfid,
+    name: String,
+    /// The inode it makes or removes (null: not known).
+    gfid: Gfid,
+    /// The lock of a promised delegation: after everything before it,
+    /// before everything after it.
+    barrier: bool,
+}
+
+impl Key {
+    /// Whether an operation with this key must wait for one with `earlier`
+    /// to finish: the same name; a name in a directory the other makes or
+    /// removes (either way round); the same inode; or a barrier. Operations
+    /// on different names of existing directories commute: every child
+    /// ends with the same names whatever order it applies them in.
+    fn depends_on(&self, earlier: &Key) -> bool {
+        let on = |g: Gfid, h: Gfid| !g.is_null() && g == h;
+        self.barrier
+            || earlier.barrier
+            || (self.dir == earlier.dir && self.name == earlier.name)
+            || on(earlier.gfid, self.dir)
+            || on(self.gfid, earlier.dir)
+            || on(self.gfid, earlier.gfid)
+    }
+}
+
 /// One queued operation.
 struct Op {
     ctx: CallCtx,
@@ -66,6 +103,12 @@ struct Op {
     name: String,
     /// The inode made or removed.
     gfid: Gfid,
+}
+
+impl Op {
+    fn key(&self) -> Key {
+        Key { dir: self.dir, name: self.name.clone(), gfid: self.gfid, barrier: self.req.is_none() }
+    }
 }
 
 #[derive(Default)]
@@ -108,6 +151,8 @@ fn drop_one<K: std::hash::Hash + Eq>(m: &mut HashMap<K, usize>, k: &K) {
 pub struct AsyncDirops {
     q: Mutex<Queue>,
     changed: Notify,
+    /// Tells the running queue that more was queued.
+    queued: Notify,
     /// Queued or running (read without the lock on every fop).
     len: AtomicUsize,
     pub answered: AtomicU64,
@@ -264,7 +309,9 @@ impl Inner {
             self.early.len.store(q.len, Ordering::Release);
             !std::mem::replace(&mut q.worker, true)
         };
-        if start {
+        if !start {
+            self.early.queued.notify_one();
+        } else {
             match self.handle() {
                 Some(h) => {
                     let me = self.clone();
@@ -278,50 +325,79 @@ impl Inner {
         }
     }
 
-    /// Runs the queued operations in order, one at a time.
+    /// Runs the queued operations in order: each starts once every earlier
+    /// one it depends on has finished ([`Op::depends_on`]), at most
+    /// [`IN_FLIGHT`] at once, all polled in this one task.
     async fn run_queue(self: Arc<Self>) {
+        type Running<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+        let mut running: Vec<(Key, Running<'_>)> = Vec::new();
         loop {
-            let op = {
-                let mut q = self.early.q.lock();
-                match q.ops.pop_front() {
-                    Some(op) => op,
-                    None => {
-                        q.worker = false;
-                        return;
+            let queued = self.early.queued.notified();
+            tokio::pin!(queued);
+            queued.as_mut().enable();
+            // Start what may start now.
+            while running.len() < IN_FLIGHT {
+                let op = {
+                    let mut q = self.early.q.lock();
+                    match q.ops.front() {
+                        Some(op) if running.iter().any(|(k, _)| op.key().depends_on(k)) => None,
+                        Some(_) => q.ops.pop_front(),
+                        None if running.is_empty() => {
+                            q.worker = false;
+                            return;
+                        }
+                        None => None,
                     }
+                };
+                let Some(op) = op else { break };
+                running.push((op.key(), Box::pin(self.run_one(op))));
+            }
+            // Then wait for one to finish, or for more to be queued.
+            std::future::poll_fn(|cx| {
+                let before = running.len();
+                running.retain_mut(|(_, f)| f.as_mut().poll(cx).is_pending());
+                if running.len() < before || queued.as_mut().poll(cx).is_ready() {
+                    std::task::Poll::Ready(())
+                } else {
+                    std::task::Poll::Pending
                 }
-            };
-            let Op { ctx, req, ticket, dir, name, gfid } = op;
-            let Some(req) = req else {
-                self.take_promised(ticket).await;
-                self.done(dir, name, gfid, None);
-                continue;
-            };
-            let (out, blamed) = self.run_early(&ctx, ticket, &req).await;
-            self.mark_stale(dir, Kind::Entry, blamed);
-            let made = matches!(req.fop, Fop::Create { .. } | Fop::Mkdir { .. });
-            if made && blamed != 0 {
-                for k in Kind::ALL {
-                    self.mark_stale(gfid, k, blamed);
-                }
-            }
-            if let Fop::Create { fd, .. } = &req.fop {
-                // Release sends to these only; nothing if it failed everywhere.
-                self.fds.update(*fd, |f| f.opened = out.ok);
-            }
-            let err = out.result.as_ref().err().copied();
-            if let Some(e) = err {
-                self.early.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(
-                    volume = %self.name, %dir, %name, %gfid, fop = req.fop.kind().name(),
-                    "a directory operation answered early failed on the bricks: {e}; the error is returned by \
-                     the next operations on it and the next fsync of its directory"
-                );
-                self.upcall_invalidate(gfid);
-                self.upcall_invalidate(dir);
-            }
-            self.done(dir, name, gfid, err.map(|e| (e, made)));
+            })
+            .await;
         }
+    }
+
+    /// Sends one queued operation and records how it went.
+    async fn run_one(self: &Arc<Self>, op: Op) {
+        let Op { ctx, req, ticket, dir, name, gfid } = op;
+        let Some(req) = req else {
+            self.take_promised(ticket).await;
+            self.done(dir, name, gfid, None);
+            return;
+        };
+        let (out, blamed) = self.run_early(&ctx, ticket, &req).await;
+        self.mark_stale(dir, Kind::Entry, blamed);
+        let made = matches!(req.fop, Fop::Create { .. } | Fop::Mkdir { .. });
+        if made && blamed != 0 {
+            for k in Kind::ALL {
+                self.mark_stale(gfid, k, blamed);
+            }
+        }
+        if let Fop::Create { fd, .. } = &req.fop {
+            // Release sends to these only; nothing if it failed everywhere.
+            self.fds.update(*fd, |f| f.opened = out.ok);
+        }
+        let err = out.result.as_ref().err().copied();
+        if let Some(e) = err {
+            self.early.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(
+                volume = %self.name, %dir, %name, %gfid, fop = req.fop.kind().name(),
+                "a directory operation answered early failed on the bricks: {e}; the error is returned by \
+                 the next operations on it and the next fsync of its directory"
+            );
+            self.upcall_invalidate(gfid);
+            self.upcall_invalidate(dir);
+        }
+        self.done(dir, name, gfid, err.map(|e| (e, made)));
     }
 
     /// A queued operation finished (with its error, and whether it made
@@ -489,5 +565,28 @@ impl Inner {
             Ok(_) => tokio::task::block_in_place(wait),
             Err(_) => wait(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(dir: u8, name: &str, gfid: u8, barrier: bool) -> Key {
+        let g = |b: u8| if b == 0 { Gfid::default() } else { Gfid([b; 16]) };
+        Key { dir: g(dir), name: name.into(), gfid: g(gfid), barrier }
+    }
+
+    #[test]
+    fn what_a_queued_operation_waits_for() {
+        let create = |name, gfid| key(1, name, gfid, false);
+        assert!(!create("a", 2).depends_on(&create("b", 3)), "different names commute");
+        assert!(create("a", 2).depends_on(&create("a", 3)), "the same name");
+        assert!(key(1, "a", 0, false).depends_on(&create("a", 3)), "an unlink of a name made before");
+        assert!(key(2, "x", 4, false).depends_on(&key(1, "d", 2, false)), "in a directory made before");
+        assert!(key(1, "d", 2, false).depends_on(&key(2, "x", 4, false)), "a directory with a name queued in it");
+        assert!(create("a", 2).depends_on(&key(5, "", 6, true)), "after a barrier");
+        assert!(key(5, "", 6, true).depends_on(&create("a", 2)), "a barrier after anything");
+        assert!(!key(1, "a", 0, false).depends_on(&key(3, "b", 0, false)), "unknown inodes of other names");
     }
 }

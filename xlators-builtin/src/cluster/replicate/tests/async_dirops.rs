@@ -122,3 +122,97 @@ async fn quick_successions_on_the_same_names_end_as_if_synchronous() {
         assert_eq!(names_on(&c, i, "d"), vec!["y".to_string()], "brick {i}");
     }
 }
+
+/// A child that holds every CREATE and UNLINK for a while and records how
+/// many were in flight at once, and whether two ops on one name ever were.
+struct Slow {
+    inner: Arc<dyn Xlator>,
+    st: parking_lot::Mutex<SlowState>,
+}
+
+#[derive(Default)]
+struct SlowState {
+    in_flight: Vec<String>,
+    most: usize,
+    same_name_overlap: bool,
+}
+
+impl Xlator for Slow {
+    fn call(&self, ctx: CallCtx, req: Request) -> xlfs_sdk::FopFuture<'_> {
+        let name = match &req.fop {
+            Fop::Create { loc, .. } | Fop::Unlink { loc, .. } => loc.name.clone(),
+            _ => return self.inner.call(ctx, req),
+        };
+        Box::pin(async move {
+            {
+                let mut s = self.st.lock();
+                s.same_name_overlap |= s.in_flight.contains(&name);
+                s.in_flight.push(name.clone());
+                s.most = s.most.max(s.in_flight.len());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let r = self.inner.call(ctx, req).await;
+            let mut s = self.st.lock();
+            if let Some(p) = s.in_flight.iter().position(|n| *n == name) {
+                s.in_flight.remove(p);
+            }
+            r
+        })
+    }
+}
+
+/// Queued operations on different names overlap at the bricks; two on one
+/// name are never in flight at once (a name with an operation queued is not
+/// answered early again), and names in a directory made by an earlier one
+/// land there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_operations_on_different_names_overlap_and_dependent_ones_wait() {
+    let c = Cluster::new();
+    let slow: Vec<Arc<Slow>> =
+        c.bricks.iter().map(|b| Arc::new(Slow { inner: b.locks.clone(), st: Default::default() })).collect();
+    let children =
+        slow.iter().enumerate().map(|(i, s)| Child { name: Arc::from(format!("test-client-{i}")), xl: s.clone() });
+    let afr = Arc::new(
+        Replicate::new(ictx("test-afr", TYPE.options, &[("post-op-delay-secs", "3600")], children.collect()))
+            .expect("replicate"),
+    );
+    for i in 0..N {
+        afr.notify(Event::ChildUp, EventFrom::Child(i));
+    }
+    let n = Node {
+        afr,
+        stats: Vec::new(),
+        gates: Vec::new(),
+        ctx: CallCtx::root("client-a"),
+        next_fd: std::sync::atomic::AtomicU64::new(1),
+    };
+    // A directory this client makes is delegated at once, its names known.
+    let d = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d")).await);
+    let sub = entry_gfid(n.call(mkdir_req(d, "sub")).await);
+    // (A release waits for its create: the fds are released at the end.)
+    let mut fds = Vec::new();
+    for k in 0..6 {
+        fds.push(create_in(&n, d, &format!("f{k}")).await.expect("create").0);
+    }
+    fds.push(create_in(&n, sub, "inner").await.expect("create in the new subdirectory").0);
+    for round in 0..3 {
+        fds.push(create_in(&n, d, "x").await.expect("create x").0);
+        n.call(Fop::Unlink { loc: Loc::entry(d, "x"), flags: 0 })
+            .await
+            .unwrap_or_else(|e| panic!("unlink {round}: {e}"));
+    }
+    assert!(n.dump("async-dirops.answered").parse::<u64>().unwrap_or(0) >= 10, "{:?}", n.afr.dump());
+    for fd in fds {
+        n.call(Fop::Release { fd }).await.expect("release");
+    }
+    drain(&n).await;
+    assert_eq!(n.dump("async-dirops.failed"), "0");
+    let want: Vec<String> = (0..6).map(|k| format!("f{k}")).chain(["sub".to_string()]).collect();
+    for (i, s) in slow.iter().enumerate() {
+        let st = s.st.lock();
+        assert!(st.most >= 2, "brick {i}: creates of different names overlapped (at most {} at once)", st.most);
+        assert!(!st.same_name_overlap, "brick {i}: two operations on one name were in flight at once");
+        assert_eq!(names_on(&c, i, "d"), want, "brick {i}");
+        assert_eq!(names_on(&c, i, "d/sub"), vec!["inner".to_string()], "brick {i}");
+    }
+}
