@@ -103,6 +103,15 @@ fn gluster_pids() -> Vec<u32> {
         .collect()
 }
 
+/// The CPU seconds (client, bricks) `meter` counted since `prev`, which
+/// becomes now.
+fn since(meter: &Option<Meter>, prev: &mut (f64, f64)) -> (f64, f64) {
+    let now = meter.as_ref().map(Meter::snapshot).unwrap_or_default();
+    let d = (now.0 - prev.0, now.1 - prev.1);
+    *prev = now;
+    d
+}
+
 /// The row of `phase` carried on to the end of the remount and sync that
 /// followed it (`secs` long, `dc` and `db` CPU seconds of the client and
 /// the bricks): its work over the time of both, and the CPU of both.
@@ -275,9 +284,7 @@ impl Ctx {
                 // The remount's CPU is not the next phase's. With the
                 // phase before it, it makes a row of its own: that phase
                 // until its work is on stable storage.
-                let now = meter.as_ref().map(Meter::snapshot).unwrap_or_default();
-                let (dc, db) = (now.0 - prev.0, now.1 - prev.1);
-                prev = now;
+                let (dc, db) = since(&meter, &mut prev);
                 if let Some((i, work)) = last.take() {
                     let through = through_remount(&samples[i], work, secs, dc, db, meter.is_some());
                     pb.suspend(|| {
@@ -296,9 +303,7 @@ impl Ctx {
                     None => pb.suspend(|| eprintln!("xlfs-bench: `xlfs profile --json` gave no lock counts")),
                 }
             }
-            let now = meter.as_ref().map(Meter::snapshot).unwrap_or_default();
-            let (dc, db) = (now.0 - prev.0, now.1 - prev.1);
-            prev = now;
+            let (dc, db) = since(&meter, &mut prev);
             let cpu = match (&meter, p.work) {
                 (Some(_), Some(work)) => Some((work.cost(dc + db), work.cost_unit().to_string())),
                 _ => None,

@@ -8,8 +8,8 @@
 //! `async-dirops` on they are answered at once, with the gfid this client
 //! chose and the attributes storage/posix will give the inode (mode less
 //! umask, the caller's uid, the caller's gid or the directory's if it is
-//! set-group-ID), and sent to the children behind, one after the other in
-//! the order they were answered.
+//! set-group-ID), and sent to the children behind, in the order they were
+//! answered.
 //!
 //! **Order.** Queued operations are sent in the order they were answered,
 //! up to [`IN_FLIGHT`] at once: one that depends on an earlier one still
@@ -326,7 +326,7 @@ impl Inner {
     }
 
     /// Runs the queued operations in order: each starts once every earlier
-    /// one it depends on has finished ([`Op::depends_on`]), at most
+    /// one it depends on has finished ([`Key::depends_on`]), at most
     /// [`IN_FLIGHT`] at once, all polled in this one task.
     async fn run_queue(self: Arc<Self>) {
         type Running<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
@@ -337,11 +337,11 @@ impl Inner {
             queued.as_mut().enable();
             // Start what may start now.
             while running.len() < IN_FLIGHT {
-                let op = {
+                let next = {
                     let mut q = self.early.q.lock();
-                    match q.ops.front() {
-                        Some(op) if running.iter().any(|(k, _)| op.key().depends_on(k)) => None,
-                        Some(_) => q.ops.pop_front(),
+                    match q.ops.front().map(Op::key) {
+                        Some(key) if running.iter().any(|(k, _)| key.depends_on(k)) => None,
+                        Some(key) => q.ops.pop_front().map(|op| (key, op)),
                         None if running.is_empty() => {
                             q.worker = false;
                             return;
@@ -349,8 +349,8 @@ impl Inner {
                         None => None,
                     }
                 };
-                let Some(op) = op else { break };
-                running.push((op.key(), Box::pin(self.run_one(op))));
+                let Some((key, op)) = next else { break };
+                running.push((key, Box::pin(self.run_one(op))));
             }
             // Then wait for one to finish, or for more to be queued.
             std::future::poll_fn(|cx| {

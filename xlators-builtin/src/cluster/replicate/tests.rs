@@ -311,12 +311,7 @@ async fn a_transaction_whose_caller_stops_waiting_runs_to_its_end() {
     // A second client whose children hold every fop until released.
     let gates: Vec<Arc<xlfs_sdk::testing::Gate>> =
         c.bricks.iter().map(|b| xlfs_sdk::testing::Gate::new(b.locks.clone())).collect();
-    let children =
-        gates.iter().enumerate().map(|(i, g)| Child { name: Arc::from(format!("test-client-{i}")), xl: g.clone() });
-    let b = Replicate::new(ictx("test-afr", TYPE.options, &[], children.collect())).expect("replicate");
-    for i in 0..N {
-        b.notify(Event::ChildUp, EventFrom::Child(i));
-    }
+    let b = replicate_over(gates.iter().map(|g| g.clone() as Arc<dyn Xlator>).collect(), &[]);
     let attr = xlfs_sdk::SetAttr { mode: Some(0o600), ..Default::default() };
     let req = Request::new(Fop::Setattr { loc: Loc::gfid(fd.gfid), attr });
     let mut call = b.call(CallCtx::root("client-b"), req);
@@ -343,6 +338,18 @@ async fn a_transaction_whose_caller_stops_waiting_runs_to_its_end() {
             assert_eq!(c.pending(i, "f", j), [0, 0, 0], "brick {i} blames {j}");
         }
     }
+}
+
+/// A replicate node (options `afr_opts`) over `children` (wrappers of the
+/// bricks, in brick order), all up.
+fn replicate_over(children: Vec<Arc<dyn Xlator>>, afr_opts: &[(&str, &str)]) -> Replicate {
+    let children =
+        children.into_iter().enumerate().map(|(i, xl)| Child { name: Arc::from(format!("test-client-{i}")), xl });
+    let afr = Replicate::new(ictx("test-afr", TYPE.options, afr_opts, children.collect())).expect("replicate");
+    for i in 0..N {
+        afr.notify(Event::ChildUp, EventFrom::Child(i));
+    }
+    afr
 }
 
 /// A node that prefers child 2 for reads, with file "f" written "one"

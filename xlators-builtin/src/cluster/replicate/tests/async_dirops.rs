@@ -170,15 +170,8 @@ async fn queued_operations_on_different_names_overlap_and_dependent_ones_wait() 
     let c = Cluster::new();
     let slow: Vec<Arc<Slow>> =
         c.bricks.iter().map(|b| Arc::new(Slow { inner: b.locks.clone(), st: Default::default() })).collect();
-    let children =
-        slow.iter().enumerate().map(|(i, s)| Child { name: Arc::from(format!("test-client-{i}")), xl: s.clone() });
-    let afr = Arc::new(
-        Replicate::new(ictx("test-afr", TYPE.options, &[("post-op-delay-secs", "3600")], children.collect()))
-            .expect("replicate"),
-    );
-    for i in 0..N {
-        afr.notify(Event::ChildUp, EventFrom::Child(i));
-    }
+    let children = slow.iter().map(|s| s.clone() as Arc<dyn Xlator>).collect();
+    let afr = Arc::new(replicate_over(children, &[("post-op-delay-secs", "3600")]));
     let n = Node {
         afr,
         stats: Vec::new(),
