@@ -327,10 +327,13 @@ impl Inner {
 
     /// Runs the queued operations in order: each starts once every earlier
     /// one it depends on has finished ([`Key::depends_on`]), at most
-    /// [`IN_FLIGHT`] at once, all polled in this one task.
+    /// [`IN_FLIGHT`] at once, all polled in this one task. An operation
+    /// that panics fails with EIO, reported as any failed one, and the
+    /// queue goes on: a bug below must not leave every later entry fop
+    /// waiting for a queue nobody runs.
     async fn run_queue(self: Arc<Self>) {
         type Running<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
-        let mut running: Vec<(Key, Running<'_>)> = Vec::new();
+        let mut running: Vec<(Key, bool, Running<'_>)> = Vec::new();
         loop {
             let queued = self.early.queued.notified();
             tokio::pin!(queued);
@@ -340,7 +343,7 @@ impl Inner {
                 let next = {
                     let mut q = self.early.q.lock();
                     match q.ops.front().map(Op::key) {
-                        Some(key) if running.iter().any(|(k, _)| key.depends_on(k)) => None,
+                        Some(key) if running.iter().any(|(k, ..)| key.depends_on(k)) => None,
                         Some(key) => q.ops.pop_front().map(|op| (key, op)),
                         None if running.is_empty() => {
                             q.worker = false;
@@ -350,12 +353,21 @@ impl Inner {
                     }
                 };
                 let Some((key, op)) = next else { break };
-                running.push((key, Box::pin(self.run_one(op))));
+                let made = matches!(op.req.as_ref().map(|r| &r.fop), Some(Fop::Create { .. } | Fop::Mkdir { .. }));
+                running.push((key, made, Box::pin(self.run_one(op))));
             }
             // Then wait for one to finish, or for more to be queued.
             std::future::poll_fn(|cx| {
                 let before = running.len();
-                running.retain_mut(|(_, f)| f.as_mut().poll(cx).is_pending());
+                running.retain_mut(|(key, made, f)| {
+                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.as_mut().poll(cx))) {
+                        Ok(p) => p.is_pending(),
+                        Err(_) => {
+                            self.panicked(key, *made);
+                            false
+                        }
+                    }
+                });
                 if running.len() < before || queued.as_mut().poll(cx).is_ready() {
                     std::task::Poll::Ready(())
                 } else {
@@ -364,6 +376,21 @@ impl Inner {
             })
             .await;
         }
+    }
+
+    /// A queued operation panicked: it failed with EIO (its ticket, dropped
+    /// with it, left the delegation with the names unknown).
+    fn panicked(&self, key: &Key, made: bool) {
+        self.early.failed.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(
+            volume = %self.name, dir = %key.dir, name = %key.name, gfid = %key.gfid,
+            "a directory operation answered early panicked before it finished on the bricks (a bug): it failed \
+             with EIO, returned by the next operations on it and the next fsync of its directory; the bricks \
+             may differ on this name until it is looked up and healed"
+        );
+        self.upcall_invalidate(key.gfid);
+        self.upcall_invalidate(key.dir);
+        self.done(key.dir, key.name.clone(), key.gfid, Some((Errno::EIO, made)));
     }
 
     /// Sends one queued operation and records how it went.

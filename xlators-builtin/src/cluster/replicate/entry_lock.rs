@@ -35,8 +35,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -192,7 +192,10 @@ impl Dirs {
     }
 }
 
-/// A transaction's place in a delegation.
+/// A transaction's place in a delegation. One dropped without being left
+/// (its transaction panicked, or was dropped with the runtime) leaves the
+/// delegation with the directory's names unknown, so that the delegation
+/// can still be returned to a client that asks for it.
 pub struct Ticket {
     dir: Arc<Dir>,
     /// The directory's gfid.
@@ -200,6 +203,21 @@ pub struct Ticket {
     names: Vec<String>,
     locked: Mask,
     lk_ctx: CallCtx,
+    owner: Weak<Inner>,
+    left: bool,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.left {
+            return;
+        }
+        if let Some(inner) = self.owner.upgrade() {
+            tracing::warn!(volume = %inner.name, dir = %self.at,
+                "a transaction under a directory delegation ended without finishing: its names are now unknown");
+            inner.leave(&self.dir, &self.names, None);
+        }
+    }
 }
 
 impl Inner {
@@ -246,7 +264,12 @@ impl Inner {
     /// Returns the ticket (keeping the delegation until the fop has run on
     /// the children), the directory's attributes before and after the
     /// change, and the inode an unlink removes. `None` when any of that is not so.
-    pub fn join_early(&self, dir: Gfid, name: &str, what: Early) -> Option<(Ticket, Iatt, Iatt, Option<Gfid>)> {
+    pub fn join_early(
+        self: &Arc<Self>,
+        dir: Gfid,
+        name: &str,
+        what: Early,
+    ) -> Option<(Ticket, Iatt, Iatt, Option<Gfid>)> {
         if !self.cfg().entry_eager_lock || dir.is_null() {
             return None;
         }
@@ -291,8 +314,7 @@ impl Inner {
         s.in_flight += 1;
         s.idle_since = Instant::now();
         self.dirs.joined.fetch_add(1, Ordering::Relaxed);
-        let t =
-            Ticket { dir: d.clone(), at: dir, names: vec![name.to_string()], locked: held_locked, lk_ctx: held_ctx };
+        let t = self.ticket(d.clone(), dir, vec![name.to_string()], held_locked, held_ctx);
         Some((t, before, after, removed))
     }
 
@@ -338,7 +360,7 @@ impl Inner {
             map.insert(gfid, d.clone());
         }
         self.dirs.taken.fetch_add(1, Ordering::Relaxed);
-        Some(Ticket { dir: d, at: gfid, names: Vec::new(), locked: all(n), lk_ctx })
+        Some(self.ticket(d, gfid, Vec::new(), all(n), lk_ctx))
     }
 
     /// Takes the lock of a delegation promised by
@@ -435,13 +457,7 @@ impl Inner {
                             }
                         } else if names.iter().all(|nm| !s.busy.contains(nm)) {
                             let held = s.held.as_ref()?;
-                            let t = Ticket {
-                                dir: d.clone(),
-                                at: dir,
-                                names: names.clone(),
-                                locked: held.locked,
-                                lk_ctx: held.ctx.clone(),
-                            };
+                            let t = self.ticket(d.clone(), dir, names.clone(), held.locked, held.ctx.clone());
                             s.busy.extend(names.iter().cloned());
                             s.in_flight += 1;
                             self.dirs.joined.fetch_add(1, Ordering::Relaxed);
@@ -483,13 +499,7 @@ impl Inner {
                                 // The transaction that took the delegation
                                 // always uses it, even if a contention upcall
                                 // came meanwhile: every hand-over makes progress.
-                                let t = Ticket {
-                                    dir: d.clone(),
-                                    at: dir,
-                                    names: names.clone(),
-                                    locked: h.locked,
-                                    lk_ctx: h.ctx.clone(),
-                                };
+                                let t = self.ticket(d.clone(), dir, names.clone(), h.locked, h.ctx.clone());
                                 s.phase = Phase::Held;
                                 s.held = Some(h);
                                 s.generation = generation;
@@ -517,11 +527,21 @@ impl Inner {
         }
     }
 
-    fn leave_delegation(self: &Arc<Self>, t: Ticket, changes: Option<Vec<(String, NameChange)>>) {
-        let d = t.dir;
+    fn ticket(self: &Arc<Self>, dir: Arc<Dir>, at: Gfid, names: Vec<String>, locked: Mask, lk_ctx: CallCtx) -> Ticket {
+        Ticket { dir, at, names, locked, lk_ctx, owner: Arc::downgrade(self), left: false }
+    }
+
+    fn leave_delegation(self: &Arc<Self>, mut t: Ticket, changes: Option<Vec<(String, NameChange)>>) {
+        t.left = true;
+        self.leave(&t.dir, &t.names, changes);
+    }
+
+    /// A ticket's transaction is done with the delegation of `d`, having
+    /// made `changes` to its names (None: unknown).
+    fn leave(self: &Arc<Self>, d: &Arc<Dir>, names: &[String], changes: Option<Vec<(String, NameChange)>>) {
         {
             let mut s = d.s.lock();
-            for nm in &t.names {
+            for nm in names {
                 s.busy.remove(nm);
             }
             match (changes, &mut s.known) {
@@ -542,9 +562,9 @@ impl Inner {
             s.in_flight -= 1;
             s.idle_since = Instant::now();
             if s.release && s.in_flight == 0 && s.phase == Phase::Held {
-                self.spawn_return(&d, &mut s);
+                self.spawn_return(d, &mut s);
             } else {
-                self.ensure_delegation_timer(&d, &mut s);
+                self.ensure_delegation_timer(d, &mut s);
             }
         }
         d.changed.notify_waiters();

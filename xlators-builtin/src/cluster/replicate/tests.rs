@@ -113,12 +113,27 @@ impl Cluster {
 
     /// [`Cluster::node`] whose graph offers `policies`.
     fn node_with(&self, client: &str, afr_opts: &[(&str, &str)], policies: xlfs_sdk::policy::Policies) -> Node {
+        self.build(client, afr_opts, policies, &|_, xl| xl)
+    }
+
+    /// [`Cluster::node`] with brick `i`'s translator wrapped by `wrap(i, ..)`.
+    fn node_wrapped(&self, client: &str, afr_opts: &[(&str, &str)], wrap: &Wrap) -> Node {
+        self.build(client, afr_opts, Default::default(), wrap)
+    }
+
+    fn build(
+        &self,
+        client: &str,
+        afr_opts: &[(&str, &str)],
+        policies: xlfs_sdk::policy::Policies,
+        wrap: &Wrap,
+    ) -> Node {
         let mut children = Vec::new();
         let mut stats = Vec::new();
         let mut gates = Vec::new();
         let mut links = Vec::new();
         for (i, b) in self.bricks.iter().enumerate() {
-            let gate = Faulty::new(Child { name: Arc::from(format!("locks-{i}")), xl: b.locks.clone() });
+            let gate = Faulty::new(Child { name: Arc::from(format!("locks-{i}")), xl: wrap(i, b.locks.clone()) });
             let gate_sink = EventSink::new();
             let name = format!("test-client-{i}");
             let st_ctx = ictx(
@@ -168,6 +183,9 @@ impl Cluster {
         xattr(&self.bricks[i].dir.join(path), "trusted.gfid")
     }
 }
+
+/// What [`Cluster::node_wrapped`] puts around a brick's translator.
+type Wrap = dyn Fn(usize, Arc<dyn Xlator>) -> Arc<dyn Xlator>;
 
 impl Node {
     async fn call(&self, fop: Fop) -> FopResult {

@@ -209,3 +209,59 @@ async fn queued_operations_on_different_names_overlap_and_dependent_ones_wait() 
         assert_eq!(names_on(&c, i, "d/sub"), vec!["inner".to_string()], "brick {i}");
     }
 }
+
+/// A child that panics on a CREATE of the name "boom" (a bug below
+/// replicate), after yielding once.
+struct Boom {
+    inner: Arc<dyn Xlator>,
+}
+
+impl Xlator for Boom {
+    fn call(&self, ctx: CallCtx, req: Request) -> xlfs_sdk::FopFuture<'_> {
+        if !matches!(&req.fop, Fop::Create { loc, .. } if loc.name == "boom") {
+            return self.inner.call(ctx, req);
+        }
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            panic!("boom: a bug in a child");
+        })
+    }
+}
+
+/// A queued operation that panics fails with EIO, reported on its inode,
+/// and the queue goes on: later operations are answered and land, the
+/// queue drains, and the directory's delegation can still be handed to
+/// another client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_operation_that_panics_fails_and_the_queue_goes_on() {
+    let c = Cluster::new();
+    let n = c.node_wrapped("client-a", &[("post-op-delay-secs", "3600")], &|i, inner| {
+        if i == 0 { Arc::new(Boom { inner }) } else { inner }
+    });
+    let d = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d")).await);
+    let (bad, _) = create_in(&n, d, "boom").await.expect("answered early");
+    assert_eq!(n.dump("async-dirops.answered"), "1", "{:?}", n.afr.dump());
+    assert_eq!(promptly("fsync", n.fsync(bad)).await.map(drop), Err(Errno::EIO), "the panicked create's error");
+    let mut fds = Vec::new();
+    for k in 0..3 {
+        fds.push(promptly("create after", create_in(&n, d, &format!("after{k}"))).await.expect("create after").0);
+    }
+    for fd in fds {
+        promptly("close", n.close(fd)).await;
+    }
+    drain(&n).await;
+    assert_eq!(n.dump("async-dirops.queued"), "0");
+    assert_eq!(n.dump("async-dirops.failed"), "1");
+    let after: Vec<String> = (0..3).map(|k| format!("after{k}")).collect();
+    for i in 0..N {
+        let names: Vec<String> = names_on(&c, i, "d").into_iter().filter(|n| n != "boom").collect();
+        assert_eq!(names, after, "brick {i}");
+    }
+    // Another client's create in d needs this client's delegation back.
+    let b = c.node("client-b", &[]);
+    let (fd, _) = promptly("client b's create", create_in(&b, d, "from-b")).await.expect("client b creates in d");
+    b.close(fd).await;
+    for i in 0..N {
+        assert!(names_on(&c, i, "d").contains(&"from-b".to_string()), "brick {i}");
+    }
+}
