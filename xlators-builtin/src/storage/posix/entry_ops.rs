@@ -30,6 +30,12 @@ pub(super) fn read_unchanged(
     (n == buf.len() && same(&st)).then_some(buf)
 }
 
+/// Whether `name` is among the listed xattr names (`None`: not listed,
+/// so maybe).
+fn has_xattr(present: Option<&[Vec<u8>]>, name: &[u8]) -> bool {
+    present.is_none_or(|p| p.iter().any(|n| n.as_slice() == name))
+}
+
 /// Largest readdir `size` honoured.
 pub(super) const MAX_READDIR: usize = 4 << 20;
 
@@ -384,14 +390,22 @@ impl Inner {
                     break 'fill;
                 }
                 let mut values: Vec<(String, Vec<u8>)> = Vec::new();
+                // With several xattrs asked for (md-cache's: most absent),
+                // one listing says which exist: the rest, and the gfid
+                // below, are read only if present. Each read of an entry's
+                // xattr resolves a /proc path; this halves them.
+                let mut present = None;
                 if !xattrs.is_empty()
                     && name != "."
                     && name != ".."
                     && let Ok(cname) = cstr(name.as_bytes())
                 {
                     let t = Target::At(fd, &cname);
+                    present = if xattrs.len() > 1 { t.listxattr().ok() } else { None };
                     for (xname, c) in xattrs {
-                        if let Ok(v) = t.getxattr(c) {
+                        if has_xattr(present.as_deref(), c.to_bytes())
+                            && let Ok(v) = t.getxattr(c)
+                        {
                             values.push((keys::dirent_xattr(name, xname), v));
                         }
                     }
@@ -406,7 +420,7 @@ impl Inner {
                 used += cost;
                 let mut d_type = file_type(e.d_type);
                 let iatt = if plus || d_type == FileType::Unknown {
-                    self.child_iatt(fd, f.gfid, name).unwrap_or_default()
+                    self.child_iatt(fd, f.gfid, name, present.as_deref()).unwrap_or_default()
                 } else {
                     Iatt::default()
                 };
@@ -436,14 +450,25 @@ impl Inner {
         Ok((out, found))
     }
 
-    /// Attributes of `name` in the open directory `dir` (readdirp).
-    pub(super) fn child_iatt(&self, dir: BorrowedFd<'_>, dir_gfid: Gfid, name: &str) -> Sys<Iatt> {
+    /// Attributes of `name` in the open directory `dir` (readdirp), given
+    /// the names of its xattrs if listed already.
+    pub(super) fn child_iatt(
+        &self,
+        dir: BorrowedFd<'_>,
+        dir_gfid: Gfid,
+        name: &str,
+        present: Option<&[Vec<u8>]>,
+    ) -> Sys<Iatt> {
         if name == "." || (name == ".." && dir_gfid == Gfid::ROOT) {
             return Ok(iatt(&sys::fstat(dir)?, dir_gfid));
         }
         let cname = cstr(name.as_bytes())?;
         let st = sys::fstatat(dir, &cname, 0)?;
-        let gfid = read_gfid(Target::At(dir, &cname)).ok().flatten().unwrap_or(Gfid::NULL);
+        let gfid = if has_xattr(present, xlfs_sdk::dict::keys::GFID_XATTR.as_bytes()) {
+            read_gfid(Target::At(dir, &cname)).ok().flatten().unwrap_or(Gfid::NULL)
+        } else {
+            Gfid::NULL
+        };
         Ok(iatt(&st, gfid))
     }
 }

@@ -212,6 +212,10 @@ async fn readdirp_returns_the_requested_xattrs_of_each_entry() {
     let rsp = e.runx(Fop::Readdirp { fd, size: 1 << 20, offset: 0 }, ask.clone()).await.expect("readdirp");
     let Reply::Dirents(entries) = &rsp.reply else { panic!("{:?}", rsp.reply) };
     assert_eq!(names(entries), [".", "..", "plain", "sub", "tagged"]);
+    // The gfids come with the entries, with or without xattrs of their own.
+    for en in entries.iter().filter(|en| !en.name.starts_with('.')) {
+        assert!(!en.iatt.gfid.is_null() && en.iatt.ino != 0, "{en:?}");
+    }
     let x = &rsp.xdata;
     assert_eq!(x.get_bytes(&keys::dirent_xattr("tagged", "user.tag")).as_deref(), Some(&b"t1"[..]));
     assert_eq!(x.get_bytes(&keys::dirent_xattr("sub", "user.tag")).as_deref(), Some(&b"s1"[..]));
