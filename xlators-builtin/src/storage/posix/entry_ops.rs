@@ -30,12 +30,6 @@ pub(super) fn read_unchanged(
     (n == buf.len() && same(&st)).then_some(buf)
 }
 
-/// Whether `name` is among the listed xattr names (`None`: not listed,
-/// so maybe).
-fn has_xattr(present: Option<&[Vec<u8>]>, name: &[u8]) -> bool {
-    present.is_none_or(|p| p.iter().any(|n| n.as_slice() == name))
-}
-
 /// Largest readdir `size` honoured.
 pub(super) const MAX_READDIR: usize = 4 << 20;
 
@@ -390,10 +384,9 @@ impl Inner {
                     break 'fill;
                 }
                 let mut values: Vec<(String, Vec<u8>)> = Vec::new();
-                // With several xattrs asked for (md-cache's: most absent),
-                // one listing says which exist: the rest, and the gfid
-                // below, are read only if present. Each read of an entry's
-                // xattr resolves a /proc path; this halves them.
+                // With several xattrs asked for, one listing says which
+                // exist (`sys::has_xattr`); the gfid below is read only if
+                // listed too.
                 let mut present = None;
                 if !xattrs.is_empty()
                     && name != "."
@@ -403,7 +396,7 @@ impl Inner {
                     let t = Target::At(fd, &cname);
                     present = if xattrs.len() > 1 { t.listxattr().ok() } else { None };
                     for (xname, c) in xattrs {
-                        if has_xattr(present.as_deref(), c.to_bytes())
+                        if sys::has_xattr(present.as_deref(), c.to_bytes())
                             && let Ok(v) = t.getxattr(c)
                         {
                             values.push((keys::dirent_xattr(name, xname), v));
@@ -464,7 +457,7 @@ impl Inner {
         }
         let cname = cstr(name.as_bytes())?;
         let st = sys::fstatat(dir, &cname, 0)?;
-        let gfid = if has_xattr(present, xlfs_sdk::dict::keys::GFID_XATTR.as_bytes()) {
+        let gfid = if sys::has_xattr(present, xlfs_sdk::dict::keys::GFID_XATTR.as_bytes()) {
             read_gfid(Target::At(dir, &cname)).ok().flatten().unwrap_or(Gfid::NULL)
         } else {
             Gfid::NULL

@@ -335,6 +335,15 @@ impl Target<'_> {
     }
 }
 
+/// Whether `name` is among the listed xattr names (`None`: not listed,
+/// so maybe). Reading an xattr by a path resolves the path again each
+/// time: where several may be read and most are absent (md-cache's
+/// security and ACL names), one listing first saves the reads of those
+/// absent.
+pub(crate) fn has_xattr(present: Option<&[Vec<u8>]>, name: &[u8]) -> bool {
+    present.is_none_or(|p| p.iter().any(|n| n.as_slice() == name))
+}
+
 const XATTR_SIZE_MAX: usize = 65536;
 const XATTR_LIST_MAX: usize = 65536;
 

@@ -32,10 +32,13 @@ impl Inner {
     /// fd count.
     pub(super) fn fill_xdata(&self, t: Target<'_>, gfid: Gfid, req: &Dict) -> Dict {
         let mut out = Dict::new();
+        let asked = req.keys().filter(|k| is_xattr_key(k)).count();
+        let present = if asked > 1 { t.listxattr().ok() } else { None };
         for key in req.keys() {
             if key == OPEN_FD_COUNT {
                 out.set_u64(key.clone(), u64::from(self.open_count(gfid)));
             } else if is_xattr_key(key)
+                && sys::has_xattr(present.as_deref(), key.as_bytes())
                 && let Ok(name) = cstr(key.as_bytes())
                 && let Ok(v) = t.getxattr(&name)
             {

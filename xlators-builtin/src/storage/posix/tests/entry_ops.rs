@@ -653,3 +653,35 @@ async fn lookup_returns_small_file_content_when_asked() {
         e.release(f).await;
     }
 }
+
+/// A lookup asking for several xattrs gets exactly those that exist, for
+/// a file (read through its handle) and a directory, by name and by gfid.
+#[tokio::test]
+async fn lookup_returns_the_requested_xattrs_that_exist() {
+    let e = env();
+    let (f, fd) = e.create(Gfid::ROOT, "f").await;
+    e.release(fd).await;
+    let d = e.mkdir(Gfid::ROOT, "d").await;
+    set_xattr(&e.brick.join("f"), "user.one", b"1").expect("set xattr");
+    set_xattr(&e.brick.join("f"), "user.two", b"22").expect("set xattr");
+    set_xattr(&e.brick.join("d"), "user.two", b"d2").expect("set xattr");
+    let ask =
+        Dict::new().with("user.one", Value::U64(0)).with("user.two", Value::U64(0)).with("user.absent", Value::U64(0));
+    for (loc, want) in [
+        (Loc::entry(Gfid::ROOT, "f"), vec![("user.one", &b"1"[..]), ("user.two", &b"22"[..])]),
+        (Loc::gfid(f), vec![("user.one", &b"1"[..]), ("user.two", &b"22"[..])]),
+        (Loc::entry(Gfid::ROOT, "d"), vec![("user.two", &b"d2"[..])]),
+        (Loc::gfid(d), vec![("user.two", &b"d2"[..])]),
+    ] {
+        let r = e.runx(Fop::Lookup { loc: loc.clone() }, ask.clone()).await.expect("lookup");
+        let mut got: Vec<(String, Vec<u8>)> =
+            r.xdata.keys().map(|k| (k.clone(), r.xdata.get_bytes(k).map(|b| b.to_vec()).unwrap_or_default())).collect();
+        got.sort();
+        let want: Vec<(String, Vec<u8>)> = want.iter().map(|(k, v)| (k.to_string(), v.to_vec())).collect();
+        assert_eq!(got, want, "{loc:?}");
+    }
+    // One asked: read directly, present or not.
+    let one = Dict::new().with("user.two", Value::U64(0));
+    let r = e.runx(Fop::Lookup { loc: Loc::gfid(f) }, one).await.expect("lookup");
+    assert_eq!(r.xdata.get_bytes("user.two").as_deref(), Some(&b"22"[..]));
+}
