@@ -1,5 +1,6 @@
 //! Per-translator microbenchmarks (ns per fop):
-//! - storage/posix on tmpfs: stat, lookup, 4 KiB write and read, create+unlink;
+//! - storage/posix on tmpfs: stat, lookup, 4 KiB write and read, create+unlink
+//!   (in the root and in a directory);
 //! - features/locks over a null leaf: uncontended inodelk lock+unlock, and
 //!   four lock owners contending for one inode;
 //! - debug/io-stats over a null leaf against the null leaf alone (its
@@ -70,6 +71,16 @@ fn posix(c: &mut Criterion) {
             let f = client.create("/tmpfile", libc::O_RDWR, 0o644).await.expect("create");
             f.close().await.expect("close");
             client.unlink("/tmpfile").await.expect("unlink");
+        })
+    });
+    // In a directory (resolved by its gfid for each entry fop: its handle
+    // chain, or the open directory kept since the last time).
+    rt.block_on(client.mkdir("/d", 0o755)).expect("mkdir");
+    group.bench_function("create-unlink-in-dir", |b| {
+        b.to_async(&rt).iter(|| async {
+            let f = client.create("/d/tmpfile", libc::O_RDWR, 0o644).await.expect("create");
+            f.close().await.expect("close");
+            client.unlink("/d/tmpfile").await.expect("unlink");
         })
     });
     group.finish();

@@ -59,6 +59,23 @@ fn init_logging(cli: &Cli) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Raises the soft limit on open files to the hard one, as glusterfsd
+/// does: a brick holds an fd per open file of its clients (up to
+/// `max-open-fds`) and keeps directories open, more than the 1024 a
+/// login's soft limit usually allows.
+fn raise_open_file_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            let want = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) != 0 {
+                tracing::debug!("cannot raise the open-file limit from {}", lim.rlim_cur);
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Err(e) = init_logging(&cli) {
@@ -73,6 +90,7 @@ fn main() -> ExitCode {
         tracing::error!(thread = std::thread::current().name().unwrap_or("?"), "panic: {info}");
         default_hook(info);
     }));
+    raise_open_file_limit();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     match cli.event_threads().map(|n| Ok(Some(n))).unwrap_or_else(worker_threads) {
         Ok(Some(n)) => {

@@ -195,7 +195,7 @@ impl Inner {
             }
             let sgid = parent.st.st_mode & libc::S_ISGID != 0;
             let gid = if sgid { parent.st.st_gid } else { ctx.gid };
-            let st = t.stat()?;
+            let mut st = t.stat()?;
             if st.st_uid != ctx.uid || st.st_gid != gid {
                 match t.chown(Some(ctx.uid), Some(gid)) {
                     Err(Errno::EPERM) if !sys::is_root() => {
@@ -203,10 +203,12 @@ impl Inner {
                     }
                     r => r?,
                 }
+                // A chown may clear the set-id bits: see the mode as it is now.
+                st = t.stat()?;
             }
             if !is_lnk {
                 let want = perm | if is_dir && sgid { libc::S_ISGID } else { 0 };
-                if t.stat()?.st_mode & 0o7777 != want {
+                if st.st_mode & 0o7777 != want {
                     match t {
                         Target::Fd(fd) => sys::fchmod(fd, want)?,
                         Target::At(d, p) => sys::chmod_at_nofollow(d, p, want)?,
@@ -220,7 +222,10 @@ impl Inner {
                 }
                 None => {
                     self.brick.make_link_handle(&gfid, pfd, &cname)?;
-                    self.brick.handle_node(gfid)
+                    match &file {
+                        Some(f) => Ok(self.brick.file_node(gfid, sys::fstat(f.as_fd())?)),
+                        None => self.brick.handle_node(gfid),
+                    }
                 }
             }
         };

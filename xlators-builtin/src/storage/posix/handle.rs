@@ -515,6 +515,11 @@ impl Brick {
         Ok(Node { gfid, st: sys::fstat(fd.as_fd())?, dir: Some(fd), handle: handle_rel(&gfid) })
     }
 
+    /// A non-directory node with its attributes as read from an open fd.
+    pub fn file_node(&self, gfid: Gfid, st: libc::stat) -> Node {
+        Node { gfid, st, dir: None, handle: handle_rel(&gfid) }
+    }
+
     /// A non-directory node through its handle (whether or not it still has
     /// a name).
     pub fn handle_node(&self, gfid: Gfid) -> Sys<Node> {
@@ -548,9 +553,23 @@ impl Brick {
         Ok(())
     }
 
+    /// Runs `make` (which creates `g`'s handle), making the handle's
+    /// directories first only if it fails for their lack: after a brick's
+    /// first few thousand inodes they all exist, and two mkdirs that fail
+    /// with EEXIST per new inode cost a path walk and the parent's lock each.
+    fn in_handle_dirs(&self, g: &Gfid, make: impl Fn() -> Sys<()>) -> Sys<()> {
+        match make() {
+            Err(Errno::ENOENT) => {
+                self.handle_dirs(g)?;
+                make()
+            }
+            r => r,
+        }
+    }
+
     fn make_symlink_handle(&self, g: &Gfid, target: &CStr) -> Sys<()> {
-        self.handle_dirs(g)?;
-        sys::symlinkat(target, self.gfs.as_fd(), &handle_rel(g))
+        let h = handle_rel(g);
+        self.in_handle_dirs(g, || sys::symlinkat(target, self.gfs.as_fd(), &h))
     }
 
     /// Creates a directory's handle symlink for `parent`/`name`.
@@ -574,8 +593,8 @@ impl Brick {
 
     /// Creates a non-directory's handle: a hard link to `dir`/`name`.
     pub fn make_link_handle(&self, g: &Gfid, dir: BorrowedFd<'_>, name: &CStr) -> Sys<()> {
-        self.handle_dirs(g)?;
-        sys::linkat(dir, name, self.gfs.as_fd(), &handle_rel(g))
+        let h = handle_rel(g);
+        self.in_handle_dirs(g, || sys::linkat(dir, name, self.gfs.as_fd(), &h))
     }
 
     /// Removes a handle (missing is fine).

@@ -685,3 +685,39 @@ async fn lookup_returns_the_requested_xattrs_that_exist() {
     let r = e.runx(Fop::Lookup { loc: Loc::gfid(f) }, one).await.expect("lookup");
     assert_eq!(r.xdata.get_bytes("user.two").as_deref(), Some(&b"22"[..]));
 }
+
+/// A directory's gfid leads to it after a rename; after an rmdir and a
+/// mkdir with the same gfid (heal) to the new one; after it is removed
+/// behind the brick's back (its handle left) to nothing. Entry fops land
+/// where the gfid is now (a guard for any caching of resolved directories).
+#[tokio::test]
+async fn a_directory_gfid_follows_renames_and_removal() {
+    let e = env();
+    let d = e.mkdir(Gfid::ROOT, "d").await;
+    let (_, fd) = e.create(d, "one").await;
+    e.release(fd).await;
+    e.reply(Fop::Rename { old: Loc::entry(Gfid::ROOT, "d"), new: Loc::entry(Gfid::ROOT, "moved"), flags: 0 })
+        .await
+        .expect("rename");
+    let (_, fd) = e.create(d, "two").await;
+    e.release(fd).await;
+    assert!(e.brick.join("moved/two").exists(), "created in the renamed directory");
+    for name in ["one", "two"] {
+        e.reply(Fop::Unlink { loc: Loc::entry(d, name), flags: 0 }).await.expect("unlink");
+    }
+    e.reply(Fop::Rmdir { loc: Loc::entry(Gfid::ROOT, "moved"), flags: 0 }).await.expect("rmdir");
+    assert_eq!(e.stat(d).await.err(), Some(Errno::ENOENT), "removed");
+    let again = Fop::Mkdir { loc: Loc::entry(Gfid::ROOT, "again"), mode: 0o755, umask: 0 };
+    assert_eq!(e.entry_of(again, gfid_xdata(d)).await.expect("mkdir with the same gfid").gfid, d);
+    let (_, fd) = e.create(d, "three").await;
+    e.release(fd).await;
+    assert!(e.brick.join("again/three").exists(), "created in the new directory");
+    // Removed behind the brick's back, its handle left dangling: gone.
+    std::fs::remove_file(e.brick.join("again/three")).expect("rm");
+    std::fs::remove_dir(e.brick.join("again")).expect("rmdir behind the brick");
+    assert!(std::fs::symlink_metadata(e.handle_path(d)).is_ok(), "the handle is still there");
+    assert_eq!(e.stat(d).await.err(), Some(Errno::ENOENT));
+    let make =
+        Fop::Create { loc: Loc::entry(d, "four"), flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, fd: e.fd_id() };
+    assert_eq!(e.run(make).await.map(drop).err(), Some(Errno::ENOENT));
+}
