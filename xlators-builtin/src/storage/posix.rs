@@ -44,6 +44,9 @@
 //!   rather than carry more than [`MAX_DIRENT_XATTR_KEYS`] such keys (the
 //!   wire's dict limit is 4096). performance/md-cache prefetches
 //!   `security.selinux` and the POSIX ACLs of a whole listing this way.
+//!   When more than one xattr is asked for (here and in lookup's xdata),
+//!   the inode's xattr names are listed once and only those present are
+//!   read: most asked are absent, and each read by name walks a path.
 //! - Creating fops set the request xdata's [`CREATE_XATTR_PREFIX`] keys
 //!   (`trusted.glusterfs.dht*`) as xattrs of the new inode.
 //! - Access checks the caller's uid/gid/groups against the mode bits; no
