@@ -316,8 +316,9 @@ impl Inner {
                 self.on_fd(&ctx, fd, req).await
             }
             Fop::Fsyncdir { fd, .. } => {
-                let fd = *fd;
-                self.on_fd(&ctx, fd, req).await
+                // Every child, opening the directory where it is not yet.
+                let targets = self.fd_targets(&ctx, fd, self.up_mask()).await;
+                transaction::evaluate(self.fan(&ctx, targets, &req).await).result
             }
             Fop::Lk { .. }
             | Fop::Inodelk { .. }
@@ -368,7 +369,11 @@ impl Inner {
         if up == 0 {
             return Err(Errno::ENOTCONN);
         }
-        let out = transaction::evaluate(self.fan(ctx, up, &req).await);
+        let out = if dir {
+            self.open_dir(ctx, gfid, up, &req).await
+        } else {
+            transaction::evaluate(self.fan(ctx, up, &req).await)
+        };
         if out.ok != 0 {
             let f = FdCtx { gfid, flags, dir, opened: out.ok, readdir_child: None };
             if let Err(e) = self.fds.insert(id, f) {
@@ -393,7 +398,7 @@ impl Inner {
         out.result
     }
 
-    /// A fop sent to every child the fd is open on (flush, fsyncdir).
+    /// A fop sent to every child the fd is open on (flush).
     async fn on_fd(self: &Arc<Self>, ctx: &CallCtx, fd: Fd, req: Request) -> FopResult {
         let targets = self.fd_opened(&fd) & self.up_mask();
         transaction::evaluate(self.fan(ctx, targets, &req).await).result

@@ -1,8 +1,10 @@
-//! Open fds: AFR opens each fd on every child that is up, under the same
-//! [`FdId`] (each brick keeps its own table), and remembers where it is
-//! open. Fd-based fops go to those children; a child that was down at open
-//! time and is up now gets the fd opened lazily (by gfid) when a fop needs
-//! it. An fd AFR did not see opened (for example one opened before a graph
+//! Open fds: AFR opens each file fd on every child that is up, and a
+//! directory fd on the child its listing is read from
+//! ([`Inner::open_dir`]), under the same [`FdId`] (each brick keeps its own
+//! table), and remembers where it is open. Fd-based fops go to those
+//! children; a child that lacks the fd (down at open time, or not where
+//! the directory was opened) gets it opened lazily (by gfid) when a fop
+//! needs it. An fd AFR did not see opened (for example one opened before a graph
 //! switch) is taken to be open on every child.
 
 use xlfs_sdk::slots::FdSlots;

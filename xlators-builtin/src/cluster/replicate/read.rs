@@ -38,6 +38,7 @@ use super::Inner;
 use super::lock::Target;
 use super::pending::{self, Kind, Mask, all, bit, members};
 use super::quorum::QUORUM_ERRNO;
+use super::transaction::{Outcome, evaluate};
 
 /// Readdirp entries looked up at once when their attributes are vetted.
 const VET_BATCH: usize = 64;
@@ -320,9 +321,12 @@ impl Inner {
         if cfg.quorum_reads && !cfg.quorum.met(up, self.children.len()) {
             return (None, Err(QUORUM_ERRNO));
         }
+        // A directory fd is open where its listing was read (`open_dir`):
+        // it is opened on another child only if the read goes there.
+        let dir_fd = req.fop.fd().filter(|fd| self.fds.get(fd.id).is_some_and(|f| f.dir)).copied();
         let mut cands = match req.fop.fd() {
-            Some(fd) => self.fd_targets(ctx, fd, up).await,
-            None => up,
+            Some(fd) if dir_fd.is_none() => self.fd_targets(ctx, fd, up).await,
+            _ => up,
         };
         let gfid = req.fop.gfid();
         if !gfid.is_null() && !matches!(req.fop, Fop::Statfs { .. }) {
@@ -353,6 +357,11 @@ impl Inner {
         for (n, i) in self.read_order(ctx, gfid, cands).into_iter().enumerate() {
             if n > 0 {
                 self.stats.failovers.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(fd) = &dir_fd
+                && self.fd_targets(ctx, fd, bit(i)).await == 0
+            {
+                continue;
             }
             let rs = &self.reads[i];
             let _out = Outstanding::new(&rs.outstanding);
@@ -516,6 +525,25 @@ impl Inner {
                 (child, r)
             }
         }
+    }
+
+    /// Opens a directory on the child its listing will be read from (the
+    /// first a read of its entries would pick), and on the others only if
+    /// that one refuses: a listing reads one child, so opening it on all
+    /// of them (GlusterFS's way) cost two OPENDIRs and two RELEASEDIRs per
+    /// listing for nothing. A fop that needs the fd elsewhere (fsyncdir,
+    /// a read failing over) opens it there ([`Inner::fd_targets`]).
+    pub async fn open_dir(self: &Arc<Self>, ctx: &CallCtx, gfid: Gfid, up: Mask, req: &Request) -> Outcome {
+        let good = up & !self.known_bad(gfid, Kind::Entry);
+        let Some(first) = self.read_order(ctx, gfid, if good != 0 { good } else { up }).first().copied() else {
+            return evaluate(self.fan(ctx, up, req).await);
+        };
+        let out = evaluate(self.fan(ctx, bit(first), req).await);
+        let rest = up & !bit(first);
+        if out.ok != 0 || rest == 0 {
+            return out;
+        }
+        evaluate(self.fan(ctx, rest, req).await)
     }
 
     /// The children of `cands` in the order to read from them.

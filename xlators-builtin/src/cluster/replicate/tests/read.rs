@@ -238,3 +238,41 @@ async fn a_name_caught_mid_rename_between_children_waits_for_the_rename() {
     let n = c.node("client-d", &[]);
     assert_eq!(n.lookup("h").await.err(), Some(Errno::EIO));
 }
+
+/// A directory is opened on the child its listing comes from only;
+/// fsyncdir opens it on the others and reaches every child; releasedir
+/// goes where it is open; a listing whose child went down fails over to
+/// another child, opening the fd there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_is_opened_where_it_is_listed() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("read-subvolume-index", "1")]);
+    n.close(n.create("f").await.expect("create")).await;
+    let seen = |kind: FopKind| (0..N).map(|i| n.seen(i, &[kind])).collect::<Vec<u64>>();
+    let since = |before: &[u64], kind: FopKind| seen(kind).iter().zip(before).map(|(a, b)| a - b).collect::<Vec<u64>>();
+    let (opens, rels) = (seen(FopKind::Opendir), seen(FopKind::Releasedir));
+    let dfd = Fd { id: n.fd_id(), gfid: Gfid::ROOT };
+    n.call(Fop::Opendir { loc: Loc::gfid(Gfid::ROOT), fd: dfd.id }).await.expect("opendir");
+    let r = n.call(Fop::Readdirp { fd: dfd, size: 64 << 10, offset: 0 }).await.expect("readdirp");
+    assert!(r.reply.into_dirents().expect("dirents").iter().any(|e| e.name == "f"));
+    assert_eq!(since(&opens, FopKind::Opendir), [0, 1, 0], "opened on the listing child only");
+    let syncs = seen(FopKind::Fsyncdir);
+    n.call(Fop::Fsyncdir { fd: dfd, datasync: false }).await.expect("fsyncdir");
+    assert_eq!(since(&syncs, FopKind::Fsyncdir), [1, 1, 1], "fsyncdir reaches every child");
+    assert_eq!(since(&opens, FopKind::Opendir), [1, 1, 1], "opened where fsyncdir needed it");
+    n.call(Fop::Releasedir { fd: dfd }).await.expect("releasedir");
+    assert_eq!(since(&rels, FopKind::Releasedir), [1, 1, 1]);
+    // The listing child goes down after the open: another child lists.
+    let (opens, rels) = (seen(FopKind::Opendir), seen(FopKind::Releasedir));
+    let dfd = Fd { id: n.fd_id(), gfid: Gfid::ROOT };
+    n.call(Fop::Opendir { loc: Loc::gfid(Gfid::ROOT), fd: dfd.id }).await.expect("opendir");
+    n.down(1);
+    let r = n.call(Fop::Readdirp { fd: dfd, size: 64 << 10, offset: 0 }).await.expect("readdirp fails over");
+    assert!(r.reply.into_dirents().expect("dirents").iter().any(|e| e.name == "f"));
+    let opened = since(&opens, FopKind::Opendir);
+    assert_eq!((opened[1], opened[0] + opened[2]), (1, 1), "opened on one other child for the listing: {opened:?}");
+    n.up(1);
+    n.call(Fop::Releasedir { fd: dfd }).await.expect("releasedir");
+    let released = since(&rels, FopKind::Releasedir);
+    assert_eq!(released.iter().sum::<u64>(), 2, "released where it was opened: {released:?}");
+}
