@@ -276,19 +276,31 @@ impl State {
                         g => g,
                     };
                     self.update_attr(g, Some(*pre), *post, now);
-                    match p.fop {
-                        // chmod rewrites the access ACL; chown drops capabilities.
-                        Fop::Setattr { .. } | Fop::Fsetattr { .. } => {
-                            self.drop_xattrs(g, |n| n.starts_with("security.") || n.starts_with("system."))
+                    let cap_absent = self
+                        .inodes
+                        .get(&g)
+                        .is_some_and(|i| i.xattrs.iter().any(|x| &*x.name == CAPABILITY && x.value.is_none()));
+                    match &p.fop {
+                        // chmod rewrites the access ACL, chown kills
+                        // capabilities, and either may change other security
+                        // xattrs: those go, but a capability known absent
+                        // stays absent (neither can add one). New times
+                        // change no xattr (tar and cp -a set them right
+                        // before a chown, which the kernel checks the
+                        // capability for).
+                        Fop::Setattr { attr, .. } | Fop::Fsetattr { attr, .. } => {
+                            if attr.mode.is_some() || attr.uid.is_some() || attr.gid.is_some() {
+                                self.drop_xattrs(g, |n| {
+                                    (n.starts_with("security.") || n.starts_with("system."))
+                                        && !(cap_absent && n == CAPABILITY)
+                                })
+                            }
                         }
                         Fop::Fsync { .. } => {}
                         // A write may kill a capability the file has; one it
                         // is known not to have stays absent (the kernel asks
                         // before every write).
-                        _ if self
-                            .inodes
-                            .get(&g)
-                            .is_some_and(|i| i.xattrs.iter().any(|x| &*x.name == CAPABILITY && x.value.is_none())) => {}
+                        _ if cap_absent => {}
                         _ => self.drop_xattrs(g, |n| n == CAPABILITY),
                     }
                 }

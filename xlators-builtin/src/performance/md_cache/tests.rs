@@ -6,7 +6,7 @@ mod over_posix;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use xlfs_sdk::{DirEntry, EventSink, Fd, FdId, FopKind, SetAttr};
+use xlfs_sdk::{DirEntry, EventSink, Fd, FdId, FopKind, SetAttr, TimeSet, Timespec};
 
 use super::*;
 use xlfs_sdk::testing::now as ready;
@@ -353,6 +353,38 @@ fn lookup_prefetches_selinux_and_acls_and_getxattr_is_answered() {
     // A name not cached goes to the child.
     assert_eq!(t.getx(plain, "trusted.other"), Err(Errno::ENODATA));
     assert_eq!(t.fs.count(FopKind::Getxattr), 1);
+}
+
+/// A setattr of times only keeps the cached security and ACL xattrs; a
+/// chmod or chown drops them, but keeps a capability known absent (the
+/// kernel asks for it before a chown, right after tar or cp -a set the
+/// times); one that is present goes.
+#[test]
+fn setattr_keeps_the_xattrs_it_cannot_change() {
+    let t = setup(&[]);
+    let plain = t.fs.add(Gfid::ROOT, "plain", false);
+    let capable = t.fs.add(Gfid::ROOT, "capable", false);
+    t.fs.set_x(capable, CAPABILITY, b"caps");
+    t.lookup(Gfid::ROOT, "plain").expect("lookup");
+    t.lookup(Gfid::ROOT, "capable").expect("lookup");
+    let times = SetAttr { mtime: Some(TimeSet::At(Timespec { sec: 1, nsec: 0 })), ..SetAttr::default() };
+    let chown = SetAttr { uid: Some(0), gid: Some(0), ..SetAttr::default() };
+    for g in [plain, capable] {
+        t.run(Fop::Setattr { loc: Loc::gfid(g), attr: times }).expect("utimes");
+    }
+    assert_eq!(t.getx(plain, CAPABILITY), Err(Errno::ENODATA));
+    assert_eq!(t.getx(capable, CAPABILITY).as_deref(), Ok(&b"caps"[..]));
+    assert_eq!(t.getx(plain, ACL_ACCESS), Err(Errno::ENODATA));
+    assert_eq!(t.fs.count(FopKind::Getxattr), 0, "new times kept every cached xattr");
+    for g in [plain, capable] {
+        t.run(Fop::Setattr { loc: Loc::gfid(g), attr: chown }).expect("chown");
+    }
+    assert_eq!(t.getx(plain, CAPABILITY), Err(Errno::ENODATA));
+    assert_eq!(t.fs.count(FopKind::Getxattr), 0, "an absent capability stays absent");
+    t.fs.set_x(capable, CAPABILITY, b"still"); // as the brick would answer
+    assert_eq!(t.getx(capable, CAPABILITY).as_deref(), Ok(&b"still"[..]));
+    assert_eq!(t.getx(plain, ACL_ACCESS), Err(Errno::ENODATA));
+    assert_eq!(t.fs.count(FopKind::Getxattr), 2, "a present capability and the ACL were dropped");
 }
 
 #[test]
