@@ -239,6 +239,31 @@ async fn a_name_caught_mid_rename_between_children_waits_for_the_rename() {
     assert_eq!(n.lookup("h").await.err(), Some(Errno::EIO));
 }
 
+/// Records, per brick, the directory fd fops (opendir, fsyncdir,
+/// releasedir) it sees, with their fd ids: replicate's own background work
+/// (a delegation's listing) opens directories too.
+struct DirFds {
+    inner: Arc<dyn Xlator>,
+    seen: DirFdLog,
+}
+
+/// What a [`DirFds`] saw: (fop, fd id).
+type DirFdLog = Arc<parking_lot::Mutex<Vec<(FopKind, u64)>>>;
+
+impl Xlator for DirFds {
+    fn call(&self, ctx: CallCtx, req: Request) -> xlfs_sdk::FopFuture<'_> {
+        let id = match &req.fop {
+            Fop::Opendir { fd, .. } => Some(fd.0),
+            Fop::Fsyncdir { fd, .. } | Fop::Releasedir { fd } => Some(fd.id.0),
+            _ => None,
+        };
+        if let Some(id) = id {
+            self.seen.lock().push((req.fop.kind(), id));
+        }
+        self.inner.call(ctx, req)
+    }
+}
+
 /// A directory is opened on the child its listing comes from only;
 /// fsyncdir opens it on the others and reaches every child; releasedir
 /// goes where it is open; a listing whose child went down fails over to
@@ -246,33 +271,35 @@ async fn a_name_caught_mid_rename_between_children_waits_for_the_rename() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_directory_is_opened_where_it_is_listed() {
     let c = Cluster::new();
-    let n = c.node("client-a", &[("read-subvolume-index", "1")]);
+    let logs: Vec<DirFdLog> = (0..N).map(|_| Arc::default()).collect();
+    let wrapped = logs.clone();
+    let n = c.node_wrapped("client-a", &[("read-subvolume-index", "1")], &move |i, inner| {
+        Arc::new(DirFds { inner, seen: wrapped[i].clone() })
+    });
     n.close(n.create("f").await.expect("create")).await;
-    let seen = |kind: FopKind| (0..N).map(|i| n.seen(i, &[kind])).collect::<Vec<u64>>();
-    let since = |before: &[u64], kind: FopKind| seen(kind).iter().zip(before).map(|(a, b)| a - b).collect::<Vec<u64>>();
-    let (opens, rels) = (seen(FopKind::Opendir), seen(FopKind::Releasedir));
+    // Calls of `kind` with fd `id` each child saw.
+    let seen = |kind: FopKind, id: FdId| -> Vec<usize> {
+        logs.iter().map(|l| l.lock().iter().filter(|(k, i)| *k == kind && *i == id.0).count()).collect()
+    };
     let dfd = Fd { id: n.fd_id(), gfid: Gfid::ROOT };
     n.call(Fop::Opendir { loc: Loc::gfid(Gfid::ROOT), fd: dfd.id }).await.expect("opendir");
     let r = n.call(Fop::Readdirp { fd: dfd, size: 64 << 10, offset: 0 }).await.expect("readdirp");
     assert!(r.reply.into_dirents().expect("dirents").iter().any(|e| e.name == "f"));
-    assert_eq!(since(&opens, FopKind::Opendir), [0, 1, 0], "opened on the listing child only");
-    let syncs = seen(FopKind::Fsyncdir);
+    assert_eq!(seen(FopKind::Opendir, dfd.id), [0, 1, 0], "opened on the listing child only");
     n.call(Fop::Fsyncdir { fd: dfd, datasync: false }).await.expect("fsyncdir");
-    assert_eq!(since(&syncs, FopKind::Fsyncdir), [1, 1, 1], "fsyncdir reaches every child");
-    assert_eq!(since(&opens, FopKind::Opendir), [1, 1, 1], "opened where fsyncdir needed it");
+    assert_eq!(seen(FopKind::Fsyncdir, dfd.id), [1, 1, 1], "fsyncdir reaches every child");
+    assert_eq!(seen(FopKind::Opendir, dfd.id), [1, 1, 1], "opened where fsyncdir needed it");
     n.call(Fop::Releasedir { fd: dfd }).await.expect("releasedir");
-    assert_eq!(since(&rels, FopKind::Releasedir), [1, 1, 1]);
+    assert_eq!(seen(FopKind::Releasedir, dfd.id), [1, 1, 1]);
     // The listing child goes down after the open: another child lists.
-    let (opens, rels) = (seen(FopKind::Opendir), seen(FopKind::Releasedir));
     let dfd = Fd { id: n.fd_id(), gfid: Gfid::ROOT };
     n.call(Fop::Opendir { loc: Loc::gfid(Gfid::ROOT), fd: dfd.id }).await.expect("opendir");
     n.down(1);
     let r = n.call(Fop::Readdirp { fd: dfd, size: 64 << 10, offset: 0 }).await.expect("readdirp fails over");
     assert!(r.reply.into_dirents().expect("dirents").iter().any(|e| e.name == "f"));
-    let opened = since(&opens, FopKind::Opendir);
+    let opened = seen(FopKind::Opendir, dfd.id);
     assert_eq!((opened[1], opened[0] + opened[2]), (1, 1), "opened on one other child for the listing: {opened:?}");
     n.up(1);
     n.call(Fop::Releasedir { fd: dfd }).await.expect("releasedir");
-    let released = since(&rels, FopKind::Releasedir);
-    assert_eq!(released.iter().sum::<u64>(), 2, "released where it was opened: {released:?}");
+    assert_eq!(seen(FopKind::Releasedir, dfd.id), opened, "released where it was opened");
 }
