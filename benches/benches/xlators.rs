@@ -73,8 +73,8 @@ fn posix(c: &mut Criterion) {
             client.unlink("/tmpfile").await.expect("unlink");
         })
     });
-    // In a directory (resolved by its gfid for each entry fop: its handle
-    // chain, or the open directory kept since the last time).
+    // In a directory (resolved by its gfid, through its handle chain, for
+    // each entry fop).
     rt.block_on(client.mkdir("/d", 0o755)).expect("mkdir");
     group.bench_function("create-unlink-in-dir", |b| {
         b.to_async(&rt).iter(|| async {

@@ -109,6 +109,11 @@ impl Op {
     fn key(&self) -> Key {
         Key { dir: self.dir, name: self.name.clone(), gfid: self.gfid, barrier: self.req.is_none() }
     }
+
+    /// Whether it makes its inode (a create or mkdir).
+    fn makes(&self) -> bool {
+        matches!(self.req.as_ref().map(|r| &r.fop), Some(Fop::Create { .. } | Fop::Mkdir { .. }))
+    }
 }
 
 #[derive(Default)]
@@ -353,8 +358,7 @@ impl Inner {
                     }
                 };
                 let Some((key, op)) = next else { break };
-                let made = matches!(op.req.as_ref().map(|r| &r.fop), Some(Fop::Create { .. } | Fop::Mkdir { .. }));
-                running.push((key, made, Box::pin(self.run_one(op))));
+                running.push((key, op.makes(), Box::pin(self.run_one(op))));
             }
             // Then wait for one to finish, or for more to be queued.
             std::future::poll_fn(|cx| {
@@ -395,6 +399,7 @@ impl Inner {
 
     /// Sends one queued operation and records how it went.
     async fn run_one(self: &Arc<Self>, op: Op) {
+        let made = op.makes();
         let Op { ctx, req, ticket, dir, name, gfid } = op;
         let Some(req) = req else {
             self.take_promised(ticket).await;
@@ -403,7 +408,6 @@ impl Inner {
         };
         let (out, blamed) = self.run_early(&ctx, ticket, &req).await;
         self.mark_stale(dir, Kind::Entry, blamed);
-        let made = matches!(req.fop, Fop::Create { .. } | Fop::Mkdir { .. });
         if made && blamed != 0 {
             for k in Kind::ALL {
                 self.mark_stale(gfid, k, blamed);

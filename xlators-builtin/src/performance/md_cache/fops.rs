@@ -276,10 +276,11 @@ impl State {
                         g => g,
                     };
                     self.update_attr(g, Some(*pre), *post, now);
-                    let cap_absent = self
-                        .inodes
-                        .get(&g)
-                        .is_some_and(|i| i.xattrs.iter().any(|x| &*x.name == CAPABILITY && x.value.is_none()));
+                    let cap_absent = |s: &Self| {
+                        s.inodes
+                            .get(&g)
+                            .is_some_and(|i| i.xattrs.iter().any(|x| &*x.name == CAPABILITY && x.value.is_none()))
+                    };
                     match &p.fop {
                         // chmod rewrites the access ACL, chown kills
                         // capabilities, and either may change other security
@@ -290,6 +291,7 @@ impl State {
                         // capability for).
                         Fop::Setattr { attr, .. } | Fop::Fsetattr { attr, .. } => {
                             if attr.mode.is_some() || attr.uid.is_some() || attr.gid.is_some() {
+                                let cap_absent = cap_absent(self);
                                 self.drop_xattrs(g, |n| {
                                     (n.starts_with("security.") || n.starts_with("system."))
                                         && !(cap_absent && n == CAPABILITY)
@@ -300,7 +302,7 @@ impl State {
                         // A write may kill a capability the file has; one it
                         // is known not to have stays absent (the kernel asks
                         // before every write).
-                        _ if cap_absent => {}
+                        _ if cap_absent(self) => {}
                         _ => self.drop_xattrs(g, |n| n == CAPABILITY),
                     }
                 }

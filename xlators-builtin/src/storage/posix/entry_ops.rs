@@ -389,9 +389,7 @@ impl Inner {
                     break 'fill;
                 }
                 let mut values: Vec<(String, Vec<u8>)> = Vec::new();
-                // With several xattrs asked for, one listing says which
-                // exist (`sys::has_xattr`); the gfid below is read only if
-                // listed too.
+                // The gfid below is read only if listed too.
                 let mut present = None;
                 if !xattrs.is_empty()
                     && name != "."
@@ -399,7 +397,7 @@ impl Inner {
                     && let Ok(cname) = cstr(name.as_bytes())
                 {
                     let t = Target::At(fd, &cname);
-                    present = if xattrs.len() > 1 { t.listxattr().ok() } else { None };
+                    present = t.names_if_several(xattrs.len());
                     for (xname, c) in xattrs {
                         if sys::has_xattr(present.as_deref(), c.to_bytes())
                             && let Ok(v) = t.getxattr(c)

@@ -306,6 +306,16 @@ impl Target<'_> {
         })
     }
 
+    /// The names of the xattrs, listed only when more than one (`asked`)
+    /// is about to be read: reading an xattr by a path resolves the path
+    /// again each time, so where several may be read and most are absent
+    /// (md-cache's security and ACL names), one listing first saves the
+    /// reads of those absent. `None`: not listed (read each; see
+    /// [`has_xattr`]).
+    pub(crate) fn names_if_several(&self, asked: usize) -> Option<Vec<Vec<u8>>> {
+        if asked > 1 { self.listxattr().ok() } else { None }
+    }
+
     /// The names of all xattrs.
     pub(crate) fn listxattr(&self) -> Sys<Vec<Vec<u8>>> {
         let list = |buf: &mut [u8]| {
@@ -335,11 +345,8 @@ impl Target<'_> {
     }
 }
 
-/// Whether `name` is among the listed xattr names (`None`: not listed,
-/// so maybe). Reading an xattr by a path resolves the path again each
-/// time: where several may be read and most are absent (md-cache's
-/// security and ACL names), one listing first saves the reads of those
-/// absent.
+/// Whether `name` is among the listed xattr names
+/// ([`Target::names_if_several`]; `None`: not listed, so maybe).
 pub(crate) fn has_xattr(present: Option<&[Vec<u8>]>, name: &[u8]) -> bool {
     present.is_none_or(|p| p.iter().any(|n| n.as_slice() == name))
 }

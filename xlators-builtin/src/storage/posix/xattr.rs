@@ -32,8 +32,7 @@ impl Inner {
     /// fd count.
     pub(super) fn fill_xdata(&self, t: Target<'_>, gfid: Gfid, req: &Dict) -> Dict {
         let mut out = Dict::new();
-        let asked = req.keys().filter(|k| is_xattr_key(k)).count();
-        let present = if asked > 1 { t.listxattr().ok() } else { None };
+        let present = t.names_if_several(req.keys().filter(|k| is_xattr_key(k)).count());
         for key in req.keys() {
             if key == OPEN_FD_COUNT {
                 out.set_u64(key.clone(), u64::from(self.open_count(gfid)));
