@@ -233,13 +233,7 @@ impl Inner {
         req: &Request,
     ) -> Option<(Outcome, Mask)> {
         let t = self.join_delegation(ctx, dir, names).await?;
-        let n = self.children.len();
-        let mut out = evaluate(self.fan(ctx, t.locked, req).await);
-        self.check_fop_quorum(&mut out);
-        if out.ok != 0 && out.failed != 0 {
-            self.blame(&t.lk_ctx, dir, Kind::Entry, t.locked, out.failed).await;
-        }
-        let blamed = if out.ok == 0 { 0 } else { out.failed & all(n) };
+        let (out, blamed) = self.fan_delegated(ctx, &t, req).await;
         // What the fop did to the directory's names: nothing when it
         // failed everywhere, unknown when it failed somewhere.
         let changes = if out.ok == 0 {
@@ -396,17 +390,28 @@ impl Inner {
     /// Runs an entry fop joined early ([`Inner::join_early`]) on the
     /// children under its ticket and leaves the delegation.
     pub async fn run_early(self: &Arc<Self>, ctx: &CallCtx, t: Ticket, req: &Request) -> (Outcome, Mask) {
-        let n = self.children.len();
-        let mut out = evaluate(self.fan(ctx, t.locked, req).await);
-        self.check_fop_quorum(&mut out);
-        if out.ok != 0 && out.failed != 0 {
-            self.blame(&t.lk_ctx, t.at, Kind::Entry, t.locked, out.failed).await;
-        }
-        let blamed = if out.ok == 0 { 0 } else { out.failed & all(n) };
+        let (out, blamed) = self.fan_delegated(ctx, &t, req).await;
         // The names already say what the fop did; a failure anywhere makes
         // them unknown.
         let clean = out.failed == 0 && out.result.is_ok();
         self.leave_delegation(t, clean.then(Vec::new));
+        (out, blamed)
+    }
+
+    /// Sends an entry fop under ticket `t` to the children the delegation
+    /// holds and records on the directory what the changelog must know:
+    /// the children that failed where others succeeded are blamed; a fop
+    /// failed everywhere but lost on some connection is marked uncertain.
+    /// Returns the outcome and the children blamed.
+    async fn fan_delegated(&self, ctx: &CallCtx, t: &Ticket, req: &Request) -> (Outcome, Mask) {
+        let mut out = evaluate(self.fan(ctx, t.locked, req).await);
+        self.check_fop_quorum(&mut out);
+        if out.ok != 0 && out.failed != 0 {
+            self.blame(&t.lk_ctx, t.at, Kind::Entry, t.locked, out.failed).await;
+        } else if out.ok == 0 && out.unknown != 0 {
+            self.mark_uncertain(&t.lk_ctx, Kind::Entry, vec![t.at]).await;
+        }
+        let blamed = if out.ok == 0 { 0 } else { out.failed & all(self.children.len()) };
         (out, blamed)
     }
 

@@ -768,3 +768,60 @@ async fn a_file_truncated_while_a_child_was_away_is_healed() {
         assert!(data.len() == 1000 && data.iter().all(|b| *b == b'x'), "brick {i}: {} bytes", data.len());
     }
 }
+
+/// A child whose answer to a CREATE of the name "lost" never arrives: the
+/// connection goes while it is out (ENOTCONN), after the brick made the
+/// file when `runs`, before it when not.
+struct LostReply {
+    inner: Arc<dyn Xlator>,
+    runs: bool,
+}
+
+impl Xlator for LostReply {
+    fn call(&self, ctx: CallCtx, req: Request) -> xlfs_sdk::FopFuture<'_> {
+        if !matches!(&req.fop, Fop::Create { loc, .. } if loc.name == "lost") {
+            return self.inner.call(ctx, req);
+        }
+        Box::pin(async move {
+            if self.runs {
+                self.inner.call(ctx, req).await?;
+            }
+            Err(Errno::ENOTCONN)
+        })
+    }
+}
+
+/// An entry fop that every child failed, some by losing the connection
+/// after they had run it, is not taken for one that changed nothing: the
+/// directory is marked, and index heal gives the name to every copy (the
+/// copies agree again, whichever way). Through each entry path: a
+/// transaction of its own, one under a delegation, one answered early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_replies_were_all_lost_is_healed_everywhere() {
+    for (how, opts) in [
+        ("own transaction", &[("entry-eager-lock", "off")][..]),
+        ("delegation", &[("async-dirops", "off")][..]),
+        ("answered early", &[("post-op-delay-secs", "3600")][..]),
+    ] {
+        let c = Cluster::new();
+        let n = c.node_wrapped("client-a", opts, &|i, inner| Arc::new(LostReply { inner, runs: i < 2 }));
+        let d = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d")).await);
+        let r = match create_in(&n, d, "lost").await {
+            Ok((fd, _)) => n.fsync(fd).await.map(drop),
+            Err(e) => Err(e),
+        };
+        assert_eq!(r, Err(Errno::ENOTCONN), "{how}: the create fails");
+        drain(&n).await;
+        assert!(c.bricks[0].dir.join("d/lost").exists() && !c.bricks[2].dir.join("d/lost").exists(), "{how}");
+        let mut run = Dict::new();
+        run.set_bytes(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index"));
+        n.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await.expect("heal");
+        let g = c.gfid_on(0, "d/lost");
+        for i in 0..N {
+            assert_eq!(c.gfid_on(i, "d/lost"), g, "{how}: lost on brick {i}");
+            for j in 0..N {
+                assert_eq!(c.pending(i, "d", j), [0; 3], "{how}: counters of d on brick {i}");
+            }
+        }
+    }
+}

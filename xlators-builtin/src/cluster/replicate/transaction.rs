@@ -51,8 +51,10 @@ const MAX_DEFERRED: usize = 4096;
 /// A blame that could not be written on any copy holding the change: an
 /// entry fop sent without a pre-op (optimistic changelog) that reached
 /// some copies only, the client cut off from all of them before its
-/// post-op. Nothing on the bricks records it, so heal would never find
-/// the copies differing; it is written when a child comes back.
+/// post-op; or one that may have reached any copy (`on` and `blamed` both
+/// every child, see `mark_uncertain`). Nothing on the bricks records it,
+/// so heal would never find the copies differing; it is written when a
+/// child comes back.
 #[derive(Clone, Debug)]
 pub struct Deferred {
     ctx: CallCtx,
@@ -76,6 +78,9 @@ pub struct Outcome {
     pub inodelk_count: u32,
     /// The error of the children that failed (ENOTCONN only if no other).
     pub error: Option<Errno>,
+    /// Children that answered ENOTCONN: the connection went while the fop
+    /// was out (or before), so it may or may not have run there.
+    pub unknown: Mask,
 }
 
 /// Sums up the children's answers to a fop sent to `targets`.
@@ -85,6 +90,7 @@ pub fn evaluate(results: Vec<(usize, FopResult)>) -> Outcome {
     let mut best: Option<Response> = None;
     let mut err: Option<Errno> = None;
     let mut inodelk_count = 0;
+    let mut unknown: Mask = 0;
     for (i, r) in results {
         tried |= bit(i);
         match r {
@@ -95,6 +101,9 @@ pub fn evaluate(results: Vec<(usize, FopResult)>) -> Outcome {
                 best.get_or_insert(rsp);
             }
             Err(e) => {
+                if e == Errno::ENOTCONN {
+                    unknown |= bit(i);
+                }
                 if err.is_none_or(|p| p == Errno::ENOTCONN) {
                     err = Some(e);
                 }
@@ -107,7 +116,7 @@ pub fn evaluate(results: Vec<(usize, FopResult)>) -> Outcome {
         Some(r) => Ok(r),
         None => Err(err.unwrap_or(Errno::ENOTCONN)),
     };
-    Outcome { ok, failed, result, inodelk_count, error: err }
+    Outcome { ok, failed, result, inodelk_count, error: err, unknown }
 }
 
 impl Inner {
@@ -184,7 +193,7 @@ impl Inner {
     /// Keeps a blame to write when a child comes back (see [`Deferred`]).
     fn defer(&self, d: Deferred) {
         tracing::warn!(volume = %self.name, inodes = ?d.inodes, on = d.on, blamed = d.blamed,
-            "a change reached some copies only and no copy could record it: recording it when a child returns");
+            "no copy could record a change that reached some copies only: recording it when a child returns");
         let mut list = self.deferred.lock();
         if list.len() >= MAX_DEFERRED {
             let old = list.remove(0);
@@ -237,6 +246,26 @@ impl Inner {
         self.mark_stale(gfid, kind, blamed);
     }
 
+    /// Records that a `kind` change of `inodes` may have reached any copy
+    /// or none (every child failed it, some by losing the connection while
+    /// it was out): every child's counter is raised on every copy, as by a
+    /// pre-op never followed by its post-op, so heal finds the inodes and,
+    /// no copy being known better, compares them all (for a directory:
+    /// every copy gets the names any copy has). Written on the children up
+    /// now; when none is, when one comes back ([`Deferred`]).
+    pub async fn mark_uncertain(&self, ctx: &CallCtx, kind: Kind, inodes: Vec<Gfid>) {
+        let n = self.children.len();
+        let Some(d) = pending::changelog(&self.keys, kind, |_| 1) else { return };
+        let up = self.up_mask();
+        let cl = Changelog { kind, inodes: inodes.clone(), fd: None, members: up, preop: false, failed: 0 };
+        let written = if up == 0 { 0 } else { self.xattrop(ctx, &cl, up, &d, false).await.0 };
+        tracing::info!(volume = %self.name, ?inodes, kind = ?kind, written,
+            "a change failed on every child, some of which lost the connection while it was out: marked for heal");
+        if written == 0 {
+            self.defer(Deferred { ctx: ctx.clone(), kind, inodes, on: all(n), blamed: all(n) });
+        }
+    }
+
     /// Checks quorum on `m`.
     fn has_quorum(&self, m: Mask) -> bool {
         self.cfg().quorum.met(m, self.children.len())
@@ -278,7 +307,7 @@ impl Inner {
         fd: Option<Fd>,
         req: Request,
     ) -> (Outcome, Mask) {
-        let fail = |e| (Outcome { ok: 0, failed: 0, result: Err(e), inodelk_count: 0, error: Some(e) }, 0);
+        let fail = |e| (Outcome { ok: 0, failed: 0, result: Err(e), inodelk_count: 0, error: Some(e), unknown: 0 }, 0);
         let up = match self.require_quorum() {
             Ok(up) => up,
             Err(e) => return fail(e),
@@ -317,11 +346,21 @@ impl Inner {
         }
         self.check_fop_quorum(&mut out);
         cl.failed = out.failed;
-        // A fop that failed everywhere changed nothing: take the pre-op back.
-        let recorded = self.post_op(&held.ctx, &cl, out.ok == 0).await;
-        if optimistic && out.ok != 0 && cl.failed != 0 && recorded & out.ok == 0 {
-            let d = Deferred { ctx: held.ctx.clone(), kind, inodes: cl.inodes.clone(), on: out.ok, blamed: cl.failed };
-            self.defer(d);
+        if out.ok == 0 && out.unknown != 0 {
+            // It failed everywhere, but some connections went while it was
+            // out: it may have run there. The pre-op stays raised on every
+            // copy (no copy known better: heal compares them all), or,
+            // without one, the same is written now.
+            if !cl.preop {
+                self.mark_uncertain(&held.ctx, kind, cl.inodes.clone()).await;
+            }
+        } else {
+            // A fop that failed everywhere changed nothing: take the pre-op back.
+            let recorded = self.post_op(&held.ctx, &cl, out.ok == 0).await;
+            if optimistic && out.ok != 0 && cl.failed != 0 && recorded & out.ok == 0 {
+                let d = Deferred { ctx: held.ctx.clone(), kind, inodes: cl.inodes.clone(), on: out.ok, blamed: cl.failed };
+                self.defer(d);
+            }
         }
         self.unlock(&held).await;
         let blamed = if out.ok == 0 { 0 } else { !cl.members | cl.failed };
