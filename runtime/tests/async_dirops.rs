@@ -30,21 +30,10 @@ use std::time::{Duration, Instant};
 
 use kit::fuse_mount::{FuseMount, is_mounted};
 use kit::workload::brick_tree;
-use kit::{Cluster, heal, heal_until_clean, run_xlfs, volfile_file};
+use kit::{Cluster, heal, heal_until_clean, run_xlfs, status_dump as dump, volfile_file};
 use xlfs_sdk::testing::xattr;
 
 const REP: &str = "rep3-replicate-0";
-
-/// `xlfs status --dump` of the mount on `mnt`, as key -> value.
-fn dump(mnt: &Path) -> HashMap<String, String> {
-    let out = run_xlfs(&[std::ffi::OsStr::new("status"), "--dump".as_ref(), mnt.as_os_str()]);
-    assert!(out.status.success(), "xlfs status --dump: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once(" = "))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect()
-}
 
 /// One numeric replicate counter of a dump.
 fn num(d: &HashMap<String, String>, key: &str) -> u64 {

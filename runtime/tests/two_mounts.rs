@@ -39,12 +39,8 @@ fn every_change_is_seen_without_async_dirops() {
 
 /// A counter from `xlfs status --dump` of the mount on `mnt`.
 fn counter(mnt: &Path, key: &str) -> u64 {
-    let out = kit::run_xlfs(&[std::ffi::OsStr::new("status"), "--dump".as_ref(), mnt.as_os_str()]);
-    let dump = String::from_utf8_lossy(&out.stdout);
-    dump.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key} = ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in:\n{dump}"))
+    let dump = kit::status_dump(mnt);
+    dump.get(key).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {key} in: {dump:?}"))
 }
 
 fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {

@@ -3,7 +3,9 @@
 //! writes to fail: overlapping writes keep their order and reads and fstat
 //! after writes are exact; a write that fails behind the application's
 //! back is reported by the next fsync; an O_DIRECT write is not delayed
-//! (its error comes back from the write itself).
+//! (its error comes back from the write itself); tar's futimens, fchown
+//! and fchmod of an open file are answered at once, show at once, reach
+//! the brick, and a failure among them is reported by the next fsync.
 
 mod kit;
 
@@ -14,13 +16,15 @@ use std::path::Path;
 
 use kit::fuse_mount::FuseMount;
 
-/// posix -> [error-gen failing every WRITE with ENOSPC] -> write-behind -> io-stats.
-fn volfile(brick: &Path, failing: bool) -> String {
+/// posix -> [error-gen failing every `failing` fop with ENOSPC] -> write-behind -> io-stats.
+fn volfile(brick: &Path, failing: Option<&str>) -> String {
     let mut v = format!("volume posix\n type storage/posix\n option directory {}\nend-volume\n", brick.display());
     let mut below = "posix";
-    if failing {
-        v += "volume eg\n type debug/error-gen\n option failure 100\n option error-no ENOSPC\n option enable WRITE\n \
-              subvolumes posix\nend-volume\n";
+    if let Some(fop) = failing {
+        v += &format!(
+            "volume eg\n type debug/error-gen\n option failure 100\n option error-no ENOSPC\n option enable {fop}\n \
+             subvolumes posix\nend-volume\n"
+        );
         below = "eg";
     }
     v += &format!("volume wb\n type performance/write-behind\n subvolumes {below}\nend-volume\n");
@@ -42,7 +46,7 @@ fn overlapping_writes_and_reads_and_fstat_after_them_are_exact() {
     let dir = tempfile::tempdir().expect("dir");
     let brick = dir.path().join("brick");
     std::fs::create_dir(&brick).expect("brick");
-    let m = FuseMount::start(&volfile(&brick, false), "");
+    let m = FuseMount::start(&volfile(&brick, None), "");
     let path = m.path().join("f");
     let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("create");
     let mut model: Vec<u8> = Vec::new();
@@ -77,7 +81,7 @@ fn a_write_that_fails_behind_is_reported_by_fsync_and_o_direct_is_not_delayed() 
     let dir = tempfile::tempdir().expect("dir");
     let brick = dir.path().join("brick");
     std::fs::create_dir(&brick).expect("brick");
-    let m = FuseMount::start(&volfile(&brick, true), "");
+    let m = FuseMount::start(&volfile(&brick, Some("WRITE")), "");
     let path = m.path().join("f");
     let mut f =
         std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("create");
@@ -98,4 +102,65 @@ fn a_write_that_fails_behind_is_reported_by_fsync_and_o_direct_is_not_delayed() 
     let e = std::io::Error::last_os_error();
     assert_eq!(n, -1, "an O_DIRECT write is not acknowledged before the brick answers");
     assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+}
+
+/// `futimens` of `fd` to (atime, mtime) seconds.
+fn futimens(fd: &std::fs::File, atime: i64, mtime: i64) -> std::io::Result<()> {
+    let ts = [libc::timespec { tv_sec: atime, tv_nsec: 0 }, libc::timespec { tv_sec: mtime, tv_nsec: 0 }];
+    // SAFETY: an open fd and two timespecs.
+    if unsafe { libc::futimens(fd.as_raw_fd(), ts.as_ptr()) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[test]
+fn setattrs_of_an_open_file_are_answered_behind_show_at_once_and_reach_the_brick() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().expect("dir");
+    let brick = dir.path().join("brick");
+    std::fs::create_dir(&brick).expect("brick");
+    let m = FuseMount::start(&volfile(&brick, None), "");
+    let path = m.path().join("f");
+    // As tar extracts a file: data, then times, owner and mode on its fd.
+    let f = std::fs::OpenOptions::new().write(true).create_new(true).open(&path).expect("create");
+    f.write_all_at(&[7u8; 10_000], 0).expect("write");
+    futimens(&f, 1_000_000, 2_000_000).expect("futimens");
+    std::os::unix::fs::fchown(&f, Some(1234), Some(5678)).expect("fchown");
+    f.set_permissions(std::fs::Permissions::from_mode(0o751)).expect("fchmod");
+    let seen = |what: &str, md: std::fs::Metadata| {
+        assert_eq!(
+            (md.len(), md.mode() & 0o7777, md.uid(), md.gid(), md.atime(), md.mtime()),
+            (10_000, 0o751, 1234, 5678, 1_000_000, 2_000_000),
+            "{what}"
+        );
+    };
+    seen("fstat", f.metadata().expect("fstat"));
+    seen("stat", std::fs::metadata(&path).expect("stat"));
+    drop(f);
+    let stats = kit::status_dump(m.path());
+    assert_eq!(stats.get("wb.setattrs-behind").map(String::as_str), Some("3"), "{stats:?}");
+    xlfs_sdk::testing::eventually("the brick has the attributes", std::time::Duration::from_secs(10), || {
+        let md = std::fs::metadata(brick.join("f")).map_err(|e| e.to_string())?;
+        let got = (md.len(), md.mode() & 0o7777, md.uid(), md.gid(), md.atime(), md.mtime());
+        let want = (10_000, 0o751, 1234, 5678, 1_000_000, 2_000_000);
+        if got == want { Ok(()) } else { Err(format!("{got:?}")) }
+    });
+    seen("stat after close", std::fs::metadata(&path).expect("stat"));
+}
+
+#[test]
+fn a_setattr_that_fails_behind_is_reported_by_fsync() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("dir");
+    let brick = dir.path().join("brick");
+    std::fs::create_dir(&brick).expect("brick");
+    let m = FuseMount::start(&volfile(&brick, Some("FSETATTR")), "");
+    let f = std::fs::OpenOptions::new().write(true).create_new(true).open(m.path().join("f")).expect("create");
+    f.write_all_at(b"data", 0).expect("write");
+    f.set_permissions(std::fs::Permissions::from_mode(0o600)).expect("fchmod is answered behind");
+    let err = f.sync_all().expect_err("fsync reports the fchmod that failed behind");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    f.sync_all().expect("reported once");
 }

@@ -685,6 +685,17 @@ pub async fn wait_state(graph: &Graph, state: TopState, timeout: Duration) -> bo
     tokio::time::timeout(timeout, rx.wait_for(|s| *s == state)).await.is_ok_and(|r| r.is_ok())
 }
 
+/// `xlfs status --dump` of the mount on `mnt`, as key -> value.
+pub fn status_dump(mnt: &Path) -> std::collections::HashMap<String, String> {
+    let out = run_xlfs(&[OsStr::new("status"), "--dump".as_ref(), mnt.as_os_str()]);
+    assert!(out.status.success(), "xlfs status --dump: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(" = "))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
 /// Runs `xlfs ARGS` to completion (killed after [`PROCESS_TIMEOUT`], then
 /// this panics) and returns its output. Logs go to stderr at `warn`.
 pub fn run_xlfs<S: AsRef<OsStr>>(args: &[S]) -> Output {

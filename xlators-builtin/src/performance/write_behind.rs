@@ -49,9 +49,28 @@
 //! an inode is kept until those fops end.
 //!
 //! **Barriers.** Fsync, flush (without flush-behind), release, truncate,
-//! ftruncate, setattr, fsetattr, fallocate, discard, zerofill,
-//! copy_file_range (both inodes), lk, seek and rchecksum wait for the
-//! inode's queued writes to complete, then go down. With `flush-behind` a
+//! ftruncate, setattr and fsetattr (unless taken behind, below),
+//! fallocate, discard, zerofill, copy_file_range (both inodes), lk, seek
+//! and rchecksum wait for the inode's queued writes to complete, then go
+//! down.
+//!
+//! **Setattr behind** (`setattr-behind`, xlfs only). A setattr of the
+//! mode, owner or times of a regular file that is open here (an fd seen
+//! opening it) and whose attributes are known is answered at once, with
+//! the attributes it will give, when its outcome can be told here: the
+//! caller is root, or the owner changing mode (no set-id bit) or times,
+//! and it is not a new owner of a set-id file (the brick would clear the
+//! set-id bits). It is queued as a barrier entry: sent (as an fsetattr on
+//! one of the file's fds, stamped with the time it was answered, which
+//! the bricks keep as the ctime) when everything queued before it has
+//! completed, and nothing queued after it is sent before it has
+//! completed. A queued setattr not yet sent takes the next ones in
+//! unless that would reorder a chmod before a chown; so tar's futimens,
+//! fchown and fchmod after a file's data cost one child fop, sent behind
+//! the data, and no round trip the application waits for. Every other
+//! fop on the inode (xattrs, ACLs, access, a read, a stat) waits for the
+//! queued setattrs first; listings and lookups by name show them. A
+//! failure is reported like a write's. With `flush-behind` a
 //! flush answers at once (with a deferred error if one is pending) and is
 //! sent after the queue drains; release waits for those background flushes
 //! too, so the brick never sees a release before the fd's writes and flush.
@@ -106,7 +125,7 @@ use xlfs_sdk::options::{Opt, OptionDecl, kind};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
     CallCtx, Child, Dict, Errno, Event, EventFrom, Fd, FdId, FileType, Fop, FopFuture, FopResult, Gfid, Iatt, InitCtx,
-    InitError, Options, Reply, Request, Response, Timespec, Upcall, Xlator, XlatorType,
+    InitError, Options, Reply, Request, Response, SetAttr, TimeSet, Timespec, Upcall, Xlator, XlatorType,
 };
 
 use queue::*;
@@ -163,6 +182,15 @@ const RESYNC_FAILED_SYNCS_AFTER_FSYNC: Opt<kind::Bool> = Opt::bool("resync-faile
          with the error, or drain) until a flush or a successful sync, instead of dropping them.",
 );
 
+const SETATTR_BEHIND: Opt<kind::Bool> = Opt::bool("setattr-behind", true).desc(
+    "Answer a setattr of mode, owner or times of a file open on this client at once, from the attributes \
+         known here, and send it behind the file's queued writes (as an fsetattr on one of its fds), as \
+         writes are: tar's futimens, fchown and fchmod after each file's data then cost no round trip. Only \
+         for root, or for the file's owner changing its mode (without set-id bits) or times; not for a \
+         change of owner of a set-id file. A failure is returned by the next write, fsync or close of the \
+         file. xlfs only.",
+);
+
 const OPTIONS: &[OptionDecl] = &[
     CACHE_SIZE.decl,
     WINDOW_SIZE.decl,
@@ -172,6 +200,7 @@ const OPTIONS: &[OptionDecl] = &[
     STRICT_WRITE_ORDERING.decl,
     TRICKLING_WRITES.decl,
     RESYNC_FAILED_SYNCS_AFTER_FSYNC.decl,
+    SETATTR_BEHIND.decl,
 ];
 
 /// The translator type.
@@ -199,6 +228,7 @@ struct Conf {
     strict_ordering: bool,
     trickling: bool,
     resync: bool,
+    setattr_behind: bool,
 }
 
 fn conf(o: &Options) -> Result<Conf, String> {
@@ -219,6 +249,7 @@ fn conf(o: &Options) -> Result<Conf, String> {
         strict_ordering: STRICT_WRITE_ORDERING.get(o),
         trickling: TRICKLING_WRITES.get(o),
         resync: RESYNC_FAILED_SYNCS_AFTER_FSYNC.get(o),
+        setattr_behind: SETATTR_BEHIND.get(o),
     })
 }
 
@@ -334,7 +365,17 @@ impl Inner {
                 if in_flight >= MAX_IN_FLIGHT || (conf.strict_ordering && in_flight > 0) {
                     break;
                 }
-                if i.entries.iter().take(idx).any(|p| p.state == State::InFlight && p.overlaps(e)) {
+                // A setattr goes alone, after everything before it.
+                if i.entries.iter().take(idx).any(|p| p.attr.is_some() || (p.state == State::InFlight && p.overlaps(e)))
+                {
+                    break;
+                }
+                if e.attr.is_some() {
+                    if in_flight > 0 {
+                        break;
+                    }
+                    let (seq, ctx, req) = i.entries[idx].send(0);
+                    sends.push((seq, ctx, req, 0));
                     break;
                 }
                 let partial_tail = idx + 1 == n && e.len < conf.aggregate;
@@ -384,7 +425,7 @@ impl Inner {
         let mut guard = self.t.lock();
         let t = &mut *guard;
         let resync = t.conf.resync;
-        let Table { inodes, fds, stats, total, clock, .. } = t;
+        let Table { inodes, fds, stats, total, clock, setattrs, .. } = t;
         let Some(i) = inodes.get_mut(&gfid) else { return };
         let Some(pos) = i.entries.iter().position(|e| e.seq == seq) else { return };
         // Failed or not, the write may have reached the file.
@@ -395,6 +436,7 @@ impl Inner {
                 if let Some(e) = i.entries.remove(pos) {
                     i.bytes = i.bytes.saturating_sub(e.len);
                     *total = total.saturating_sub(e.len);
+                    *setattrs -= usize::from(e.attr.is_some());
                 }
                 if let Reply::PrePost { post, .. } = resp.reply {
                     i.absorb_write(post);
@@ -403,11 +445,12 @@ impl Inner {
             Err(errno) => {
                 stats.errors_deferred += 1;
                 i.error = Some(errno);
-                let keep = resync && i.entries.get(pos).is_some_and(|e| !e.last_attempt);
+                let keep = resync && i.entries.get(pos).is_some_and(|e| !e.last_attempt && e.attr.is_none());
                 if let Some(e) = i.entries.get_mut(pos) {
+                    let what = if e.attr.is_some() { "setattr" } else { "write" };
                     tracing::warn!(
                         %gfid, fd = e.fd.id.0, offset = e.offset, len = e.len, error = %errno, retry = keep,
-                        "write-behind: a background write failed; the error is returned by the next write, fsync or flush of the file"
+                        "write-behind: a background {what} failed; the error is returned by the next write, fsync or flush of the file"
                     );
                     if let Some(f) = fds.get_mut(&e.fd.id) {
                         f.error = Some(errno);
@@ -419,6 +462,7 @@ impl Inner {
                 if !keep && let Some(e) = i.entries.remove(pos) {
                     i.bytes = i.bytes.saturating_sub(e.len);
                     *total = total.saturating_sub(e.len);
+                    *setattrs -= usize::from(e.attr.is_some());
                 }
             }
         }
@@ -499,12 +543,12 @@ impl Xlator for WriteBehind {
                 let g = loc.gfid;
                 Box::pin(async move { inner.forward(g, ctx, req).await })
             }
-            Fop::Setattr { loc, .. } | Fop::Truncate { loc, .. } => {
+            Fop::Setattr { .. } | Fop::Fsetattr { .. } => Box::pin(async move { inner.setattr(ctx, req).await }),
+            Fop::Truncate { loc, .. } => {
                 let g = [loc.gfid];
                 Box::pin(async move { inner.barrier(&g, ctx, req).await })
             }
-            Fop::Fsetattr { fd, .. }
-            | Fop::Ftruncate { fd, .. }
+            Fop::Ftruncate { fd, .. }
             | Fop::Fallocate { fd, .. }
             | Fop::Discard { fd, .. }
             | Fop::Zerofill { fd, .. }
@@ -528,7 +572,20 @@ impl Xlator for WriteBehind {
                 drop(t);
                 self.inner.child.call(ctx, req)
             }
-            _ => self.inner.child.call(ctx, req),
+            _ => {
+                // Anything else on an inode with a deferred setattr (its
+                // xattrs, ACLs, an access check...) comes after it.
+                let behind = inner.behind_setattrs(&req.fop);
+                if behind.is_empty() {
+                    return self.inner.child.call(ctx, req);
+                }
+                Box::pin(async move {
+                    for g in behind {
+                        inner.drain(g, false).await;
+                    }
+                    inner.child.call(ctx, req).await
+                })
+            }
         }
     }
 
@@ -591,6 +648,9 @@ impl Xlator for WriteBehind {
             ("evictions", s.evictions.to_string()),
             ("flushes-behind", s.flushes_behind.to_string()),
             ("fsyncs-merged", s.fsyncs_merged.to_string()),
+            ("setattr-behind", c.setattr_behind.to_string()),
+            ("setattrs-behind", s.setattrs_behind.to_string()),
+            ("setattrs-merged", s.setattrs_merged.to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -611,6 +671,7 @@ impl Xlator for WriteBehind {
         }
         t.fds.clear();
         t.total = 0;
+        t.setattrs = 0;
     }
 }
 

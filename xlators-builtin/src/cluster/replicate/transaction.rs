@@ -358,7 +358,8 @@ impl Inner {
             // A fop that failed everywhere changed nothing: take the pre-op back.
             let recorded = self.post_op(&held.ctx, &cl, out.ok == 0).await;
             if optimistic && out.ok != 0 && cl.failed != 0 && recorded & out.ok == 0 {
-                let d = Deferred { ctx: held.ctx.clone(), kind, inodes: cl.inodes.clone(), on: out.ok, blamed: cl.failed };
+                let d =
+                    Deferred { ctx: held.ctx.clone(), kind, inodes: cl.inodes.clone(), on: out.ok, blamed: cl.failed };
                 self.defer(d);
             }
         }

@@ -1,6 +1,7 @@
-//! What write-behind does per fop: queue a write, serve a read from the
-//! queue or wait for it, let fsync, flush and release settle the queue,
-//! and give stats and readdirp entries their queued size and times.
+//! What write-behind does per fop: queue a write or a setattr, serve a
+//! read from the queue or wait for it, let fsync, flush and release settle
+//! the queue, and give stats and readdirp entries their queued size and
+//! times.
 
 use super::*;
 
@@ -53,7 +54,8 @@ impl Inner {
                 if room {
                     let pre = i.view();
                     let merge = i.entries.back_mut().filter(|tail| {
-                        tail.state == State::Queued
+                        tail.attr.is_none()
+                            && tail.state == State::Queued
                             && tail.fd.id == fd.id
                             && tail.flags == *flags
                             && tail.xdata.is_empty()
@@ -80,6 +82,8 @@ impl Inner {
                                 chunks: vec![data.clone()],
                                 state: State::Queued,
                                 last_attempt: false,
+                                attr: None,
+                                at: Timespec::default(),
                             });
                         }
                     }
@@ -137,8 +141,9 @@ impl Inner {
                         t.stats.read_hits += 1;
                         return Ok(Response::from(Reply::Read { data, iatt }));
                     }
-                    // Queued writes at or past the read could change its bytes or its end.
-                    let dirty = i.entries.iter().any(|e| e.end() > offset);
+                    // Queued writes at or past the read could change its bytes
+                    // or its end; a queued setattr, the attributes it returns.
+                    let dirty = i.has_setattrs() || i.entries.iter().any(|e| e.end() > offset);
                     if dirty {
                         t.stats.reads_drained += 1;
                     }
@@ -156,16 +161,16 @@ impl Inner {
     /// Sends a fop down and takes the attributes of its reply.
     pub(super) async fn forward(&self, gfid: Gfid, ctx: CallCtx, req: Request) -> FopResult {
         if changes_attributes(&req.fop) {
-            let opened = match req.fop {
-                Fop::Open { flags, fd, .. } => Some((fd, flags)),
+            let opened = match &req.fop {
+                Fop::Open { flags, fd, loc } => Some((*fd, *flags, loc.gfid)),
                 _ => None,
             };
             self.t.lock().begin_change(gfid);
             let res = self.child.call(ctx, req).await;
             let mut t = self.t.lock();
             t.end_change(gfid, post_of(&res));
-            if let (Some((fd, flags)), true) = (opened, res.is_ok()) {
-                track_fd(&mut t, fd, flags);
+            if let (Some((fd, flags, g)), true) = (opened, res.is_ok()) {
+                track_fd(&mut t, fd, flags, g);
             }
             drop(t);
             return res;
@@ -177,11 +182,11 @@ impl Inner {
         let mut res = self.child.call(ctx, req).await;
         if let Ok(resp) = &mut res {
             let mut t = self.t.lock();
-            match &fop {
-                Fop::Open { flags, fd, .. } => track_fd(&mut t, *fd, *flags),
-                Fop::Create { flags, fd, .. } => track_fd(&mut t, *fd, *flags),
-                _ => {}
-            }
+            let opened = match (&fop, &resp.reply) {
+                (Fop::Open { flags, fd, loc }, _) => Some((*fd, *flags, loc.gfid)),
+                (Fop::Create { flags, fd, .. }, Reply::Entry { iatt, .. }) => Some((*fd, *flags, iatt.gfid)),
+                _ => None,
+            };
             // A lookup by name can reach an inode with queued writes without
             // draining them, or read it before writes in flight landed: it
             // shows their size and times, not the child's, and no content;
@@ -203,8 +208,95 @@ impl Inner {
                 Reply::PrePost { post, .. } => t.observe(gfid, generation, *post, false),
                 _ => {}
             }
+            if let Some((fd, flags, g)) = opened {
+                track_fd(&mut t, fd, flags, g);
+            }
         }
         res
+    }
+
+    /// A setattr: answered at once and queued when it may be
+    /// ([`Inner::setattr_behind`]), else sent after the queued writes.
+    pub(super) async fn setattr(self: &Arc<Self>, ctx: CallCtx, req: Request) -> FopResult {
+        if let Some(res) = self.setattr_behind(&ctx, &req) {
+            return res;
+        }
+        let g = [req.fop.gfid()];
+        self.barrier(&g, ctx, req).await
+    }
+
+    /// Queues a setattr of a regular file whose attributes are known and
+    /// that is open here, when its outcome can be told now (see
+    /// [`may_defer`]), and answers it from the attributes it will give. A
+    /// queued setattr not yet sent takes a later one in (GlusterFS's
+    /// write-behind does not do this). None: send it now.
+    pub(super) fn setattr_behind(self: &Arc<Self>, ctx: &CallCtx, req: &Request) -> Option<FopResult> {
+        let (gfid, given_fd, attr) = match &req.fop {
+            Fop::Setattr { loc, attr } => (loc.gfid, None, *attr),
+            Fop::Fsetattr { fd, attr } => (fd.gfid, Some(fd.id), *attr),
+            _ => return None,
+        };
+        let mut guard = self.t.lock();
+        let t = &mut *guard;
+        if !t.conf.setattr_behind || t.closed || !have_runtime() || !req.xdata.is_empty() {
+            return None;
+        }
+        let Table { inodes, seq, stats, setattrs, .. } = t;
+        let i = inodes.get_mut(&gfid)?;
+        let base = i.base?;
+        let fd = given_fd.or_else(|| i.open_fds.last().copied())?;
+        if i.error.is_some() || i.entries.len() >= MAX_ENTRIES || !may_defer(ctx, &base, &attr) {
+            return None;
+        }
+        let pre = i.view()?;
+        let at = now_ts();
+        let stamp = Dict::new().with(keys::UTIME, xlfs_sdk::Value::U64(at.to_nanos()));
+        let same_caller = |c: &CallCtx| (c.uid, c.gid, &c.groups) == (ctx.uid, ctx.gid, &ctx.groups);
+        let tail = i.entries.back_mut().filter(|e| e.state == State::Queued && same_caller(&e.ctx));
+        match tail.and_then(|e| Some((merged(e.attr.as_ref()?, &attr)?, e))) {
+            Some((m, e)) => {
+                e.attr = Some(m);
+                e.at = at;
+                e.xdata = stamp;
+                stats.setattrs_merged += 1;
+            }
+            None => {
+                *seq += 1;
+                *setattrs += 1;
+                i.entries.push_back(Entry {
+                    seq: *seq,
+                    fd: Fd { id: fd, gfid },
+                    ctx: ctx.clone(),
+                    flags: 0,
+                    xdata: stamp,
+                    offset: 0,
+                    len: 0,
+                    chunks: Vec::new(),
+                    state: State::Queued,
+                    last_attempt: false,
+                    attr: Some(attr),
+                    at,
+                });
+            }
+        }
+        stats.setattrs_behind += 1;
+        let post = i.view()?;
+        self.pump(t, gfid);
+        Some(Ok(Response::from(Reply::PrePost { pre, post })))
+    }
+
+    /// The inodes `fop` acts on that have a deferred setattr queued.
+    pub(super) fn behind_setattrs(&self, fop: &Fop) -> Vec<Gfid> {
+        let t = self.t.lock();
+        if t.setattrs == 0 {
+            return Vec::new();
+        }
+        let mut g = vec![fop.gfid()];
+        if let Fop::Rename { new, .. } = fop {
+            g.push(new.gfid);
+        }
+        g.retain(|g| t.inodes.get(g).is_some_and(InodeWb::has_setattrs));
+        g
     }
 
     /// Drains the queues of `gfids`, then forwards.
@@ -232,7 +324,7 @@ impl Inner {
         }
         i.sync_heavy = true;
         let [e] = i.entries.make_contiguous() else { return None };
-        if e.state != State::Queued {
+        if e.state != State::Queued || e.attr.is_some() {
             return None;
         }
         let len = e.len;
@@ -305,6 +397,10 @@ impl Inner {
 
     pub(super) async fn release(self: &Arc<Self>, ctx: CallCtx, req: Request) -> FopResult {
         let fd = req.fop.fd().copied().unwrap_or_default();
+        // No later setattr is sent on it; those queued are, before it goes.
+        if let Some(i) = self.t.lock().inodes.get_mut(&fd.gfid) {
+            i.open_fds.retain(|f| *f != fd.id);
+        }
         self.drain(fd.gfid, true).await;
         self.wait_bg(fd.gfid).await;
         let res = self.child.call(ctx, req).await;
@@ -373,4 +469,39 @@ fn post_of(res: &FopResult) -> Option<Iatt> {
         Ok(Response { reply: Reply::PrePost { post, .. } | Reply::Copied { post, .. }, .. }) => Some(*post),
         _ => None,
     }
+}
+
+/// Whether a setattr by `ctx` of a file with attributes `base` can be
+/// answered before the brick does it: the brick will not refuse it (root;
+/// or the owner changing mode or times, and no set-id bit, which the
+/// kernel may clear for a caller outside the group), and it changes
+/// nothing the setattr does not say (a new owner makes the brick's kernel
+/// clear a set-id file's set-id bits).
+pub(super) fn may_defer(ctx: &CallCtx, base: &Iatt, attr: &SetAttr) -> bool {
+    const SET_ID: u32 = libc::S_ISUID | libc::S_ISGID;
+    let owner_change = attr.uid.is_some_and(|u| u != base.uid) || attr.gid.is_some_and(|g| g != base.gid);
+    if base.file_type() != FileType::Regular || (owner_change && base.mode & SET_ID != 0) {
+        return false;
+    }
+    ctx.uid == 0
+        || (ctx.uid == base.uid
+            && attr.uid.is_none()
+            && attr.gid.is_none()
+            && attr.mode.is_none_or(|m| m & SET_ID == 0))
+}
+
+/// One setattr doing `first` then `then`, when the brick's order (owner,
+/// mode, times) gives the same result: not a change of owner after one of
+/// mode (it could clear set-id bits the mode set).
+pub(super) fn merged(first: &SetAttr, then: &SetAttr) -> Option<SetAttr> {
+    if first.mode.is_some() && (then.uid.is_some() || then.gid.is_some()) {
+        return None;
+    }
+    Some(SetAttr {
+        mode: then.mode.or(first.mode),
+        uid: then.uid.or(first.uid),
+        gid: then.gid.or(first.gid),
+        atime: then.atime.or(first.atime),
+        mtime: then.mtime.or(first.mtime),
+    })
 }

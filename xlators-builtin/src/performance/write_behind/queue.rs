@@ -1,7 +1,7 @@
 //! The queues (GlusterFS's wb_inode liabilities): per inode the writes
-//! acknowledged but not yet completed, in order, with what they make the
-//! inode look like to reads and stats; per fd its flags and pending error;
-//! the bounded table of both.
+//! (and setattrs, with setattr-behind) acknowledged but not yet completed,
+//! in order, with what they make the inode look like to reads and stats;
+//! per fd its flags and pending error; the bounded table of both.
 
 use super::*;
 
@@ -15,6 +15,12 @@ pub(super) enum State {
     Parked,
 }
 
+/// Most open fds remembered per inode (to send its deferred setattrs on).
+pub(super) const MAX_OPEN_FDS: usize = 8;
+
+/// A queued write, or a deferred setattr (`attr`), which is a barrier:
+/// it is sent when everything queued before it has completed, and
+/// nothing queued after it is sent before it has.
 pub(super) struct Entry {
     pub(super) seq: u64,
     pub(super) fd: Fd,
@@ -27,6 +33,10 @@ pub(super) struct Entry {
     pub(super) state: State,
     /// A flush or release waits for it: do not park it again on failure.
     pub(super) last_attempt: bool,
+    /// A deferred setattr (sent as an fsetattr on `fd`; no data).
+    pub(super) attr: Option<SetAttr>,
+    /// When it was acknowledged (last merged): a setattr's ctime.
+    pub(super) at: Timespec,
 }
 
 impl Entry {
@@ -34,15 +44,19 @@ impl Entry {
         self.offset.saturating_add(self.len)
     }
 
+    /// A deferred setattr overlaps everything.
     pub(super) fn overlaps(&self, other: &Entry) -> bool {
-        self.offset < other.end() && other.offset < self.end()
+        self.attr.is_some() || other.attr.is_some() || (self.offset < other.end() && other.offset < self.end())
     }
 
     /// Marks the entry in flight and makes its child write, with `sync`
     /// (O_SYNC / O_DSYNC or 0) added to its flags: (seq, caller, request).
     pub(super) fn send(&mut self, sync: u32) -> (u64, CallCtx, Request) {
         self.state = State::InFlight;
-        let fop = Fop::Writev { fd: self.fd, data: self.data(), offset: self.offset, flags: self.flags | sync };
+        let fop = match self.attr {
+            Some(attr) => Fop::Fsetattr { fd: self.fd, attr },
+            None => Fop::Writev { fd: self.fd, data: self.data(), offset: self.offset, flags: self.flags | sync },
+        };
         (self.seq, self.ctx.clone(), Request::with_xdata(fop, self.xdata.clone()))
     }
 
@@ -78,6 +92,9 @@ pub(super) struct InodeWb {
     pub(super) drainers: u32,
     /// Background flushes not yet answered by the child.
     pub(super) bg: u32,
+    /// Fds open on the inode (seen opening, not yet released), at most
+    /// [`MAX_OPEN_FDS`]: a deferred setattr is sent on one of them.
+    pub(super) open_fds: Vec<FdId>,
     /// Fsyncs follow this inode's writes (an fsync found writes queued or
     /// in flight): a partial tail waits up to [`SYNC_HOLD`] for the fsync
     /// to carry it instead of trickling ahead of it.
@@ -106,6 +123,7 @@ impl InodeWb {
             busy: 0,
             drainers: 0,
             bg: 0,
+            open_fds: Vec::new(),
             sync_heavy: false,
             hold_timer: false,
             last_used: tick,
@@ -125,16 +143,29 @@ impl InodeWb {
     }
 
     /// The attributes as the application sees them: the child's, grown by
-    /// the queued writes.
+    /// the queued writes, changed by the queued setattrs.
     pub(super) fn view(&self) -> Option<Iatt> {
         let mut a = self.base?;
         self.grow(&mut a);
+        // A setattr's times hold unless a write queued after it sets the
+        // mtime again (grow has given the writes' time).
+        let last_write = self.entries.iter().rposition(|e| e.attr.is_none());
+        for (k, e) in self.entries.iter().enumerate() {
+            if let Some(s) = &e.attr {
+                apply(&mut a, s, e.at, last_write.is_none_or(|w| w < k));
+            }
+        }
         Some(a)
+    }
+
+    /// True when a deferred setattr is queued or in flight.
+    pub(super) fn has_setattrs(&self) -> bool {
+        self.entries.iter().any(|e| e.attr.is_some())
     }
 
     /// Grows attributes by the queued writes: size, blocks, times.
     pub(super) fn grow(&self, a: &mut Iatt) {
-        if let Some(end) = self.entries.iter().map(Entry::end).max() {
+        if let Some(end) = self.entries.iter().filter(|e| e.attr.is_none()).map(Entry::end).max() {
             if end > a.size {
                 a.size = end;
                 a.blocks = a.blocks.max(end.div_ceil(512));
@@ -222,6 +253,8 @@ pub(super) struct Stats {
     pub(super) evictions: u64,
     pub(super) flushes_behind: u64,
     pub(super) fsyncs_merged: u64,
+    pub(super) setattrs_behind: u64,
+    pub(super) setattrs_merged: u64,
 }
 
 pub(super) struct Table {
@@ -230,6 +263,8 @@ pub(super) struct Table {
     pub(super) fds: HashMap<FdId, FdWb>,
     /// Bytes queued over all inodes.
     pub(super) total: u64,
+    /// Deferred setattrs queued or in flight over all inodes.
+    pub(super) setattrs: usize,
     /// Last sequence number given to a queue entry.
     pub(super) seq: u64,
     pub(super) tick: u64,
@@ -251,6 +286,7 @@ impl Table {
             inodes: HashMap::new(),
             fds: HashMap::new(),
             total: 0,
+            setattrs: 0,
             seq: 0,
             tick: 0,
             clock: 0,
@@ -332,6 +368,10 @@ impl Table {
             Some(v) => {
                 a.size = v.size;
                 a.blocks = v.blocks;
+                a.mode = v.mode;
+                a.uid = v.uid;
+                a.gid = v.gid;
+                a.atime = v.atime;
                 a.mtime = v.mtime;
                 a.ctime = v.ctime;
             }
@@ -448,8 +488,40 @@ impl Drop for Reading<'_> {
     }
 }
 
-pub(super) fn track_fd(t: &mut Table, fd: FdId, flags: u32) {
+/// Remembers an fd opened on `gfid` with `flags`.
+pub(super) fn track_fd(t: &mut Table, fd: FdId, flags: u32, gfid: Gfid) {
     if t.fds.len() < MAX_FDS || t.fds.contains_key(&fd) {
         t.fds.insert(fd, FdWb { flags, error: None });
     }
+    if let Some(i) = t.inodes.get_mut(&gfid)
+        && i.open_fds.len() < MAX_OPEN_FDS
+        && !i.open_fds.contains(&fd)
+    {
+        i.open_fds.push(fd);
+    }
+}
+
+/// Applies a setattr acknowledged at `at` to attributes, as the brick
+/// will (`times`: its atime and mtime too).
+pub(super) fn apply(a: &mut Iatt, s: &SetAttr, at: Timespec, times: bool) {
+    if let Some(m) = s.mode {
+        a.mode = (a.mode & libc::S_IFMT) | (m & 0o7777);
+    }
+    if let Some(u) = s.uid {
+        a.uid = u;
+    }
+    if let Some(g) = s.gid {
+        a.gid = g;
+    }
+    let time = |t: TimeSet| match t {
+        TimeSet::Now => at,
+        TimeSet::At(t) => t,
+    };
+    if let Some(t) = s.atime {
+        a.atime = time(t);
+    }
+    if times && let Some(t) = s.mtime {
+        a.mtime = time(t);
+    }
+    a.ctime = a.ctime.max(at);
 }

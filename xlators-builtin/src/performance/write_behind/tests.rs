@@ -26,12 +26,31 @@ struct MemFile {
     /// Holds ftruncates after they applied, likewise.
     change_gate: Mutex<Option<Arc<Semaphore>>>,
     fail_writes: AtomicU32,
+    /// Mode (0: a regular 0644 file), owner and times.
+    meta: Mutex<Iatt>,
+    fail_setattrs: AtomicU32,
+    /// Every setattr and fsetattr, in order, with the stamp it carried.
+    setattrs: Mutex<Vec<(SetAttr, Option<u64>)>>,
 }
 
 impl MemFile {
     fn iatt(&self) -> Iatt {
         let size = self.data.lock().len() as u64;
-        Iatt { gfid: GFID, mode: REG, nlink: 1, size, blocks: size.div_ceil(512), ..Iatt::default() }
+        let m = *self.meta.lock();
+        let mode = if m.mode == 0 { REG } else { m.mode };
+        Iatt {
+            gfid: GFID,
+            mode,
+            nlink: 1,
+            size,
+            blocks: size.div_ceil(512),
+            uid: m.uid,
+            gid: m.gid,
+            atime: m.atime,
+            mtime: m.mtime,
+            ctime: m.ctime,
+            ..Iatt::default()
+        }
     }
     fn calls(&self) -> Vec<(FopKind, u64, u64)> {
         self.calls.lock().clone()
@@ -69,6 +88,8 @@ impl Xlator for MemFile {
             self.calls.lock().push((req.fop.kind(), off, len));
             let reply = match req.fop {
                 Fop::Writev { data, offset, flags, .. } => {
+                    // Stamped when sent, as features/utime below does.
+                    let now = now_ts();
                     self.write_flags.lock().push(flags);
                     let gate = self.gate.lock().clone();
                     if let Some(g) = gate {
@@ -87,6 +108,9 @@ impl Xlator for MemFile {
                         }
                         d[offset as usize..end].copy_from_slice(&data);
                     }
+                    let mut m = self.meta.lock();
+                    (m.mtime, m.ctime) = (now, now);
+                    drop(m);
                     Reply::PrePost { pre, post: self.iatt() }
                 }
                 Fop::Readv { size, offset, .. } => {
@@ -120,6 +144,19 @@ impl Xlator for MemFile {
                 Fop::Create { .. } => Reply::Entry { iatt: self.iatt(), postparent: Iatt::default() },
                 Fop::Fstat { .. } | Fop::Stat { .. } => Reply::Attr(self.iatt()),
                 Fop::Fsync { .. } => Reply::PrePost { pre: self.iatt(), post: self.iatt() },
+                Fop::Setattr { attr, .. } | Fop::Fsetattr { attr, .. } => {
+                    self.setattrs.lock().push((attr, req.xdata.get_u64(keys::UTIME)));
+                    if self.fail_setattrs.load(Ordering::SeqCst) > 0 {
+                        self.fail_setattrs.fetch_sub(1, Ordering::SeqCst);
+                        return Err(Errno::EPERM);
+                    }
+                    let pre = self.iatt();
+                    let mut a = pre;
+                    let at = req.xdata.get_u64(keys::UTIME).map_or_else(now_ts, Timespec::from_nanos);
+                    queue::apply(&mut a, &attr, at, true);
+                    *self.meta.lock() = a;
+                    Reply::PrePost { pre, post: self.iatt() }
+                }
                 Fop::Ftruncate { offset, .. } => {
                     let pre = self.iatt();
                     self.data.lock().resize(offset as usize, 0);
@@ -712,4 +749,155 @@ async fn an_fsync_carries_the_write_before_it_and_a_held_write_goes_out_anyway()
     write_ok(&xl, fd(1), 400, vec![6; 100]).await;
     settle().await;
     assert_eq!(file.kinds()[before..], [FopKind::Writev], "trickled at once");
+}
+
+fn setattr_req(attr: SetAttr) -> Request {
+    Request::new(Fop::Setattr { loc: Loc::gfid(GFID), attr })
+}
+
+async fn setattr_as(xl: &Arc<dyn Xlator>, c: CallCtx, attr: SetAttr) -> (Iatt, Iatt) {
+    match xl.call(c, setattr_req(attr)).await {
+        Ok(Response { reply: Reply::PrePost { pre, post }, .. }) => (pre, post),
+        other => panic!("setattr: {other:?}"),
+    }
+}
+
+fn at(sec: i64) -> TimeSet {
+    TimeSet::At(Timespec { sec, nsec: 0 })
+}
+
+/// tar's futimens, fchown and fchmod after a file's data: answered at
+/// once with the attributes they give, merged into one fsetattr sent
+/// after the write, which the brick applies as the answers said.
+#[tokio::test(flavor = "current_thread")]
+async fn setattrs_after_writes_are_answered_at_once_merged_and_sent_after_them() {
+    let (xl, file) = setup(&[]);
+    open(&xl, 1, 0).await;
+    let gate = file.close_gate();
+    write_ok(&xl, fd(1), 0, vec![1; 5000]).await;
+    settle().await;
+    let times = SetAttr { atime: Some(at(1000)), mtime: Some(at(2000)), ..SetAttr::default() };
+    let (pre, post) = setattr_as(&xl, ctx(), times).await;
+    assert_eq!((pre.size, post.size), (5000, 5000), "the queued write's size");
+    assert_eq!((post.atime.sec, post.mtime.sec), (1000, 2000));
+    assert!(post.ctime >= pre.ctime);
+    let owner = SetAttr { uid: Some(1000), gid: Some(100), ..SetAttr::default() };
+    let (_, post) = setattr_as(&xl, ctx(), owner).await;
+    assert_eq!((post.uid, post.gid, post.mtime.sec), (1000, 100, 2000));
+    let (_, post) = setattr_as(&xl, ctx(), SetAttr { mode: Some(0o4755), ..SetAttr::default() }).await;
+    assert_eq!((post.mode, post.uid, post.mtime.sec, post.size), (libc::S_IFREG | 0o4755, 1000, 2000, 5000));
+    settle().await;
+    assert!(file.setattrs.lock().is_empty(), "nothing sent while the write is out");
+    assert_eq!((dump(&xl, "setattrs-behind"), dump(&xl, "setattrs-merged")), (3, 2));
+    gate.add_permits(100);
+    settle().await;
+    assert_eq!(file.kinds(), vec![FopKind::Lookup, FopKind::Open, FopKind::Writev, FopKind::Fsetattr]);
+    let sent = file.setattrs.lock().clone();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        sent[0].0,
+        SetAttr { mode: Some(0o4755), uid: Some(1000), gid: Some(100), atime: Some(at(1000)), mtime: Some(at(2000)) }
+    );
+    assert_eq!(Some(post.ctime.to_nanos()), sent[0].1, "the brick's ctime is the one answered");
+    let got = xl.call(ctx(), Request::new(Fop::Fstat { fd: fd(1) })).await.expect("fstat");
+    assert_eq!(got.reply, Reply::Attr(post), "the brick's attributes are the ones answered");
+}
+
+/// A write after a setattr goes after it and sets the mtime again; a
+/// chown after a chmod is not merged into it (the brick would chown
+/// first); an xattr fop waits for the setattrs before it.
+#[tokio::test(flavor = "current_thread")]
+async fn what_comes_after_a_setattr_behind_goes_after_it() {
+    let (xl, file) = setup(&[]);
+    open(&xl, 1, 0).await;
+    let gate = file.close_gate();
+    write_ok(&xl, fd(1), 0, vec![1; 100]).await;
+    settle().await;
+    setattr_as(&xl, ctx(), SetAttr { mtime: Some(at(5)), ..SetAttr::default() }).await;
+    let post = write_ok(&xl, fd(1), 100, vec![2; 100]).await;
+    assert!(post.mtime.sec > 5, "the later write's mtime: {:?}", post.mtime);
+    setattr_as(&xl, ctx(), SetAttr { mode: Some(0o600), ..SetAttr::default() }).await;
+    setattr_as(&xl, ctx(), SetAttr { uid: Some(7), ..SetAttr::default() }).await;
+    assert_eq!(dump(&xl, "setattrs-merged"), 0);
+    let xattr = Fop::Getxattr { loc: Loc::gfid(GFID), name: "user.x".into() };
+    let x2 = xl.clone();
+    let getx = tokio::spawn(async move { x2.call(ctx(), Request::new(xattr)).await });
+    settle().await;
+    assert!(!getx.is_finished(), "the getxattr waits for the setattrs");
+    gate.add_permits(100);
+    getx.await.expect("joined").expect("getxattr");
+    let order: Vec<FopKind> = file.kinds().into_iter().skip(2).collect();
+    use FopKind::*;
+    assert_eq!(order, vec![Writev, Fsetattr, Writev, Fsetattr, Fsetattr, Getxattr]);
+    let a = file.iatt();
+    assert_eq!((a.mode, a.uid, a.size), (libc::S_IFREG | 0o600, 7, 200));
+    assert!(a.mtime.sec > 5);
+}
+
+/// A setattr that fails behind the caller's back is returned by the next
+/// fsync, and logged; a later one is not taken behind until then.
+#[tokio::test(flavor = "current_thread")]
+async fn a_setattr_that_fails_behind_is_returned_by_the_next_fsync() {
+    let (xl, file) = setup(&[]);
+    open(&xl, 1, 0).await;
+    file.fail_setattrs.store(1, Ordering::SeqCst);
+    setattr_as(&xl, ctx(), SetAttr { mode: Some(0o600), ..SetAttr::default() }).await;
+    settle().await;
+    assert_eq!(dump(&xl, "errors-deferred"), 1);
+    assert_eq!(fsync(&xl, fd(1)).await.map(drop), Err(Errno::EPERM));
+    fsync(&xl, fd(1)).await.expect("reported once");
+}
+
+/// Setattrs whose outcome cannot be told here go to the child at once:
+/// another user's, a change of owner of a set-id file, one on a file not
+/// open here, and every one with setattr-behind off.
+#[tokio::test(flavor = "current_thread")]
+async fn setattrs_that_may_fail_or_do_more_are_not_deferred() {
+    let user = |uid| CallCtx { uid, gid: uid, ..ctx() };
+    let mode = SetAttr { mode: Some(0o640), ..SetAttr::default() };
+    let sent = |file: &MemFile| file.kinds().iter().filter(|k| **k == FopKind::Setattr).count();
+
+    let (xl, file) = setup(&[]);
+    xl.call(ctx(), Request::new(Fop::Lookup { loc: Loc::gfid(GFID) })).await.expect("lookup");
+    setattr_as(&xl, ctx(), mode).await;
+    assert_eq!(sent(&file), 1, "not open here");
+    xl.call(ctx(), Request::new(Fop::Open { loc: Loc::gfid(GFID), flags: 0, fd: FdId(1) })).await.expect("open");
+    setattr_as(&xl, user(1000), mode).await;
+    assert_eq!(sent(&file), 2, "not the owner");
+    setattr_as(&xl, ctx(), SetAttr { uid: Some(1000), ..SetAttr::default() }).await;
+    assert_eq!(sent(&file), 2, "root's chown is deferred");
+    setattr_as(&xl, user(1000), SetAttr { mode: Some(0o2755), ..SetAttr::default() }).await;
+    assert_eq!(sent(&file), 3, "the owner setting a set-id bit");
+    setattr_as(&xl, user(1000), mode).await;
+    assert_eq!(sent(&file), 3, "the owner's chmod is deferred");
+    setattr_as(&xl, ctx(), SetAttr { mode: Some(0o4755), ..SetAttr::default() }).await;
+    setattr_as(&xl, ctx(), SetAttr { gid: Some(5), ..SetAttr::default() }).await;
+    assert_eq!(sent(&file), 4, "a new owner of a set-id file");
+    assert_eq!(file.iatt().mode & 0o7777, 0o4755, "the chmod before it landed first");
+
+    let (xl, file) = setup(&[("setattr-behind", "off")]);
+    open(&xl, 1, 0).await;
+    setattr_as(&xl, ctx(), mode).await;
+    assert_eq!(sent(&file), 1, "setattr-behind off");
+}
+
+/// A listing or lookup by name answered while a setattr is queued shows
+/// the mode, owner and times the application was given.
+#[tokio::test(flavor = "current_thread")]
+async fn a_listing_shows_the_queued_setattr() {
+    let (xl, file) = setup(&[]);
+    open(&xl, 1, 0).await;
+    let gate = file.close_gate();
+    write_ok(&xl, fd(1), 0, vec![1; 10]).await;
+    settle().await;
+    let attr = SetAttr { mode: Some(0o700), uid: Some(3), mtime: Some(at(9)), ..SetAttr::default() };
+    let (_, post) = setattr_as(&xl, ctx(), attr).await;
+    let r = xl.call(ctx(), Request::new(Fop::Readdirp { fd: fd(9), size: 4096, offset: 0 })).await.expect("readdirp");
+    let Reply::Dirents(d) = r.reply else { panic!() };
+    assert_eq!(d[0].iatt, post);
+    let r = xl.call(ctx(), Request::new(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") })).await.expect("lookup");
+    assert_eq!(r.reply, Reply::Entry { iatt: post, postparent: Iatt::default() });
+    gate.add_permits(10);
+    settle().await;
+    assert_eq!(file.iatt(), post);
 }
