@@ -21,12 +21,13 @@
 //! prefix of the queue (the operations it had sent), never a later one
 //! without an earlier one. Every other entry operation of this client (any
 //! directory) waits until the queue is empty, so it too lands after the
-//! earlier ones. Any other
-//! fop on an inode a queued operation makes or removes (write, setattr,
-//! open, lookup by gfid, readdir of a directory with queued operations, a
-//! lookup of a queued name, release of a create's fd) waits for that
-//! operation first. A create's fd is usable at once: its writes wait for
-//! the create.
+//! earlier ones. Any other fop on an inode a queued operation makes or
+//! removes (write, setattr, open, lookup by gfid, a lookup of a queued
+//! name, release of a create's fd) waits for that operation first, and a
+//! readdir or setattr of a directory waits for the operations queued in
+//! it (the mtime a setattr gives must not be overwritten by a create
+//! answered before it: tar sets a directory's times after extracting into
+//! it). A create's fd is usable at once: its writes wait for the create.
 //!
 //! **Failures are never silent.** A queued operation that fails (a brick
 //! error, ENOSPC, EEXIST if the name was made behind the volume's back) is
@@ -495,6 +496,15 @@ impl Inner {
             }
             Fop::Readdir { fd, .. } | Fop::Readdirp { fd, .. } | Fop::Fsyncdir { fd, .. } => {
                 Wait::On { gfids: vec![fd.gfid], dir: Some(fd.gfid), name: None }
+            }
+            // The times a setattr gives a directory must not be overwritten
+            // by an operation in it answered before (tar sets a directory's
+            // mtime after extracting into it).
+            Fop::Setattr { loc: xlfs_sdk::Loc { gfid: g, .. }, .. }
+            | Fop::Fsetattr { fd: xlfs_sdk::Fd { gfid: g, .. }, .. }
+                if !g.is_null() =>
+            {
+                Wait::On { gfids: vec![*g], dir: Some(*g), name: None }
             }
             // A fop by parent and name alone (a lookup; a stat or getxattr
             // through the client API) waits for what is queued on that name:

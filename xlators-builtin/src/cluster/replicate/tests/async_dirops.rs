@@ -265,3 +265,58 @@ async fn a_queued_operation_that_panics_fails_and_the_queue_goes_on() {
         assert!(names_on(&c, i, "d").contains(&"from-b".to_string()), "brick {i}");
     }
 }
+
+/// A child that holds every CREATE until `gate` gives a permit.
+struct HeldCreates {
+    inner: Arc<dyn Xlator>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl Xlator for HeldCreates {
+    fn call(&self, ctx: CallCtx, req: Request) -> xlfs_sdk::FopFuture<'_> {
+        if !matches!(req.fop, Fop::Create { .. }) {
+            return self.inner.call(ctx, req);
+        }
+        Box::pin(async move {
+            self.gate.acquire().await.map_err(|_| Errno::EIO)?.forget();
+            self.inner.call(ctx, req).await
+        })
+    }
+}
+
+/// A setattr of a directory waits for the creates in it answered before:
+/// the mtime it sets is the directory's in the end, as tar restores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_setattr_lands_after_the_creates_answered_before_it() {
+    let c = Cluster::new();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    let n = Arc::new(c.node_wrapped("client-a", &[("post-op-delay-secs", "3600")], &move |_, inner| {
+        Arc::new(HeldCreates { inner, gate: g.clone() })
+    }));
+    gate.add_permits(3);
+    let d = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d")).await);
+    let mut fds = Vec::new();
+    for k in 0..4 {
+        fds.push(create_in(&n, d, &format!("f{k}")).await.expect("answered early").0);
+    }
+    assert_eq!(n.dump("async-dirops.answered"), "4", "{:?}", n.afr.dump());
+    let when = xlfs_sdk::Timespec { sec: 946_684_800, nsec: 0 };
+    let attr = xlfs_sdk::SetAttr { mtime: Some(xlfs_sdk::TimeSet::At(when)), ..Default::default() };
+    let n2 = n.clone();
+    let set = tokio::spawn(async move { n2.call(Fop::Setattr { loc: Loc::gfid(d), attr }).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!set.is_finished(), "the setattr waits for the creates in the directory");
+    gate.add_permits(1000);
+    promptly("setattr", set).await.expect("joined").expect("setattr");
+    for fd in fds {
+        n.close(fd).await;
+    }
+    drain(&n).await;
+    for i in 0..N {
+        let m = std::fs::metadata(c.bricks[i].dir.join("d")).expect("d on the brick");
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(m.mtime(), when.sec, "d's mtime on brick {i}");
+        assert_eq!(names_on(&c, i, "d").len(), 4);
+    }
+}
