@@ -198,6 +198,50 @@ pub struct SetAttr {
     pub mtime: Option<TimeSet>,
 }
 
+impl SetAttr {
+    /// Applies the changes to `a` as storage/posix does them (owner, mode,
+    /// times), `now` standing for [`TimeSet::Now`] and becoming the ctime
+    /// (unless the ctime is later already).
+    pub fn apply(&self, a: &mut Iatt, now: Timespec) {
+        if let Some(u) = self.uid {
+            a.uid = u;
+        }
+        if let Some(g) = self.gid {
+            a.gid = g;
+        }
+        if let Some(m) = self.mode {
+            a.mode = (a.mode & 0o170000) | (m & 0o7777);
+        }
+        let time = |t: TimeSet| match t {
+            TimeSet::Now => now,
+            TimeSet::At(t) => t,
+        };
+        if let Some(t) = self.atime {
+            a.atime = time(t);
+        }
+        if let Some(t) = self.mtime {
+            a.mtime = time(t);
+        }
+        a.ctime = a.ctime.max(now);
+    }
+
+    /// Whether a caller with `uid` can know what this setattr does to an
+    /// inode with attributes `a` before a brick does it (to answer it
+    /// ahead, as write-behind and async-dirops do): the brick will not
+    /// refuse it (root; or the owner changing the mode without set-id
+    /// bits, or the times), and it changes nothing it does not say (a new
+    /// owner of a set-id inode loses its set-id bits on the brick).
+    pub fn predictable(&self, uid: u32, a: &Iatt) -> bool {
+        const SET_ID: u32 = 0o6000;
+        let owner_change = self.uid.is_some_and(|u| u != a.uid) || self.gid.is_some_and(|g| g != a.gid);
+        if owner_change && a.mode & SET_ID != 0 {
+            return false;
+        }
+        uid == 0
+            || (uid == a.uid && self.uid.is_none() && self.gid.is_none() && self.mode.is_none_or(|m| m & SET_ID == 0))
+    }
+}
+
 /// How a timestamp is set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TimeSet {
@@ -411,4 +455,38 @@ pub mod xattr_flags {
     pub const CREATE: u32 = 1;
     /// Fail with ENODATA if the attribute does not exist.
     pub const REPLACE: u32 = 2;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_setattr_is_predictable_for_root_and_for_the_owner_within_bounds() {
+        let file = Iatt { mode: 0o100644, uid: 1000, gid: 100, ..Iatt::default() };
+        let mode = |m| SetAttr { mode: Some(m), ..SetAttr::default() };
+        let times = SetAttr { mtime: Some(TimeSet::Now), ..SetAttr::default() };
+        let chown = SetAttr { uid: Some(7), ..SetAttr::default() };
+        assert!(chown.predictable(0, &file) && mode(0o4755).predictable(0, &file), "root");
+        assert!(times.predictable(1000, &file) && mode(0o600).predictable(1000, &file), "the owner");
+        assert!(!mode(0o2755).predictable(1000, &file), "the owner setting a set-id bit");
+        assert!(!SetAttr { gid: Some(100), ..SetAttr::default() }.predictable(1000, &file), "the owner's chgrp");
+        assert!(!times.predictable(1001, &file), "another user");
+        let setuid = Iatt { mode: 0o104755, ..file };
+        assert!(!chown.predictable(0, &setuid), "a new owner of a set-id file");
+        assert!(SetAttr { uid: Some(1000), ..SetAttr::default() }.predictable(0, &setuid), "the same owner");
+
+        let mut a = file;
+        let now = Timespec { sec: 50, nsec: 0 };
+        let at = Timespec { sec: 7, nsec: 0 };
+        SetAttr {
+            mode: Some(0o4700),
+            uid: Some(1),
+            gid: None,
+            atime: Some(TimeSet::At(at)),
+            mtime: Some(TimeSet::Now),
+        }
+        .apply(&mut a, now);
+        assert_eq!((a.mode, a.uid, a.gid, a.atime, a.mtime, a.ctime), (0o104700, 1, 100, at, now, now));
+    }
 }

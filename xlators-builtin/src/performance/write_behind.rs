@@ -125,7 +125,7 @@ use xlfs_sdk::options::{Opt, OptionDecl, kind};
 use xlfs_sdk::xlator::ReconfigureError;
 use xlfs_sdk::{
     CallCtx, Child, Dict, Errno, Event, EventFrom, Fd, FdId, FileType, Fop, FopFuture, FopResult, Gfid, Iatt, InitCtx,
-    InitError, Options, Reply, Request, Response, SetAttr, TimeSet, Timespec, Upcall, Xlator, XlatorType,
+    InitError, Options, Reply, Request, Response, SetAttr, Timespec, Upcall, Xlator, XlatorType,
 };
 
 use queue::*;

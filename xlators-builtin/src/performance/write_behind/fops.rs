@@ -226,8 +226,8 @@ impl Inner {
     }
 
     /// Queues a setattr of a regular file whose attributes are known and
-    /// that is open here, when its outcome can be told now (see
-    /// [`may_defer`]), and answers it from the attributes it will give. A
+    /// that is open here, when its outcome can be told now
+    /// ([`SetAttr::predictable`]), and answers it from the attributes it will give. A
     /// queued setattr not yet sent takes a later one in (GlusterFS's
     /// write-behind does not do this). None: send it now.
     pub(super) fn setattr_behind(self: &Arc<Self>, ctx: &CallCtx, req: &Request) -> Option<FopResult> {
@@ -245,7 +245,11 @@ impl Inner {
         let i = inodes.get_mut(&gfid)?;
         let base = i.base?;
         let fd = given_fd.or_else(|| i.open_fds.last().copied())?;
-        if i.error.is_some() || i.entries.len() >= MAX_ENTRIES || !may_defer(ctx, &base, &attr) {
+        if i.error.is_some()
+            || i.entries.len() >= MAX_ENTRIES
+            || base.file_type() != FileType::Regular
+            || !attr.predictable(ctx.uid, &base)
+        {
             return None;
         }
         let pre = i.view()?;
@@ -469,25 +473,6 @@ fn post_of(res: &FopResult) -> Option<Iatt> {
         Ok(Response { reply: Reply::PrePost { post, .. } | Reply::Copied { post, .. }, .. }) => Some(*post),
         _ => None,
     }
-}
-
-/// Whether a setattr by `ctx` of a file with attributes `base` can be
-/// answered before the brick does it: the brick will not refuse it (root;
-/// or the owner changing mode or times, and no set-id bit, which the
-/// kernel may clear for a caller outside the group), and it changes
-/// nothing the setattr does not say (a new owner makes the brick's kernel
-/// clear a set-id file's set-id bits).
-pub(super) fn may_defer(ctx: &CallCtx, base: &Iatt, attr: &SetAttr) -> bool {
-    const SET_ID: u32 = libc::S_ISUID | libc::S_ISGID;
-    let owner_change = attr.uid.is_some_and(|u| u != base.uid) || attr.gid.is_some_and(|g| g != base.gid);
-    if base.file_type() != FileType::Regular || (owner_change && base.mode & SET_ID != 0) {
-        return false;
-    }
-    ctx.uid == 0
-        || (ctx.uid == base.uid
-            && attr.uid.is_none()
-            && attr.gid.is_none()
-            && attr.mode.is_none_or(|m| m & SET_ID == 0))
 }
 
 /// One setattr doing `first` then `then`, when the brick's order (owner,

@@ -152,7 +152,11 @@ impl InodeWb {
         let last_write = self.entries.iter().rposition(|e| e.attr.is_none());
         for (k, e) in self.entries.iter().enumerate() {
             if let Some(s) = &e.attr {
-                apply(&mut a, s, e.at, last_write.is_none_or(|w| w < k));
+                let mut s = *s;
+                if last_write.is_some_and(|w| w > k) {
+                    s.mtime = None;
+                }
+                s.apply(&mut a, e.at);
             }
         }
         Some(a)
@@ -499,29 +503,4 @@ pub(super) fn track_fd(t: &mut Table, fd: FdId, flags: u32, gfid: Gfid) {
     {
         i.open_fds.push(fd);
     }
-}
-
-/// Applies a setattr acknowledged at `at` to attributes, as the brick
-/// will (`times`: its atime and mtime too).
-pub(super) fn apply(a: &mut Iatt, s: &SetAttr, at: Timespec, times: bool) {
-    if let Some(m) = s.mode {
-        a.mode = (a.mode & libc::S_IFMT) | (m & 0o7777);
-    }
-    if let Some(u) = s.uid {
-        a.uid = u;
-    }
-    if let Some(g) = s.gid {
-        a.gid = g;
-    }
-    let time = |t: TimeSet| match t {
-        TimeSet::Now => at,
-        TimeSet::At(t) => t,
-    };
-    if let Some(t) = s.atime {
-        a.atime = time(t);
-    }
-    if times && let Some(t) = s.mtime {
-        a.mtime = time(t);
-    }
-    a.ctime = a.ctime.max(at);
 }

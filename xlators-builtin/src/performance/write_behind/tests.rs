@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio::sync::Semaphore;
 use xlfs_sdk::testing::init_named;
-use xlfs_sdk::{DirEntry, FopKind, Loc, Value};
+use xlfs_sdk::{DirEntry, FopKind, Loc, TimeSet, Value};
 
 use super::*;
 
@@ -153,7 +153,7 @@ impl Xlator for MemFile {
                     let pre = self.iatt();
                     let mut a = pre;
                     let at = req.xdata.get_u64(keys::UTIME).map_or_else(now_ts, Timespec::from_nanos);
-                    queue::apply(&mut a, &attr, at, true);
+                    attr.apply(&mut a, at);
                     *self.meta.lock() = a;
                     Reply::PrePost { pre, post: self.iatt() }
                 }
