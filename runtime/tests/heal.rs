@@ -89,11 +89,14 @@ impl Bricks {
         self.dirs[i].join(rel.trim_start_matches('/'))
     }
 
+    /// The gfids brick `i`'s index lists (not its base files, which the
+    /// entries are links to).
     fn index(&self, i: usize) -> Vec<String> {
         let d = self.dirs[i].join(".glusterfs/indices/xattrop");
         let mut v: Vec<String> = std::fs::read_dir(&d)
             .map(|r| r.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
             .unwrap_or_default();
+        v.retain(|n| !n.starts_with("xattrop-"));
         v.sort();
         v
     }

@@ -258,8 +258,8 @@ fn split_brain(c: &mut Cluster, text: &str, vol: &str) {
                     .unwrap_or_else(|e| panic!("setxattr {counter} on {}: {e}", p.display()));
             }
             // As the brick's index would have recorded it (features/index
-            // keeps one empty file per gfid with pending counters and
-            // reloads them at start).
+            // keeps a name per gfid with pending counters, a link to its
+            // base file, and reads any such name back at start).
             let index = root(s * N + k).join(".glusterfs/indices/xattrop");
             std::fs::create_dir_all(&index).expect("index dir");
             std::fs::write(index.join(kit::workload::gfid_xattr(&p).to_string()), b"").expect("index entry");
