@@ -32,6 +32,16 @@ fn volfile(brick: &Path, failing: Option<&str>) -> String {
     v
 }
 
+/// A mount of [`volfile`] over a new brick directory: (the temporary
+/// directory, the brick, the mount), dropped in reverse order.
+fn mounted(failing: Option<&str>) -> (tempfile::TempDir, std::path::PathBuf, FuseMount) {
+    let dir = tempfile::tempdir().expect("dir");
+    let brick = dir.path().join("brick");
+    std::fs::create_dir(&brick).expect("brick");
+    let m = FuseMount::start(&volfile(&brick, failing), "");
+    (dir, brick, m)
+}
+
 /// A small deterministic generator for offsets and lengths.
 struct Lcg(u64);
 impl Lcg {
@@ -43,10 +53,7 @@ impl Lcg {
 
 #[test]
 fn overlapping_writes_and_reads_and_fstat_after_them_are_exact() {
-    let dir = tempfile::tempdir().expect("dir");
-    let brick = dir.path().join("brick");
-    std::fs::create_dir(&brick).expect("brick");
-    let m = FuseMount::start(&volfile(&brick, None), "");
+    let (_dir, brick, m) = mounted(None);
     let path = m.path().join("f");
     let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("create");
     let mut model: Vec<u8> = Vec::new();
@@ -78,10 +85,7 @@ fn overlapping_writes_and_reads_and_fstat_after_them_are_exact() {
 
 #[test]
 fn a_write_that_fails_behind_is_reported_by_fsync_and_o_direct_is_not_delayed() {
-    let dir = tempfile::tempdir().expect("dir");
-    let brick = dir.path().join("brick");
-    std::fs::create_dir(&brick).expect("brick");
-    let m = FuseMount::start(&volfile(&brick, Some("WRITE")), "");
+    let (_dir, _brick, m) = mounted(Some("WRITE"));
     let path = m.path().join("f");
     let mut f =
         std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("create");
@@ -118,10 +122,7 @@ fn futimens(fd: &std::fs::File, atime: i64, mtime: i64) -> std::io::Result<()> {
 #[test]
 fn setattrs_of_an_open_file_are_answered_behind_show_at_once_and_reach_the_brick() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let dir = tempfile::tempdir().expect("dir");
-    let brick = dir.path().join("brick");
-    std::fs::create_dir(&brick).expect("brick");
-    let m = FuseMount::start(&volfile(&brick, None), "");
+    let (_dir, brick, m) = mounted(None);
     let path = m.path().join("f");
     // As tar extracts a file: data, then times, owner and mode on its fd.
     let f = std::fs::OpenOptions::new().write(true).create_new(true).open(&path).expect("create");
@@ -153,10 +154,7 @@ fn setattrs_of_an_open_file_are_answered_behind_show_at_once_and_reach_the_brick
 #[test]
 fn a_setattr_that_fails_behind_is_reported_by_fsync() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().expect("dir");
-    let brick = dir.path().join("brick");
-    std::fs::create_dir(&brick).expect("brick");
-    let m = FuseMount::start(&volfile(&brick, Some("FSETATTR")), "");
+    let (_dir, _brick, m) = mounted(Some("FSETATTR"));
     let f = std::fs::OpenOptions::new().write(true).create_new(true).open(m.path().join("f")).expect("create");
     f.write_all_at(b"data", 0).expect("write");
     f.set_permissions(std::fs::Permissions::from_mode(0o600)).expect("fchmod is answered behind");

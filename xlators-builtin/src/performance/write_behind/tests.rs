@@ -766,16 +766,23 @@ fn at(sec: i64) -> TimeSet {
     TimeSet::At(Timespec { sec, nsec: 0 })
 }
 
+/// Write-behind over a file open as fd 1 with a write of `len` bytes at 0
+/// held at the child's gate (returned): what comes next queues behind it.
+async fn behind_a_held_write(len: usize) -> (Arc<dyn Xlator>, Arc<MemFile>, Arc<Semaphore>) {
+    let (xl, file) = setup(&[]);
+    open(&xl, 1, 0).await;
+    let gate = file.close_gate();
+    write_ok(&xl, fd(1), 0, vec![1; len]).await;
+    settle().await;
+    (xl, file, gate)
+}
+
 /// tar's futimens, fchown and fchmod after a file's data: answered at
 /// once with the attributes they give, merged into one fsetattr sent
 /// after the write, which the brick applies as the answers said.
 #[tokio::test(flavor = "current_thread")]
 async fn setattrs_after_writes_are_answered_at_once_merged_and_sent_after_them() {
-    let (xl, file) = setup(&[]);
-    open(&xl, 1, 0).await;
-    let gate = file.close_gate();
-    write_ok(&xl, fd(1), 0, vec![1; 5000]).await;
-    settle().await;
+    let (xl, file, gate) = behind_a_held_write(5000).await;
     let times = SetAttr { atime: Some(at(1000)), mtime: Some(at(2000)), ..SetAttr::default() };
     let (pre, post) = setattr_as(&xl, ctx(), times).await;
     assert_eq!((pre.size, post.size), (5000, 5000), "the queued write's size");
@@ -808,11 +815,7 @@ async fn setattrs_after_writes_are_answered_at_once_merged_and_sent_after_them()
 /// first); an xattr fop waits for the setattrs before it.
 #[tokio::test(flavor = "current_thread")]
 async fn what_comes_after_a_setattr_behind_goes_after_it() {
-    let (xl, file) = setup(&[]);
-    open(&xl, 1, 0).await;
-    let gate = file.close_gate();
-    write_ok(&xl, fd(1), 0, vec![1; 100]).await;
-    settle().await;
+    let (xl, file, gate) = behind_a_held_write(100).await;
     setattr_as(&xl, ctx(), SetAttr { mtime: Some(at(5)), ..SetAttr::default() }).await;
     let post = write_ok(&xl, fd(1), 100, vec![2; 100]).await;
     assert!(post.mtime.sec > 5, "the later write's mtime: {:?}", post.mtime);
@@ -885,11 +888,7 @@ async fn setattrs_that_may_fail_or_do_more_are_not_deferred() {
 /// the mode, owner and times the application was given.
 #[tokio::test(flavor = "current_thread")]
 async fn a_listing_shows_the_queued_setattr() {
-    let (xl, file) = setup(&[]);
-    open(&xl, 1, 0).await;
-    let gate = file.close_gate();
-    write_ok(&xl, fd(1), 0, vec![1; 10]).await;
-    settle().await;
+    let (xl, file, gate) = behind_a_held_write(10).await;
     let attr = SetAttr { mode: Some(0o700), uid: Some(3), mtime: Some(at(9)), ..SetAttr::default() };
     let (_, post) = setattr_as(&xl, ctx(), attr).await;
     let r = xl.call(ctx(), Request::new(Fop::Readdirp { fd: fd(9), size: 4096, offset: 0 })).await.expect("readdirp");
