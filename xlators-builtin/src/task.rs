@@ -272,6 +272,26 @@ impl Pool {
     }
 }
 
+/// Runs `f`, blocking syscalls of a fop (or of a translator's work for
+/// one), where it cannot hold up other work: on a sync thread that then
+/// carries the fop on to its reply when the fop is being run where it
+/// arrived ([`offload`]), in place in the fop's own task on a
+/// multi-thread runtime ([`block_in_task`]), else on the blocking pool
+/// (inline when there is no tokio runtime). None if `f` panicked.
+pub async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+    let f = match offload(f) {
+        Ok(job) => return job.await.ok(),
+        Err(f) => f,
+    };
+    match Handle::try_current() {
+        Ok(rt) if can_block_in_task(&rt) => {
+            block_in_task(move || std::panic::catch_unwind(AssertUnwindSafe(f)).ok()).await
+        }
+        Ok(rt) => rt.spawn_blocking(f).await.ok(),
+        Err(_) => std::panic::catch_unwind(AssertUnwindSafe(f)).ok(),
+    }
+}
+
 /// Whether a future polled here may block its thread in
 /// [`block_in_task`]: inside a task of a multi-thread runtime (a current-thread
 /// runtime has no other thread to take its work, and a `block_on` is not a

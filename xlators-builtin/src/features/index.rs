@@ -234,8 +234,8 @@ impl Index {
         }
         if let Some(d) = &self.dir {
             let (d, base) = (d.clone(), self.base.clone());
-            let r = tokio::task::spawn_blocking(move || link_entry(&d, &base, &d.join(g.to_string()))).await;
-            if !matches!(r, Ok(Ok(()))) {
+            let r = crate::task::blocking(move || link_entry(&d, &base, &d.join(g.to_string()))).await;
+            if !matches!(r, Some(Ok(()))) {
                 self.io_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(volume = %self.name, gfid = %g, "could not record the gfid in the on-disk index");
             }
@@ -250,12 +250,12 @@ impl Index {
         }
         if let Some(d) = &self.dir {
             let p = d.join(g.to_string());
-            let r = tokio::task::spawn_blocking(move || match std::fs::remove_file(p) {
+            let r = crate::task::blocking(move || match std::fs::remove_file(p) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
                 _ => Ok(()),
             })
             .await;
-            if !matches!(r, Ok(Ok(()))) {
+            if !matches!(r, Some(Ok(()))) {
                 self.io_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(volume = %self.name, gfid = %g, "could not drop the gfid from the on-disk index");
             }

@@ -754,29 +754,12 @@ fn write_deferred_times_later(inner: std::sync::Weak<Inner>) {
 }
 
 /// Runs `f`, a fop that may wait for the disk, where it cannot hold up
-/// other work: on a sync thread that then carries the fop on to its reply
-/// when the fop is being run where it arrived ([`crate::task::offload`]),
-/// in place in the fop's own task on a multi-thread runtime
-/// ([`crate::task::block_in_task`]), else on the blocking pool (inline when
-/// there is no tokio runtime).
+/// other work ([`crate::task::blocking`]); a panic in it is EIO.
 async fn blocking(f: impl FnOnce() -> FopResult + Send + 'static) -> FopResult {
-    let f = match crate::task::offload(f) {
-        Ok(job) => {
-            return job.await.unwrap_or_else(|_| {
-                tracing::error!("storage/posix: a fop's blocking call panicked");
-                Err(Errno::EIO)
-            });
-        }
-        Err(f) => f,
-    };
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) if crate::task::can_block_in_task(&rt) => crate::task::block_in_task(f).await,
-        Ok(rt) => rt.spawn_blocking(f).await.unwrap_or_else(|e| {
-            tracing::error!(error = %e, "storage/posix: a fop's blocking task failed");
-            Err(Errno::EIO)
-        }),
-        Err(_) => f(),
-    }
+    crate::task::blocking(f).await.unwrap_or_else(|| {
+        tracing::error!("storage/posix: a fop's blocking call panicked");
+        Err(Errno::EIO)
+    })
 }
 
 impl Xlator for Posix {
