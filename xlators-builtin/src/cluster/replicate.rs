@@ -227,9 +227,6 @@ impl Inner {
             return self.control(&ctx, &req).await;
         }
         if !is_entry_fop(&req.fop) {
-            if let Some(r) = self.setattr_early(&ctx, &req) {
-                return r;
-            }
             self.after_early(&req).await?;
         }
         match &req.fop {
@@ -294,22 +291,14 @@ impl Inner {
             | Fop::Removexattr { loc, .. }
             | Fop::Xattrop { loc, .. } => {
                 let g = loc.gfid;
-                let r = self.inode_txn(&ctx, Kind::Metadata, g, None, req).await;
-                if let Ok(Response { reply: Reply::PrePost { post, .. }, .. }) = &r {
-                    self.note_dir_attr(g, post);
-                }
-                r
+                self.inode_txn(&ctx, Kind::Metadata, g, None, req).await
             }
             Fop::Fsetattr { fd, .. }
             | Fop::Fsetxattr { fd, .. }
             | Fop::Fremovexattr { fd, .. }
             | Fop::Fxattrop { fd, .. } => {
                 let fd = *fd;
-                let r = self.inode_txn(&ctx, Kind::Metadata, fd.gfid, Some(fd), req).await;
-                if let Ok(Response { reply: Reply::PrePost { post, .. }, .. }) = &r {
-                    self.note_dir_attr(fd.gfid, post);
-                }
-                r
+                self.inode_txn(&ctx, Kind::Metadata, fd.gfid, Some(fd), req).await
             }
             Fop::Fsync { fd, .. } => {
                 let fd = *fd;

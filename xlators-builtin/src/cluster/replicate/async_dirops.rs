@@ -29,16 +29,6 @@
 //! answered before it: tar sets a directory's times after extracting into
 //! it). A create's fd is usable at once: its writes wait for the create.
 //!
-//! **Directory setattrs.** A setattr of a delegated directory whose
-//! outcome this client can tell (`SetAttr::predictable`: root, or the
-//! owner changing mode without set-id bits or times) is answered at once
-//! from the directory's known attributes and queued behind the
-//! operations in it, as a metadata transaction of its own. Every fop on
-//! the directory waits for it, and so does every listing and lookup by
-//! name begun after it was answered (their entry for the directory would
-//! carry the attributes from before it). Its failure is logged and
-//! returned by the next fsync of the directory.
-//!
 //! **Failures are never silent.** A queued operation that fails (a brick
 //! error, ENOSPC, EEXIST if the name was made behind the volume's back) is
 //! logged, its directory's delegation forgets its names, and the error is
@@ -84,8 +74,6 @@ struct Key {
     /// The lock of a promised delegation: after everything before it,
     /// before everything after it.
     barrier: bool,
-    /// A directory setattr's number ([`Queue::setattrs`]).
-    setattr: Option<u64>,
 }
 
 impl Key {
@@ -114,21 +102,13 @@ struct Op {
     ticket: Ticket,
     dir: Gfid,
     name: String,
-    /// The inode made or removed (a directory setattr's directory).
+    /// The inode made or removed.
     gfid: Gfid,
-    /// A directory setattr's number ([`Queue::setattrs`]).
-    setattr: Option<u64>,
 }
 
 impl Op {
     fn key(&self) -> Key {
-        Key {
-            dir: self.dir,
-            name: self.name.clone(),
-            gfid: self.gfid,
-            barrier: self.req.is_none(),
-            setattr: self.setattr,
-        }
+        Key { dir: self.dir, name: self.name.clone(), gfid: self.gfid, barrier: self.req.is_none() }
     }
 
     /// Whether it makes its inode (a create or mkdir).
@@ -157,13 +137,6 @@ struct Queue {
     /// when one of those finishes; the queue's own `changed` wakes those
     /// waiting for all of it or for room).
     waiters: HashMap<Gfid, Arc<Notify>>,
-    /// Directory setattrs answered early: the last number given, and those
-    /// not finished. A listing or a lookup by name waits for those answered
-    /// before it began: the entry it returns for such a directory would
-    /// carry the bricks' attributes from before the setattr, and the
-    /// caches above would keep them.
-    setattr_seq: u64,
-    setattrs: std::collections::BTreeSet<u64>,
 }
 
 fn bump<K: std::hash::Hash + Eq>(m: &mut HashMap<K, usize>, k: K) {
@@ -305,15 +278,8 @@ impl Inner {
         if let Fop::Create { flags, .. } = &mut sent.fop {
             *flags |= libc::O_EXCL as u32;
         }
-        let op = Op {
-            ctx: ctx.clone(),
-            req: Some(sent),
-            ticket,
-            dir: loc.parent,
-            name: loc.name.clone(),
-            gfid: target,
-            setattr: None,
-        };
+        let op =
+            Op { ctx: ctx.clone(), req: Some(sent), ticket, dir: loc.parent, name: loc.name.clone(), gfid: target };
         self.enqueue(op);
         if let Reply::Entry { iatt, .. } = &reply
             && ty == libc::S_IFDIR
@@ -324,68 +290,6 @@ impl Inner {
         Some(Ok(reply.into()))
     }
 
-    /// Answers a setattr of a delegated directory at once and queues it
-    /// behind the operations queued in the directory, when `async-dirops`
-    /// allows and its outcome can be told ([`xlfs_sdk::SetAttr::predictable`]):
-    /// tar's utimensat, chown and chmod of each directory it filled. It
-    /// runs as a metadata transaction of its own. Until it has, every other
-    /// fop on the directory waits for it, and so does every listing and
-    /// lookup by name begun after it (see [`Queue::setattrs`]). `None`: run
-    /// it as usual.
-    pub fn setattr_early(self: &Arc<Self>, ctx: &CallCtx, req: &Request) -> Option<super::FopResult> {
-        let Fop::Setattr { loc, attr } = &req.fop else { return None };
-        let dir = loc.gfid;
-        let cfg = self.cfg();
-        if !cfg.async_dirops || dir.is_null() || self.early.len() >= cfg.async_queue {
-            return None;
-        }
-        if self.early.q.lock().failed.contains_key(&dir) {
-            return None;
-        }
-        let now = req.xdata.get_u64(xlfs_sdk::dict::keys::UTIME).map_or_else(Timespec::now, Timespec::from_nanos);
-        let (ticket, pre, post, _) = self.join_early(dir, "", Early::Attr(*attr, ctx.uid, now))?;
-        let seq = {
-            let mut q = self.early.q.lock();
-            q.setattr_seq += 1;
-            let seq = q.setattr_seq;
-            q.setattrs.insert(seq);
-            seq
-        };
-        let op = Op {
-            ctx: ctx.clone(),
-            req: Some(req.clone()),
-            ticket,
-            dir,
-            name: String::new(),
-            gfid: dir,
-            setattr: Some(seq),
-        };
-        self.enqueue(op);
-        self.early.answered.fetch_add(1, Ordering::Relaxed);
-        Some(Ok(Reply::PrePost { pre, post }.into()))
-    }
-
-    /// Waits until the directory setattrs answered early so far have
-    /// finished.
-    async fn after_dir_setattrs(&self) {
-        let upto = {
-            let q = self.early.q.lock();
-            if q.setattrs.is_empty() {
-                return;
-            }
-            q.setattr_seq
-        };
-        loop {
-            let changed = self.early.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if self.early.q.lock().setattrs.first().is_none_or(|s| *s > upto) {
-                return;
-            }
-            changed.await;
-        }
-    }
-
     /// Sets up the delegation of a directory this client just made
     /// (`iatt`, in `parent`) and queues the taking of its lock.
     pub fn promise_after(self: &Arc<Self>, ctx: &CallCtx, parent: Gfid, iatt: Iatt) {
@@ -393,15 +297,7 @@ impl Inner {
             return;
         }
         if let Some(ticket) = self.promise_delegation(ctx, iatt.gfid, iatt) {
-            let op = Op {
-                ctx: ctx.clone(),
-                req: None,
-                ticket,
-                dir: parent,
-                name: String::new(),
-                gfid: iatt.gfid,
-                setattr: None,
-            };
+            let op = Op { ctx: ctx.clone(), req: None, ticket, dir: parent, name: String::new(), gfid: iatt.gfid };
             self.enqueue(op);
         }
     }
@@ -469,18 +365,13 @@ impl Inner {
             std::future::poll_fn(|cx| {
                 let before = running.len();
                 running.retain_mut(|(key, made, f)| {
-                    let pending = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.as_mut().poll(cx))) {
+                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.as_mut().poll(cx))) {
                         Ok(p) => p.is_pending(),
                         Err(_) => {
                             self.panicked(key, *made);
                             false
                         }
-                    };
-                    if !pending && let Some(seq) = key.setattr {
-                        self.early.q.lock().setattrs.remove(&seq);
-                        self.early.changed.notify_waiters();
                     }
-                    pending
                 });
                 if running.len() < before || queued.as_mut().poll(cx).is_ready() {
                     std::task::Poll::Ready(())
@@ -510,18 +401,12 @@ impl Inner {
     /// Sends one queued operation and records how it went.
     async fn run_one(self: &Arc<Self>, op: Op) {
         let made = op.makes();
-        let Op { ctx, req, ticket, dir, name, gfid, .. } = op;
+        let Op { ctx, req, ticket, dir, name, gfid } = op;
         let Some(req) = req else {
             self.take_promised(ticket).await;
             self.done(dir, name, gfid, None);
             return;
         };
-        if let Fop::Setattr { .. } = &req.fop {
-            let res = self.inode_txn(&ctx, Kind::Metadata, gfid, None, req.clone()).await;
-            self.leave_after(ticket, res.is_ok());
-            self.finish_one(&req, dir, name, gfid, res.err(), false);
-            return;
-        }
         let (out, blamed) = self.run_early(&ctx, ticket, &req).await;
         self.mark_stale(dir, Kind::Entry, blamed);
         if made && blamed != 0 {
@@ -533,11 +418,7 @@ impl Inner {
             // Release sends to these only; nothing if it failed everywhere.
             self.fds.update(*fd, |f| f.opened = out.ok);
         }
-        self.finish_one(&req, dir, name, gfid, out.result.as_ref().err().copied(), made);
-    }
-
-    /// Records how a queued operation ended (logged if it failed).
-    fn finish_one(&self, req: &Request, dir: Gfid, name: String, gfid: Gfid, err: Option<Errno>, made: bool) {
+        let err = out.result.as_ref().err().copied();
         if let Some(e) = err {
             self.early.failed.fetch_add(1, Ordering::Relaxed);
             tracing::error!(
@@ -599,11 +480,6 @@ impl Inner {
         // (fsyncdir still reports a directory's failures below).
         if self.early.len() == 0 && !matches!(req.fop, Fop::Fsyncdir { .. }) && self.early.q.lock().failed.is_empty() {
             return Ok(());
-        }
-        if matches!(&req.fop, Fop::Readdir { .. } | Fop::Readdirp { .. })
-            || matches!(&req.fop, Fop::Lookup { loc } if loc.is_entry())
-        {
-            self.after_dir_setattrs().await;
         }
         let wait = match &req.fop {
             Fop::Forget { gfid } => {
@@ -739,7 +615,7 @@ mod tests {
 
     fn key(dir: u8, name: &str, gfid: u8, barrier: bool) -> Key {
         let g = |b: u8| if b == 0 { Gfid::default() } else { Gfid([b; 16]) };
-        Key { dir: g(dir), name: name.into(), gfid: g(gfid), barrier, setattr: None }
+        Key { dir: g(dir), name: name.into(), gfid: g(gfid), barrier }
     }
 
     #[test]

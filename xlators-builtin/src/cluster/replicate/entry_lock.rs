@@ -96,17 +96,14 @@ fn apply(set: &mut HashMap<String, Option<Name>>, changes: impl IntoIterator<Ite
     }
 }
 
-/// A fop that may be answered before the bricks see it (`async_dirops`).
+/// An entry fop that may be answered before the bricks see it
+/// (`async_dirops`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Early {
     /// Create or mkdir of a name known absent, as this inode.
     Add(Name),
     /// Unlink of a name known to be this non-directory.
     Remove,
-    /// A setattr of the directory itself (`name` empty), by a caller with
-    /// this uid, at this time, whose outcome can be told
-    /// ([`xlfs_sdk::SetAttr::predictable`]).
-    Attr(xlfs_sdk::SetAttr, u32, xlfs_sdk::Timespec),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -257,8 +254,7 @@ impl Inner {
     /// Joins the held delegation of `dir` at once (no wait, no lock) for
     /// an entry fop on `name` that this client can answer itself: a create
     /// or mkdir of a name known absent, an unlink of a name known to be a
-    /// non-directory; a setattr of the directory (`name` empty). The known
-    /// names and attributes change now, as if the fop had run.
+    /// non-directory. The known names change now, as if the fop had run.
     /// Returns the ticket (keeping the delegation until the fop has run on
     /// the children), the directory's attributes before and after the
     /// change, and the inode an unlink removes. `None` when any of that is not so.
@@ -281,8 +277,6 @@ impl Inner {
         {
             return None;
         }
-        // Setattrs of the directory are ordered by the queue, not by a name.
-        let attr_only = matches!(what, Early::Attr(..));
         let (held_locked, held_ctx) = {
             let h = s.held.as_ref()?;
             (h.locked, h.ctx.clone())
@@ -290,11 +284,7 @@ impl Inner {
         let Known::Yes(set, attr) = &mut s.known else { return None };
         let before = *attr;
         let removed = match (what, set.get(name)) {
-            (Early::Attr(a, uid, now), _) if name.is_empty() && a.predictable(uid, attr) => {
-                a.apply(attr, now);
-                None
-            }
-            (Early::Add(n), None) if !name.is_empty() => {
+            (Early::Add(n), None) => {
                 set.insert(name.to_string(), Some(n));
                 if n.dir {
                     attr.nlink = attr.nlink.saturating_add(1);
@@ -308,20 +298,17 @@ impl Inner {
             }
             _ => return None,
         };
-        if !attr_only {
-            let now = xlfs_sdk::Timespec::now();
-            (attr.mtime, attr.ctime) = (now, now);
-        }
+        let now = xlfs_sdk::Timespec::now();
+        (attr.mtime, attr.ctime) = (now, now);
         let after = *attr;
         if set.len() > MAX_KNOWN {
             s.known = Known::No;
         }
-        let names = if attr_only { Vec::new() } else { vec![name.to_string()] };
-        s.busy.extend(names.iter().cloned());
+        s.busy.insert(name.to_string());
         s.in_flight += 1;
         s.idle_since = Instant::now();
         self.dirs.joined.fetch_add(1, Ordering::Relaxed);
-        let t = self.ticket(d.clone(), dir, names, held_locked, held_ctx);
+        let t = self.ticket(d.clone(), dir, vec![name.to_string()], held_locked, held_ctx);
         Some((t, before, after, removed))
     }
 
@@ -398,25 +385,6 @@ impl Inner {
             }
         }
         self.leave_delegation(t, Some(Vec::new()));
-    }
-
-    /// A setattr of `dir` went to the bricks (not answered early): the
-    /// delegation's attributes of the directory take its mode, owner and
-    /// times (new inodes answered early take the directory's set-group-ID
-    /// bit and group from them).
-    pub fn note_dir_attr(&self, dir: Gfid, post: &Iatt) {
-        let Some(d) = self.dirs.map.lock().get(&dir).cloned() else { return };
-        let mut s = d.s.lock();
-        if let Known::Yes(_, a) = &mut s.known {
-            (a.mode, a.uid, a.gid, a.atime, a.mtime, a.ctime) =
-                (post.mode, post.uid, post.gid, post.atime, post.mtime, post.ctime);
-        }
-    }
-
-    /// Leaves the delegation a ticket joined, its names unchanged (or, if
-    /// its fop failed, unknown).
-    pub fn leave_after(self: &Arc<Self>, t: Ticket, ok: bool) {
-        self.leave_delegation(t, ok.then(Vec::new));
     }
 
     /// Runs an entry fop joined early ([`Inner::join_early`]) on the
