@@ -291,14 +291,22 @@ impl Inner {
             | Fop::Removexattr { loc, .. }
             | Fop::Xattrop { loc, .. } => {
                 let g = loc.gfid;
-                self.inode_txn(&ctx, Kind::Metadata, g, None, req).await
+                let r = self.inode_txn(&ctx, Kind::Metadata, g, None, req).await;
+                if let Ok(Response { reply: Reply::PrePost { post, .. }, .. }) = &r {
+                    self.note_dir_attr(g, post);
+                }
+                r
             }
             Fop::Fsetattr { fd, .. }
             | Fop::Fsetxattr { fd, .. }
             | Fop::Fremovexattr { fd, .. }
             | Fop::Fxattrop { fd, .. } => {
                 let fd = *fd;
-                self.inode_txn(&ctx, Kind::Metadata, fd.gfid, Some(fd), req).await
+                let r = self.inode_txn(&ctx, Kind::Metadata, fd.gfid, Some(fd), req).await;
+                if let Ok(Response { reply: Reply::PrePost { post, .. }, .. }) = &r {
+                    self.note_dir_attr(fd.gfid, post);
+                }
+                r
             }
             Fop::Fsync { fd, .. } => {
                 let fd = *fd;

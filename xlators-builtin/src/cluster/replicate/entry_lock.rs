@@ -387,6 +387,18 @@ impl Inner {
         self.leave_delegation(t, Some(Vec::new()));
     }
 
+    /// A setattr of `dir` went to the bricks: the delegation's attributes
+    /// of the directory take its mode, owner and times (inodes answered
+    /// early take the directory's set-group-ID bit and group from them).
+    pub fn note_dir_attr(&self, dir: Gfid, post: &Iatt) {
+        let Some(d) = self.dirs.map.lock().get(&dir).cloned() else { return };
+        let mut s = d.s.lock();
+        if let Known::Yes(_, a) = &mut s.known {
+            (a.mode, a.uid, a.gid, a.atime, a.mtime, a.ctime) =
+                (post.mode, post.uid, post.gid, post.atime, post.mtime, post.ctime);
+        }
+    }
+
     /// Runs an entry fop joined early ([`Inner::join_early`]) on the
     /// children under its ticket and leaves the delegation.
     pub async fn run_early(self: &Arc<Self>, ctx: &CallCtx, t: Ticket, req: &Request) -> (Outcome, Mask) {

@@ -320,3 +320,27 @@ async fn a_directory_setattr_lands_after_the_creates_answered_before_it() {
         assert_eq!(names_on(&c, i, "d").len(), 4);
     }
 }
+
+/// A directory made set-group-ID and given another group while this
+/// client holds its delegation: a create answered early after that is
+/// answered with the group the bricks give it (the directory's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_answered_early_takes_the_group_of_a_directory_changed_meanwhile() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("post-op-delay-secs", "3600")]);
+    let d = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d")).await);
+    let (fd, _) = create_in(&n, d, "before").await.expect("create");
+    n.close(fd).await;
+    let attr = xlfs_sdk::SetAttr { mode: Some(0o2775), gid: Some(100), ..Default::default() };
+    n.call(Fop::Setattr { loc: Loc::gfid(d), attr }).await.expect("chgrp and g+s");
+    let (fd, iatt) = create_in(&n, d, "after").await.expect("create");
+    assert_eq!(n.dump("async-dirops.answered"), "2", "{:?}", n.afr.dump());
+    assert_eq!(iatt.gid, 100, "the group answered");
+    n.close(fd).await;
+    drain(&n).await;
+    for i in 0..N {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(c.bricks[i].dir.join("d/after")).expect("on the brick");
+        assert_eq!(m.gid(), 100, "the group on brick {i}");
+    }
+}
