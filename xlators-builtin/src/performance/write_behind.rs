@@ -365,15 +365,12 @@ impl Inner {
                 if in_flight >= MAX_IN_FLIGHT || (conf.strict_ordering && in_flight > 0) {
                     break;
                 }
-                // A setattr goes alone, after everything before it.
-                if i.entries.iter().take(idx).any(|p| p.attr.is_some() || (p.state == State::InFlight && p.overlaps(e)))
-                {
+                // A setattr overlaps every entry: it waits here for all
+                // those before it, and all after it wait for it.
+                if i.entries.iter().take(idx).any(|p| p.state == State::InFlight && p.overlaps(e)) {
                     break;
                 }
                 if e.attr.is_some() {
-                    if in_flight > 0 {
-                        break;
-                    }
                     let (seq, ctx, req) = i.entries[idx].send(0);
                     sends.push((seq, ctx, req, 0));
                     break;
