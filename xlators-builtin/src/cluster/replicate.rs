@@ -286,25 +286,18 @@ impl Inner {
                 let fd = *fd;
                 self.data_txn(&ctx, fd.gfid, Some(fd), whole, req).await
             }
-            Fop::Setattr { loc, .. }
-            | Fop::Setxattr { loc, .. }
-            | Fop::Removexattr { loc, .. }
-            | Fop::Xattrop { loc, .. } => {
-                let g = loc.gfid;
-                let r = self.inode_txn(&ctx, Kind::Metadata, g, None, req).await;
+            Fop::Setattr { .. }
+            | Fop::Setxattr { .. }
+            | Fop::Removexattr { .. }
+            | Fop::Xattrop { .. }
+            | Fop::Fsetattr { .. }
+            | Fop::Fsetxattr { .. }
+            | Fop::Fremovexattr { .. }
+            | Fop::Fxattrop { .. } => {
+                let (g, fd) = (req.fop.gfid(), req.fop.fd().copied());
+                let r = self.inode_txn(&ctx, Kind::Metadata, g, fd, req).await;
                 if let Ok(Response { reply: Reply::PrePost { post, .. }, .. }) = &r {
                     self.note_dir_attr(g, post);
-                }
-                r
-            }
-            Fop::Fsetattr { fd, .. }
-            | Fop::Fsetxattr { fd, .. }
-            | Fop::Fremovexattr { fd, .. }
-            | Fop::Fxattrop { fd, .. } => {
-                let fd = *fd;
-                let r = self.inode_txn(&ctx, Kind::Metadata, fd.gfid, Some(fd), req).await;
-                if let Ok(Response { reply: Reply::PrePost { post, .. }, .. }) = &r {
-                    self.note_dir_attr(fd.gfid, post);
                 }
                 r
             }
