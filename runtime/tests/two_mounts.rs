@@ -54,10 +54,25 @@ fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
     // create + write: b looked first, so a negative entry may be cached.
     assert!(!b.join("f").exists());
     std::fs::write(a.join("f"), b"hello").expect("write on a");
-    eventually("create and write", SEEN_WITHIN, || {
-        let got = read(&b.join("f"))?;
-        (got == b"hello").then_some(()).ok_or(format!("{:?}", String::from_utf8_lossy(&got)))
-    });
+    // This step failed once in CI (b read the file empty for 5 s): if it
+    // does again, say where the bytes were, to tell a stale cache on b from
+    // a write that a still held.
+    let deadline = std::time::Instant::now() + SEEN_WITHIN;
+    while read(&b.join("f")).as_deref() != Ok(b"hello") {
+        if std::time::Instant::now() >= deadline {
+            let text = |p: &Path| read(p).map(|v| String::from_utf8_lossy(&v).into_owned());
+            let bricks: Vec<_> = c.bricks.iter().map(|k| text(&k.dir().join("f"))).collect();
+            panic!(
+                "create and write: not within {SEEN_WITHIN:?}: b reads {:?}, a reads {:?}, the bricks have {bricks:?}\n\
+                 a: {:?}\nb: {:?}",
+                text(&b.join("f")),
+                text(&a.join("f")),
+                kit::status_dump(a),
+                kit::status_dump(b)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 
     // write (b has the content cached from its read).
     std::fs::write(a.join("f"), b"hello, world").expect("rewrite on a");
