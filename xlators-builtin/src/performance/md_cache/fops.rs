@@ -360,8 +360,15 @@ impl State {
                 let target = self.loc_gfid(loc);
                 self.drop_dentry(loc.parent, &loc.name);
                 match r {
-                    Ok(Response { reply: Reply::Parent { pre, post }, .. }) => {
-                        self.update_attr(loc.parent, Some(*pre), *post, now);
+                    Ok(Response { reply: Reply::Parent { post, .. }, .. }) => {
+                        // As after a create: kept unless newer ones are
+                        // cached. Not "only if the cached ones are `pre`":
+                        // an unlink answered early has the directory
+                        // delegation's attributes as `pre`, which a stat
+                        // answered by a brick (behind the queue) never
+                        // equals, and `rm -r` stats the directory after
+                        // every unlink (the kernel's permission check).
+                        self.advance_attr(loc.parent, *post, now);
                         let epoch = self.epoch;
                         self.set_dentry(loc.parent, &loc.name, None, epoch, now);
                     }

@@ -436,6 +436,50 @@ fn readdirp_from_a_child_without_the_convention_caches_no_absence() {
     assert_eq!(fs.count(FopKind::Getxattr), 1);
 }
 
+/// Replicate answers an unlink under its directory delegation at once,
+/// with the delegation's attributes of the directory as `pre`: those need
+/// not be what a stat (answered by a brick, behind the queue) gave. The
+/// directory's attributes after the unlink are still newer than the
+/// cached ones, and `rm -r` stats the directory after every unlink.
+#[test]
+fn the_directory_after_an_unlink_is_cached_whatever_its_pre_said() {
+    struct OwnPre(Arc<Fs>);
+    impl Xlator for OwnPre {
+        fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
+            Box::pin(async move {
+                let mut r = self.0.call(ctx, req).await;
+                if let Ok(Response { reply: Reply::Parent { pre, .. }, .. }) = &mut r {
+                    pre.mtime.nsec += 1;
+                }
+                r
+            })
+        }
+    }
+    let fs = Fs::new();
+    let t = setup_over(&[], fs.clone(), Arc::new(OwnPre(fs.clone())));
+    let d = fs.add(Gfid::ROOT, "d", true);
+    for n in ["a", "b", "c"] {
+        fs.add(d, n, false);
+    }
+    t.stat(d);
+    t.readdirp(d); // as rm -r does: the names (and their inodes) are known
+    for n in ["a", "b", "c"] {
+        t.run(Fop::Unlink { loc: Loc::entry(d, n), flags: 0 }).expect("unlink");
+        let after = fs.0.lock().nodes[&d].iatt;
+        assert_eq!(t.stat(d), after, "the directory as the unlink of {n} left it");
+    }
+    assert_eq!(fs.count(FopKind::Stat), 1, "only the first stat went down");
+    // One answered with older times than those cached (a reply overtaken
+    // by a later change) drops them instead.
+    let cached = t.stat(d);
+    fs.add(d, "e", false);
+    t.lookup(d, "e").expect("lookup");
+    fs.0.lock().nodes.get_mut(&d).expect("d").iatt.ctime.sec -= 10;
+    t.run(Fop::Unlink { loc: Loc::entry(d, "e"), flags: 0 }).expect("unlink");
+    assert_ne!(t.stat(d), cached);
+    assert_eq!(fs.count(FopKind::Stat), 2, "went down again");
+}
+
 #[test]
 fn a_negative_lookup_is_a_hit_until_the_name_is_created() {
     let t = setup(&[]);
