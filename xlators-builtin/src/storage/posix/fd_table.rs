@@ -17,6 +17,9 @@ pub(super) struct OpenFd {
     /// `o-direct-min-size` (opened at the first such write; None when the
     /// file system refuses O_DIRECT or the fd cannot write).
     pub(super) bypass: std::sync::OnceLock<Option<OwnedFd>>,
+    /// Its `O_RDONLY | O_DIRECT` twin, for reads of at least
+    /// `o-direct-read-min-size` (opened at the first such read).
+    pub(super) read_bypass: std::sync::OnceLock<Option<OwnedFd>>,
     pub(super) client: Arc<str>,
     /// Serialises seek + getdents on directory fds.
     pub(super) lock: Mutex<()>,
@@ -34,6 +37,25 @@ impl OpenFd {
                 Ok(fd) => Some(fd),
                 Err(e) => {
                     tracing::debug!(gfid = %self.gfid, error = %e, "no O_DIRECT twin: writes stay buffered");
+                    None
+                }
+            })
+            .as_ref()
+            .map(AsFd::as_fd)
+    }
+
+    /// The `O_DIRECT` twin of a readable regular-file fd, for reads,
+    /// opened on first use.
+    pub(super) fn read_bypass(&self) -> Option<BorrowedFd<'_>> {
+        let readable = matches!(self.flags & libc::O_ACCMODE, libc::O_RDONLY | libc::O_RDWR);
+        if self.dir || self.direct || !readable {
+            return None;
+        }
+        self.read_bypass
+            .get_or_init(|| match sys::reopen(self.fd.as_fd(), libc::O_RDONLY | libc::O_DIRECT) {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    tracing::debug!(gfid = %self.gfid, error = %e, "no O_DIRECT twin: reads stay buffered");
                     None
                 }
             })
@@ -174,6 +196,7 @@ impl Inner {
             direct: flags & libc::O_DIRECT != 0,
             flags,
             bypass: std::sync::OnceLock::new(),
+            read_bypass: std::sync::OnceLock::new(),
             client: ctx.client_id.clone(),
             lock: Mutex::new(()),
         }

@@ -130,26 +130,53 @@ pub(super) fn write_direct(direct: BorrowedFd<'_>, file: BorrowedFd<'_>, data: &
     }
 }
 
-/// Reads up to `size` bytes at `offset` (fewer at end of file).
-pub(super) fn read_at(f: &OpenFd, size: usize, offset: u64, lent: Option<Box<dyn LentMem>>) -> Sys<Bytes> {
+/// Reads up to `size` bytes at `offset` (fewer at end of file). With
+/// `around` (`o-direct-read-min-size`), an aligned read goes around the
+/// brick's page cache through the fd's `O_DIRECT` twin, as a read on an
+/// fd opened `O_DIRECT` always does.
+pub(super) fn read_at(
+    f: &OpenFd,
+    size: usize,
+    offset: u64,
+    lent: Option<Box<dyn LentMem>>,
+    around: bool,
+) -> Sys<Bytes> {
     if size > MAX_IO {
         return Err(Errno::EINVAL);
     }
     let file = f.file()?;
+    let direct = match f.direct {
+        true => Some(file),
+        false if around && direct_aligned(offset, size) => f.read_bypass(),
+        false => None,
+    };
     // Into the memory the caller lent (a local client's shared chunk, page
     // aligned, so O_DIRECT reads need no buffer of their own).
     if let Some(mut mem) = lent.filter(|m| m.capacity() >= size) {
         let dst = &mut mem.as_mut_slice()[..size];
-        let aligned = (dst.as_ptr() as usize).is_multiple_of(sys::ALIGN);
-        if !f.direct || aligned && direct_aligned(offset, size) {
-            let n = sys::pread_full(file, dst, offset)?;
+        let aligned = (dst.as_ptr() as usize).is_multiple_of(sys::ALIGN) && direct_aligned(offset, size);
+        let n = match direct {
+            None => Some(sys::pread_full(file, dst, offset)?),
+            Some(d) if aligned => match sys::pread_direct(d, dst, offset) {
+                // The twin refused (a file system without O_DIRECT for
+                // this file): buffered after all.
+                Err(Errno::EINVAL) if !f.direct => Some(sys::pread_full(file, dst, offset)?),
+                r => Some(r?),
+            },
+            Some(_) => None,
+        };
+        if let Some(n) = n {
             return Ok(mem.freeze(n));
         }
     }
-    if f.direct {
+    if let Some(d) = direct {
         let mut buf = sys::AlignedBuf::zeroed(size)?;
-        let n = sys::pread_full(file, buf.as_mut_slice(), offset)?;
-        return Ok(Bytes::copy_from_slice(&buf.as_slice()[..n]));
+        match sys::pread_direct(d, buf.as_mut_slice(), offset) {
+            Ok(n) if f.direct => return Ok(Bytes::copy_from_slice(&buf.as_slice()[..n])),
+            Ok(n) => return Ok(Bytes::from_owner(buf.truncated(n))),
+            Err(Errno::EINVAL) if !f.direct => {}
+            Err(e) => return Err(e),
+        }
     }
     let mut buf = sys::pread_vec(file, size, offset)?;
     let n = buf.len();

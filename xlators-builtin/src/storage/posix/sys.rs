@@ -370,6 +370,24 @@ pub(crate) fn pread_full(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> Sys
     Ok(done)
 }
 
+/// [`pread_full`] on an `O_DIRECT` descriptor: a read that comes back
+/// short of a whole block has met the end of the file (reading on from
+/// there, unaligned, would fail with EINVAL).
+pub(crate) fn pread_direct(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> Sys<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let at = off(offset.checked_add(done as u64).ok_or(Errno::EINVAL)?)?;
+        let rest = &mut buf[done..];
+        let n = sys!(libc::pread(fd.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len(), at))?;
+        let n = usize::try_from(n).map_err(|_| Errno::EIO)?;
+        done += n;
+        if n == 0 || !n.is_multiple_of(ALIGN) {
+            break;
+        }
+    }
+    Ok(done)
+}
+
 /// Reads up to `size` bytes at `offset` (fewer at end of file) into a new
 /// buffer, which is not zeroed first: a 1 MiB read spends no time in
 /// memset.
@@ -588,10 +606,22 @@ impl AlignedBuf {
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), n) })
     }
 
+    /// The buffer cut to its first `n` bytes (at most its length).
+    pub(crate) fn truncated(mut self, n: usize) -> AlignedBuf {
+        self.len = self.len.min(n);
+        self
+    }
+
     /// The bytes, mutably.
     pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` makes the borrow unique.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
     }
 }
 

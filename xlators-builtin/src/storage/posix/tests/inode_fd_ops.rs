@@ -281,6 +281,66 @@ fn resident_pages(path: &Path) -> usize {
     }
 }
 
+/// Whether the file system under `dir` takes an O_DIRECT write (a probe).
+fn o_direct_works(dir: &Path) -> bool {
+    let probe = dir.join("probe");
+    let supported =
+        std::fs::OpenOptions::new().write(true).create(true).custom_flags(libc::O_DIRECT).open(&probe).is_ok_and(|f| {
+            let buf = sys::AlignedBuf::zeroed(4096).expect("buf");
+            // SAFETY: an aligned 4 KiB buffer written to an open fd.
+            unsafe { libc::pwrite(f.as_raw_fd(), buf.as_slice().as_ptr().cast(), 4096, 0) == 4096 }
+        });
+    std::fs::remove_file(&probe).expect("rm probe");
+    supported
+}
+
+/// Drops a file's clean pages from the page cache.
+fn evict(path: &Path) {
+    let f = std::fs::File::open(path).expect("open");
+    f.sync_all().expect("fsync");
+    // SAFETY: advice on an open fd; no memory is touched.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
+
+#[tokio::test]
+async fn large_aligned_reads_go_around_the_page_cache() {
+    let mb = 1usize << 20;
+    let data: Vec<u8> = (0..2 * mb + 100).map(|i| (i % 253) as u8).collect();
+    for (opts, around) in [(&[("o-direct-read-min-size", "0")][..], false), (&[][..], true)] {
+        let e = env_with(&[&[("o-direct-min-size", "0")], opts].concat());
+        // (A tmpfs brick's pages are its store: nothing to go around.)
+        let disk = !sys::in_memory(std::fs::File::open(&e.brick).expect("brick").as_fd());
+        let around = around && disk && o_direct_works(&e.brick);
+        let (g, fd) = e.create(Gfid::ROOT, "f").await;
+        e.write(fd, 0, &data).await;
+        let path = e.handle_path(g);
+        evict(&path);
+        assert_eq!(e.read(fd, mb as u64, mb as u32).await.expect("read"), &data[mb..2 * mb]);
+        if disk {
+            assert_eq!(resident_pages(&path), if around { 0 } else { 256 }, "around the cache: {around}");
+        }
+        // Across the end of the file: the bytes up to it.
+        assert_eq!(e.read(fd, 2 * mb as u64, mb as u32).await.expect("read"), &data[2 * mb..]);
+        // A page written (and still dirty in the cache) is read as written.
+        let mut want = data[..mb].to_vec();
+        want[4096..8192].fill(7);
+        e.write(fd, 4096, &[7; 4096]).await;
+        assert_eq!(e.read(fd, 0, mb as u32).await.expect("read"), want);
+        // Below the threshold or unaligned: through the cache.
+        evict(&path);
+        assert_eq!(e.read(fd, 1, 256 * 1024).await.expect("read"), &want[1..256 * 1024 + 1]);
+        assert!(!disk || resident_pages(&path) >= 64);
+        e.release(fd).await;
+        // An fd opened O_DIRECT reads across the end of the file too (a
+        // short read there is the end, not a reason to read on unaligned).
+        if around {
+            let d = e.open(g, libc::O_RDONLY | libc::O_DIRECT).await.expect("open O_DIRECT");
+            assert_eq!(e.read(d, 2 * mb as u64, mb as u32).await.expect("read"), &data[2 * mb..]);
+            e.release(d).await;
+        }
+    }
+}
+
 #[tokio::test]
 async fn large_aligned_writes_go_around_the_page_cache() {
     let mb = 1usize << 20;
@@ -294,14 +354,7 @@ async fn large_aligned_writes_go_around_the_page_cache() {
     // file system takes O_DIRECT at all: a probe decides), from an
     // unaligned buffer too; smaller, unaligned and O_APPEND writes do not.
     let e = env();
-    let probe = e.brick.join("probe");
-    let supported =
-        std::fs::OpenOptions::new().write(true).create(true).custom_flags(libc::O_DIRECT).open(&probe).is_ok_and(|f| {
-            let buf = sys::AlignedBuf::zeroed(4096).expect("buf");
-            // SAFETY: an aligned 4 KiB buffer written to an open fd.
-            unsafe { libc::pwrite(f.as_raw_fd(), buf.as_slice().as_ptr().cast(), 4096, 0) == 4096 }
-        });
-    std::fs::remove_file(&probe).expect("rm probe");
+    let supported = o_direct_works(&e.brick);
     let (g, fd) = e.create(Gfid::ROOT, "direct").await;
     let unaligned = Bytes::from([vec![0u8], data.clone()].concat()).slice(1..);
     let r = e.reply(Fop::Writev { fd, data: unaligned, offset: mb as u64, flags: 0 }).await;
