@@ -3,6 +3,8 @@
 //! `O_DIRECT` twin, reserving a slot before an open and releasing it, and
 //! the count of open fds per inode that keeps an unlinked file's handle.
 
+use std::sync::OnceLock;
+
 use super::*;
 
 /// An fd opened through this brick.
@@ -16,10 +18,10 @@ pub(super) struct OpenFd {
     /// The same file opened again with `O_DIRECT`, for writes of at least
     /// `o-direct-min-size` (opened at the first such write; None when the
     /// file system refuses O_DIRECT or the fd cannot write).
-    pub(super) bypass: std::sync::OnceLock<Option<OwnedFd>>,
+    pub(super) bypass: OnceLock<Option<OwnedFd>>,
     /// Its `O_RDONLY | O_DIRECT` twin, for reads of at least
     /// `o-direct-read-min-size` (opened at the first such read).
-    pub(super) read_bypass: std::sync::OnceLock<Option<OwnedFd>>,
+    pub(super) read_bypass: OnceLock<Option<OwnedFd>>,
     pub(super) client: Arc<str>,
     /// Serialises seek + getdents on directory fds.
     pub(super) lock: Mutex<()>,
@@ -29,38 +31,38 @@ impl OpenFd {
     /// The `O_DIRECT` twin of a writable regular-file fd, opened on first use.
     pub(super) fn bypass(&self) -> Option<BorrowedFd<'_>> {
         let writable = matches!(self.flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR);
-        if self.dir || self.direct || !writable || self.flags & libc::O_APPEND != 0 {
+        if !writable || self.flags & libc::O_APPEND != 0 {
             return None;
         }
-        self.bypass
-            .get_or_init(|| match sys::reopen(self.fd.as_fd(), libc::O_WRONLY | libc::O_DIRECT) {
-                Ok(fd) => Some(fd),
-                Err(e) => {
-                    tracing::debug!(gfid = %self.gfid, error = %e, "no O_DIRECT twin: writes stay buffered");
-                    None
-                }
-            })
-            .as_ref()
-            .map(AsFd::as_fd)
+        self.twin(&self.bypass, libc::O_WRONLY, "writes")
     }
 
     /// The `O_DIRECT` twin of a readable regular-file fd, for reads,
     /// opened on first use.
     pub(super) fn read_bypass(&self) -> Option<BorrowedFd<'_>> {
         let readable = matches!(self.flags & libc::O_ACCMODE, libc::O_RDONLY | libc::O_RDWR);
-        if self.dir || self.direct || !readable {
+        if !readable {
             return None;
         }
-        self.read_bypass
-            .get_or_init(|| match sys::reopen(self.fd.as_fd(), libc::O_RDONLY | libc::O_DIRECT) {
-                Ok(fd) => Some(fd),
-                Err(e) => {
-                    tracing::debug!(gfid = %self.gfid, error = %e, "no O_DIRECT twin: reads stay buffered");
-                    None
-                }
-            })
-            .as_ref()
-            .map(AsFd::as_fd)
+        self.twin(&self.read_bypass, libc::O_RDONLY, "reads")
+    }
+
+    /// The file opened again with `access | O_DIRECT` into `cell` (once;
+    /// None for directories, fds already `O_DIRECT`, and file systems that
+    /// refuse it: then `what` stay buffered).
+    fn twin<'a>(&self, cell: &'a OnceLock<Option<OwnedFd>>, access: i32, what: &str) -> Option<BorrowedFd<'a>> {
+        if self.dir || self.direct {
+            return None;
+        }
+        cell.get_or_init(|| match sys::reopen(self.fd.as_fd(), access | libc::O_DIRECT) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                tracing::debug!(gfid = %self.gfid, error = %e, "no O_DIRECT twin: {what} stay buffered");
+                None
+            }
+        })
+        .as_ref()
+        .map(AsFd::as_fd)
     }
 
     pub(super) fn iatt(&self) -> Sys<Iatt> {
@@ -195,8 +197,8 @@ impl Inner {
             dir,
             direct: flags & libc::O_DIRECT != 0,
             flags,
-            bypass: std::sync::OnceLock::new(),
-            read_bypass: std::sync::OnceLock::new(),
+            bypass: OnceLock::new(),
+            read_bypass: OnceLock::new(),
             client: ctx.client_id.clone(),
             lock: Mutex::new(()),
         }

@@ -357,23 +357,17 @@ const XATTR_LIST_MAX: usize = 65536;
 /// `pread` that retries until `buf` is full or end of file; returns the
 /// bytes read.
 pub(crate) fn pread_full(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> Sys<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        let at = off(offset.checked_add(done as u64).ok_or(Errno::EINVAL)?)?;
-        let rest = &mut buf[done..];
-        let n = sys!(libc::pread(fd.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len(), at))?;
-        if n == 0 {
-            break;
-        }
-        done += usize::try_from(n).map_err(|_| Errno::EIO)?;
-    }
-    Ok(done)
+    pread_until(fd, buf, offset, false)
 }
 
 /// [`pread_full`] on an `O_DIRECT` descriptor: a read that comes back
 /// short of a whole block has met the end of the file (reading on from
 /// there, unaligned, would fail with EINVAL).
 pub(crate) fn pread_direct(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> Sys<usize> {
+    pread_until(fd, buf, offset, true)
+}
+
+fn pread_until(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64, direct: bool) -> Sys<usize> {
     let mut done = 0;
     while done < buf.len() {
         let at = off(offset.checked_add(done as u64).ok_or(Errno::EINVAL)?)?;
@@ -381,7 +375,7 @@ pub(crate) fn pread_direct(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> S
         let n = sys!(libc::pread(fd.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len(), at))?;
         let n = usize::try_from(n).map_err(|_| Errno::EIO)?;
         done += n;
-        if n == 0 || !n.is_multiple_of(ALIGN) {
+        if n == 0 || direct && !n.is_multiple_of(ALIGN) {
             break;
         }
     }
