@@ -545,8 +545,7 @@ impl Inner {
             }
             Fop::Readv { fd, size, offset, .. } => {
                 let f = self.fd(fd.id)?;
-                let min = self.direct_read_min.load(Ordering::Relaxed);
-                let around = min != 0 && !self.in_memory && u64::from(size) >= min;
+                let around = self.goes_around(&self.direct_read_min, offset, size as usize);
                 let data = read_at(&f, size as usize, offset, ctx.lent.take(), around)?;
                 ok(Reply::Read { data, iatt: f.iatt()? })
             }
@@ -554,9 +553,7 @@ impl Inner {
                 let f = self.fd(fd.id)?;
                 let file = f.file()?;
                 let pre = f.iatt()?;
-                let min = self.direct_min.load(Ordering::Relaxed);
-                let around =
-                    min != 0 && !self.in_memory && data.len() as u64 >= min && direct_aligned(offset, data.len());
+                let around = self.goes_around(&self.direct_min, offset, data.len());
                 match around.then(|| f.bypass()).flatten() {
                     Some(twin) => write_direct(twin, file, &data, offset)?,
                     None if f.direct => write_direct(file, file, &data, offset)?,

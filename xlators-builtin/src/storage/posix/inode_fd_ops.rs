@@ -41,6 +41,15 @@ pub(super) fn adler32(data: &[u8]) -> u32 {
 }
 
 impl Inner {
+    /// Whether an I/O of `len` bytes at `offset` goes around the page
+    /// cache under the threshold `min` (`o-direct-min-size`,
+    /// `o-direct-read-min-size`; 0 off): at least that large, 4 KiB
+    /// aligned, and not on a tmpfs or ramfs brick.
+    pub(super) fn goes_around(&self, min: &AtomicU64, offset: u64, len: usize) -> bool {
+        let min = min.load(Ordering::Relaxed);
+        min != 0 && !self.in_memory && len as u64 >= min && direct_aligned(offset, len)
+    }
+
     /// A change of a file's data through an fd: `op`, then what the caller
     /// loses by it ([`drop_privs`]), answered with the attributes around it.
     pub(super) fn prepost(&self, id: FdId, ctx: &CallCtx, op: impl FnOnce(BorrowedFd<'_>) -> Sys<()>) -> FopResult {
@@ -130,10 +139,20 @@ pub(super) fn write_direct(direct: BorrowedFd<'_>, file: BorrowedFd<'_>, data: &
     }
 }
 
+/// Reads into `dst` through the `O_DIRECT` descriptor `direct` (`dst`
+/// and `offset` aligned); falls back to the buffered `file` when the file
+/// system refuses the alignment, as [`write_direct`] does.
+fn read_direct(direct: BorrowedFd<'_>, file: BorrowedFd<'_>, dst: &mut [u8], offset: u64) -> Sys<usize> {
+    match sys::pread_direct(direct, dst, offset) {
+        Err(Errno::EINVAL) if direct.as_raw_fd() != file.as_raw_fd() => sys::pread_full(file, dst, offset),
+        r => r,
+    }
+}
+
 /// Reads up to `size` bytes at `offset` (fewer at end of file). With
-/// `around` (`o-direct-read-min-size`), an aligned read goes around the
-/// brick's page cache through the fd's `O_DIRECT` twin, as a read on an
-/// fd opened `O_DIRECT` always does.
+/// `around` (`o-direct-read-min-size`, the read aligned), the read goes
+/// around the brick's page cache through the fd's `O_DIRECT` twin, as a
+/// read on an fd opened `O_DIRECT` always does.
 pub(super) fn read_at(
     f: &OpenFd,
     size: usize,
@@ -145,11 +164,7 @@ pub(super) fn read_at(
         return Err(Errno::EINVAL);
     }
     let file = f.file()?;
-    let direct = match f.direct {
-        true => Some(file),
-        false if around && direct_aligned(offset, size) => f.read_bypass(),
-        false => None,
-    };
+    let direct = if f.direct { Some(file) } else { around.then(|| f.read_bypass()).flatten() };
     // Into the memory the caller lent (a local client's shared chunk, page
     // aligned, so O_DIRECT reads need no buffer of their own).
     if let Some(mut mem) = lent.filter(|m| m.capacity() >= size) {
@@ -157,12 +172,7 @@ pub(super) fn read_at(
         let aligned = (dst.as_ptr() as usize).is_multiple_of(sys::ALIGN) && direct_aligned(offset, size);
         let n = match direct {
             None => Some(sys::pread_full(file, dst, offset)?),
-            Some(d) if aligned => match sys::pread_direct(d, dst, offset) {
-                // The twin refused (a file system without O_DIRECT for
-                // this file): buffered after all.
-                Err(Errno::EINVAL) if !f.direct => Some(sys::pread_full(file, dst, offset)?),
-                r => Some(r?),
-            },
+            Some(d) if aligned => Some(read_direct(d, file, dst, offset)?),
             Some(_) => None,
         };
         if let Some(n) = n {
@@ -171,12 +181,13 @@ pub(super) fn read_at(
     }
     if let Some(d) = direct {
         let mut buf = sys::AlignedBuf::zeroed(size)?;
-        match sys::pread_direct(d, buf.as_mut_slice(), offset) {
-            Ok(n) if f.direct => return Ok(Bytes::copy_from_slice(&buf.as_slice()[..n])),
-            Ok(n) => return Ok(Bytes::from_owner(buf.truncated(n))),
-            Err(Errno::EINVAL) if !f.direct => {}
-            Err(e) => return Err(e),
-        }
+        let n = read_direct(d, file, buf.as_mut_slice(), offset)?;
+        // As below: a short read does not keep the whole buffer.
+        return Ok(if n < size / 2 {
+            Bytes::copy_from_slice(&buf.as_slice()[..n])
+        } else {
+            Bytes::from_owner(buf.truncated(n))
+        });
     }
     let mut buf = sys::pread_vec(file, size, offset)?;
     let n = buf.len();
