@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use kit::Cluster;
 use kit::fuse_mount::FuseMount;
-use xlfs_sdk::testing::{eventually, remove_xattr, set_xattr, xattr};
+use xlfs_sdk::testing::{eventually, remove_xattr, set_xattr, within_time, xattr};
 
 /// How long the other mount may take to see a change (far below the
 /// caches' own lifetimes).
@@ -57,21 +57,20 @@ fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
     // This step failed once in CI (b read the file empty for 5 s): if it
     // does again, say where the bytes were, to tell a stale cache on b from
     // a write that a still held.
-    let deadline = std::time::Instant::now() + SEEN_WITHIN;
-    while read(&b.join("f")).as_deref() != Ok(b"hello") {
-        if std::time::Instant::now() >= deadline {
-            let text = |p: &Path| read(p).map(|v| String::from_utf8_lossy(&v).into_owned());
-            let bricks: Vec<_> = c.bricks.iter().map(|k| text(&k.dir().join("f"))).collect();
-            panic!(
-                "create and write: not within {SEEN_WITHIN:?}: b reads {:?}, a reads {:?}, the bricks have {bricks:?}\n\
-                 a: {:?}\nb: {:?}",
-                text(&b.join("f")),
-                text(&a.join("f")),
-                kit::status_dump(a),
-                kit::status_dump(b)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    let text = |p: &Path| read(p).map(|v| String::from_utf8_lossy(&v).into_owned());
+    let seen = within_time(SEEN_WITHIN, || match text(&b.join("f"))? {
+        got if got == "hello" => Ok(()),
+        got => Err(format!("{got:?}")),
+    });
+    if let Err(got) = seen {
+        let bricks: Vec<_> = c.bricks.iter().map(|k| text(&k.dir().join("f"))).collect();
+        panic!(
+            "create and write: not within {SEEN_WITHIN:?}: b reads {got}, a reads {:?}, the bricks have {bricks:?}\n\
+             a: {:?}\nb: {:?}",
+            text(&a.join("f")),
+            kit::status_dump(a),
+            kit::status_dump(b)
+        );
     }
 
     // write (b has the content cached from its read).

@@ -379,12 +379,20 @@ const POLL_EVERY: Duration = Duration::from_millis(10);
 
 /// Waits (blocking the thread) until `check` holds, looking every 10 ms;
 /// panics naming `what` and the last reason once `within` has passed.
-pub fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> Result<(), String>) {
+pub fn eventually(what: &str, within: Duration, check: impl FnMut() -> Result<(), String>) {
+    if let Err(why) = within_time(within, check) {
+        panic!("{what}: not within {within:?}: {why}");
+    }
+}
+
+/// [`eventually`] without the panic: `Err` with the last reason once
+/// `within` has passed, for a caller that gathers more to say first.
+pub fn within_time(within: Duration, mut check: impl FnMut() -> Result<(), String>) -> Result<(), String> {
     let deadline = Instant::now() + within;
     loop {
         match check() {
-            Ok(()) => return,
-            Err(why) if Instant::now() >= deadline => panic!("{what}: not within {within:?}: {why}"),
+            Ok(()) => return Ok(()),
+            Err(why) if Instant::now() >= deadline => return Err(why),
             Err(_) => std::thread::sleep(POLL_EVERY),
         }
     }
