@@ -259,6 +259,20 @@ fn setup(opts: &[(&str, &str)]) -> T {
     setup_over(opts, fs.clone(), fs)
 }
 
+/// [`Fs`] with each reply changed by the function on its way up (a child
+/// that answers otherwise than storage/posix).
+struct Altered<F>(Arc<Fs>, F);
+
+impl<F: Fn(&mut FopResult) + Send + Sync + 'static> Xlator for Altered<F> {
+    fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
+        Box::pin(async move {
+            let mut r = self.0.call(ctx, req).await;
+            (self.1)(&mut r);
+            r
+        })
+    }
+}
+
 fn setup_over(opts: &[(&str, &str)], fs: Arc<Fs>, child: Arc<dyn Xlator>) -> T {
     let clock = Arc::new(ManualClock(AtomicU64::new(SEC)));
     let o = Options::resolve(OPTIONS, opts.iter().copied()).expect("options");
@@ -414,21 +428,14 @@ fn readdirp_prefetches_every_entry() {
 
 #[test]
 fn readdirp_from_a_child_without_the_convention_caches_no_absence() {
-    /// Passes fops on but drops readdirp reply xdata (an old brick).
-    struct Strip(Arc<Fs>);
-    impl Xlator for Strip {
-        fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
-            Box::pin(async move {
-                let mut r = self.0.call(ctx, req).await;
-                if let Ok(rsp) = &mut r {
-                    rsp.xdata = Dict::new();
-                }
-                r
-            })
-        }
-    }
+    // Replies without their xdata (an old brick).
     let fs = Fs::new();
-    let t = setup_over(&[], fs.clone(), Arc::new(Strip(fs.clone())));
+    let strip = Altered(fs.clone(), |r: &mut FopResult| {
+        if let Ok(rsp) = r {
+            rsp.xdata = Dict::new();
+        }
+    });
+    let t = setup_over(&[], fs.clone(), Arc::new(strip));
     let a = fs.add(Gfid::ROOT, "a", false);
     fs.set_x(a, SELINUX, b"ctx");
     t.readdirp(Gfid::ROOT);
@@ -443,20 +450,13 @@ fn readdirp_from_a_child_without_the_convention_caches_no_absence() {
 /// cached ones, and `rm -r` stats the directory after every unlink.
 #[test]
 fn the_directory_after_an_unlink_is_cached_whatever_its_pre_said() {
-    struct OwnPre(Arc<Fs>);
-    impl Xlator for OwnPre {
-        fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
-            Box::pin(async move {
-                let mut r = self.0.call(ctx, req).await;
-                if let Ok(Response { reply: Reply::Parent { pre, .. }, .. }) = &mut r {
-                    pre.mtime.nsec += 1;
-                }
-                r
-            })
-        }
-    }
     let fs = Fs::new();
-    let t = setup_over(&[], fs.clone(), Arc::new(OwnPre(fs.clone())));
+    let own_pre = Altered(fs.clone(), |r: &mut FopResult| {
+        if let Ok(Response { reply: Reply::Parent { pre, .. }, .. }) = r {
+            pre.mtime.nsec += 1;
+        }
+    });
+    let t = setup_over(&[], fs.clone(), Arc::new(own_pre));
     let d = fs.add(Gfid::ROOT, "d", true);
     for n in ["a", "b", "c"] {
         fs.add(d, n, false);
