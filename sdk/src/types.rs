@@ -225,6 +225,30 @@ impl SetAttr {
         a.ctime = a.ctime.max(now);
     }
 
+    /// This setattr with `Now` as the time `now` it stands for.
+    pub fn at(&self, now: Timespec) -> SetAttr {
+        let fix = |t: Option<TimeSet>| t.map(|t| if t == TimeSet::Now { TimeSet::At(now) } else { t });
+        SetAttr { atime: fix(self.atime), mtime: fix(self.mtime), ..*self }
+    }
+
+    /// One setattr that does what this one and then `later` do, when one
+    /// can: not when this one sets the mode and `later` the owner (a new
+    /// owner loses set-id bits on the brick, so that order matters).
+    /// `Now` stays `Now`: where the two stand for different times, fix
+    /// this one's first ([`SetAttr::at`]).
+    pub fn then(&self, later: &SetAttr) -> Option<SetAttr> {
+        if self.mode.is_some() && (later.uid.is_some() || later.gid.is_some()) {
+            return None;
+        }
+        Some(SetAttr {
+            mode: later.mode.or(self.mode),
+            uid: later.uid.or(self.uid),
+            gid: later.gid.or(self.gid),
+            atime: later.atime.or(self.atime),
+            mtime: later.mtime.or(self.mtime),
+        })
+    }
+
     /// Whether a caller with `uid` can know what this setattr does to an
     /// inode with attributes `a` before a brick does it (to answer it
     /// ahead, as write-behind and async-dirops do): the brick will not

@@ -226,6 +226,11 @@ impl Inner {
         if heal::is_control(&req.fop) {
             return self.control(&ctx, &req).await;
         }
+        if let Fop::Setattr { .. } = &req.fop
+            && let Some(r) = self.try_early_setattr(&ctx, &req).await
+        {
+            return r;
+        }
         if !is_entry_fop(&req.fop) {
             self.after_early(&req).await?;
         }
@@ -233,7 +238,11 @@ impl Inner {
             Fop::Ipc { op } if *op == xlfs_sdk::IPC_DRAIN => Ok(Reply::Empty.into()),
             Fop::Lookup { loc } => {
                 let loc = loc.clone();
-                self.lookup(&ctx, loc, req.xdata).await
+                let mut r = self.lookup(&ctx, loc, req.xdata).await;
+                if let Ok(rsp) = &mut r {
+                    self.show_early_setattrs(rsp);
+                }
+                r
             }
             Fop::Stat { .. } | Fop::Fstat { .. } | Fop::Readv { .. } | Fop::Seek { .. } | Fop::Rchecksum { .. } => {
                 self.read(&ctx, req, Kind::Data).await
@@ -243,7 +252,13 @@ impl Inner {
             | Fop::Getxattr { .. }
             | Fop::Fgetxattr { .. }
             | Fop::Statfs { .. } => self.read(&ctx, req, Kind::Metadata).await,
-            Fop::Readdir { .. } | Fop::Readdirp { .. } => self.readdir(&ctx, req).await,
+            Fop::Readdir { .. } | Fop::Readdirp { .. } => {
+                let mut r = self.readdir(&ctx, req).await;
+                if let Ok(rsp) = &mut r {
+                    self.show_early_setattrs(rsp);
+                }
+                r
+            }
             Fop::Open { .. } => self.open(&ctx, req, false).await,
             Fop::Opendir { .. } => self.open(&ctx, req, true).await,
             Fop::Create { loc, .. }
@@ -761,7 +776,12 @@ impl Xlator for Replicate {
         ] {
             out.push((format!("entry-eager-lock.{k}"), v.load(Ordering::Relaxed).to_string()));
         }
-        for (k, v) in [("answered", &me.early.answered), ("failed", &me.early.failed), ("waits", &me.early.waits)] {
+        for (k, v) in [
+            ("answered", &me.early.answered),
+            ("setattrs-merged", &me.early.setattrs_merged),
+            ("failed", &me.early.failed),
+            ("waits", &me.early.waits),
+        ] {
             out.push((format!("async-dirops.{k}"), v.load(Ordering::Relaxed).to_string()));
         }
         out.push(("async-dirops.queued".into(), me.early.len().to_string()));

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
-use xlfs_sdk::{CallCtx, Fop, Gfid, Iatt, Reply, Request, Response};
+use xlfs_sdk::{CallCtx, Fop, Gfid, Iatt, Reply, Request, Response, SetAttr, Timespec};
 
 use super::Inner;
 use super::lock::{Held, Target};
@@ -54,6 +54,10 @@ pub const MAX_DIRS: usize = 4096;
 
 /// Largest directory whose names are kept while delegated.
 pub const MAX_KNOWN: usize = 16384;
+
+/// The name a fop on the delegated directory itself is joined under (no
+/// entry name is empty).
+pub const SELF: &str = "";
 
 /// What an entry fop did to a name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -264,6 +268,67 @@ impl Inner {
         name: &str,
         what: Early,
     ) -> Option<(Ticket, Iatt, Iatt, Option<Gfid>)> {
+        let (t, (before, after, removed)) = self.join_held(dir, name, |set, attr| {
+            let before = *attr;
+            let removed = match (what, set.get(name)) {
+                (Early::Add(n), None) => {
+                    set.insert(name.to_string(), Some(n));
+                    if n.dir {
+                        attr.nlink = attr.nlink.saturating_add(1);
+                    }
+                    None
+                }
+                (Early::Remove, Some(Some(n))) if !n.dir => {
+                    let g = n.gfid;
+                    set.remove(name);
+                    Some(g)
+                }
+                _ => return None,
+            };
+            let now = xlfs_sdk::Timespec::now();
+            (attr.mtime, attr.ctime) = (now, now);
+            Some((before, *attr, removed))
+        })?;
+        Some((t, before, after, removed))
+    }
+
+    /// Joins the held delegation of directory `dir` at once for a setattr
+    /// of the directory itself (`attr`, by a caller with `uid`, stamped
+    /// `at`) whose outcome is known here ([`SetAttr::predictable`]): the
+    /// directory's known attributes change now, as the bricks will change
+    /// them (after those of the setattrs joined before). Returns the ticket
+    /// and the attributes before and after. `None` when not so.
+    pub fn join_early_setattr(
+        self: &Arc<Self>,
+        uid: u32,
+        dir: Gfid,
+        attr: &SetAttr,
+        at: Timespec,
+    ) -> Option<(Ticket, Iatt, Iatt)> {
+        let (t, (before, after)) = self.join_held(dir, SELF, |_, a| {
+            if !a.is_dir() || a.gfid != dir || !attr.predictable(uid, a) {
+                return None;
+            }
+            let before = *a;
+            attr.apply(a, at);
+            // storage/posix keeps the stamp as the ctime.
+            a.ctime = at;
+            Some((before, *a))
+        })?;
+        Some((t, before, after))
+    }
+
+    /// Joins the held delegation of `dir` for a fop on `name` ([`SELF`]:
+    /// the directory itself) if it is held with its names known, every
+    /// child up, and nothing on `name` is in flight (a name's fops run one
+    /// at a time; the directory's may queue); `f` changes the known
+    /// names and attributes as the fop will (None: it cannot be told).
+    fn join_held<R>(
+        self: &Arc<Self>,
+        dir: Gfid,
+        name: &str,
+        f: impl FnOnce(&mut HashMap<String, Option<Name>>, &mut Iatt) -> Option<R>,
+    ) -> Option<(Ticket, R)> {
         if !self.cfg().entry_eager_lock || dir.is_null() {
             return None;
         }
@@ -282,34 +347,27 @@ impl Inner {
             (h.locked, h.ctx.clone())
         };
         let Known::Yes(set, attr) = &mut s.known else { return None };
-        let before = *attr;
-        let removed = match (what, set.get(name)) {
-            (Early::Add(n), None) => {
-                set.insert(name.to_string(), Some(n));
-                if n.dir {
-                    attr.nlink = attr.nlink.saturating_add(1);
-                }
-                None
-            }
-            (Early::Remove, Some(Some(n))) if !n.dir => {
-                let g = n.gfid;
-                set.remove(name);
-                Some(g)
-            }
-            _ => return None,
-        };
-        let now = xlfs_sdk::Timespec::now();
-        (attr.mtime, attr.ctime) = (now, now);
-        let after = *attr;
+        let r = f(set, attr)?;
         if set.len() > MAX_KNOWN {
             s.known = Known::No;
         }
-        s.busy.insert(name.to_string());
+        // Fops on the directory itself may be joined one after another
+        // (its queue keeps them in order); a name takes one at a time.
+        if name != SELF {
+            s.busy.insert(name.to_string());
+        }
         s.in_flight += 1;
         s.idle_since = Instant::now();
         self.dirs.joined.fetch_add(1, Ordering::Relaxed);
         let t = self.ticket(d.clone(), dir, vec![name.to_string()], held_locked, held_ctx);
-        Some((t, before, after, removed))
+        Some((t, r))
+    }
+
+    /// Leaves the delegation a ticket of [`Inner::join_early_setattr`]
+    /// joined, once its setattr ran: `clean` when it did what was answered
+    /// (else the directory's known names and attributes are forgotten).
+    pub fn leave_early_setattr(self: &Arc<Self>, t: Ticket, clean: bool) {
+        self.leave_delegation(t, clean.then(Vec::new));
     }
 
     /// A directory this client has just made (`gfid`, attributes `iatt`)

@@ -257,7 +257,7 @@ impl Inner {
         let stamp = Dict::new().with(keys::UTIME, xlfs_sdk::Value::U64(at.to_nanos()));
         let same_caller = |c: &CallCtx| (c.uid, c.gid, &c.groups) == (ctx.uid, ctx.gid, &ctx.groups);
         let tail = i.entries.back_mut().filter(|e| e.state == State::Queued && same_caller(&e.ctx));
-        match tail.and_then(|e| Some((merged(e.attr.as_ref()?, &attr)?, e))) {
+        match tail.and_then(|e| Some((e.attr.as_ref()?.at(e.at).then(&attr)?, e))) {
             Some((m, e)) => {
                 e.attr = Some(m);
                 e.at = at;
@@ -473,20 +473,4 @@ fn post_of(res: &FopResult) -> Option<Iatt> {
         Ok(Response { reply: Reply::PrePost { post, .. } | Reply::Copied { post, .. }, .. }) => Some(*post),
         _ => None,
     }
-}
-
-/// One setattr doing `first` then `then`, when the brick's order (owner,
-/// mode, times) gives the same result: not a change of owner after one of
-/// mode (it could clear set-id bits the mode set).
-pub(super) fn merged(first: &SetAttr, then: &SetAttr) -> Option<SetAttr> {
-    if first.mode.is_some() && (then.uid.is_some() || then.gid.is_some()) {
-        return None;
-    }
-    Some(SetAttr {
-        mode: then.mode.or(first.mode),
-        uid: then.uid.or(first.uid),
-        gid: then.gid.or(first.gid),
-        atime: then.atime.or(first.atime),
-        mtime: then.mtime.or(first.mtime),
-    })
 }

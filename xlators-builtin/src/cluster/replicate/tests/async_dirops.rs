@@ -284,10 +284,13 @@ impl Xlator for HeldCreates {
     }
 }
 
-/// A setattr of a directory waits for the creates in it answered before:
-/// the mtime it sets is the directory's in the end, as tar restores it.
+/// A stamped setattr of a delegated directory (tar restoring a
+/// directory's times and mode after extracting into it) is answered at
+/// once with the attributes the bricks then give, shown by a listing of
+/// its parent until it lands, and lands after the creates in the
+/// directory answered before it: its mtime is the directory's in the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_directory_setattr_lands_after_the_creates_answered_before_it() {
+async fn a_directory_setattr_is_answered_early_and_lands_after_the_creates_in_it() {
     let c = Cluster::new();
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let g = gate.clone();
@@ -302,22 +305,93 @@ async fn a_directory_setattr_lands_after_the_creates_answered_before_it() {
     }
     assert_eq!(n.dump("async-dirops.answered"), "4", "{:?}", n.afr.dump());
     let when = xlfs_sdk::Timespec { sec: 946_684_800, nsec: 0 };
-    let attr = xlfs_sdk::SetAttr { mtime: Some(xlfs_sdk::TimeSet::At(when)), ..Default::default() };
-    let n2 = n.clone();
-    let set = tokio::spawn(async move { n2.call(Fop::Setattr { loc: Loc::gfid(d), attr }).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!set.is_finished(), "the setattr waits for the creates in the directory");
+    let stamp = xlfs_sdk::Timespec { sec: 1_700_000_000, nsec: 5 };
+    let attr = xlfs_sdk::SetAttr { mode: Some(0o750), mtime: Some(xlfs_sdk::TimeSet::At(when)), ..Default::default() };
+    let (pre, post) = stamped_setattr(&n, d, attr, stamp).await;
+    assert_eq!(n.dump("async-dirops.answered"), "5", "answered while the creates wait: {:?}", n.afr.dump());
+    assert_eq!((pre.gfid, post.gfid), (d, d));
+    assert_eq!((post.mode, post.mtime, post.ctime), (libc::S_IFDIR | 0o750, when, stamp));
+    assert_eq!((post.nlink, post.uid, post.gid), (pre.nlink, pre.uid, pre.gid));
+    // The next one is taken into it (one transaction on the bricks); a
+    // new owner after a mode is not (the order matters to set-id bits).
+    let later = xlfs_sdk::Timespec { sec: 1_700_000_001, nsec: 0 };
+    let atime = xlfs_sdk::SetAttr { atime: Some(xlfs_sdk::TimeSet::At(when)), ..Default::default() };
+    let (_, post) = stamped_setattr(&n, d, atime, later).await;
+    assert_eq!((post.mode, post.atime, post.mtime, post.ctime), (libc::S_IFDIR | 0o750, when, when, later));
+    assert_eq!(n.dump("async-dirops.setattrs-merged"), "1", "{:?}", n.afr.dump());
+    let chown = xlfs_sdk::SetAttr { uid: Some(1000), gid: Some(1000), ..Default::default() };
+    let (_, post) = stamped_setattr(&n, d, chown, later).await;
+    assert_eq!((post.uid, post.gid, post.mode), (1000, 1000, libc::S_IFDIR | 0o750));
+    assert_eq!(n.dump("async-dirops.setattrs-merged"), "1", "{:?}", n.afr.dump());
+    assert_eq!(n.dump("async-dirops.answered"), "7", "{:?}", n.afr.dump());
+    // A listing and a lookup in the parent show what was answered, not
+    // the bricks' old mode.
+    let id = n.fd_id();
+    n.call(Fop::Opendir { loc: Loc::gfid(Gfid::ROOT), fd: id }).await.expect("opendir");
+    let fd = Fd { id, gfid: Gfid::ROOT };
+    let listed = n.call(Fop::Readdirp { fd, size: 65536, offset: 0 }).await.expect("readdirp").reply;
+    let Reply::Dirents(listed) = listed else { panic!("{listed:?}") };
+    let shown = listed.iter().find(|e| e.name == "d").expect("d listed");
+    assert_eq!((shown.iatt.mode, shown.iatt.mtime), (post.mode, when), "the listing shows the setattr answered");
+    n.call(Fop::Releasedir { fd }).await.expect("releasedir");
+    let Reply::Entry { iatt, .. } = n.lookup("d").await.expect("lookup").reply else { panic!("lookup") };
+    assert_eq!((iatt.mode, iatt.mtime), (post.mode, when), "a lookup shows the setattr answered");
     gate.add_permits(1000);
-    promptly("setattr", set).await.expect("joined").expect("setattr");
     for fd in fds {
         n.close(fd).await;
     }
     drain(&n).await;
+    assert_eq!(n.dump("async-dirops.failed"), "0");
     for i in 0..N {
         let m = std::fs::metadata(c.bricks[i].dir.join("d")).expect("d on the brick");
         use std::os::unix::fs::MetadataExt;
-        assert_eq!(m.mtime(), when.sec, "d's mtime on brick {i}");
+        assert_eq!((m.mtime(), m.atime(), m.mode()), (when.sec, when.sec, libc::S_IFDIR | 0o750), "d on brick {i}");
+        assert_eq!((m.uid(), m.gid()), (1000, 1000), "d's owner on brick {i}");
         assert_eq!(names_on(&c, i, "d").len(), 4);
+    }
+}
+
+/// A setattr stamped `stamp` (as features/utime does) of directory `d`,
+/// answered with `(pre, post)`.
+async fn stamped_setattr(n: &Node, d: Gfid, attr: xlfs_sdk::SetAttr, stamp: xlfs_sdk::Timespec) -> (Iatt, Iatt) {
+    let mut req = Request::new(Fop::Setattr { loc: Loc::gfid(d), attr });
+    req.xdata.set(xlfs_sdk::dict::keys::UTIME, xlfs_sdk::Value::U64(stamp.to_nanos()));
+    let r = promptly("setattr", n.afr.call(n.ctx.clone(), req)).await.expect("setattr");
+    match r.reply {
+        Reply::PrePost { pre, post } => (pre, post),
+        r => panic!("{r:?}"),
+    }
+}
+
+/// A directory setattr whose outcome this client cannot tell (a non-owner
+/// changing the mode, which a brick may refuse), or without a stamp, is
+/// not answered early: it goes to the bricks and returns what they say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_setattr_that_may_fail_goes_to_the_bricks() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("post-op-delay-secs", "3600")]);
+    let d = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d")).await);
+    let (fd, _) = create_in(&n, d, "f").await.expect("create");
+    n.close(fd).await;
+    let answered = n.dump("async-dirops.answered");
+    let stamped = |fop| {
+        let mut req = Request::new(fop);
+        req.xdata.set(xlfs_sdk::dict::keys::UTIME, xlfs_sdk::Value::U64(1_700_000_000_000_000_000));
+        req
+    };
+    let chmod = Fop::Setattr { loc: Loc::gfid(d), attr: xlfs_sdk::SetAttr { mode: Some(0o700), ..Default::default() } };
+    let stranger = CallCtx { uid: 4242, gid: 4242, ..n.ctx.clone() };
+    // Whatever the bricks say to the stranger (the kernel checks before
+    // them on a mount), it is their answer, not one made up here.
+    let _ = promptly("setattr", n.afr.call(stranger, stamped(chmod.clone()))).await;
+    assert_eq!(n.dump("async-dirops.answered"), answered, "a stranger's chmod is not answered early");
+    promptly("setattr", n.call(chmod)).await.expect("an unstamped chmod by root");
+    assert_eq!(n.dump("async-dirops.answered"), answered, "nor one without a stamp");
+    drain(&n).await;
+    for i in 0..N {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(c.bricks[i].dir.join("d")).expect("d on the brick");
+        assert_eq!(m.mode() & 0o7777, 0o700, "d on brick {i}");
     }
 }
 
