@@ -22,6 +22,10 @@ pub enum Matcher {
     /// `glusterfs` (the FUSE client) and `glusterfsd` (bricks) processes
     /// whose command line names a path under this directory.
     Gluster(String),
+    /// `mfsmount` (the client) and `mfsmaster` and `mfschunkserver` (the
+    /// servers, counted as bricks) processes whose command line names a
+    /// path under this directory (`moosefs-ref.sh up DIR`).
+    Moosefs(String),
 }
 
 /// What a process is to its system.
@@ -36,7 +40,7 @@ pub enum Role {
 /// The role of the process with command line `args` in the system `m`, if any.
 pub fn classify(m: &Matcher, args: &[String]) -> Option<Role> {
     let (dir, argv0) = match m {
-        Matcher::Xlfs(d) | Matcher::Gluster(d) => (d.trim_end_matches('/'), args.first()?),
+        Matcher::Xlfs(d) | Matcher::Gluster(d) | Matcher::Moosefs(d) => (d.trim_end_matches('/'), args.first()?),
     };
     let under = format!("{dir}/");
     if !args.iter().any(|a| a.contains(&under) || a == dir) {
@@ -52,6 +56,12 @@ pub fn classify(m: &Matcher, args: &[String]) -> Option<Role> {
         Matcher::Gluster(_) => match exe {
             "glusterfs" => Some(Role::Client),
             "glusterfsd" => Some(Role::Brick),
+            _ => None,
+        },
+        // mfsmount names itself "mfsmount (mounted on: DIR/mnt)".
+        Matcher::Moosefs(_) => match argv0.split([' ', '/']).find(|w| w.starts_with("mfs")) {
+            Some("mfsmount") => Some(Role::Client),
+            Some("mfsmaster" | "mfschunkserver") => Some(Role::Brick),
             _ => None,
         },
     }
@@ -212,6 +222,20 @@ mod tests {
         let brick = args("/usr/sbin/glusterfsd -s h --volfile-id v.h.srv-w-gl-b1 --brick-name /srv/w/gl/b1");
         assert_eq!(classify(&m, &brick), Some(Role::Brick));
         assert_eq!(classify(&m, &args("/usr/sbin/glusterfs -s localhost --volfile-id shd/v")), None);
+    }
+
+    #[test]
+    fn moosefs_processes() {
+        let m = Matcher::Moosefs("/srv/w/mfs".into());
+        let mount = vec!["mfsmount (mounted on: /srv/w/mfs/mnt)".to_string()];
+        assert_eq!(classify(&m, &mount), Some(Role::Client));
+        assert_eq!(classify(&m, &args("mfschunkserver -c /srv/w/mfs/etc/cs1.cfg start")), Some(Role::Brick));
+        assert_eq!(
+            classify(&m, &args("/usr/sbin/mfsmaster -a -c /srv/w/mfs/etc/mfsmaster.cfg start")),
+            Some(Role::Brick)
+        );
+        assert_eq!(classify(&m, &args("mfschunkserver -c /srv/other/etc/cs1.cfg start")), None);
+        assert_eq!(classify(&m, &args("bash /b/moosefs-ref.sh up /srv/w/mfs")), None);
     }
 
     #[test]

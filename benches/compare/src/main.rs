@@ -3,8 +3,9 @@
 //!
 //! It brings the systems up (`xlfs up` replica 3 with its defaults, GlusterFS
 //! replica 3 with its defaults through ../shared/bench/gluster-ref.sh, a
-//! directory on the same disk; optionally the same on tmpfs bricks and more
-//! xlfs columns with other `xlfs up` arguments), runs ../shared/bench's
+//! directory on the same disk; optionally the same on tmpfs bricks, MooseFS
+//! with three copies (moosefs-ref.sh) and more xlfs columns with other
+//! `xlfs up` arguments), runs ../shared/bench's
 //! workloads interleaved round by round (for each round, for each workload,
 //! every system in turn), measures the CPU time of each system's client and
 //! brick processes during each phase, and writes results.md (the table),
@@ -63,7 +64,9 @@ pub struct Args {
     /// Workloads, comma-separated, run in this order each round.
     #[arg(long, value_delimiter = ',', default_value = "fio-seq,smallfile,pgbench")]
     pub workloads: Vec<String>,
-    /// The standard columns, comma-separated (any of xlfs, glusterfs, ext4).
+    /// The standard columns, comma-separated (any of xlfs, glusterfs, ext4,
+    /// and moosefs: MooseFS with three copies through
+    /// ../shared/bench/moosefs-ref.sh, the second peer, not in the default).
     #[arg(long, value_delimiter = ',', default_value = "xlfs,glusterfs,ext4")]
     pub systems: Vec<String>,
     /// Also xlfs and GlusterFS with their bricks on tmpfs (the CPU-bound

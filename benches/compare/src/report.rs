@@ -86,10 +86,16 @@ fn ratio(a: Option<Summary>, b: Option<Summary>) -> String {
     }
 }
 
-/// Whether a column is a reference (GlusterFS or the local disk) rather
-/// than one of the xlfs columns being compared.
+/// Whether a column is a reference (GlusterFS, MooseFS or the local disk)
+/// rather than one of the xlfs columns being compared.
 pub fn is_reference(system: &str) -> bool {
-    system.starts_with("glusterfs") || system.starts_with("ext4") || system == "tmpfs"
+    system.starts_with("glusterfs") || system.starts_with("moosefs") || system.starts_with("ext4") || system == "tmpfs"
+}
+
+/// The MooseFS column, if the run has one (the second peer: every xlfs
+/// column gets a ratio to it too).
+pub fn moosefs_ref(systems: &[String]) -> Option<&str> {
+    systems.iter().find(|s| *s == "moosefs").map(String::as_str)
 }
 
 /// The local-disk column that `system` is compared with: `tmpfs` for a
@@ -246,6 +252,9 @@ pub fn render(samples: &[Sample], systems: &[String], wide: usize) -> String {
             if let Some(r) = gluster_ref(s, systems) {
                 head.push(format!("{s} / {}", if r == "glusterfs" { "GlusterFS" } else { r }));
             }
+            if moosefs_ref(systems).is_some() {
+                head.push(format!("{s} / MooseFS"));
+            }
             if let Some(l) = local_ref(s, systems) {
                 head.push(format!("{s} / {l}"));
             }
@@ -258,6 +267,9 @@ pub fn render(samples: &[Sample], systems: &[String], wide: usize) -> String {
             for s in &compared {
                 if let Some(gl) = gluster_ref(s, systems) {
                     r.push(ratio(g.rate(li, s), g.rate(li, gl)));
+                }
+                if let Some(m) = moosefs_ref(systems) {
+                    r.push(ratio(g.rate(li, s), g.rate(li, m)));
                 }
                 if let Some(e) = local_ref(s, systems) {
                     r.push(ratio(g.rate(li, s), g.rate(li, e)));
@@ -301,6 +313,11 @@ pub fn render(samples: &[Sample], systems: &[String], wide: usize) -> String {
                 {
                     let of = if gl == "glusterfs" { "GlusterFS" } else { gl };
                     c += &format!(", {} {of}", ratio(g.rate(li, s), g.rate(li, gl)));
+                }
+                if !is_reference(s)
+                    && let Some(m) = moosefs_ref(systems)
+                {
+                    c += &format!(", {} MooseFS", ratio(g.rate(li, s), g.rate(li, m)));
                 }
                 if let Some(cpu) = g.cpu(li, s) {
                     c += &format!(", {} {}", num(cpu.median), g.labels[li].2.as_deref().unwrap_or("CPU"));

@@ -66,6 +66,8 @@ struct Ctx {
     systems: Vec<System>,
     /// The gluster-ref.sh directories used, with their volume.
     gluster_dirs: Vec<(PathBuf, String)>,
+    /// The moosefs-ref.sh directory, if used.
+    moosefs_dir: Option<PathBuf>,
     tmpfs: Option<PathBuf>,
     glusterd_before: bool,
     gluster_pids_before: Vec<u32>,
@@ -101,6 +103,18 @@ fn gluster_pids() -> Vec<u32> {
         .into_iter()
         .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.starts_with("gluster")))
         .collect()
+}
+
+/// The mount point and remount command a reference script (gluster-ref.sh,
+/// moosefs-ref.sh) printed as `MNT='...'` and `REMOUNT='...'`.
+fn mnt_and_remount(script: &str, out: &str) -> Result<(PathBuf, String)> {
+    let get = |k: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(|v| v.trim_matches('\'').to_string())
+            .with_context(|| format!("{script} printed no {k}: {out}"))
+    };
+    Ok((PathBuf::from(get("MNT=")?), get("REMOUNT=")?))
 }
 
 /// The CPU seconds (client, bricks) `meter` counted since `prev`, which
@@ -195,13 +209,7 @@ impl Ctx {
                     setup_cmd(Command::new("bash").arg(&script).arg("up").arg(&s.dir).arg(vol), &mut self.log)
                 }
                 .with_context(|| format!("bringing up {}", s.name))?;
-                let get = |k: &str| {
-                    out.lines()
-                        .find_map(|l| l.strip_prefix(k))
-                        .map(|v| v.trim_matches('\'').to_string())
-                        .with_context(|| format!("gluster-ref.sh printed no {k}: {out}"))
-                };
-                let (mnt, remount) = (PathBuf::from(get("MNT=")?), get("REMOUNT=")?);
+                let (mnt, remount) = mnt_and_remount("gluster-ref.sh", &out)?;
                 if !set.is_empty() {
                     for (k, v) in set {
                         setup_cmd(
@@ -212,6 +220,13 @@ impl Ctx {
                     setup_cmd(Command::new("bash").arg("-c").arg(&remount), &mut self.log)?;
                 }
                 (mnt, remount)
+            }
+            Kind::Moosefs => {
+                self.moosefs_dir = Some(s.dir.clone());
+                let script = self.bench.join("moosefs-ref.sh");
+                let out = setup_cmd(Command::new("bash").arg(&script).arg("up").arg(&s.dir), &mut self.log)
+                    .with_context(|| format!("bringing up {}", s.name))?;
+                mnt_and_remount("moosefs-ref.sh", &out)?
             }
         };
         // The workloads run postgres as its own user.
@@ -358,8 +373,10 @@ impl Ctx {
                     if !args.iter().any(|a| a.contains(&work)) {
                         return false;
                     }
-                    let exe = args[0].rsplit('/').next().unwrap_or("");
+                    // (mfsmount calls itself "mfsmount (mounted on: DIR)")
+                    let exe = args[0].split(' ').next().unwrap_or("").rsplit('/').next().unwrap_or("");
                     let daemon = exe.starts_with("gluster")
+                        || exe.starts_with("mfs")
                         || matches!(args.get(1).map(String::as_str), Some("mount" | "brick" | "heal"));
                     !(keep_daemons && daemon)
                 })
@@ -398,6 +415,10 @@ impl Ctx {
         for (d, vol) in self.gluster_dirs.clone() {
             let script = self.bench.join("gluster-ref.sh");
             let _ = setup_cmd(Command::new("bash").arg(&script).arg("down").arg(&d).arg(&vol), &mut self.log);
+        }
+        if let Some(d) = self.moosefs_dir.take() {
+            let script = self.bench.join("moosefs-ref.sh");
+            let _ = setup_cmd(Command::new("bash").arg(&script).arg("down").arg(&d), &mut self.log);
         }
         self.kill_strays(false, Duration::from_secs(10));
         let work = self.work.to_string_lossy().into_owned();
@@ -555,6 +576,7 @@ pub fn main(args: Args) -> Result<u8> {
         log,
         systems: systems.clone(),
         gluster_dirs: Vec::new(),
+        moosefs_dir: None,
         tmpfs: None,
         glusterd_before: gluster_pids()
             .iter()
@@ -584,6 +606,7 @@ pub fn main(args: Args) -> Result<u8> {
         match args.preset {
             Some(Preset::SeqReadMatrix) => "sequential read matrix",
             Some(Preset::LockPolicy) => "lock-contention policies under pgbench",
+            None if systems.iter().any(|s| s.kind == Kind::Moosefs) => "xlfs, GlusterFS, MooseFS and a local disk",
             None => "xlfs, GlusterFS and a local disk",
         },
         started,

@@ -1,5 +1,6 @@
 //! What a run compares: the systems (xlfs with its variants, GlusterFS,
-//! the local disk) and the workloads, from the command line's preset.
+//! MooseFS, the local disk) and the workloads, from the command line's
+//! preset.
 
 use super::*;
 
@@ -15,6 +16,10 @@ pub(super) enum Kind {
     /// replicate), then these `gluster volume set` options (and the
     /// client remounted).
     Gluster { vol: String, set: Vec<(String, String)>, sets: u32 },
+    /// moosefs-ref.sh: a MooseFS master, three chunkservers and a mount,
+    /// every chunk stored three times (one at a time: it takes the
+    /// default MooseFS ports).
+    Moosefs,
     /// A directory.
     Local,
 }
@@ -36,6 +41,7 @@ impl System {
         match self.kind {
             Kind::Xlfs { .. } => Some(Matcher::Xlfs(d)),
             Kind::Gluster { .. } => Some(Matcher::Gluster(d)),
+            Kind::Moosefs => Some(Matcher::Moosefs(d)),
             Kind::Local => None,
         }
     }
@@ -157,7 +163,9 @@ pub(super) fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>
                         c.split_once('=').with_context(|| format!("--xlfs-column {c:?}: expected NAME=ARGS"))?;
                     let name = name.trim();
                     if name.is_empty() || report::is_reference(name) || v.iter().any(|x: &System| x.name == name) {
-                        bail!("--xlfs-column {c:?}: the name must be new and not start with glusterfs or ext4");
+                        bail!(
+                            "--xlfs-column {c:?}: the name must be new and not start with glusterfs, moosefs or ext4"
+                        );
                     }
                     let dir = work.join(format!("xc{}", v.len()));
                     let mut up: Vec<String> = a.split_whitespace().map(String::from).collect();
@@ -178,8 +186,11 @@ pub(super) fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>
                 }
             }
             "glusterfs" => v.push(gluster("glusterfs", work.join("gl"), vol.into())),
+            "moosefs" => {
+                v.push(System { name: "moosefs".into(), kind: Kind::Moosefs, dir: work.join("mfs"), fresh: false })
+            }
             "ext4" => v.push(ext4()),
-            other => bail!("--systems: unknown system {other:?} (xlfs, glusterfs, ext4)"),
+            other => bail!("--systems: unknown system {other:?} (xlfs, glusterfs, moosefs, ext4)"),
         }
     }
     if args.tmpfs {
