@@ -513,4 +513,21 @@ mod tests {
         .apply(&mut a, now);
         assert_eq!((a.mode, a.uid, a.gid, a.atime, a.mtime, a.ctime), (0o104700, 1, 100, at, now, now));
     }
+
+    #[test]
+    fn two_setattrs_make_one_unless_an_owner_follows_a_mode() {
+        let t = |sec| Timespec { sec, nsec: 0 };
+        let chown = SetAttr { uid: Some(7), gid: Some(8), ..SetAttr::default() };
+        let chmod = SetAttr { mode: Some(0o750), ..SetAttr::default() };
+        let touch = SetAttr { atime: Some(TimeSet::Now), mtime: Some(TimeSet::At(t(5))), ..SetAttr::default() };
+        // tar's order: owner, mode, times.
+        let one = chown.then(&chmod).and_then(|m| m.then(&touch)).expect("merged");
+        assert_eq!(one, SetAttr { uid: Some(7), gid: Some(8), mode: Some(0o750), ..touch });
+        assert_eq!(chmod.then(&chown), None, "a new owner after a mode (set-id bits)");
+        assert_eq!(chmod.then(&SetAttr { mode: Some(0o700), ..SetAttr::default() }).and_then(|m| m.mode), Some(0o700));
+        // A Now fixed to the time it stood for before a later one is merged.
+        let fixed = touch.at(t(9));
+        assert_eq!((fixed.atime, fixed.mtime), (Some(TimeSet::At(t(9))), Some(TimeSet::At(t(5)))));
+        assert_eq!(fixed.then(&chmod).and_then(|m| m.atime), Some(TimeSet::At(t(9))));
+    }
 }
