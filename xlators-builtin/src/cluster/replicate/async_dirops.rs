@@ -345,7 +345,9 @@ impl Inner {
         // The bricks keep the stamp as the ctime: without one the answer
         // could not say the ctime they give.
         let at = Timespec::from_nanos(req.xdata.get_u64(UTIME)?);
-        if !cfg.async_dirops || loc.gfid.is_null() {
+        // Checked again when joined; here only so that no other setattr
+        // waits for room in the queue.
+        if !cfg.async_dirops || !self.knows_dir(loc.gfid) {
             return None;
         }
         self.room_in_queue(cfg.async_queue).await;

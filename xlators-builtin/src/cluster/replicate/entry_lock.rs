@@ -688,16 +688,28 @@ impl Inner {
     /// True when `name` is known absent from `dir`: this client holds the
     /// directory's delegation and its listing does not have the name.
     pub fn known_absent(&self, dir: Gfid, name: &str) -> bool {
-        let Some(d) = self.dirs.map.lock().get(&dir).cloned() else { return false };
-        let s = d.s.lock();
-        let absent = s.phase == Phase::Held
-            && !s.release
-            && s.generation == self.generation.load(Ordering::Acquire)
-            && matches!(&s.known, Known::Yes(set, _) if !set.contains_key(name));
+        let absent = self.with_known(dir, |set| !set.contains_key(name));
         if absent {
             self.dirs.absent_hits.fetch_add(1, Ordering::Relaxed);
         }
         absent
+    }
+
+    /// True when this client holds the delegation of `dir` with its names
+    /// and attributes known (a fop on the directory may be answered early).
+    pub fn knows_dir(&self, dir: Gfid) -> bool {
+        self.with_known(dir, |_| true)
+    }
+
+    /// `f` of the known names of `dir` if its delegation is held and they
+    /// are known; false otherwise.
+    fn with_known(&self, dir: Gfid, f: impl FnOnce(&HashMap<String, Option<Name>>) -> bool) -> bool {
+        let Some(d) = self.dirs.map.lock().get(&dir).cloned() else { return false };
+        let s = d.s.lock();
+        s.phase == Phase::Held
+            && !s.release
+            && s.generation == self.generation.load(Ordering::Acquire)
+            && matches!(&s.known, Known::Yes(set, _) if f(set))
     }
 
     /// Unlocks a delegation taken out of its state (phase Busy) and marks
