@@ -239,9 +239,7 @@ impl Inner {
             Fop::Lookup { loc } => {
                 let loc = loc.clone();
                 let mut r = self.lookup(&ctx, loc, req.xdata).await;
-                if let Ok(rsp) = &mut r {
-                    self.show_early_setattrs(rsp);
-                }
+                self.show_early_setattrs(&mut r);
                 r
             }
             Fop::Stat { .. } | Fop::Fstat { .. } | Fop::Readv { .. } | Fop::Seek { .. } | Fop::Rchecksum { .. } => {
@@ -254,9 +252,7 @@ impl Inner {
             | Fop::Statfs { .. } => self.read(&ctx, req, Kind::Metadata).await,
             Fop::Readdir { .. } | Fop::Readdirp { .. } => {
                 let mut r = self.readdir(&ctx, req).await;
-                if let Ok(rsp) = &mut r {
-                    self.show_early_setattrs(rsp);
-                }
+                self.show_early_setattrs(&mut r);
                 r
             }
             Fop::Open { .. } => self.open(&ctx, req, false).await,

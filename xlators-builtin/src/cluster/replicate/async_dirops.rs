@@ -69,10 +69,10 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use xlfs_sdk::dict::Value;
 use xlfs_sdk::dict::keys::{GFID_REQ, UTIME};
-use xlfs_sdk::{CallCtx, Errno, Fop, Gfid, Iatt, Reply, Request, Response, Timespec, Upcall};
+use xlfs_sdk::{CallCtx, Errno, Fop, Gfid, Iatt, Reply, Request, Timespec, Upcall};
 
 use super::Inner;
-use super::entry_lock::{Early, Name, SELF, Ticket};
+use super::entry_lock::{Early, Name, SELF, Ticket, set_by_setattr};
 use super::fds::FdCtx;
 use super::pending::{Kind, all};
 
@@ -374,7 +374,8 @@ impl Inner {
     /// Gives the attributes in a reply (a lookup's, a listing's entries)
     /// of a directory with a setattr answered early and not yet landed the
     /// mode, owner and times that setattr answered with.
-    pub fn show_early_setattrs(&self, rsp: &mut Response) {
+    pub fn show_early_setattrs(&self, res: &mut super::FopResult) {
+        let Ok(rsp) = res else { return };
         if self.early.len() == 0 {
             return;
         }
@@ -384,8 +385,7 @@ impl Inner {
         }
         let show = |ia: &mut Iatt| {
             if let Some(v) = q.views.get(&ia.gfid) {
-                (ia.mode, ia.uid, ia.gid, ia.atime, ia.mtime, ia.ctime) =
-                    (v.mode, v.uid, v.gid, v.atime, v.mtime, v.ctime);
+                set_by_setattr(ia, v);
             }
         };
         match &mut rsp.reply {
@@ -516,43 +516,40 @@ impl Inner {
             self.done(dir, name, gfid, None);
             return;
         };
-        if let Fop::Setattr { .. } = &req.fop {
+        let setattr = matches!(req.fop, Fop::Setattr { .. });
+        let fop = req.fop.kind().name();
+        let err = if setattr {
             // A metadata transaction like any setattr (the directory's
             // inode lock orders it with other clients' changes); its
             // delegation only kept the directory's names and attributes.
             let r = self.inode_txn(&ctx, Kind::Metadata, gfid, None, req).await;
             self.leave_early_setattr(ticket, r.is_ok());
-            let err = r.err();
-            if let Some(e) = err {
-                self.early.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(
-                    volume = %self.name, dir = %gfid,
-                    "a directory setattr answered early failed on the bricks: {e}; the error is returned by the \
-                     next fsync of the directory"
-                );
-                self.upcall_invalidate(gfid);
+            r.err()
+        } else {
+            let (out, blamed) = self.run_early(&ctx, ticket, &req).await;
+            self.mark_stale(dir, Kind::Entry, blamed);
+            if made && blamed != 0 {
+                for k in Kind::ALL {
+                    self.mark_stale(gfid, k, blamed);
+                }
             }
-            self.done(dir, name, gfid, err.map(|e| (e, false)));
-            return;
-        }
-        let (out, blamed) = self.run_early(&ctx, ticket, &req).await;
-        self.mark_stale(dir, Kind::Entry, blamed);
-        if made && blamed != 0 {
-            for k in Kind::ALL {
-                self.mark_stale(gfid, k, blamed);
+            if let Fop::Create { fd, .. } = &req.fop {
+                // Release sends to these only; nothing if it failed everywhere.
+                self.fds.update(*fd, |f| f.opened = out.ok);
             }
-        }
-        if let Fop::Create { fd, .. } = &req.fop {
-            // Release sends to these only; nothing if it failed everywhere.
-            self.fds.update(*fd, |f| f.opened = out.ok);
-        }
-        let err = out.result.as_ref().err().copied();
+            out.result.as_ref().err().copied()
+        };
         if let Some(e) = err {
             self.early.failed.fetch_add(1, Ordering::Relaxed);
+            // A setattr's directory is its own inode (`dir` is `gfid`).
+            let returned = if setattr {
+                "the next fsync of the directory"
+            } else {
+                "the next operations on it and the next fsync of its directory"
+            };
             tracing::error!(
-                volume = %self.name, %dir, %name, %gfid, fop = req.fop.kind().name(),
-                "a directory operation answered early failed on the bricks: {e}; the error is returned by \
-                 the next operations on it and the next fsync of its directory"
+                volume = %self.name, %dir, %name, %gfid, fop,
+                "a directory operation answered early failed on the bricks: {e}; the error is returned by {returned}"
             );
             self.upcall_invalidate(gfid);
             self.upcall_invalidate(dir);

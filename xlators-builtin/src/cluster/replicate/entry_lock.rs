@@ -59,6 +59,12 @@ pub const MAX_KNOWN: usize = 16384;
 /// entry name is empty).
 pub const SELF: &str = "";
 
+/// Gives `a` what a setattr sets, as `from` has it: mode, owner and times.
+pub(super) fn set_by_setattr(a: &mut Iatt, from: &Iatt) {
+    (a.mode, a.uid, a.gid, a.atime, a.mtime, a.ctime) =
+        (from.mode, from.uid, from.gid, from.atime, from.mtime, from.ctime);
+}
+
 /// What an entry fop did to a name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NameChange {
@@ -452,8 +458,7 @@ impl Inner {
         let Some(d) = self.dirs.map.lock().get(&dir).cloned() else { return };
         let mut s = d.s.lock();
         if let Known::Yes(_, a) = &mut s.known {
-            (a.mode, a.uid, a.gid, a.atime, a.mtime, a.ctime) =
-                (post.mode, post.uid, post.gid, post.atime, post.mtime, post.ctime);
+            set_by_setattr(a, post);
         }
     }
 

@@ -351,12 +351,16 @@ async fn a_directory_setattr_is_answered_early_and_lands_after_the_creates_in_it
     }
 }
 
-/// A setattr stamped `stamp` (as features/utime does) of directory `d`,
-/// answered with `(pre, post)`.
-async fn stamped_setattr(n: &Node, d: Gfid, attr: xlfs_sdk::SetAttr, stamp: xlfs_sdk::Timespec) -> (Iatt, Iatt) {
+/// A setattr of directory `d` stamped `stamp`, as features/utime does.
+fn stamped(d: Gfid, attr: xlfs_sdk::SetAttr, stamp: xlfs_sdk::Timespec) -> Request {
     let mut req = Request::new(Fop::Setattr { loc: Loc::gfid(d), attr });
     req.xdata.set(xlfs_sdk::dict::keys::UTIME, xlfs_sdk::Value::U64(stamp.to_nanos()));
-    let r = promptly("setattr", n.afr.call(n.ctx.clone(), req)).await.expect("setattr");
+    req
+}
+
+/// [`stamped`], sent by `n`'s caller, answered with `(pre, post)`.
+async fn stamped_setattr(n: &Node, d: Gfid, attr: xlfs_sdk::SetAttr, stamp: xlfs_sdk::Timespec) -> (Iatt, Iatt) {
+    let r = promptly("setattr", n.afr.call(n.ctx.clone(), stamped(d, attr, stamp))).await.expect("setattr");
     match r.reply {
         Reply::PrePost { pre, post } => (pre, post),
         r => panic!("{r:?}"),
@@ -374,18 +378,16 @@ async fn a_directory_setattr_that_may_fail_goes_to_the_bricks() {
     let (fd, _) = create_in(&n, d, "f").await.expect("create");
     n.close(fd).await;
     let answered = n.dump("async-dirops.answered");
-    let stamped = |fop| {
-        let mut req = Request::new(fop);
-        req.xdata.set(xlfs_sdk::dict::keys::UTIME, xlfs_sdk::Value::U64(1_700_000_000_000_000_000));
-        req
-    };
-    let chmod = Fop::Setattr { loc: Loc::gfid(d), attr: xlfs_sdk::SetAttr { mode: Some(0o700), ..Default::default() } };
+    let chmod = xlfs_sdk::SetAttr { mode: Some(0o700), ..Default::default() };
     let stranger = CallCtx { uid: 4242, gid: 4242, ..n.ctx.clone() };
     // Whatever the bricks say to the stranger (the kernel checks before
     // them on a mount), it is their answer, not one made up here.
-    let _ = promptly("setattr", n.afr.call(stranger, stamped(chmod.clone()))).await;
+    let stamp = xlfs_sdk::Timespec { sec: 1_700_000_000, nsec: 0 };
+    let _ = promptly("setattr", n.afr.call(stranger, stamped(d, chmod, stamp))).await;
     assert_eq!(n.dump("async-dirops.answered"), answered, "a stranger's chmod is not answered early");
-    promptly("setattr", n.call(chmod)).await.expect("an unstamped chmod by root");
+    promptly("setattr", n.call(Fop::Setattr { loc: Loc::gfid(d), attr: chmod }))
+        .await
+        .expect("an unstamped chmod by root");
     assert_eq!(n.dump("async-dirops.answered"), answered, "nor one without a stamp");
     drain(&n).await;
     for i in 0..N {
