@@ -637,6 +637,14 @@ fn chrono_now() -> String {
         .unwrap_or_default()
 }
 
+/// The systems in the order round `r` (from 1) runs them: as given in odd
+/// rounds, reversed in even ones (A B C, C B A, A B C ...), so that going
+/// first or last (after another system's teardown, with the disk still
+/// writing back) falls on every system alike over the rounds.
+fn round_order<T>(systems: &[T], r: u32) -> Vec<&T> {
+    if r % 2 == 0 { systems.iter().rev().collect() } else { systems.iter().collect() }
+}
+
 fn run_all(args: &Args, ctx: &mut Ctx, systems: &[System], rounds: u32) -> Result<(Vec<Sample>, Vec<String>)> {
     if systems.iter().any(|s| s.dir.starts_with(ctx.work.join("tmpfs"))) {
         let t = ctx.work.join("tmpfs");
@@ -656,7 +664,7 @@ fn run_all(args: &Args, ctx: &mut Ctx, systems: &[System], rounds: u32) -> Resul
     let (mut samples, mut failures) = (Vec::new(), Vec::new());
     'rounds: for r in 1..=rounds {
         for w in &wls {
-            for s in systems {
+            for s in round_order(systems, r) {
                 if INTERRUPTED.load(Ordering::SeqCst) {
                     break 'rounds;
                 }
@@ -683,4 +691,18 @@ fn run_all(args: &Args, ctx: &mut Ctx, systems: &[System], rounds: u32) -> Resul
     }
     pb.finish_and_clear();
     Ok((samples, failures))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_order;
+
+    #[test]
+    fn rounds_alternate_the_order_of_the_systems() {
+        let s = ["xlfs", "glusterfs", "ext4"];
+        let order = |r| round_order(&s, r).into_iter().copied().collect::<Vec<_>>();
+        assert_eq!(order(1), ["xlfs", "glusterfs", "ext4"]);
+        assert_eq!(order(2), ["ext4", "glusterfs", "xlfs"]);
+        assert_eq!(order(3), order(1));
+    }
 }
