@@ -642,7 +642,7 @@ fn chrono_now() -> String {
 /// first or last (after another system's teardown, with the disk still
 /// writing back) falls on every system alike over the rounds.
 fn round_order<T>(systems: &[T], r: u32) -> Vec<&T> {
-    if r % 2 == 0 { systems.iter().rev().collect() } else { systems.iter().collect() }
+    if r.is_multiple_of(2) { systems.iter().rev().collect() } else { systems.iter().collect() }
 }
 
 fn run_all(args: &Args, ctx: &mut Ctx, systems: &[System], rounds: u32) -> Result<(Vec<Sample>, Vec<String>)> {
