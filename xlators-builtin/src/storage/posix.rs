@@ -5,7 +5,10 @@
 //! directory; every inode carries its gfid in the `trusted.gfid` xattr and is
 //! reachable by gfid through `.glusterfs/xx/yy/<gfid>` handles (the `handle`
 //! submodule documents the layout and how resolution stays inside the brick).
-//! `.glusterfs` is invisible to clients.
+//! `.glusterfs` is invisible to clients. Directories resolved by gfid are
+//! kept open (at most 1024, dropped when removed; the dump's
+//! `open-dirs-cached`): a directory's handle leads through its parents'
+//! handles up to the root, and every entry fop resolves its parent.
 //!
 //! A fop that normally finishes in the page cache runs its system calls on
 //! the calling task (`inline-fops`); one that may wait for the disk (an
@@ -862,6 +865,7 @@ impl Xlator for Posix {
             ("open-fds".into(), i.nfds.load(Ordering::Relaxed).to_string()),
             ("max-open-fds".into(), i.max_fds.load(Ordering::Relaxed).to_string()),
             ("shared-brick-count".into(), i.shared.load(Ordering::Relaxed).to_string()),
+            ("open-dirs-cached".into(), i.brick.dirs_cached().to_string()),
         ]
     }
 

@@ -17,6 +17,7 @@
 //! root one `O_NOFOLLOW` name at a time. Either way the directory found must
 //! carry the gfid asked for.
 
+use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -153,6 +154,59 @@ pub(crate) struct Brick {
     pub inode_locks: Stripes,
     /// Per-entry locks (creation and gfid heal of a name).
     pub entry_locks: Stripes,
+    /// Directories opened by gfid ([`DirCache`]).
+    dirs: DirCache,
+}
+
+/// Most directories [`DirCache`] keeps open (two generations of half as
+/// many).
+pub(crate) const DIR_CACHE: usize = 1024;
+
+/// Open descriptors of directories resolved by gfid, bounded. A directory's
+/// handle is a symlink to `../../<parent's handle>/<name>`, so opening it
+/// walks one symlink per level up to the root (with an `openat2` and two
+/// `fstat`s around it); every entry fop resolves its parent that way. A
+/// kept descriptor stays right through renames (it is the inode, which the
+/// gfid names); a removed directory is dropped when its handle is removed
+/// or repointed, and one found with no links left (removed behind the
+/// brick's back) is resolved again.
+#[derive(Default)]
+struct DirCache {
+    gens: Mutex<[HashMap<Gfid, Arc<OwnedFd>>; 2]>,
+}
+
+impl DirCache {
+    fn get(&self, g: &Gfid) -> Option<Arc<OwnedFd>> {
+        let mut gens = self.gens.lock();
+        if let Some(fd) = gens[0].get(g) {
+            return Some(fd.clone());
+        }
+        let fd = gens[1].remove(g)?;
+        Self::put(&mut gens, *g, fd.clone());
+        Some(fd)
+    }
+
+    fn insert(&self, g: Gfid, fd: Arc<OwnedFd>) {
+        Self::put(&mut self.gens.lock(), g, fd);
+    }
+
+    fn put(gens: &mut [HashMap<Gfid, Arc<OwnedFd>>; 2], g: Gfid, fd: Arc<OwnedFd>) {
+        if gens[0].len() >= DIR_CACHE / 2 {
+            gens[1] = std::mem::take(&mut gens[0]);
+        }
+        gens[0].insert(g, fd);
+    }
+
+    fn remove(&self, g: &Gfid) {
+        let mut gens = self.gens.lock();
+        gens[0].remove(g);
+        gens[1].remove(g);
+    }
+
+    fn len(&self) -> usize {
+        let gens = self.gens.lock();
+        gens[0].len() + gens[1].len()
+    }
 }
 
 fn hex_dirs(g: &Gfid) -> (String, String) {
@@ -267,6 +321,7 @@ impl Brick {
             use_openat2: AtomicBool::new(true),
             inode_locks: Stripes::new(),
             entry_locks: Stripes::new(),
+            dirs: DirCache::default(),
         };
         let h = handle_rel(&Gfid::ROOT);
         match sys::readlinkat(brick.gfs.as_fd(), &h) {
@@ -288,6 +343,11 @@ impl Brick {
     /// The root directory's descriptor.
     pub fn root_fd(&self) -> BorrowedFd<'_> {
         self.root.as_fd()
+    }
+
+    /// Directories kept open by gfid.
+    pub fn dirs_cached(&self) -> usize {
+        self.dirs.len()
     }
 
     /// The `.glusterfs` descriptor.
@@ -324,13 +384,20 @@ impl Brick {
             return Err(Errno::EINVAL);
         }
         let h = handle_rel(&g);
+        if let Some(fd) = self.dirs.get(&g) {
+            match sys::fstat(fd.as_fd()) {
+                Ok(st) if st.st_nlink > 0 => return Ok(Node { gfid: g, st, dir: Some(fd), handle: h }),
+                _ => self.dirs.remove(&g),
+            }
+        }
         let st = sys::fstatat(self.gfs.as_fd(), &h, 0)?;
         if is_lnk(&st) && st.st_nlink == 1 {
             // A directory handle (a symlink inode's handle is a hard link
             // to it, so it has at least two links while it has a name).
-            let fd = self.open_dir_handle(&g, &h)?;
+            let fd = Arc::new(self.open_dir_handle(&g, &h)?);
             let st = sys::fstat(fd.as_fd())?;
-            return Ok(Node { gfid: g, st, dir: Some(Arc::new(fd)), handle: h });
+            self.dirs.insert(g, fd.clone());
+            return Ok(Node { gfid: g, st, dir: Some(fd), handle: h });
         }
         if is_dir(&st) || st.st_nlink <= 1 {
             return Err(Errno::ENOENT);
@@ -580,6 +647,7 @@ impl Brick {
     /// Points an existing directory handle at `parent`/`name` (atomically:
     /// a new symlink renamed over the old one).
     pub fn rewrite_dir_handle(&self, g: &Gfid, parent: &Gfid, name: &[u8]) -> Sys<()> {
+        self.dirs.remove(g);
         self.handle_dirs(g)?;
         let (a, b) = hex_dirs(g);
         let tmp = cstr(format!("{a}/{b}/.{g}.tmp").as_bytes())?;
@@ -602,6 +670,7 @@ impl Brick {
         if *g == Gfid::ROOT {
             return Ok(());
         }
+        self.dirs.remove(g);
         match sys::unlinkat(self.gfs.as_fd(), &handle_rel(g), 0) {
             Ok(()) | Err(Errno::ENOENT) => Ok(()),
             Err(e) => Err(e),

@@ -432,10 +432,12 @@ async fn inodes_made_behind_our_back_get_gfids() {
     let fd = e.open(want, libc::O_RDONLY).await.expect("open by gfid");
     assert_eq!(e.read(fd, 0, 10).await.expect("read"), b"plain");
     e.release(fd).await;
-    // A lost directory handle (or one pointing elsewhere) is repaired by lookup.
+    // A lost directory handle (or one pointing elsewhere) is repaired by
+    // lookup (the brick may still reach the directory by gfid meanwhile:
+    // it keeps resolved directories open).
     std::fs::remove_file(e.handle_path(outer.gfid)).expect("rm handle");
-    assert_eq!(e.stat(outer.gfid).await.err(), Some(Errno::ENOENT));
     e.lookup(Gfid::ROOT, "outer").await.expect("lookup");
+    assert!(std::fs::symlink_metadata(e.handle_path(outer.gfid)).is_ok(), "handle made again");
     assert!(e.stat(outer.gfid).await.expect("stat").is_dir());
     std::fs::rename(e.brick.join("outer"), e.brick.join("moved-by-admin")).expect("mv");
     e.lookup(Gfid::ROOT, "moved-by-admin").await.expect("lookup");
@@ -720,4 +722,32 @@ async fn a_directory_gfid_follows_renames_and_removal() {
     let make =
         Fop::Create { loc: Loc::entry(d, "four"), flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, fd: e.fd_id() };
     assert_eq!(e.run(make).await.map(drop).err(), Some(Errno::ENOENT));
+}
+
+/// Directories resolved by gfid are kept open, at most `DIR_CACHE` of
+/// them, and dropped when removed.
+#[tokio::test]
+async fn resolved_directories_are_kept_open_boundedly_until_removed() {
+    let e = env();
+    let cached = || {
+        let d = e.xl.dump();
+        d.iter().find(|(k, _)| k == "open-dirs-cached").map(|(_, v)| v.parse::<usize>().expect("number"))
+    };
+    let d = e.mkdir(Gfid::ROOT, "d").await;
+    for _ in 0..3 {
+        assert!(e.stat(d).await.expect("stat").is_dir());
+        assert_eq!(cached(), Some(1), "opened once");
+    }
+    e.reply(Fop::Rmdir { loc: Loc::entry(Gfid::ROOT, "d"), flags: 0 }).await.expect("rmdir");
+    assert_eq!(cached(), Some(0), "dropped with its handle");
+    let mut dirs = Vec::new();
+    for i in 0..handle::DIR_CACHE + 10 {
+        let g = e.mkdir(Gfid::ROOT, &format!("d{i}")).await;
+        e.stat(g).await.expect("stat");
+        dirs.push(g);
+    }
+    let n = cached().expect("count");
+    assert!(n <= handle::DIR_CACHE && n >= handle::DIR_CACHE / 2, "{n} kept");
+    // The oldest, no longer kept, still resolve.
+    assert!(e.stat(dirs[0]).await.expect("stat").is_dir());
 }
