@@ -59,6 +59,7 @@
 
 mod entry_ops;
 mod fd_table;
+mod gen_cache;
 mod handle;
 mod inode_fd_ops;
 mod mdata;
@@ -303,7 +304,7 @@ impl Posix {
             nfds: AtomicUsize::new(0),
             open: Mutex::new(HashMap::new()),
             ctime: AtomicBool::new(CTIME.get(o)),
-            times: mdata::Cache::default(),
+            times: mdata::cache(),
             deferred: mdata::Deferred::default(),
             brick,
         };

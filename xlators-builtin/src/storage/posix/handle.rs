@@ -17,7 +17,6 @@
 //! root one `O_NOFOLLOW` name at a time. Either way the directory found must
 //! carry the gfid asked for.
 
-use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -170,44 +169,7 @@ pub(crate) const DIR_CACHE: usize = 1024;
 /// gfid names); a removed directory is dropped when its handle is removed
 /// or repointed, and one found with no links left (removed behind the
 /// brick's back) is resolved again.
-#[derive(Default)]
-struct DirCache {
-    gens: Mutex<[HashMap<Gfid, Arc<OwnedFd>>; 2]>,
-}
-
-impl DirCache {
-    fn get(&self, g: &Gfid) -> Option<Arc<OwnedFd>> {
-        let mut gens = self.gens.lock();
-        if let Some(fd) = gens[0].get(g) {
-            return Some(fd.clone());
-        }
-        let fd = gens[1].remove(g)?;
-        Self::put(&mut gens, *g, fd.clone());
-        Some(fd)
-    }
-
-    fn insert(&self, g: Gfid, fd: Arc<OwnedFd>) {
-        Self::put(&mut self.gens.lock(), g, fd);
-    }
-
-    fn put(gens: &mut [HashMap<Gfid, Arc<OwnedFd>>; 2], g: Gfid, fd: Arc<OwnedFd>) {
-        if gens[0].len() >= DIR_CACHE / 2 {
-            gens[1] = std::mem::take(&mut gens[0]);
-        }
-        gens[0].insert(g, fd);
-    }
-
-    fn remove(&self, g: &Gfid) {
-        let mut gens = self.gens.lock();
-        gens[0].remove(g);
-        gens[1].remove(g);
-    }
-
-    fn len(&self) -> usize {
-        let gens = self.gens.lock();
-        gens[0].len() + gens[1].len()
-    }
-}
+type DirCache = super::gen_cache::GenCache<Arc<OwnedFd>>;
 
 fn hex_dirs(g: &Gfid) -> (String, String) {
     (format!("{:02x}", g.0[0]), format!("{:02x}", g.0[1]))
@@ -321,7 +283,7 @@ impl Brick {
             use_openat2: AtomicBool::new(true),
             inode_locks: Stripes::new(),
             entry_locks: Stripes::new(),
-            dirs: DirCache::default(),
+            dirs: DirCache::new(DIR_CACHE),
         };
         let h = handle_rel(&Gfid::ROOT);
         match sys::readlinkat(brick.gfs.as_fd(), &h) {
@@ -396,7 +358,7 @@ impl Brick {
             // to it, so it has at least two links while it has a name).
             let fd = Arc::new(self.open_dir_handle(&g, &h)?);
             let st = sys::fstat(fd.as_fd())?;
-            self.dirs.insert(g, fd.clone());
+            self.dirs.put(g, fd.clone());
             return Ok(Node { gfid: g, st, dir: Some(fd), handle: h });
         }
         if is_dir(&st) || st.st_nlink <= 1 {

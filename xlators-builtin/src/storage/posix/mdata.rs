@@ -120,32 +120,11 @@ enum Change {
 }
 
 /// The stored times of recently seen gfids (None: the inode has none).
-#[derive(Default)]
-pub(super) struct Cache {
-    gens: Mutex<[HashMap<Gfid, Option<Mdata>>; 2]>,
-}
+pub(super) type Cache = super::gen_cache::GenCache<Option<Mdata>>;
 
-impl Cache {
-    fn get(&self, g: &Gfid) -> Option<Option<Mdata>> {
-        let mut gens = self.gens.lock();
-        if let Some(v) = gens[0].get(g) {
-            return Some(*v);
-        }
-        let v = gens[1].remove(g)?;
-        Self::put_in(&mut gens, *g, v);
-        Some(v)
-    }
-
-    fn put(&self, g: Gfid, v: Option<Mdata>) {
-        Self::put_in(&mut self.gens.lock(), g, v);
-    }
-
-    fn put_in(gens: &mut [HashMap<Gfid, Option<Mdata>>; 2], g: Gfid, v: Option<Mdata>) {
-        if gens[0].len() >= CACHE_ENTRIES / 2 {
-            gens[1] = std::mem::take(&mut gens[0]);
-        }
-        gens[0].insert(g, v);
-    }
+/// An empty cache of stored times.
+pub(super) fn cache() -> Cache {
+    Cache::new(CACHE_ENTRIES)
 }
 
 /// How long after the times of a data change are written later data
@@ -532,24 +511,5 @@ mod tests {
         assert_eq!((d.pending(&g), d.0.lock().pending), (None, 0));
         assert!(!d.wants_timer());
         assert!(d.take_one(g).is_none());
-    }
-
-    #[test]
-    fn the_cache_stays_bounded_and_keeps_what_is_used() {
-        let c = Cache::default();
-        let g = |i: u64| {
-            let mut b = [0u8; 16];
-            b[8..].copy_from_slice(&i.to_be_bytes());
-            Gfid(b)
-        };
-        c.put(g(0), None);
-        for i in 1..(CACHE_ENTRIES as u64 * 2) {
-            c.put(g(i), None);
-            if i % 1000 == 0 {
-                assert!(c.get(&g(0)).is_some(), "a gfid in use stays");
-            }
-        }
-        let gens = c.gens.lock();
-        assert!(gens[0].len() + gens[1].len() <= CACHE_ENTRIES);
     }
 }
