@@ -226,6 +226,55 @@ fn fops_table(g: &Grouped) -> String {
     out
 }
 
+/// Each further xlfs column over the `xlfs` one, round by round: the ratio
+/// of its rate and of its CPU per unit of work to `xlfs`'s in the same
+/// round, median (min-max) over the rounds. Two builds or settings run
+/// side by side drift with the machine together; the ratio of each round's
+/// pair keeps a few percent's difference that medians of each column lose
+/// in the spread.
+fn paired_table(g: &Grouped) -> String {
+    const BASE: &str = "xlfs";
+    let others: Vec<&String> =
+        g.systems.iter().filter(|s| *s != BASE && !is_reference(s) && !s.ends_with("-tmpfs")).collect();
+    if others.is_empty() || !g.systems.iter().any(|s| s == BASE) {
+        return String::new();
+    }
+    let paired = |li: usize, other: &str, of: fn(&Sample) -> Option<f64>| {
+        let ratios: Vec<f64> = g
+            .samples(li, BASE)
+            .iter()
+            .filter_map(|b| {
+                let o = g.samples(li, other).iter().find(|o| o.round == b.round)?;
+                let (bv, ov) = (of(b)?, of(o)?);
+                (bv > 0.0).then(|| ov / bv)
+            })
+            .collect();
+        match summarize(&ratios) {
+            Some(r) => format!("{:.2}x ({:.2}-{:.2}, n={})", r.median, r.min, r.max, r.n),
+            None => "—".into(),
+        }
+    };
+    let mut head: Vec<String> = vec!["workload".into()];
+    for o in &others {
+        head.push(format!("{o} / {BASE}"));
+        head.push(format!("{o} / {BASE} CPU"));
+    }
+    let mut out = format!("
+{}{}", row(&head), rule(head.len()));
+    for (li, (label, _, _)) in g.labels.iter().enumerate() {
+        let mut r = vec![label.clone()];
+        for o in &others {
+            r.push(paired(li, o, |s| Some(s.value)));
+            r.push(paired(li, o, |s| s.cpu.as_ref().map(|c| c.0)));
+        }
+        out += &row(&r);
+    }
+    out += "
+Paired by round: each round's rate (and CPU per unit) of the column over `xlfs`'s in the same \
+            round, median (min-max, n=rounds); above 1x the column is faster (or costs more CPU).\n";
+    out
+}
+
 fn row(cells: &[String]) -> String {
     format!("| {} |\n", cells.join(" | "))
 }
@@ -298,6 +347,7 @@ pub fn render(samples: &[Sample], systems: &[String], wide: usize) -> String {
             out += "\nCPU of the client and brick processes (utime+stime from /proc) per unit of work, \
                     median (min-max, n=rounds), with the client's share; lower is better.\n";
         }
+        out += &paired_table(&g);
         out += &fops_table(&g);
     } else {
         let mut head: Vec<String> = vec!["system".into()];
@@ -415,6 +465,26 @@ mod tests {
         assert!(t.contains("| xlfs | 950 (900-1000, n=2), 3.80x GlusterFS, 0.600 CPU ms/file |"), "{t}");
         assert!(t.contains("| ext4 | 5500 (5000-6000, n=2) |"), "{t}");
         assert!(!t.contains("fops sent"), "{t}");
+    }
+
+    #[test]
+    fn columns_compared_round_by_round() {
+        // The machine slows down in round 2 for both: the medians of the
+        // columns overlap, the paired ratio stays 1.10x.
+        let samples = vec![
+            s(1, "xlfs", "rm n=100", 1000.0, Some(2.0)),
+            s(1, "new", "rm n=100", 1100.0, Some(1.8)),
+            s(2, "xlfs", "rm n=100", 500.0, Some(4.0)),
+            s(2, "new", "rm n=100", 550.0, Some(3.6)),
+            s(3, "xlfs", "rm n=100", 800.0, Some(2.5)),
+        ];
+        let sys: Vec<String> = ["xlfs", "new", "glusterfs"].iter().map(|s| s.to_string()).collect();
+        let t = render(&samples, &sys, 5);
+        assert!(t.contains("| workload | new / xlfs | new / xlfs CPU |"), "{t}");
+        assert!(t.contains("| rm n=100 | 1.10x (1.10-1.10, n=2) | 0.90x (0.90-0.90, n=2) |"), "{t}");
+        // Without a second xlfs column there is no such table.
+        let sys: Vec<String> = ["xlfs", "glusterfs"].iter().map(|s| s.to_string()).collect();
+        assert!(!render(&samples, &sys, 5).contains("Paired by round"));
     }
 
     #[test]
