@@ -259,8 +259,7 @@ fn paired_table(g: &Grouped) -> String {
         head.push(format!("{o} / {BASE}"));
         head.push(format!("{o} / {BASE} CPU"));
     }
-    let mut out = format!("
-{}{}", row(&head), rule(head.len()));
+    let mut out = format!("\n{}{}", row(&head), rule(head.len()));
     for (li, (label, _, _)) in g.labels.iter().enumerate() {
         let mut r = vec![label.clone()];
         for o in &others {
