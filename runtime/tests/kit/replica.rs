@@ -19,13 +19,15 @@ pub fn heal(volfile: &Path, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
-/// Heals (index) until `xlfs heal` says all is clean (bounded: 30 tries).
+/// Heals (index) until `xlfs heal` says all is clean (bounded: 30 tries):
+/// it succeeds with `remaining 0`. A pass may succeed and leave an inode
+/// for the next one (one whose heal another healer held the lock of).
 pub fn heal_until_clean(volfile: &Path) -> String {
     let mut log = String::new();
     for _ in 0..30 {
         let (ok, text) = heal(volfile, &[]);
         log += &text;
-        if ok {
+        if ok && text.contains("remaining 0") {
             return log;
         }
         std::thread::sleep(Duration::from_millis(300));
