@@ -7,8 +7,9 @@
 //! with three copies (moosefs-ref.sh) and more xlfs columns with other
 //! `xlfs up` arguments), runs ../shared/bench's
 //! workloads interleaved round by round (for each round, for each workload,
-//! every system in turn, in reverse order every other round), measures the CPU time of each system's client and
-//! brick processes during each phase, and writes results.md (the table),
+//! every system in turn, in reverse order every other round), measures the
+//! CPU time of each system's client and brick processes during each phase,
+//! and writes results.md (the table),
 //! results.png (the chart), samples.json and raw.log into the output
 //! directory. Everything it starts and every directory it makes is stopped and
 //! removed at the end, also on Ctrl-C or SIGTERM.

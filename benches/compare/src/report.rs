@@ -268,8 +268,7 @@ fn paired_table(g: &Grouped) -> String {
         }
         out += &row(&r);
     }
-    out += "
-Paired by round: each round's rate (and CPU per unit) of the column over `xlfs`'s in the same \
+    out += "\nPaired by round: each round's rate (and CPU per unit) of the column over `xlfs`'s in the same \
             round, median (min-max, n=rounds); above 1x the column is faster (or costs more CPU).\n";
     out
 }
