@@ -597,3 +597,59 @@ fn tar_restores_directory_attributes_answered_early() {
     assert!(!m.log().contains(FAILED_LINE), "an early operation failed:\n{}", m.log());
     assert_identical(&c, true);
 }
+
+// ---------------------------------------------------------------------------
+// 5. rm -r of a tree this mount just made.
+
+/// `rm -r` of a tree right after making it: the unlinks and the rmdirs of
+/// the emptied directories are answered early (the parent keeps its
+/// delegation), and after `xlfs umount` every brick is without the tree,
+/// the copies identical, and a new mount does not see it.
+#[test]
+fn rm_r_of_a_tree_just_made_answers_its_rmdirs_early() {
+    let c = Cluster::start(3);
+    let text = c.replica_volfile(&[]);
+    let mut m = FuseMount::start(&text, "");
+    let top = m.path().join("tree");
+    let mut dirs = 1;
+    std::fs::create_dir(&top).expect("mkdir tree");
+    for a in 0..4 {
+        let d = top.join(format!("a{a}"));
+        std::fs::create_dir(&d).expect("mkdir");
+        dirs += 1;
+        for b in 0..3 {
+            let e = d.join(format!("b{b}"));
+            std::fs::create_dir(&e).expect("mkdir");
+            dirs += 1;
+            for f in 0..5 {
+                std::fs::write(e.join(format!("f{f}")), format!("{a}/{b}/{f}")).expect("write");
+            }
+        }
+        std::fs::write(d.join("top-file"), "x").expect("write");
+    }
+    std::fs::write(m.path().join("kept"), "kept").expect("write");
+    let before = counter(m.path(), "async-dirops.answered");
+    std::fs::remove_dir_all(&top).expect("rm -r");
+    let answered = counter(m.path(), "async-dirops.answered") - before;
+    // 60 + 4 files and the 16 directories under the top one (whose parent,
+    // the root, this mount did not make: it goes to the bricks).
+    assert!(answered >= 64 + (dirs - 1), "only {answered} of the rm's operations answered early");
+    assert!(!top.exists(), "the tree is gone from the mount at once");
+    let out = run_xlfs(&[std::ffi::OsStr::new("umount"), m.path().as_os_str()]);
+    assert!(out.status.success(), "xlfs umount: {}", String::from_utf8_lossy(&out.stderr));
+    for b in &c.bricks {
+        assert_eq!(
+            brick_tree(b.dir()),
+            vec![PathBuf::from("kept")],
+            "brick {} right after xlfs umount",
+            b.dir().display()
+        );
+    }
+    let st = m.wait_exit("after xlfs umount");
+    assert!(st.success(), "mount process exited with {st}\n{}", m.log());
+    assert!(!m.log().contains(FAILED_LINE), "an early operation failed:\n{}", m.log());
+    assert_identical(&c, true);
+    let m2 = FuseMount::start(&text, "");
+    assert!(!m2.path().join("tree").exists(), "a new mount sees the tree gone");
+    assert_eq!(std::fs::read(m2.path().join("kept")).expect("read"), b"kept");
+}

@@ -3,8 +3,9 @@
 //!
 //! While this client holds a directory's delegation (`entry_lock`) and
 //! knows its names, nobody else can add or remove a name there. So a
-//! create or mkdir of a name known absent, and an unlink of a name known to
-//! be a non-directory, cannot fail for a reason another client causes: with
+//! create or mkdir of a name known absent, an unlink of a name known to be
+//! a non-directory, and an rmdir of a directory this client also holds
+//! and knows empty, cannot fail for a reason another client causes: with
 //! `async-dirops` on they are answered at once, with the gfid this client
 //! chose and the attributes storage/posix will give the inode (mode less
 //! umask, the caller's uid, the caller's gid or the directory's if it is
@@ -28,6 +29,16 @@
 //! it (the mtime a setattr gives must not be overwritten by a create
 //! answered before it: tar sets a directory's times after extracting into
 //! it). A create's fd is usable at once: its writes wait for the create.
+//!
+//! **Rmdir.** `rm -r` of a tree this client holds unlinks every name of a
+//! directory (each answered early) and then removes it. When the
+//! directory's own delegation is held with no names left, the rmdir is
+//! answered at once too and queued behind the unlinks in it; the
+//! directory's delegation is retired (nothing joins it any more) but its
+//! lock, the whole-directory entrylk an rmdir takes, is kept until the
+//! rmdir has run, and the parent keeps its delegation and names. An rmdir
+//! that cannot be told here goes to the bricks as before (it returns both
+//! delegations first and takes per-name locks).
 //!
 //! **Setattr of a delegated directory.** tar restores each directory's
 //! owner, mode and times after filling it; each such setattr used to wait
@@ -120,6 +131,9 @@ struct Op {
     /// (`Inner::take_promised`) of directory `gfid`.
     req: Option<Request>,
     ticket: Ticket,
+    /// An rmdir's hold on the delegation of the directory it removes
+    /// ([`Inner::retire_dir`]).
+    retired: Option<Ticket>,
     dir: Gfid,
     name: String,
     /// The inode made or removed.
@@ -272,6 +286,9 @@ impl Inner {
         if !cfg.async_dirops {
             return None;
         }
+        if let Fop::Rmdir { loc, flags } = &req.fop {
+            return self.try_early_rmdir(ctx, req, loc, *flags, cfg.async_queue).await;
+        }
         let (loc, what, ty, perm) = match &req.fop {
             Fop::Create { loc, mode, umask, .. } => (loc, true, libc::S_IFREG, mode & !umask),
             Fop::Mkdir { loc, mode, umask } => (loc, true, libc::S_IFDIR, mode & !umask),
@@ -309,8 +326,15 @@ impl Inner {
         if let Fop::Create { flags, .. } = &mut sent.fop {
             *flags |= libc::O_EXCL as u32;
         }
-        let op =
-            Op { ctx: ctx.clone(), req: Some(sent), ticket, dir: loc.parent, name: loc.name.clone(), gfid: target };
+        let op = Op {
+            ctx: ctx.clone(),
+            req: Some(sent),
+            ticket,
+            retired: None,
+            dir: loc.parent,
+            name: loc.name.clone(),
+            gfid: target,
+        };
         self.enqueue(op);
         if let Reply::Entry { iatt, .. } = &reply
             && ty == libc::S_IFDIR
@@ -319,6 +343,50 @@ impl Inner {
         }
         self.early.answered.fetch_add(1, Ordering::Relaxed);
         Some(Ok(reply.into()))
+    }
+
+    /// Answers an rmdir at once and queues it when this client holds the
+    /// delegations of both the parent and the directory, knows the name as
+    /// that directory and the directory as empty (every unlink in it
+    /// answered): nobody else can add a name there meanwhile, and the
+    /// queued rmdir runs after the unlinks queued in it. The directory's
+    /// delegation is retired (its lock, the whole-directory entrylk an
+    /// rmdir takes, is kept until the rmdir has run and then returned).
+    async fn try_early_rmdir(
+        self: &Arc<Self>,
+        ctx: &CallCtx,
+        req: &Request,
+        loc: &xlfs_sdk::Loc,
+        flags: u32,
+        max: usize,
+    ) -> Option<super::FopResult> {
+        if flags != 0 || !loc.is_entry() {
+            return None;
+        }
+        let gfid = self.known_subdir(loc.parent, &loc.name)?;
+        if !loc.gfid.is_null() && loc.gfid != gfid {
+            return None;
+        }
+        self.room_in_queue(max).await;
+        let retired = self.retire_dir(gfid, true)?;
+        let Some((ticket, pre, post, _)) = self.join_early(loc.parent, &loc.name, Early::RemoveDir(gfid)) else {
+            // Named otherwise meanwhile: the usual path (which returns
+            // the retired delegation as it would anyway).
+            self.leave_retired(retired);
+            return None;
+        };
+        let op = Op {
+            ctx: ctx.clone(),
+            req: Some(req.clone()),
+            ticket,
+            retired: Some(retired),
+            dir: loc.parent,
+            name: loc.name.clone(),
+            gfid,
+        };
+        self.enqueue(op);
+        self.early.answered.fetch_add(1, Ordering::Relaxed);
+        Some(Ok(Reply::Parent { pre, post }.into()))
     }
 
     /// Waits for room in the queue (of `max` operations) rather than
@@ -364,7 +432,15 @@ impl Inner {
             self.leave_early_setattr(ticket, true);
             self.early.setattrs_merged.fetch_add(1, Ordering::Relaxed);
         } else {
-            let op = Op { ctx: ctx.clone(), req: Some(req.clone()), ticket, dir, name: SELF.to_string(), gfid: dir };
+            let op = Op {
+                ctx: ctx.clone(),
+                req: Some(req.clone()),
+                ticket,
+                retired: None,
+                dir,
+                name: SELF.to_string(),
+                gfid: dir,
+            };
             self.enqueue(op);
         }
         self.early.answered.fetch_add(1, Ordering::Relaxed);
@@ -406,7 +482,15 @@ impl Inner {
             return;
         }
         if let Some(ticket) = self.promise_delegation(ctx, iatt.gfid, iatt) {
-            let op = Op { ctx: ctx.clone(), req: None, ticket, dir: parent, name: String::new(), gfid: iatt.gfid };
+            let op = Op {
+                ctx: ctx.clone(),
+                req: None,
+                ticket,
+                retired: None,
+                dir: parent,
+                name: String::new(),
+                gfid: iatt.gfid,
+            };
             self.enqueue(op);
         }
     }
@@ -510,7 +594,7 @@ impl Inner {
     /// Sends one queued operation and records how it went.
     async fn run_one(self: &Arc<Self>, op: Op) {
         let made = op.makes();
-        let Op { ctx, req, ticket, dir, name, gfid } = op;
+        let Op { ctx, req, ticket, retired, dir, name, gfid } = op;
         let Some(req) = req else {
             self.take_promised(ticket).await;
             self.done(dir, name, gfid, None);
@@ -536,6 +620,9 @@ impl Inner {
             if let Fop::Create { fd, .. } = &req.fop {
                 // Release sends to these only; nothing if it failed everywhere.
                 self.fds.update(*fd, |f| f.opened = out.ok);
+            }
+            if let Some(t) = retired {
+                self.leave_retired(t);
             }
             out.result.as_ref().err().copied()
         };

@@ -114,6 +114,9 @@ pub enum Early {
     Add(Name),
     /// Unlink of a name known to be this non-directory.
     Remove,
+    /// Rmdir of a name known to be this directory, itself known empty and
+    /// retired ([`Inner::retire_dir`]).
+    RemoveDir(Gfid),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,6 +135,10 @@ struct State {
     /// Names with a transaction in flight.
     busy: HashSet<String>,
     in_flight: usize,
+    /// Of those, transactions sent to the children before they are
+    /// answered ([`Inner::delegated_txn`]): their changes to the names are
+    /// known only once they finish.
+    sync_in_flight: usize,
     idle_since: Instant,
     /// Return it once the transactions in flight finish.
     release: bool,
@@ -151,6 +158,7 @@ impl State {
             generation: 0,
             busy: HashSet::new(),
             in_flight: 0,
+            sync_in_flight: 0,
             idle_since: Instant::now(),
             release: false,
             timer: false,
@@ -215,6 +223,8 @@ pub struct Ticket {
     lk_ctx: CallCtx,
     owner: Weak<Inner>,
     left: bool,
+    /// Joined by [`Inner::delegated_txn`] (counted in `sync_in_flight`).
+    sync: bool,
 }
 
 impl Drop for Ticket {
@@ -225,7 +235,7 @@ impl Drop for Ticket {
         if let Some(inner) = self.owner.upgrade() {
             tracing::warn!(volume = %inner.name, dir = %self.at,
                 "a transaction under a directory delegation ended without finishing: its names are now unknown");
-            inner.leave(&self.dir, &self.names, None);
+            inner.leave(&self.dir, &self.names, self.sync, None);
         }
     }
 }
@@ -264,7 +274,8 @@ impl Inner {
     /// Joins the held delegation of `dir` at once (no wait, no lock) for
     /// an entry fop on `name` that this client can answer itself: a create
     /// or mkdir of a name known absent, an unlink of a name known to be a
-    /// non-directory. The known names change now, as if the fop had run.
+    /// non-directory, an rmdir of a name known to be a directory retired
+    /// for it. The known names change now, as if the fop had run.
     /// Returns the ticket (keeping the delegation until the fop has run on
     /// the children), the directory's attributes before and after the
     /// change, and the inode an unlink removes. `None` when any of that is not so.
@@ -287,6 +298,11 @@ impl Inner {
                 (Early::Remove, Some(Some(n))) if !n.dir => {
                     let g = n.gfid;
                     set.remove(name);
+                    Some(g)
+                }
+                (Early::RemoveDir(g), Some(Some(n))) if n.dir && n.gfid == g => {
+                    set.remove(name);
+                    attr.nlink = attr.nlink.saturating_sub(1);
                     Some(g)
                 }
                 _ => return None,
@@ -537,9 +553,11 @@ impl Inner {
                             }
                         } else if names.iter().all(|nm| !s.busy.contains(nm)) {
                             let held = s.held.as_ref()?;
-                            let t = self.ticket(d.clone(), dir, names.clone(), held.locked, held.ctx.clone());
+                            let mut t = self.ticket(d.clone(), dir, names.clone(), held.locked, held.ctx.clone());
+                            t.sync = true;
                             s.busy.extend(names.iter().cloned());
                             s.in_flight += 1;
+                            s.sync_in_flight += 1;
                             self.dirs.joined.fetch_add(1, Ordering::Relaxed);
                             return Some(t);
                         } else {
@@ -579,7 +597,9 @@ impl Inner {
                                 // The transaction that took the delegation
                                 // always uses it, even if a contention upcall
                                 // came meanwhile: every hand-over makes progress.
-                                let t = self.ticket(d.clone(), dir, names.clone(), h.locked, h.ctx.clone());
+                                let mut t = self.ticket(d.clone(), dir, names.clone(), h.locked, h.ctx.clone());
+                                t.sync = true;
+                                s.sync_in_flight += 1;
                                 s.phase = Phase::Held;
                                 s.held = Some(h);
                                 s.generation = generation;
@@ -608,19 +628,22 @@ impl Inner {
     }
 
     fn ticket(self: &Arc<Self>, dir: Arc<Dir>, at: Gfid, names: Vec<String>, locked: Mask, lk_ctx: CallCtx) -> Ticket {
-        Ticket { dir, at, names, locked, lk_ctx, owner: Arc::downgrade(self), left: false }
+        Ticket { dir, at, names, locked, lk_ctx, owner: Arc::downgrade(self), left: false, sync: false }
     }
 
     fn leave_delegation(self: &Arc<Self>, mut t: Ticket, changes: Option<Vec<(String, NameChange)>>) {
         t.left = true;
-        self.leave(&t.dir, &t.names, changes);
+        self.leave(&t.dir, &t.names, t.sync, changes);
     }
 
     /// A ticket's transaction is done with the delegation of `d`, having
     /// made `changes` to its names (None: unknown).
-    fn leave(self: &Arc<Self>, d: &Arc<Dir>, names: &[String], changes: Option<Vec<(String, NameChange)>>) {
+    fn leave(self: &Arc<Self>, d: &Arc<Dir>, names: &[String], sync: bool, changes: Option<Vec<(String, NameChange)>>) {
         {
             let mut s = d.s.lock();
+            if sync {
+                s.sync_in_flight -= 1;
+            }
             for nm in names {
                 s.busy.remove(nm);
             }
@@ -698,6 +721,68 @@ impl Inner {
             self.dirs.absent_hits.fetch_add(1, Ordering::Relaxed);
         }
         absent
+    }
+
+    /// The directory named `name` in `dir`, when this client holds the
+    /// delegation of `dir` with its names known and knows that name as a
+    /// directory.
+    pub fn known_subdir(&self, dir: Gfid, name: &str) -> Option<Gfid> {
+        let mut found = None;
+        self.with_known(dir, |set| match set.get(name) {
+            Some(Some(n)) if n.dir && !n.gfid.is_null() => {
+                found = Some(n.gfid);
+                true
+            }
+            _ => false,
+        });
+        found
+    }
+
+    /// Retires this client's delegation of directory `dir` for its rmdir:
+    /// held, and either `early` (an rmdir answered here: its names are
+    /// known and there are none, every unlink in it answered, and no
+    /// transaction that may still add one is running there) or with
+    /// nothing running there at all (an rmdir sent now, whose outcome the
+    /// bricks tell). No fop joins the delegation from then on (a create in
+    /// the directory takes the usual path, which fails as the bricks say
+    /// once the rmdir has run); the returned ticket keeps its lock, the
+    /// whole-directory entrylk an rmdir takes, until the rmdir has run,
+    /// and leaving it ([`Inner::leave_retired`]) returns the delegation.
+    pub fn retire_dir(self: &Arc<Self>, dir: Gfid, early: bool) -> Option<Ticket> {
+        if !self.cfg().entry_eager_lock || dir.is_null() {
+            return None;
+        }
+        let d = self.dirs.map.lock().get(&dir).cloned()?;
+        let mut s = d.s.lock();
+        let quiet = if early {
+            s.sync_in_flight == 0 && matches!(&s.known, Known::Yes(set, _) if set.is_empty())
+        } else {
+            s.in_flight == 0
+        };
+        if !quiet
+            || s.phase != Phase::Held
+            || s.release
+            || s.generation != self.generation.load(Ordering::Acquire)
+            || self.up_mask() != all(self.children.len())
+        {
+            return None;
+        }
+        let (locked, lk_ctx) = {
+            let h = s.held.as_ref()?;
+            (h.locked, h.ctx.clone())
+        };
+        s.release = true;
+        s.known = Known::No;
+        s.in_flight += 1;
+        self.dirs.joined.fetch_add(1, Ordering::Relaxed);
+        drop(s);
+        Some(self.ticket(d, dir, Vec::new(), locked, lk_ctx))
+    }
+
+    /// Leaves a ticket of [`Inner::retire_dir`]: the delegation is
+    /// returned once nothing else uses it.
+    pub fn leave_retired(self: &Arc<Self>, t: Ticket) {
+        self.leave_delegation(t, None);
     }
 
     /// True when this client holds the delegation of `dir` with its names

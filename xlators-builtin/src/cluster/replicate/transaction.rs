@@ -423,11 +423,22 @@ impl Inner {
             Fop::Create { fd, flags, .. } => Some((*fd, *flags)),
             _ => None,
         };
+        let in_dir = || names.iter().map(|(_, n)| n.clone()).collect::<Vec<String>>();
         let delegated = match (parents.as_slice(), whole_dir) {
-            ([dir], None) => {
-                let in_dir: Vec<String> = names.iter().map(|(_, n)| n.clone()).collect();
-                self.delegated_txn(ctx, *dir, in_dir, &req).await
-            }
+            ([dir], None) => self.delegated_txn(ctx, *dir, in_dir(), &req).await,
+            // An rmdir of a directory whose delegation this client holds
+            // (rm -r unlinked its names under it): that lock is the
+            // whole-directory entrylk the rmdir needs, and the parent's
+            // delegation covers the name. Without one, both delegations
+            // are returned and per-name locks taken below.
+            ([dir], Some(sub)) => match self.retire_dir(sub, false) {
+                Some(t) => {
+                    let r = self.delegated_txn(ctx, *dir, in_dir(), &req).await;
+                    self.leave_retired(t);
+                    r
+                }
+                None => None,
+            },
             _ => None,
         };
         let (out, blamed) = match delegated {

@@ -420,3 +420,77 @@ async fn a_create_answered_early_takes_the_group_of_a_directory_changed_meanwhil
         assert_eq!(m.gid(), 100, "the group on brick {i}");
     }
 }
+
+/// `rm -r` of a tree this client holds: an rmdir of a delegated directory
+/// whose names are all unlinked (answered early too) is answered at once
+/// and lands after those unlinks; the parent keeps its delegation and
+/// names. A directory with names left goes to the bricks (ENOTEMPTY), and a
+/// create in a directory removed early fails as the bricks say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emptied_directory_is_removed_early_after_the_unlinks_in_it() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("post-op-delay-secs", "3600")]);
+    let d = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d")).await);
+    let sub = entry_gfid(n.call(mkdir_req(d, "sub")).await);
+    for k in 0..3 {
+        let (fd, _) = create_in(&n, sub, &format!("f{k}")).await.expect("create");
+        n.write(fd, 0, b"data").await.expect("write");
+        n.call(Fop::Release { fd }).await.expect("release");
+    }
+    for k in 0..3 {
+        n.call(Fop::Unlink { loc: Loc::entry(sub, format!("f{k}")), flags: 0 }).await.expect("unlink");
+    }
+    let answered = |n: &Node| n.dump("async-dirops.answered").parse::<u64>().unwrap_or(0);
+    let before = answered(&n);
+    let r = n.call(Fop::Rmdir { loc: Loc { gfid: sub, parent: d, name: "sub".into() }, flags: 0 }).await;
+    assert!(r.is_ok(), "rmdir of the emptied directory: {r:?}");
+    assert_eq!(answered(&n), before + 1, "answered early: {:?}", n.afr.dump());
+    assert_eq!(n.call(Fop::Lookup { loc: Loc::entry(d, "sub") }).await.map(drop), Err(Errno::ENOENT));
+    // The parent kept its delegation and names: its next entry fops are
+    // answered early as well.
+    let full = entry_gfid(n.call(mkdir_req(d, "full")).await);
+    let (fd, _) = create_in(&n, full, "x").await.expect("create in full");
+    n.call(Fop::Release { fd }).await.expect("release");
+    assert_eq!(answered(&n), before + 3, "mkdir and create after the rmdir: {:?}", n.afr.dump());
+    let r = n.call(Fop::Rmdir { loc: Loc { gfid: full, parent: d, name: "full".into() }, flags: 0 }).await;
+    assert_eq!(r.map(drop), Err(Errno::ENOTEMPTY), "a directory with a name left");
+    assert!(create_in(&n, sub, "late").await.is_err(), "a create in the removed directory");
+    drain(&n).await;
+    assert_eq!(n.dump("async-dirops.failed"), "0");
+    for i in 0..N {
+        assert_eq!(names_on(&c, i, "d"), vec!["full".to_string()], "brick {i}");
+        assert_eq!(names_on(&c, i, "d/full"), vec!["x".to_string()], "brick {i}");
+    }
+}
+
+/// An rmdir answered early that the bricks refuse (a name was put in the
+/// directory behind the volume's back) is not silent: the next fsync of
+/// its parent returns the error, and the directory is seen again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_early_rmdir_is_reported_by_the_parents_fsync() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[("post-op-delay-secs", "3600")]);
+    let d = entry_gfid(n.call(mkdir_req(Gfid::ROOT, "d")).await);
+    let sub = entry_gfid(n.call(mkdir_req(d, "sub")).await);
+    drain(&n).await;
+    for b in &c.bricks {
+        std::fs::write(b.dir.join("d/sub/stray"), b"behind").expect("write on the brick");
+    }
+    let before = n.dump("async-dirops.answered").parse::<u64>().unwrap_or(0);
+    let r = n.call(Fop::Rmdir { loc: Loc { gfid: sub, parent: d, name: "sub".into() }, flags: 0 }).await;
+    assert!(r.is_ok(), "answered early: {r:?}");
+    assert_eq!(n.dump("async-dirops.answered").parse::<u64>().unwrap_or(0), before + 1);
+    drain(&n).await;
+    assert_eq!(n.dump("async-dirops.failed"), "1", "{:?}", n.afr.dump());
+    let dfd = Fd { id: n.fd_id(), gfid: d };
+    n.call(Fop::Opendir { loc: Loc::gfid(d), fd: dfd.id }).await.expect("opendir");
+    assert_eq!(
+        n.call(Fop::Fsyncdir { fd: dfd, datasync: false }).await.map(drop),
+        Err(Errno::ENOTEMPTY),
+        "fsyncdir reports it"
+    );
+    assert!(n.call(Fop::Lookup { loc: Loc::entry(d, "sub") }).await.is_ok(), "the directory is there again");
+    for i in 0..N {
+        assert_eq!(names_on(&c, i, "d/sub"), vec!["stray".to_string()], "brick {i}");
+    }
+}

@@ -52,8 +52,6 @@ async fn entry_fops_in_one_directory_share_one_delegation() {
     assert_eq!(n.dump("entry-eager-lock.absent-hits"), "3");
     n.lookup("g10").await.expect("a name it has is looked up");
     assert_eq!(lookups(&n), before + N as u64);
-    // rmdir locks the removed directory as a whole and its name per name:
-    // this client's own delegations are returned first, not waited out.
     let d = match n.lookup("d").await.expect("lookup d").reply {
         Reply::Entry { iatt, .. } => iatt.gfid,
         r => panic!("{r:?}"),
@@ -64,8 +62,21 @@ async fn entry_fops_in_one_directory_share_one_delegation() {
         .expect("create in d");
     drop(fd);
     n.call(Fop::Unlink { loc: Loc::entry(d, "x"), flags: 0 }).await.expect("unlink in d");
-    promptly("rmdir", n.call(Fop::Rmdir { loc: Loc::entry(Gfid::ROOT, "d"), flags: 0 })).await.expect("rmdir");
-    assert!(n.dump("entry-eager-lock.returned").parse::<u64>().unwrap_or(0) >= 1, "{:?}", n.afr.dump());
+    // This client holds both delegations: d's lock is the whole-directory
+    // lock the rmdir needs and the root's covers the name, so the rmdir
+    // takes no lock and only d's is given back after it.
+    let before = n.entrylks();
+    let loc = Loc { gfid: d, parent: Gfid::ROOT, name: "d".into() };
+    promptly("rmdir", n.call(Fop::Rmdir { loc, flags: 0 })).await.expect("rmdir");
+    for _ in 0..2000 {
+        if n.dump("entry-eager-lock.returned") == "1" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(n.dump("entry-eager-lock.returned"), "1", "d's delegation returned: {:?}", n.afr.dump());
+    assert_eq!(n.entrylks() - before, N as u64, "d's unlock only");
+    assert_eq!(n.dump("entry-eager-lock.held"), "1", "the root's delegation kept");
     for i in 0..N {
         assert!(!c.bricks[i].dir.join("d").exists(), "d gone on brick {i}");
     }
