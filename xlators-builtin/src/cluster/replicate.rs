@@ -763,6 +763,7 @@ impl Xlator for Replicate {
             out.push((format!("eager-lock.released.{why}"), n.load(Ordering::Relaxed).to_string()));
         }
         out.push(("entry-eager-lock.held".into(), me.dirs.held().to_string()));
+        out.push(("entry-eager-lock.known-names".into(), me.dirs.known_names().to_string()));
         for (k, v) in [
             ("taken", &me.dirs.taken),
             ("joined", &me.dirs.joined),

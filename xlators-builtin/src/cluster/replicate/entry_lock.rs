@@ -27,15 +27,19 @@
 //!
 //! **Known names.** While the delegation is held nobody else can add or
 //! remove a name in the directory, so once it is taken the directory is
-//! listed in the background (if its entries are not stale on any child and
-//! it has at most [`MAX_KNOWN`] names); from then on a lookup of a name the
-//! listing and this client's own entry fops say is absent is answered
-//! ENOENT without asking the bricks (the lookup before every create). The
-//! entry fops that run while the listing is read are replayed onto it.
+//! listed in the background (if its entries are not stale on any child, it
+//! has at most [`MAX_KNOWN`] names, and all delegated directories' names
+//! together stay within [`MAX_KNOWN_TOTAL`], so that a client's memory is
+//! bounded however many large directories it works in); from then on a
+//! lookup of a name the listing and this client's own entry fops say is
+//! absent is answered ENOENT without asking the bricks (the lookup before
+//! every create). The entry fops that run while the listing is read are
+//! replayed onto it. The dump's `entry-eager-lock.known-names` counts the
+//! names kept.
 
 use std::collections::{HashMap, HashSet};
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -54,6 +58,10 @@ pub const MAX_DIRS: usize = 4096;
 
 /// Largest directory whose names are kept while delegated.
 pub const MAX_KNOWN: usize = 16384;
+
+/// Most names kept for all delegated directories together (about 100
+/// bytes each); a directory whose names would go beyond is not known.
+pub const MAX_KNOWN_TOTAL: usize = 262_144;
 
 /// The name a fop on the delegated directory itself is joined under (no
 /// entry name is empty).
@@ -94,15 +102,65 @@ enum Known {
     Listing(Vec<(String, NameChange)>),
     /// The names, with their inodes where known, and the directory's own
     /// attributes (kept current by this client's entry fops).
-    Yes(HashMap<String, Option<Name>>, Iatt),
+    Yes(Names, Iatt),
 }
 
-fn apply(set: &mut HashMap<String, Option<Name>>, changes: impl IntoIterator<Item = (String, NameChange)>) {
-    for (name, ch) in changes {
-        match ch {
-            NameChange::Added(n) => set.insert(name, n),
-            NameChange::Removed => set.remove(&name),
-        };
+/// The known names of one delegated directory, with their inodes where
+/// known, counted in the translator's total ([`MAX_KNOWN_TOTAL`]) while
+/// they are kept.
+pub struct Names {
+    map: HashMap<String, Option<Name>>,
+    total: Arc<AtomicUsize>,
+}
+
+impl Names {
+    fn new(total: &Arc<AtomicUsize>) -> Names {
+        Names { map: HashMap::new(), total: total.clone() }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Option<Name>> {
+        self.map.get(name)
+    }
+
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn insert(&mut self, name: String, n: Option<Name>) {
+        if self.map.insert(name, n).is_none() {
+            self.total.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn remove(&mut self, name: &str) {
+        if self.map.remove(name).is_some() {
+            self.total.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn apply(&mut self, changes: impl IntoIterator<Item = (String, NameChange)>) {
+        for (name, ch) in changes {
+            match ch {
+                NameChange::Added(n) => self.insert(name, n),
+                NameChange::Removed => self.remove(&name),
+            }
+        }
+    }
+
+    /// Whether they may be kept: the directory within [`MAX_KNOWN`] and all
+    /// directories' names within [`MAX_KNOWN_TOTAL`].
+    fn within_bounds(&self) -> bool {
+        self.map.len() <= MAX_KNOWN && self.total.load(Ordering::Relaxed) <= MAX_KNOWN_TOTAL
+    }
+}
+
+impl Drop for Names {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.map.len(), Ordering::Relaxed);
     }
 }
 
@@ -185,6 +243,8 @@ pub struct Dirs {
     pub listed: AtomicU64,
     /// Lookups answered ENOENT from the known names.
     pub absent_hits: AtomicU64,
+    /// Names kept for all delegated directories.
+    known_names: Arc<AtomicUsize>,
 }
 
 /// The names an entry fop that succeeded everywhere added or removed in
@@ -207,6 +267,11 @@ impl Dirs {
     /// Directories with a delegation held now.
     pub fn held(&self) -> usize {
         self.map.lock().values().filter(|d| d.s.lock().phase == Phase::Held).count()
+    }
+
+    /// Names kept for all delegated directories now.
+    pub fn known_names(&self) -> usize {
+        self.known_names.load(Ordering::Relaxed)
     }
 }
 
@@ -349,7 +414,7 @@ impl Inner {
         self: &Arc<Self>,
         dir: Gfid,
         name: &str,
-        f: impl FnOnce(&mut HashMap<String, Option<Name>>, &mut Iatt) -> Option<R>,
+        f: impl FnOnce(&mut Names, &mut Iatt) -> Option<R>,
     ) -> Option<(Ticket, R)> {
         if !self.cfg().entry_eager_lock || dir.is_null() {
             return None;
@@ -370,7 +435,7 @@ impl Inner {
         };
         let Known::Yes(set, attr) = &mut s.known else { return None };
         let r = f(set, attr)?;
-        if set.len() > MAX_KNOWN {
+        if !set.within_bounds() {
             s.known = Known::No;
         }
         // Fops on the directory itself may be joined one after another
@@ -417,7 +482,7 @@ impl Inner {
                 held: Some(held),
                 generation: self.generation.load(Ordering::Acquire),
                 in_flight: 1,
-                known: Known::Yes(HashMap::new(), iatt),
+                known: Known::Yes(Names::new(&self.dirs.known_names), iatt),
                 epoch: 1,
                 ..State::unlocked()
             }),
@@ -652,11 +717,11 @@ impl Inner {
                 (Some(c), Known::Listing(log)) => log.extend(c),
                 (Some(c), Known::Yes(set, attr)) => {
                     let (added, now) = (!c.is_empty(), xlfs_sdk::Timespec::now());
-                    apply(set, c);
+                    set.apply(c);
                     if added {
                         (attr.mtime, attr.ctime) = (now, now);
                     }
-                    if set.len() > MAX_KNOWN {
+                    if !set.within_bounds() {
                         s.known = Known::No;
                     }
                 }
@@ -700,15 +765,17 @@ impl Inner {
                 _ => return,
             };
             if let (Ok(entries), Some(mut attr)) = (listed, attr) {
-                let mut set: HashMap<String, Option<Name>> =
-                    entries.into_iter().map(|e| (e.name, Name::of(&e.iatt))).collect();
+                let mut set = Names::new(&me.dirs.known_names);
+                set.apply(entries.into_iter().map(|e| (e.name, NameChange::Added(Name::of(&e.iatt)))));
                 if !log.is_empty() {
                     let now = xlfs_sdk::Timespec::now();
                     (attr.mtime, attr.ctime) = (now, now);
                 }
-                apply(&mut set, log);
-                me.dirs.listed.fetch_add(1, Ordering::Relaxed);
-                s.known = Known::Yes(set, attr);
+                set.apply(log);
+                if set.within_bounds() {
+                    me.dirs.listed.fetch_add(1, Ordering::Relaxed);
+                    s.known = Known::Yes(set, attr);
+                }
             }
         });
     }
@@ -793,7 +860,7 @@ impl Inner {
 
     /// `f` of the known names of `dir` if its delegation is held and they
     /// are known; false otherwise.
-    fn with_known(&self, dir: Gfid, f: impl FnOnce(&HashMap<String, Option<Name>>) -> bool) -> bool {
+    fn with_known(&self, dir: Gfid, f: impl FnOnce(&Names) -> bool) -> bool {
         let Some(d) = self.dirs.map.lock().get(&dir).cloned() else { return false };
         let s = d.s.lock();
         s.phase == Phase::Held
@@ -935,5 +1002,42 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_names_of_all_directories_are_bounded_together() {
+        let total = Arc::new(AtomicUsize::new(0));
+        let full = |tag: usize| {
+            let mut set = Names::new(&total);
+            set.apply((0..MAX_KNOWN).map(|k| (format!("{tag}.{k}"), NameChange::Added(None))));
+            set
+        };
+        let mut a = full(0);
+        assert!(a.within_bounds());
+        a.insert("one too many".into(), None);
+        assert!(!a.within_bounds(), "a directory beyond MAX_KNOWN");
+        a.remove("one too many");
+        a.insert("0.0".into(), None);
+        assert_eq!(total.load(Ordering::Relaxed), MAX_KNOWN, "a name known again is counted once");
+        let mut sets: Vec<Names> = (1..MAX_KNOWN_TOTAL / MAX_KNOWN).map(full).collect();
+        assert!(a.within_bounds() && sets.iter().all(Names::within_bounds), "exactly at the total");
+        let mut b = Names::new(&total);
+        b.insert("over".into(), None);
+        assert!(!b.within_bounds() && !a.within_bounds(), "beyond the total, whichever directory asks");
+        drop(a);
+        assert_eq!(
+            total.load(Ordering::Relaxed),
+            MAX_KNOWN_TOTAL - MAX_KNOWN + 1,
+            "a dropped set gives its names back"
+        );
+        assert!(b.within_bounds());
+        sets.clear();
+        drop(b);
+        assert_eq!(total.load(Ordering::Relaxed), 0);
     }
 }

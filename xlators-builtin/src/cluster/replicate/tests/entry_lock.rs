@@ -43,6 +43,7 @@ async fn entry_fops_in_one_directory_share_one_delegation() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(n.dump("entry-eager-lock.listed"), "1", "{:?}", n.afr.dump());
+    assert_eq!(n.dump("entry-eager-lock.known-names"), "11", "f11..f19, g10 and d");
     let lookups = |n: &Node| (0..N).map(|i| n.seen(i, &[FopKind::Lookup])).sum::<u64>();
     let before = lookups(&n);
     assert_eq!(n.lookup("f3").await.map(drop), Err(Errno::ENOENT), "unlinked");
@@ -77,6 +78,7 @@ async fn entry_fops_in_one_directory_share_one_delegation() {
     assert_eq!(n.dump("entry-eager-lock.returned"), "1", "d's delegation returned: {:?}", n.afr.dump());
     assert_eq!(n.entrylks() - before, N as u64, "d's unlock only");
     assert_eq!(n.dump("entry-eager-lock.held"), "1", "the root's delegation kept");
+    assert_eq!(n.dump("entry-eager-lock.known-names"), "10", "d's name gone, and d's own names with it");
     for i in 0..N {
         assert!(!c.bricks[i].dir.join("d").exists(), "d gone on brick {i}");
     }
