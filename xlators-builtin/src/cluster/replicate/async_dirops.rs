@@ -37,8 +37,10 @@
 //! directory's delegation is retired (nothing joins it any more) but its
 //! lock, the whole-directory entrylk an rmdir takes, is kept until the
 //! rmdir has run, and the parent keeps its delegation and names. An rmdir
-//! that cannot be told here goes to the bricks as before (it returns both
-//! delegations first and takes per-name locks).
+//! that cannot be answered here is sent at once: under the parent's
+//! delegation when this client holds the directory's with nothing running
+//! in it (`entry_txn`), else after both delegations are returned, under
+//! per-name locks.
 //!
 //! **Setattr of a delegated directory.** tar restores each directory's
 //! owner, mode and times after filling it; each such setattr used to wait
