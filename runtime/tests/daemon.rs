@@ -241,9 +241,20 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
             })
             .sum()
     };
+    // The mount reconnects to the restarted brick on its own schedule:
+    // the write below must reach all three, and be on them (fsync) when
+    // the counts are read.
+    wait_for("the mount to see every brick up", DEADLINE, || {
+        (kit::status_dump(&mnt).get("gv0-replicate-0.children-up").map(String::as_str) == Some("3/3")).then_some(())
+    });
     assert!(d.ok(&["profile", "gv0", "start"]).contains("started"));
     assert_eq!(writes_on(&d), 0, "start zeroes the counts");
-    std::fs::write(mnt.join("profiled"), vec![7u8; 8192]).expect("write");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(mnt.join("profiled")).expect("create");
+        f.write_all(&[7u8; 8192]).expect("write");
+        f.sync_all().expect("fsync");
+    }
     let counted = writes_on(&d);
     assert!(counted >= 3, "one write per brick at least: {counted}");
     assert!(d.ok(&["profile", "gv0", "stop"]).contains("stopped"));
