@@ -143,6 +143,10 @@ struct Op {
 }
 
 impl Op {
+    fn new(ctx: &CallCtx, req: Option<Request>, ticket: Ticket, dir: Gfid, name: String, gfid: Gfid) -> Op {
+        Op { ctx: ctx.clone(), req, ticket, retired: None, dir, name, gfid }
+    }
+
     fn key(&self) -> Key {
         Key { dir: self.dir, name: self.name.clone(), gfid: self.gfid, barrier: self.req.is_none() }
     }
@@ -328,15 +332,7 @@ impl Inner {
         if let Fop::Create { flags, .. } = &mut sent.fop {
             *flags |= libc::O_EXCL as u32;
         }
-        let op = Op {
-            ctx: ctx.clone(),
-            req: Some(sent),
-            ticket,
-            retired: None,
-            dir: loc.parent,
-            name: loc.name.clone(),
-            gfid: target,
-        };
+        let op = Op::new(ctx, Some(sent), ticket, loc.parent, loc.name.clone(), target);
         self.enqueue(op);
         if let Reply::Entry { iatt, .. } = &reply
             && ty == libc::S_IFDIR
@@ -378,13 +374,8 @@ impl Inner {
             return None;
         };
         let op = Op {
-            ctx: ctx.clone(),
-            req: Some(req.clone()),
-            ticket,
             retired: Some(retired),
-            dir: loc.parent,
-            name: loc.name.clone(),
-            gfid,
+            ..Op::new(ctx, Some(req.clone()), ticket, loc.parent, loc.name.clone(), gfid)
         };
         self.enqueue(op);
         self.early.answered.fetch_add(1, Ordering::Relaxed);
@@ -434,15 +425,7 @@ impl Inner {
             self.leave_early_setattr(ticket, true);
             self.early.setattrs_merged.fetch_add(1, Ordering::Relaxed);
         } else {
-            let op = Op {
-                ctx: ctx.clone(),
-                req: Some(req.clone()),
-                ticket,
-                retired: None,
-                dir,
-                name: SELF.to_string(),
-                gfid: dir,
-            };
+            let op = Op::new(ctx, Some(req.clone()), ticket, dir, SELF.to_string(), dir);
             self.enqueue(op);
         }
         self.early.answered.fetch_add(1, Ordering::Relaxed);
@@ -484,15 +467,7 @@ impl Inner {
             return;
         }
         if let Some(ticket) = self.promise_delegation(ctx, iatt.gfid, iatt) {
-            let op = Op {
-                ctx: ctx.clone(),
-                req: None,
-                ticket,
-                retired: None,
-                dir: parent,
-                name: String::new(),
-                gfid: iatt.gfid,
-            };
+            let op = Op::new(ctx, None, ticket, parent, String::new(), iatt.gfid);
             self.enqueue(op);
         }
     }

@@ -208,6 +208,11 @@ struct State {
 }
 
 impl State {
+    /// Where the held lock is and its owner, for a ticket.
+    fn held_lock(&self) -> Option<(Mask, CallCtx)> {
+        self.held.as_ref().map(|h| (h.locked, h.ctx.clone()))
+    }
+
     /// No delegation, nothing known.
     fn unlocked() -> State {
         State {
@@ -421,18 +426,10 @@ impl Inner {
         }
         let d = self.dirs.map.lock().get(&dir).cloned()?;
         let mut s = d.s.lock();
-        if s.phase != Phase::Held
-            || s.release
-            || s.generation != self.generation.load(Ordering::Acquire)
-            || self.up_mask() != all(self.children.len())
-            || s.busy.contains(name)
-        {
+        if !self.in_use(&s) || self.up_mask() != all(self.children.len()) || s.busy.contains(name) {
             return None;
         }
-        let (held_locked, held_ctx) = {
-            let h = s.held.as_ref()?;
-            (h.locked, h.ctx.clone())
-        };
+        let (held_locked, held_ctx) = s.held_lock()?;
         let Known::Yes(set, attr) = &mut s.known else { return None };
         let r = f(set, attr)?;
         if !set.within_bounds() {
@@ -617,12 +614,9 @@ impl Inner {
                                 Step::Wait
                             }
                         } else if names.iter().all(|nm| !s.busy.contains(nm)) {
-                            let held = s.held.as_ref()?;
-                            let mut t = self.ticket(d.clone(), dir, names.clone(), held.locked, held.ctx.clone());
-                            t.sync = true;
+                            let (locked, lk_ctx) = s.held_lock()?;
+                            let t = self.sync_ticket(&mut s, d.clone(), dir, names.clone(), locked, lk_ctx);
                             s.busy.extend(names.iter().cloned());
-                            s.in_flight += 1;
-                            s.sync_in_flight += 1;
                             self.dirs.joined.fetch_add(1, Ordering::Relaxed);
                             return Some(t);
                         } else {
@@ -662,15 +656,13 @@ impl Inner {
                                 // The transaction that took the delegation
                                 // always uses it, even if a contention upcall
                                 // came meanwhile: every hand-over makes progress.
-                                let mut t = self.ticket(d.clone(), dir, names.clone(), h.locked, h.ctx.clone());
-                                t.sync = true;
-                                s.sync_in_flight += 1;
+                                let t =
+                                    self.sync_ticket(&mut s, d.clone(), dir, names.clone(), h.locked, h.ctx.clone());
                                 s.phase = Phase::Held;
                                 s.held = Some(h);
                                 s.generation = generation;
                                 s.idle_since = Instant::now();
                                 s.busy.extend(names.iter().cloned());
-                                s.in_flight += 1;
                                 s.epoch += 1;
                                 s.known = Known::No;
                                 self.dirs.taken.fetch_add(1, Ordering::Relaxed);
@@ -694,6 +686,24 @@ impl Inner {
 
     fn ticket(self: &Arc<Self>, dir: Arc<Dir>, at: Gfid, names: Vec<String>, locked: Mask, lk_ctx: CallCtx) -> Ticket {
         Ticket { dir, at, names, locked, lk_ctx, owner: Arc::downgrade(self), left: false, sync: false }
+    }
+
+    /// A ticket of [`Inner::delegated_txn`], counted in flight (and in
+    /// `sync_in_flight`) in `s`.
+    fn sync_ticket(
+        self: &Arc<Self>,
+        s: &mut State,
+        dir: Arc<Dir>,
+        at: Gfid,
+        names: Vec<String>,
+        locked: Mask,
+        lk_ctx: CallCtx,
+    ) -> Ticket {
+        s.in_flight += 1;
+        s.sync_in_flight += 1;
+        let mut t = self.ticket(dir, at, names, locked, lk_ctx);
+        t.sync = true;
+        t
     }
 
     fn leave_delegation(self: &Arc<Self>, mut t: Ticket, changes: Option<Vec<(String, NameChange)>>) {
@@ -783,7 +793,7 @@ impl Inner {
     /// True when `name` is known absent from `dir`: this client holds the
     /// directory's delegation and its listing does not have the name.
     pub fn known_absent(&self, dir: Gfid, name: &str) -> bool {
-        let absent = self.with_known(dir, |set| !set.contains_key(name));
+        let absent = self.with_known(dir, |set| (!set.contains_key(name)).then_some(())).is_some();
         if absent {
             self.dirs.absent_hits.fetch_add(1, Ordering::Relaxed);
         }
@@ -794,15 +804,10 @@ impl Inner {
     /// delegation of `dir` with its names known and knows that name as a
     /// directory.
     pub fn known_subdir(&self, dir: Gfid, name: &str) -> Option<Gfid> {
-        let mut found = None;
         self.with_known(dir, |set| match set.get(name) {
-            Some(Some(n)) if n.dir && !n.gfid.is_null() => {
-                found = Some(n.gfid);
-                true
-            }
-            _ => false,
-        });
-        found
+            Some(Some(n)) if n.dir && !n.gfid.is_null() => Some(n.gfid),
+            _ => None,
+        })
     }
 
     /// Retires this client's delegation of directory `dir` for its rmdir:
@@ -826,18 +831,10 @@ impl Inner {
         } else {
             s.in_flight == 0
         };
-        if !quiet
-            || s.phase != Phase::Held
-            || s.release
-            || s.generation != self.generation.load(Ordering::Acquire)
-            || self.up_mask() != all(self.children.len())
-        {
+        if !quiet || !self.in_use(&s) || self.up_mask() != all(self.children.len()) {
             return None;
         }
-        let (locked, lk_ctx) = {
-            let h = s.held.as_ref()?;
-            (h.locked, h.ctx.clone())
-        };
+        let (locked, lk_ctx) = s.held_lock()?;
         s.release = true;
         s.known = Known::No;
         s.in_flight += 1;
@@ -855,18 +852,24 @@ impl Inner {
     /// True when this client holds the delegation of `dir` with its names
     /// and attributes known (a fop on the directory may be answered early).
     pub fn knows_dir(&self, dir: Gfid) -> bool {
-        self.with_known(dir, |_| true)
+        self.with_known(dir, |_| Some(())).is_some()
     }
 
     /// `f` of the known names of `dir` if its delegation is held and they
-    /// are known; false otherwise.
-    fn with_known(&self, dir: Gfid, f: impl FnOnce(&Names) -> bool) -> bool {
-        let Some(d) = self.dirs.map.lock().get(&dir).cloned() else { return false };
+    /// are known; None otherwise.
+    fn with_known<R>(&self, dir: Gfid, f: impl FnOnce(&Names) -> Option<R>) -> Option<R> {
+        let d = self.dirs.map.lock().get(&dir).cloned()?;
         let s = d.s.lock();
-        s.phase == Phase::Held
-            && !s.release
-            && s.generation == self.generation.load(Ordering::Acquire)
-            && matches!(&s.known, Known::Yes(set, _) if f(set))
+        match &s.known {
+            Known::Yes(set, _) if self.in_use(&s) => f(set),
+            _ => None,
+        }
+    }
+
+    /// Whether a delegation may be joined: held, not being returned, and
+    /// taken under the current graph generation.
+    fn in_use(&self, s: &State) -> bool {
+        s.phase == Phase::Held && !s.release && s.generation == self.generation.load(Ordering::Acquire)
     }
 
     /// Unlocks a delegation taken out of its state (phase Busy) and marks

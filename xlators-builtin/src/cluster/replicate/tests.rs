@@ -628,6 +628,12 @@ fn mkdir_req(parent: Gfid, name: &str) -> Fop {
     Fop::Mkdir { loc: Loc::entry(parent, name), mode: 0o755, umask: 0o022 }
 }
 
+/// An rmdir of `name` in `parent`, naming the directory's gfid as the
+/// kernel does.
+fn rmdir_req(parent: Gfid, name: &str, gfid: Gfid) -> Fop {
+    Fop::Rmdir { loc: Loc { gfid, parent, name: name.into() }, flags: 0 }
+}
+
 async fn create_in(n: &Node, dir: Gfid, name: &str) -> Result<(Fd, Iatt), Errno> {
     let id = n.fd_id();
     let fop = Fop::Create { loc: Loc::entry(dir, name), flags: libc::O_RDWR as u32, mode: 0o666, umask: 0o022, fd: id };

@@ -23,7 +23,7 @@ async fn entry_fops_answered_early_land_in_order_with_the_same_attributes() {
     for k in 0..5 {
         n.call(Fop::Unlink { loc: Loc::entry(d, format!("f{k}")), flags: 0 }).await.expect("unlink");
     }
-    assert!(n.dump("async-dirops.answered").parse::<u64>().unwrap_or(0) >= 25, "{:?}", n.afr.dump());
+    assert!(answered(&n) >= 25, "{:?}", n.afr.dump());
     for (fd, _) in &made {
         n.close(*fd).await;
     }
@@ -123,6 +123,11 @@ async fn quick_successions_on_the_same_names_end_as_if_synchronous() {
     }
 }
 
+/// Operations answered early so far.
+fn answered(n: &Node) -> u64 {
+    n.dump("async-dirops.answered").parse().unwrap_or(0)
+}
+
 /// A child that holds every CREATE and UNLINK for a while and records how
 /// many were in flight at once, and whether two ops on one name ever were.
 struct Slow {
@@ -194,7 +199,7 @@ async fn queued_operations_on_different_names_overlap_and_dependent_ones_wait() 
             .await
             .unwrap_or_else(|e| panic!("unlink {round}: {e}"));
     }
-    assert!(n.dump("async-dirops.answered").parse::<u64>().unwrap_or(0) >= 10, "{:?}", n.afr.dump());
+    assert!(answered(&n) >= 10, "{:?}", n.afr.dump());
     for fd in fds {
         n.call(Fop::Release { fd }).await.expect("release");
     }
@@ -440,9 +445,8 @@ async fn an_emptied_directory_is_removed_early_after_the_unlinks_in_it() {
     for k in 0..3 {
         n.call(Fop::Unlink { loc: Loc::entry(sub, format!("f{k}")), flags: 0 }).await.expect("unlink");
     }
-    let answered = |n: &Node| n.dump("async-dirops.answered").parse::<u64>().unwrap_or(0);
     let before = answered(&n);
-    let r = n.call(Fop::Rmdir { loc: Loc { gfid: sub, parent: d, name: "sub".into() }, flags: 0 }).await;
+    let r = n.call(rmdir_req(d, "sub", sub)).await;
     assert!(r.is_ok(), "rmdir of the emptied directory: {r:?}");
     assert_eq!(answered(&n), before + 1, "answered early: {:?}", n.afr.dump());
     assert_eq!(n.call(Fop::Lookup { loc: Loc::entry(d, "sub") }).await.map(drop), Err(Errno::ENOENT));
@@ -452,7 +456,7 @@ async fn an_emptied_directory_is_removed_early_after_the_unlinks_in_it() {
     let (fd, _) = create_in(&n, full, "x").await.expect("create in full");
     n.call(Fop::Release { fd }).await.expect("release");
     assert_eq!(answered(&n), before + 3, "mkdir and create after the rmdir: {:?}", n.afr.dump());
-    let r = n.call(Fop::Rmdir { loc: Loc { gfid: full, parent: d, name: "full".into() }, flags: 0 }).await;
+    let r = n.call(rmdir_req(d, "full", full)).await;
     assert_eq!(r.map(drop), Err(Errno::ENOTEMPTY), "a directory with a name left");
     assert!(create_in(&n, sub, "late").await.is_err(), "a create in the removed directory");
     drain(&n).await;
@@ -476,10 +480,10 @@ async fn a_failed_early_rmdir_is_reported_by_the_parents_fsync() {
     for b in &c.bricks {
         std::fs::write(b.dir.join("d/sub/stray"), b"behind").expect("write on the brick");
     }
-    let before = n.dump("async-dirops.answered").parse::<u64>().unwrap_or(0);
-    let r = n.call(Fop::Rmdir { loc: Loc { gfid: sub, parent: d, name: "sub".into() }, flags: 0 }).await;
+    let before = answered(&n);
+    let r = n.call(rmdir_req(d, "sub", sub)).await;
     assert!(r.is_ok(), "answered early: {r:?}");
-    assert_eq!(n.dump("async-dirops.answered").parse::<u64>().unwrap_or(0), before + 1);
+    assert_eq!(answered(&n), before + 1);
     drain(&n).await;
     assert_eq!(n.dump("async-dirops.failed"), "1", "{:?}", n.afr.dump());
     let dfd = Fd { id: n.fd_id(), gfid: d };

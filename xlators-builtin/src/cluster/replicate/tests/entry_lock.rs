@@ -67,8 +67,7 @@ async fn entry_fops_in_one_directory_share_one_delegation() {
     // lock the rmdir needs and the root's covers the name, so the rmdir
     // takes no lock and only d's is given back after it.
     let before = n.entrylks();
-    let loc = Loc { gfid: d, parent: Gfid::ROOT, name: "d".into() };
-    promptly("rmdir", n.call(Fop::Rmdir { loc, flags: 0 })).await.expect("rmdir");
+    promptly("rmdir", n.call(rmdir_req(Gfid::ROOT, "d", d))).await.expect("rmdir");
     for _ in 0..2000 {
         if n.dump("entry-eager-lock.returned") == "1" {
             break;
