@@ -94,7 +94,7 @@ pub fn assert_copies_identical(roots: &[PathBuf], counters: &[String], clean: bo
             for rel in
                 want.iter().filter(|rel| !r.join(rel).symlink_metadata().expect("lstat").file_type().is_symlink())
             {
-                for key in counters {
+                for key in counters.iter().map(String::as_str).chain([workload::AFR_DIRTY]) {
                     assert_eq!(
                         workload::afr_counters(&r.join(rel), key),
                         [0, 0, 0],

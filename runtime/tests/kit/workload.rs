@@ -42,15 +42,27 @@ pub fn brick_tree(root: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// AFR's dirty counters, which raise every child's at once.
+pub const AFR_DIRTY: &str = "trusted.afr.dirty";
+
 /// The three AFR counters (data, metadata, entry) in xattr `key` of
-/// `path`: zeros when it is absent.
+/// `path`: zeros when it is absent. For a child's key, what the copy says
+/// of that child: its own counters plus the dirty ones.
 pub fn afr_counters(path: &Path, key: &str) -> [i32; 3] {
-    let v = xattr(path, key).unwrap_or_default();
-    let mut out = [0i32; 3];
-    for (o, c) in out.iter_mut().zip(v.chunks_exact(4)) {
-        *o = i32::from_be_bytes([c[0], c[1], c[2], c[3]]);
+    let read = |k: &str| {
+        let v = xattr(path, k).unwrap_or_default();
+        let mut out = [0i32; 3];
+        for (o, c) in out.iter_mut().zip(v.chunks_exact(4)) {
+            *o = i32::from_be_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        out
+    };
+    let own = read(key);
+    if key == AFR_DIRTY {
+        return own;
     }
-    out
+    let dirty = read(AFR_DIRTY);
+    std::array::from_fn(|x| own[x] + dirty[x])
 }
 
 /// The 12-byte xattr value of three AFR counters.

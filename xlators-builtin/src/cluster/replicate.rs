@@ -3,9 +3,9 @@
 //!
 //! Every modifying fop runs as a transaction on all children that are up
 //! (`transaction`): AFR's own lock (domain: this volume's name), a pre-op
-//! raising pending counters kept in `trusted.afr.<child>` xattrs
-//! (`pending`), the fop, a post-op leaving the counters raised only
-//! against children that failed, and the unlock. Data transactions keep
+//! raising the inode's dirty counter (`trusted.afr.dirty`, `pending`), the
+//! fop, a post-op lowering it and raising the pending counters of the
+//! children that failed (`trusted.afr.<child>` xattrs), and the unlock. Data transactions keep
 //! the lock and delay the post-op between back-to-back writes
 //! (`eager_lock`); a lock-contention policy
 //! ([`xlfs_sdk::policy::lock_contention`]) decides when another client's

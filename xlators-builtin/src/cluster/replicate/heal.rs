@@ -257,7 +257,10 @@ impl HealState {
 #[derive(Clone, Debug)]
 struct ChildCopy {
     iatt: Iatt,
+    /// What it says of every child ([`pending::row`]: the dirty counters folded in).
     row: Vec<[i32; 3]>,
+    /// Its dirty counters.
+    dirty: [i32; 3],
 }
 
 impl Inner {
@@ -284,7 +287,8 @@ impl Inner {
         for (i, r) in self.fan(ctx, on, &req).await {
             match r {
                 Ok(Response { reply: Reply::Entry { iatt, .. }, xdata }) if iatt.gfid == gfid => {
-                    out[i] = Some(ChildCopy { iatt, row: pending::row(&self.keys, &xdata) })
+                    out[i] =
+                        Some(ChildCopy { iatt, row: pending::row(&self.keys, &xdata), dirty: pending::dirty(&xdata) })
                 }
                 Ok(_) => {}
                 Err(Errno::ENOENT | Errno::ESTALE) => gone |= bit(i),
@@ -450,10 +454,17 @@ impl Inner {
         };
         let good = sources | healed;
         let mut reset = false;
+        // Each copy's counters of the good children go to zero, its dirty
+        // counter too; a child not healed keeps what the copy said of it
+        // (its own counter takes over the dirty part).
+        let k = kind as usize;
         for i in members(part) {
-            let Some(row) = rows[i].as_ref() else { continue };
-            let delta = |j: usize| if good & bit(j) != 0 { row.get(j).map_or(0, |c| -c[kind as usize]) } else { 0 };
-            if let Some(d) = pending::changelog(&self.keys, kind, delta) {
+            let Some(c) = copies[i].as_ref() else { continue };
+            let dirty = c.dirty[k];
+            let delta = |j: usize| {
+                c.row.get(j).map_or(0, |r| if good & bit(j) != 0 { dirty.wrapping_sub(r[k]) } else { dirty })
+            };
+            if let Some(d) = pending::changelog(&self.keys, kind, -dirty, delta) {
                 reset = true;
                 let fop = Fop::Xattrop { loc: Loc::gfid(gfid), op: XattropOp::AddArray, xattrs: d };
                 if let Err(e) = self.on(i, ctx, fop).await {
@@ -521,7 +532,7 @@ mod tests {
 
     fn copy(size: u64, mtime: i64) -> Option<ChildCopy> {
         let iatt = Iatt { mode: 0o100644, size, mtime: Timespec { sec: mtime, nsec: 0 }, ..Default::default() };
-        Some(ChildCopy { iatt, row: vec![] })
+        Some(ChildCopy { iatt, row: vec![], dirty: [0; 3] })
     }
 
     #[test]

@@ -79,7 +79,7 @@ const CHOOSE_LOCAL: Opt<kind::Bool> = Opt::bool("choose-local", true).desc(
 );
 const AFR_PENDING_XATTR: Opt<kind::List> = Opt::optional("afr-pending-xattr").desc(
     "One name per child, in order: child i's pending counters are kept in trusted.afr.<name i>. Default: the \
-         children's volume names.",
+         children's volume names. 'dirty' is taken: trusted.afr.dirty is every inode's dirty counter.",
 );
 const ENTRY_SELF_HEAL: Opt<kind::Bool> = Opt::bool("entry-self-heal", true)
     .desc("A lookup that finds a directory's entries stale on a child starts a background entry heal of it.");
@@ -257,11 +257,17 @@ impl Config {
 }
 
 pub(super) fn pending_names(o: &Options, children: &[Child]) -> Result<Vec<String>, String> {
-    match AFR_PENDING_XATTR.given(o) {
+    let names: Vec<String> = match AFR_PENDING_XATTR.given(o) {
         Some(names) if names.len() == children.len() => Ok(names.into_iter().map(str::to_string).collect()),
         Some(names) => {
             Err(format!("afr-pending-xattr names {} children, the volume has {}", names.len(), children.len()))
         }
         None => Ok(children.iter().map(|c| c.name.to_string()).collect()),
+    }?;
+    match names.iter().find(|n| super::pending::key(n) == super::pending::DIRTY) {
+        Some(n) => Err(format!(
+            "pending name '{n}' would be AFR's dirty counter: rename that subvolume or give afr-pending-xattr"
+        )),
+        None => Ok(names),
     }
 }

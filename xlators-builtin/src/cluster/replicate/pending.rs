@@ -4,25 +4,29 @@
 //! Every inode on every child carries, for every child `j` of the replica
 //! set, the xattr `trusted.afr.<name_j>` (names from `afr-pending-xattr`,
 //! by default the children's volume names, as GlusterFS volfiles give
-//! `rep3-client-0,...`). Its value is 12 bytes: three big-endian `i32`
-//! counters, for data, metadata and entry changes ([`Kind`]). Counter
-//! `pending_i[j][kind]` on child `i` says "child `j` may have missed
-//! `kind` changes that child `i` has".
+//! `rep3-client-0,...`), and one more, [`DIRTY`]. Each value is 12 bytes:
+//! three big-endian `i32` counters, for data, metadata and entry changes
+//! ([`Kind`]). On child `i`, `pending_i[j][kind] + dirty_i[kind]` says
+//! "child `j` may have missed `kind` changes that child `i` has": the
+//! dirty counter raises the whole row at once.
 //!
-//! A transaction raises every child's counter on every participating child
-//! before the fop (pre-op: `+1` for all `j`) and, after it, lowers the
-//! counters of the children where the fop succeeded (post-op: `-1`), on
-//! every participant still reachable. What is left blames exactly the
-//! children that failed or did not take part, and it is the same on every
-//! copy, so any node can tell which copy is stale. With
+//! A transaction raises the dirty counter on every participating child
+//! before the fop (pre-op: one xattr, where raising each child's counter
+//! wrote one per child) and, after it, lowers it again and raises the
+//! counters of the children that failed or did not take part (post-op), on
+//! every participant still reachable. What is left blames exactly those
+//! children, and it is the same on every copy, so any node can tell which
+//! copy is stale. This is GlusterFS's AFR v2 scheme (`trusted.afr.dirty`);
+//! counters raised the old way, every child's at once, read the same. With
 //! `optimistic-change-log` on, metadata and entry transactions that reach
 //! every child skip the pre-op and only add `+1` for failed children after
 //! the fop (nothing at all when everything succeeded).
 //!
-//! Reading the counters ([`stale`]): a transaction in flight raises a whole
-//! row uniformly, so each row is first reduced by its smallest entry. A
-//! child is stale when it blames itself, or when a child that does not
-//! blame itself blames it. When that makes every answering child stale the
+//! Reading the counters ([`row`] folds the dirty counter into every
+//! child's, [`stale`]): a transaction in flight raises a whole row
+//! uniformly, so each row is first reduced by its smallest entry. A child
+//! is stale when it blames itself, or when a child that does not blame
+//! itself blames it. When that makes every answering child stale the
 //! counters carry no usable information (everything in flight, or a
 //! split-brain for the heal logic to judge) and no child is reported stale.
 
@@ -79,6 +83,9 @@ impl Kind {
 /// The xattr prefix of the counters.
 pub const PREFIX: &str = "trusted.afr.";
 
+/// The dirty counters: raised by a pre-op for every child at once.
+pub const DIRTY: &str = "trusted.afr.dirty";
+
 /// Bytes in a counter value.
 pub const VALUE_LEN: usize = 12;
 
@@ -110,35 +117,54 @@ pub fn decode(b: &[u8]) -> Option<[i32; 3]> {
     Some(out)
 }
 
-/// The xattrop dict that adds `delta(j)` to the `kind` counter of every
-/// child `j` (zero deltas are left out; None when all are zero).
-pub fn changelog(keys: &[String], kind: Kind, delta: impl Fn(usize) -> i32) -> Option<Dict> {
+/// The xattrop dict that adds `dirty` to the `kind` dirty counter and
+/// `delta(j)` to the `kind` counter of every child `j` (zero deltas are
+/// left out; None when all are zero).
+pub fn changelog(keys: &[String], kind: Kind, dirty: i32, delta: impl Fn(usize) -> i32) -> Option<Dict> {
     let mut d = Dict::new();
+    let one = |v: i32| {
+        let mut c = [0i32; 3];
+        c[kind as usize] = v;
+        encode(c)
+    };
+    if dirty != 0 {
+        d.set_bytes(DIRTY, one(dirty));
+    }
     for (j, k) in keys.iter().enumerate() {
         let v = delta(j);
         if v != 0 {
-            let mut c = [0i32; 3];
-            c[kind as usize] = v;
-            d.set_bytes(k.clone(), encode(c));
+            d.set_bytes(k.clone(), one(v));
         }
     }
     (!d.is_empty()).then_some(d)
 }
 
-/// A request dict naming every counter xattr (for lookup: posix returns
-/// the named xattrs in the reply xdata).
+/// A request dict naming every counter xattr, the dirty one included (for
+/// lookup: posix returns the named xattrs in the reply xdata).
 pub fn request_keys(keys: &[String], xdata: &mut Dict) {
-    for k in keys {
+    for k in keys.iter().map(String::as_str).chain([DIRTY]) {
         if !xdata.contains(k) {
-            xdata.set(k.clone(), Value::U64(0));
+            xdata.set(k, Value::U64(0));
         }
     }
 }
 
+/// The dirty counters in `xattrs` (zeros when absent).
+pub fn dirty(xattrs: &Dict) -> [i32; 3] {
+    xattrs.get_bytes(DIRTY).and_then(|b| decode(&b)).unwrap_or([0; 3])
+}
+
 /// What one child's copy says about every child: `row[j]` are the counters
-/// blaming child `j`. Missing xattrs read as zero.
+/// blaming child `j`, its own plus the dirty ones. Missing xattrs read as
+/// zero.
 pub fn row(keys: &[String], xattrs: &Dict) -> Vec<[i32; 3]> {
-    keys.iter().map(|k| xattrs.get_bytes(k).and_then(|b| decode(&b)).unwrap_or([0; 3])).collect()
+    let d = dirty(xattrs);
+    keys.iter()
+        .map(|k| {
+            let own = xattrs.get_bytes(k).and_then(|b| decode(&b)).unwrap_or([0; 3]);
+            std::array::from_fn(|x| own[x].wrapping_add(d[x]))
+        })
+        .collect()
 }
 
 /// The stale children for `kind`, from the rows of the children that
@@ -280,13 +306,26 @@ mod tests {
         assert_eq!(decode(&v), Some([1, -2, 70000]));
         assert_eq!(decode(&[0, 0, 0, 5]), Some([5, 0, 0]));
         assert_eq!(decode(&[0, 0, 5]), None);
-        let d = changelog(&keys(), Kind::Metadata, |j| if j == 1 { -1 } else { 0 }).expect("one key");
+        let d = changelog(&keys(), Kind::Metadata, 0, |j| if j == 1 { -1 } else { 0 }).expect("one key");
         assert_eq!(d.len(), 1);
         assert_eq!(decode(&d.get_bytes("trusted.afr.v-client-1").expect("key")), Some([0, -1, 0]));
-        assert!(changelog(&keys(), Kind::Data, |_| 0).is_none());
+        assert!(changelog(&keys(), Kind::Data, 0, |_| 0).is_none());
+        // A pre-op writes the dirty counter only; a post-op blaming child 2 lowers it and raises child 2's.
+        let pre = changelog(&keys(), Kind::Data, 1, |_| 0).expect("dirty");
+        assert_eq!(pre.keys().collect::<Vec<_>>(), vec![DIRTY]);
+        let post = changelog(&keys(), Kind::Data, -1, |j| i32::from(j == 2)).expect("two keys");
+        assert_eq!(decode(&post.get_bytes(DIRTY).expect("dirty")), Some([-1, 0, 0]));
+        assert_eq!(decode(&post.get_bytes("trusted.afr.v-client-2").expect("key")), Some([1, 0, 0]));
         let mut x = Dict::new();
         x.set_bytes("trusted.afr.v-client-2", encode([3, 0, 0]));
         assert_eq!(row(&keys(), &x), vec![[0; 3], [0; 3], [3, 0, 0]]);
+        // The dirty counter raises the whole row: as every child's own counter would.
+        x.set_bytes(DIRTY, encode([1, 0, 2]));
+        assert_eq!(row(&keys(), &x), vec![[1, 0, 2], [1, 0, 2], [4, 0, 2]]);
+        assert_eq!(dirty(&x), [1, 0, 2]);
+        let mut r = Dict::new();
+        request_keys(&keys(), &mut r);
+        assert!(r.contains(DIRTY) && r.contains("trusted.afr.v-client-0"));
     }
 
     #[test]

@@ -279,7 +279,7 @@ impl Inner {
                 rsp.xdata.remove(CONTENT);
             }
         }
-        for k in self.keys.iter().map(String::as_str).chain([OPEN_FD_COUNT, IS_LOCAL, INDEX_COUNT]) {
+        for k in self.keys.iter().map(String::as_str).chain([pending::DIRTY, OPEN_FD_COUNT, IS_LOCAL, INDEX_COUNT]) {
             if !xdata.contains(k) {
                 rsp.xdata.remove(k);
             }

@@ -173,10 +173,13 @@ impl Cluster {
         std::fs::read(self.bricks[i].dir.join(name)).unwrap_or_default()
     }
 
-    /// The counters `trusted.afr.test-client-<j>` on brick `i` for `path`.
+    /// What brick `i`'s copy of `path` says of child `j`: the counters
+    /// `trusted.afr.test-client-<j>` plus the dirty ones.
     fn pending(&self, i: usize, path: &str, j: usize) -> [i32; 3] {
         let p = self.bricks[i].dir.join(path);
-        xattr(&p, &format!("trusted.afr.test-client-{j}")).and_then(|v| pending::decode(&v)).unwrap_or([0; 3])
+        let read = |k: &str| xattr(&p, k).and_then(|v| pending::decode(&v)).unwrap_or([0; 3]);
+        let (own, dirty) = (read(&format!("trusted.afr.test-client-{j}")), read(pending::DIRTY));
+        std::array::from_fn(|x| own[x] + dirty[x])
     }
 
     fn gfid_on(&self, i: usize, path: &str) -> Option<Vec<u8>> {
@@ -429,7 +432,12 @@ async fn a_child_failing_a_write_blames_itself_and_is_blamed() {
     for i in 0..N {
         for j in 0..N {
             assert_eq!(c.pending(i, "f", j), [0, 0, 0], "clean after success");
+            // The pre-op and post-op wrote the dirty counter only.
+            let p = c.bricks[i].dir.join("f");
+            assert!(xattr(&p, &format!("trusted.afr.test-client-{j}")).is_none(), "brick {i}: no counter of child {j}");
         }
+        let dirty = xattr(&c.bricks[i].dir.join("f"), pending::DIRTY).and_then(|v| pending::decode(&v));
+        assert_eq!(dirty, Some([0, 0, 0]), "brick {i}: the dirty counter raised and lowered");
     }
     n.fail(1, &[FopKind::Writev], Errno::ENOSPC);
     let r = n.write(fd, 0, b"bbbb").await.expect("write succeeds on the others");
@@ -473,14 +481,23 @@ async fn gluster_volfile_options_are_accepted() {
     let c = Cluster::new();
     let n = c.node("client-a", &given);
     let fd = n.create("f").await.expect("create");
+    // A write that fails on child 2 blames it under the name given.
+    n.fail(2, &[FopKind::Writev], Errno::ENOSPC);
     n.write(fd, 0, b"x").await.expect("write");
+    n.heal_gate(2);
+    n.fsync(fd).await.expect("fsync");
+    n.quiesce().await;
     for i in 0..N {
-        assert!(xattr(&c.bricks[i].dir.join("f"), "trusted.afr.rep3-client-2").is_some(), "named by afr-pending-xattr");
+        let v = xattr(&c.bricks[i].dir.join("f"), "trusted.afr.rep3-client-2").and_then(|v| pending::decode(&v));
+        assert_eq!(v, Some([1, 0, 0]), "brick {i}: named by afr-pending-xattr");
     }
     n.close(fd).await;
     assert!(Options::resolve(TYPE.options, [("afr-pending-xattr", "a,b")]).is_ok());
     let bad = Replicate::new(ictx("x", TYPE.options, &[("afr-pending-xattr", "a,b")], n.afr.inner.children.clone()));
     assert!(bad.err().expect("wrong count").to_string().contains("names 2 children"));
+    let bad =
+        Replicate::new(ictx("x", TYPE.options, &[("afr-pending-xattr", "a,dirty,c")], n.afr.inner.children.clone()));
+    assert!(bad.err().expect("the dirty counter's name").to_string().contains("'dirty' would be AFR's dirty counter"));
     let bad = Replicate::new(ictx(
         "x",
         TYPE.options,
@@ -828,6 +845,9 @@ async fn a_create_whose_replies_were_all_lost_is_healed_everywhere() {
             for j in 0..N {
                 assert_eq!(c.pending(i, "d", j), [0; 3], "{how}: counters of d on brick {i}");
             }
+            // Reset as written: the dirty counter lowered, not offset by the children's.
+            let dirty = xattr(&c.bricks[i].dir.join("d"), pending::DIRTY).and_then(|v| pending::decode(&v));
+            assert_eq!(dirty.unwrap_or([0; 3]), [0; 3], "{how}: dirty counter of d on brick {i}");
         }
     }
 }

@@ -165,11 +165,12 @@ impl Inner {
         (good, fds)
     }
 
-    /// Pre-op: raises every child's counter on every member; members where
-    /// that fails are dropped. Returns the highest open fd count reported.
+    /// Pre-op: raises the dirty counter (every child's at once) on every
+    /// member; members where that fails are dropped. Returns the highest
+    /// open fd count reported.
     pub async fn pre_op(&self, ctx: &CallCtx, cl: &mut Changelog, want_fds: bool) -> u32 {
         cl.preop = true;
-        let Some(d) = pending::changelog(&self.keys, cl.kind, |_| 1) else { return 0 };
+        let Some(d) = pending::changelog(&self.keys, cl.kind, 1, |_| 0) else { return 0 };
         let (good, fds) = self.xattrop(ctx, cl, cl.members, &d, want_fds).await;
         cl.members = good;
         fds
@@ -179,12 +180,9 @@ impl Inner {
     /// blamed (or, with `undo`, takes the pre-op back entirely). Returns
     /// the members it was written on.
     pub async fn post_op(&self, ctx: &CallCtx, cl: &Changelog, undo: bool) -> Mask {
-        let base = i32::from(cl.preop);
         let blamed = !cl.members | cl.failed;
-        let delta = |j: usize| {
-            if undo { -base } else { i32::from(blamed & bit(j) != 0) - base }
-        };
-        match pending::changelog(&self.keys, cl.kind, delta) {
+        let delta = |j: usize| i32::from(!undo && blamed & bit(j) != 0);
+        match pending::changelog(&self.keys, cl.kind, -i32::from(cl.preop), delta) {
             Some(d) => self.xattrop(ctx, cl, cl.members, &d, false).await.0,
             None => cl.members,
         }
@@ -216,7 +214,7 @@ impl Inner {
                 preop: false,
                 failed: d.blamed,
             };
-            let written = match pending::changelog(&self.keys, d.kind, |j| i32::from(d.blamed & bit(j) != 0)) {
+            let written = match pending::changelog(&self.keys, d.kind, 0, |j| i32::from(d.blamed & bit(j) != 0)) {
                 Some(dict) if on != 0 => self.xattrop(&d.ctx, &cl, on, &dict, false).await.0,
                 _ => 0,
             };
@@ -234,7 +232,7 @@ impl Inner {
     /// told, the blame is kept for later ([`Deferred`]).
     pub async fn blame(&self, ctx: &CallCtx, gfid: Gfid, kind: Kind, on: Mask, blamed: Mask) {
         let cl = Changelog { kind, inodes: vec![gfid], fd: None, members: on, preop: false, failed: blamed };
-        if let Some(d) = pending::changelog(&self.keys, kind, |j| i32::from(blamed & bit(j) != 0)) {
+        if let Some(d) = pending::changelog(&self.keys, kind, 0, |j| i32::from(blamed & bit(j) != 0)) {
             let (written, _) = self.xattrop(ctx, &cl, on, &d, false).await;
             // Data changes raised their counters in a pre-op already, which
             // stay raised (and tell heal) when this does not land.
@@ -248,14 +246,14 @@ impl Inner {
 
     /// Records that a `kind` change of `inodes` may have reached any copy
     /// or none (every child failed it, some by losing the connection while
-    /// it was out): every child's counter is raised on every copy, as by a
+    /// it was out): the dirty counter is raised on every copy, as by a
     /// pre-op never followed by its post-op, so heal finds the inodes and,
     /// no copy being known better, compares them all (for a directory:
     /// every copy gets the names any copy has). Written on the children up
     /// now; when none is, when one comes back ([`Deferred`]).
     pub async fn mark_uncertain(&self, ctx: &CallCtx, kind: Kind, inodes: Vec<Gfid>) {
         let n = self.children.len();
-        let Some(d) = pending::changelog(&self.keys, kind, |_| 1) else { return };
+        let Some(d) = pending::changelog(&self.keys, kind, 1, |_| 0) else { return };
         let up = self.up_mask();
         let cl = Changelog { kind, inodes: inodes.clone(), fd: None, members: up, preop: false, failed: 0 };
         let written = if up == 0 { 0 } else { self.xattrop(ctx, &cl, up, &d, false).await.0 };
