@@ -571,15 +571,23 @@ impl Brick {
         }
     }
 
+    /// Makes `.glusterfs/xx/yy` for `g`: the inner one first, as `xx`
+    /// exists for all but a brick's first few hundred inodes, and the outer
+    /// one only when that fails for its lack.
     fn handle_dirs(&self, g: &Gfid) -> Sys<()> {
         let (a, b) = hex_dirs(g);
-        for d in [a.clone(), format!("{a}/{b}")] {
-            match sys::mkdirat(self.gfs.as_fd(), &cstr(d.as_bytes())?, 0o700) {
-                Ok(()) | Err(Errno::EEXIST) => {}
-                Err(e) => return Err(e),
+        let mk = |d: &str| match sys::mkdirat(self.gfs.as_fd(), &cstr(d.as_bytes())?, 0o700) {
+            Ok(()) | Err(Errno::EEXIST) => Ok(()),
+            Err(e) => Err(e),
+        };
+        let inner = format!("{a}/{b}");
+        match mk(&inner) {
+            Err(Errno::ENOENT) => {
+                mk(&a)?;
+                mk(&inner)
             }
+            r => r,
         }
-        Ok(())
     }
 
     /// Runs `make` (which creates `g`'s handle), making the handle's

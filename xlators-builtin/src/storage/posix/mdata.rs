@@ -379,9 +379,12 @@ impl Inner {
         // A full-sync write promises its times too: never deferred.
         let full_sync = matches!(fop, Fop::Writev { flags, .. } if *flags as i32 & libc::O_SYNC == libc::O_SYNC);
         for (g, dir, change) in changes(fop, rsp) {
-            // Through the fop's own descriptor when it has one (a write's):
-            // no path to resolve.
-            let open = fop.fd().filter(|f| f.gfid == g).and_then(|f| self.fd(f.id).ok());
+            // Through the fop's own descriptor when it has one (a write's,
+            // or the one a create just opened): no path to resolve.
+            let open = match fop {
+                Fop::Create { fd, .. } => self.fd(*fd).ok().filter(|o| o.gfid == g),
+                _ => fop.fd().filter(|f| f.gfid == g).and_then(|f| self.fd(f.id).ok()),
+            };
             let io = |f: &dyn Fn(Target<'_>) -> Result<(), Errno>| match &open {
                 Some(o) => f(Target::Fd(o.fd.as_fd())),
                 None => self.mdata_io(g, dir, f),
