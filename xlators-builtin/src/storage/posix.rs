@@ -437,6 +437,16 @@ impl Inner {
         Ok(rsp)
     }
 
+    /// Applies a setattr to the inode `pre` describes; where the stored
+    /// times are shown, without the parts that change nothing.
+    fn set_attr(&self, t: Target<'_>, attr: &SetAttr, pre: &Iatt) -> Sys<()> {
+        if self.ctime.load(Ordering::Relaxed) {
+            apply_attr(t, &inode_fd_ops::without_noops(t, attr, pre)?)
+        } else {
+            apply_attr(t, attr)
+        }
+    }
+
     fn dispatch_fop(&self, ctx: &CallCtx, req: Request) -> FopResult {
         let Request { fop, xdata } = req;
         // Held until the fop has finished: its bytes count as pending.
@@ -452,13 +462,13 @@ impl Inner {
                 let n = self.resolve(&loc)?;
                 let t = self.brick.target(&n);
                 let pre = iatt(&n.st, n.gfid);
-                apply_attr(t, &attr)?;
+                self.set_attr(t, &attr, &pre)?;
                 ok(Reply::PrePost { pre, post: iatt(&t.stat()?, n.gfid) })
             }
             Fop::Fsetattr { fd, attr } => {
                 let f = self.fd(fd.id)?;
                 let pre = f.iatt()?;
-                apply_attr(Target::Fd(f.fd.as_fd()), &attr)?;
+                self.set_attr(Target::Fd(f.fd.as_fd()), &attr, &pre)?;
                 ok(Reply::PrePost { pre, post: f.iatt()? })
             }
             Fop::Truncate { loc, offset } => {

@@ -154,3 +154,50 @@ async fn times_of_a_file_written_often_are_written_once_a_window() {
     assert_eq!(on_disk(), at(1_700_000_009, 0));
     e.release(fd).await;
 }
+
+/// Where the stored times are shown, a setattr's chown to the owner the
+/// file has and chmod to the mode it has are not made (an untar as root
+/// asks for both on every file): the copy's own ctime stays. A chown that
+/// would clear set-id bits is still made, as the kernel clears them even
+/// when the owner stays. With `ctime off` the file system's ctime is what
+/// is shown, so every part is made.
+#[tokio::test]
+async fn a_setattr_to_what_the_file_has_is_not_made_where_stored_times_are_shown() {
+    let own_ctime = |e: &Env| {
+        let m = std::fs::symlink_metadata(e.brick.join("f")).expect("brick file");
+        (m.ctime(), m.ctime_nsec())
+    };
+    for ctime in ["on", "off"] {
+        let e = env_with(&[("ctime", ctime)]);
+        let id = e.fd_id();
+        let create =
+            Fop::Create { loc: Loc::entry(Gfid::ROOT, "f"), flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, fd: id };
+        let ia = e.entry_of(create, Dict::new()).await.expect("create");
+        let fd = Fd { id, gfid: ia.gfid };
+        let same = SetAttr { uid: Some(ia.uid), gid: Some(ia.gid), mode: Some(0o644), ..SetAttr::default() };
+        let before = own_ctime(&e);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        e.run(Fop::Fsetattr { fd, attr: same.clone() }).await.expect("fsetattr");
+        e.run(Fop::Setattr { loc: Loc::gfid(ia.gfid), attr: same.clone() }).await.expect("setattr");
+        if ctime == "on" {
+            assert_eq!(own_ctime(&e), before, "nothing to change: no call made");
+        } else {
+            assert_ne!(own_ctime(&e), before, "ctime off: the calls are made and move the ctime");
+        }
+        // A real change is made.
+        let chmod = SetAttr { mode: Some(0o600), ..SetAttr::default() };
+        let Reply::PrePost { post, .. } = e.run(Fop::Fsetattr { fd, attr: chmod }).await.expect("chmod").reply else {
+            panic!("reply")
+        };
+        assert_eq!(post.mode & 0o7777, 0o600, "ctime {ctime}");
+        // A set-uid file chowned to its own owner loses the bit, as on a local file system.
+        let suid = SetAttr { mode: Some(0o4755), ..SetAttr::default() };
+        e.run(Fop::Fsetattr { fd, attr: suid }).await.expect("set-uid");
+        let chown = SetAttr { uid: Some(ia.uid), gid: Some(ia.gid), ..SetAttr::default() };
+        let Reply::PrePost { post, .. } = e.run(Fop::Fsetattr { fd, attr: chown }).await.expect("chown").reply else {
+            panic!("reply")
+        };
+        assert_eq!(post.mode & 0o7777, 0o755, "ctime {ctime}: set-uid cleared");
+        e.release(fd).await;
+    }
+}
