@@ -105,7 +105,7 @@ pub(super) fn apply_attr(t: Target<'_>, a: &SetAttr) -> Sys<()> {
 /// is kept when the inode has a set-id bit, and the capabilities are
 /// removed in its place.
 pub(super) fn without_noops(t: Target<'_>, a: &SetAttr, pre: &Iatt) -> Sys<SetAttr> {
-    let mut a = a.clone();
+    let mut a = *a;
     let same_owner = a.uid.is_none_or(|u| u == pre.uid) && a.gid.is_none_or(|g| g == pre.gid);
     let set_id = pre.mode & (libc::S_ISUID | libc::S_ISGID) != 0;
     if (a.uid.is_some() || a.gid.is_some()) && same_owner && !set_id {

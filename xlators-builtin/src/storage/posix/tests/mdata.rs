@@ -177,8 +177,8 @@ async fn a_setattr_to_what_the_file_has_is_not_made_where_stored_times_are_shown
         let same = SetAttr { uid: Some(ia.uid), gid: Some(ia.gid), mode: Some(0o644), ..SetAttr::default() };
         let before = own_ctime(&e);
         std::thread::sleep(std::time::Duration::from_millis(20));
-        e.run(Fop::Fsetattr { fd, attr: same.clone() }).await.expect("fsetattr");
-        e.run(Fop::Setattr { loc: Loc::gfid(ia.gfid), attr: same.clone() }).await.expect("setattr");
+        e.run(Fop::Fsetattr { fd, attr: same }).await.expect("fsetattr");
+        e.run(Fop::Setattr { loc: Loc::gfid(ia.gfid), attr: same }).await.expect("setattr");
         if ctime == "on" {
             assert_eq!(own_ctime(&e), before, "nothing to change: no call made");
         } else {
