@@ -714,6 +714,41 @@ async fn heal_removes_a_dht_xattr_the_source_no_longer_has() {
     }
 }
 
+/// Heal of a copy blamed by the others while their dirty counters are
+/// raised too (a later transaction whose client died before its post-op)
+/// leaves every counter at zero as stored, the dirty one included: the
+/// reset lowers the dirty counter itself rather than offsetting it with
+/// the children's (which would read as clean but keep the index listing
+/// the inode).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heal_resets_the_dirty_counter_and_the_blame_as_stored() {
+    let c = Cluster::new();
+    let n = c.node("client-a", &[]);
+    let fd = n.create("f").await.expect("create");
+    n.down(2);
+    n.write(fd, 0, b"after").await.expect("write");
+    n.close(fd).await;
+    n.quiesce().await;
+    n.up(2);
+    for i in 0..2 {
+        assert_eq!(c.pending(i, "f", 2), [1, 0, 0], "brick {i} blames child 2");
+        xlfs_sdk::testing::set_xattr(&c.bricks[i].dir.join("f"), pending::DIRTY, &pending::encode([1, 0, 0]))
+            .expect("raise dirty");
+    }
+    let mut run = Dict::new();
+    run.set_bytes(xlfs_sdk::dict::keys::HEAL_GFID, bytes::Bytes::from(fd.gfid.to_string()));
+    n.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await.expect("heal");
+    assert_eq!(c.read(2, "f"), b"after", "child 2 healed from the others");
+    for i in 0..N {
+        let p = c.bricks[i].dir.join("f");
+        let stored = |k: &str| xattr(&p, k).and_then(|v| pending::decode(&v)).unwrap_or([0; 3]);
+        assert_eq!(stored(pending::DIRTY), [0; 3], "brick {i}: dirty");
+        for j in 0..N {
+            assert_eq!(stored(&format!("trusted.afr.test-client-{j}")), [0; 3], "brick {i}: counter of child {j}");
+        }
+    }
+}
+
 /// A copy healed after missing a stamped write shows the source's times
 /// (storage/posix keeps the stamp the heal passes on).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
