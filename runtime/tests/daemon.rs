@@ -19,6 +19,22 @@ use kit::fuse_mount::FuseMount;
 /// How long a condition may take to come true: a hang guard.
 const DEADLINE: Duration = Duration::from_secs(60);
 
+/// The distinct scheduling policies of a process's threads (field 41 of
+/// `/proc/PID/task/TID/stat`).
+fn thread_policies(pid: u32) -> Vec<i32> {
+    let mut out: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("threads")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
+        .filter_map(|stat| {
+            let after_comm = &stat[stat.rfind(')')? + 2..];
+            after_comm.split_whitespace().nth(41 - 3)?.parse().ok()
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// The pid of the volume's self-heal daemon, if `volume status` shows it up.
 fn shd(d: &Daemon, vol: &str) -> Option<u32> {
     let v: serde_json::Value = serde_json::from_str(&d.ok(&["status", vol, "--json"])).expect("status is JSON");
@@ -62,6 +78,11 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert!(d.ok(&["start", "gv0"]).contains("volume start: gv0: success"));
     let b = d.bricks("gv0");
     assert!(b.iter().all(|(port, pid, up, _)| port.is_some() && pid.is_some() && *up), "{b:?}");
+    // Every thread of every brick runs SCHED_BATCH (xlfs's default, XLFS_SCHED).
+    for (_, pid, _, _) in &b {
+        let pid = pid.expect("pid");
+        assert_eq!(thread_policies(pid), vec![libc::SCHED_BATCH], "brick {pid}'s threads");
+    }
     // The volume's self-heal daemon runs (`volume status` shows it).
     let shd_pid = wait_for("the self-heal daemon to run", DEADLINE, || shd(&d, "gv0"));
     assert!(std::path::Path::new(&format!("/proc/{shd_pid}")).exists());
@@ -87,6 +108,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
 
     // volume set changes the mounted client's graph, without a remount.
     let pid = m.pid();
+    assert_eq!(thread_policies(pid), vec![libc::SCHED_BATCH], "the mount's threads");
     assert!(d.ok(&["set", "gv0", "performance.write-behind", "off"]).contains("performance.write-behind = off"));
     let after = wait_for("the mount to drop write-behind", DEADLINE, || {
         let s = mount_status(&mnt);
