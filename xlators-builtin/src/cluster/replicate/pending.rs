@@ -149,9 +149,14 @@ pub fn request_keys(keys: &[String], xdata: &mut Dict) {
     }
 }
 
+/// The counters in xattr `key` of `xattrs` (zeros when absent).
+fn counters(xattrs: &Dict, key: &str) -> [i32; 3] {
+    xattrs.get_bytes(key).and_then(|b| decode(&b)).unwrap_or([0; 3])
+}
+
 /// The dirty counters in `xattrs` (zeros when absent).
 pub fn dirty(xattrs: &Dict) -> [i32; 3] {
-    xattrs.get_bytes(DIRTY).and_then(|b| decode(&b)).unwrap_or([0; 3])
+    counters(xattrs, DIRTY)
 }
 
 /// What one child's copy says about every child: `row[j]` are the counters
@@ -161,7 +166,7 @@ pub fn row(keys: &[String], xattrs: &Dict) -> Vec<[i32; 3]> {
     let d = dirty(xattrs);
     keys.iter()
         .map(|k| {
-            let own = xattrs.get_bytes(k).and_then(|b| decode(&b)).unwrap_or([0; 3]);
+            let own = counters(xattrs, k);
             std::array::from_fn(|x| own[x].wrapping_add(d[x]))
         })
         .collect()

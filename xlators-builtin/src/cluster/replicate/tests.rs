@@ -173,12 +173,17 @@ impl Cluster {
         std::fs::read(self.bricks[i].dir.join(name)).unwrap_or_default()
     }
 
+    /// The counters stored in xattr `key` of brick `i`'s copy of `path`
+    /// (zeros when absent).
+    fn stored(&self, i: usize, path: &str, key: &str) -> [i32; 3] {
+        xattr(&self.bricks[i].dir.join(path), key).and_then(|v| pending::decode(&v)).unwrap_or([0; 3])
+    }
+
     /// What brick `i`'s copy of `path` says of child `j`: the counters
     /// `trusted.afr.test-client-<j>` plus the dirty ones.
     fn pending(&self, i: usize, path: &str, j: usize) -> [i32; 3] {
-        let p = self.bricks[i].dir.join(path);
-        let read = |k: &str| xattr(&p, k).and_then(|v| pending::decode(&v)).unwrap_or([0; 3]);
-        let (own, dirty) = (read(&format!("trusted.afr.test-client-{j}")), read(pending::DIRTY));
+        let (own, dirty) =
+            (self.stored(i, path, &format!("trusted.afr.test-client-{j}")), self.stored(i, path, pending::DIRTY));
         std::array::from_fn(|x| own[x] + dirty[x])
     }
 
@@ -288,6 +293,14 @@ impl Node {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         panic!("eager locks still held: {:?}", self.afr.dump());
+    }
+
+    /// Asks for a heal through the root's virtual xattr `key`
+    /// (`HEAL_RUN` index/full, `HEAL_GFID`), as `xlfs heal` does.
+    async fn heal(&self, key: &str, value: impl Into<Bytes>) -> FopResult {
+        let mut run = Dict::new();
+        run.set_bytes(key, value.into());
+        self.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await
     }
 }
 
@@ -681,9 +694,7 @@ async fn full_heal_gives_every_child_a_name_only_one_has() {
     let fop = Fop::Mknod { loc: Loc::entry(d, "stray"), mode: 0o100644, rdev: 0, umask: 0 };
     c.bricks[0].locks.call(CallCtx::root("dead-client"), Request::with_xdata(fop, x)).await.expect("mknod on brick 0");
     assert!(!c.bricks[1].dir.join("d/stray").exists());
-    let mut run = Dict::new();
-    run.set_bytes(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"full"));
-    n.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await.expect("full heal");
+    n.heal(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"full")).await.expect("full heal");
     for i in 0..N {
         assert_eq!(c.gfid_on(i, "d/stray").as_deref(), Some(&g.0[..]), "stray on brick {i}");
     }
@@ -706,9 +717,7 @@ async fn heal_removes_a_dht_xattr_the_source_no_longer_has() {
     n.call(Fop::Removexattr { loc: Loc::gfid(fd.gfid), name: LINKTO.into() }).await.expect("removexattr");
     n.up(0);
     assert!(xattr(&c.bricks[0].dir.join("f"), LINKTO).is_some(), "child 0 missed the removal");
-    let mut run = Dict::new();
-    run.set_bytes(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index"));
-    n.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await.expect("heal");
+    n.heal(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index")).await.expect("heal");
     for i in 0..N {
         assert_eq!(xattr(&c.bricks[i].dir.join("f"), LINKTO), None, "the link target on brick {i}");
     }
@@ -735,16 +744,13 @@ async fn heal_resets_the_dirty_counter_and_the_blame_as_stored() {
         xlfs_sdk::testing::set_xattr(&c.bricks[i].dir.join("f"), pending::DIRTY, &pending::encode([1, 0, 0]))
             .expect("raise dirty");
     }
-    let mut run = Dict::new();
-    run.set_bytes(xlfs_sdk::dict::keys::HEAL_GFID, bytes::Bytes::from(fd.gfid.to_string()));
-    n.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await.expect("heal");
+    n.heal(xlfs_sdk::dict::keys::HEAL_GFID, bytes::Bytes::from(fd.gfid.to_string())).await.expect("heal");
     assert_eq!(c.read(2, "f"), b"after", "child 2 healed from the others");
     for i in 0..N {
-        let p = c.bricks[i].dir.join("f");
-        let stored = |k: &str| xattr(&p, k).and_then(|v| pending::decode(&v)).unwrap_or([0; 3]);
-        assert_eq!(stored(pending::DIRTY), [0; 3], "brick {i}: dirty");
+        assert_eq!(c.stored(i, "f", pending::DIRTY), [0; 3], "brick {i}: dirty");
         for j in 0..N {
-            assert_eq!(stored(&format!("trusted.afr.test-client-{j}")), [0; 3], "brick {i}: counter of child {j}");
+            let own = c.stored(i, "f", &format!("trusted.afr.test-client-{j}"));
+            assert_eq!(own, [0; 3], "brick {i}: counter of child {j}");
         }
     }
 }
@@ -764,9 +770,7 @@ async fn a_healed_copy_shows_the_sources_times() {
     n.afr.call(n.ctx.clone(), Request::with_xdata(w, x)).await.expect("stamped write");
     n.close(fd).await;
     n.up(0);
-    let mut run = Dict::new();
-    run.set_bytes(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index"));
-    n.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await.expect("heal");
+    n.heal(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index")).await.expect("heal");
     for i in 0..N {
         let st = c.bricks[i].locks.call(CallCtx::root("t"), Request::new(Fop::Stat { loc: Loc::gfid(fd.gfid) })).await;
         let Reply::Attr(ia) = st.expect("stat").reply else { panic!("attr") };
@@ -789,9 +793,7 @@ async fn heal_keeps_holes_as_holes() {
     n.write(fd, 12 * MIB, &[b'y'; 4096]).await.expect("write");
     n.close(fd).await;
     n.up(0);
-    let mut run = Dict::new();
-    run.set_bytes(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index"));
-    n.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await.expect("heal");
+    n.heal(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index")).await.expect("heal");
     let (src, healed) = (c.bricks[1].dir.join("f"), c.bricks[0].dir.join("f"));
     assert!(std::fs::read(&healed).expect("healed copy") == std::fs::read(&src).expect("source"));
     let h = std::fs::metadata(&healed).expect("healed");
@@ -817,10 +819,7 @@ async fn a_file_truncated_while_a_child_was_away_is_healed() {
     n.call(Fop::Ftruncate { fd, offset: 1000 }).await.expect("ftruncate");
     n.close(fd).await;
     n.up(0);
-    let mut run = Dict::new();
-    run.set_bytes(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index"));
-    let heal = Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 };
-    promptly("heal", n.call(heal)).await.expect("heal");
+    promptly("heal", n.heal(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index"))).await.expect("heal");
     for i in 0..N {
         let data = std::fs::read(c.bricks[i].dir.join("f")).expect("copy");
         assert!(data.len() == 1000 && data.iter().all(|b| *b == b'x'), "brick {i}: {} bytes", data.len());
@@ -871,9 +870,7 @@ async fn a_create_whose_replies_were_all_lost_is_healed_everywhere() {
         assert_eq!(r, Err(Errno::ENOTCONN), "{how}: the create fails");
         drain(&n).await;
         assert!(c.bricks[0].dir.join("d/lost").exists() && !c.bricks[2].dir.join("d/lost").exists(), "{how}");
-        let mut run = Dict::new();
-        run.set_bytes(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index"));
-        n.call(Fop::Setxattr { loc: Loc::root(), xattrs: run, flags: 0 }).await.expect("heal");
+        n.heal(xlfs_sdk::dict::keys::HEAL_RUN, bytes::Bytes::from_static(b"index")).await.expect("heal");
         let g = c.gfid_on(0, "d/lost");
         for i in 0..N {
             assert_eq!(c.gfid_on(i, "d/lost"), g, "{how}: lost on brick {i}");
@@ -881,8 +878,7 @@ async fn a_create_whose_replies_were_all_lost_is_healed_everywhere() {
                 assert_eq!(c.pending(i, "d", j), [0; 3], "{how}: counters of d on brick {i}");
             }
             // Reset as written: the dirty counter lowered, not offset by the children's.
-            let dirty = xattr(&c.bricks[i].dir.join("d"), pending::DIRTY).and_then(|v| pending::decode(&v));
-            assert_eq!(dirty.unwrap_or([0; 3]), [0; 3], "{how}: dirty counter of d on brick {i}");
+            assert_eq!(c.stored(i, "d", pending::DIRTY), [0; 3], "{how}: dirty counter of d on brick {i}");
         }
     }
 }
