@@ -155,6 +155,14 @@ pub mod keys {
     /// transaction locks with that owner instead of a new one (granted at
     /// once, where a new owner would wait behind the caller's lock).
     pub const AFR_CALLER_LOCKED: &str = "xlfs.afr.caller-locked";
+    /// On an open, from cluster/distribute: the name of its link files'
+    /// xattr. storage/posix answers ESTALE, opening nothing, when the inode
+    /// is a link file (a regular file of mode 01000 carrying that xattr): a
+    /// migrated source keeps its name as a link file on a subvolume being
+    /// removed, and an open by gfid would otherwise reach its dead copy
+    /// (an `O_TRUNC` truncating that, not the data). On ESTALE distribute
+    /// finds the file again by gfid and opens it where the data is.
+    pub const OPEN_DATA_ONLY: &str = "xlfs.open-data-only";
     /// The xattr that stores an inode's gfid on a brick.
     pub const GFID_XATTR: &str = "trusted.gfid";
     /// The brick root's volume-id xattr.

@@ -549,6 +549,12 @@ impl Inner {
                 let r = self.reserve(fd)?;
                 let n = self.resolve(&loc)?;
                 openable(&n)?;
+                if let Some(linkto) = xdata.get_str(keys::OPEN_DATA_ONLY)
+                    && n.st.st_mode & 0o7777 == 0o1000
+                    && self.brick.target(&n).getxattr(&xattr::xattr_name(linkto)?).is_ok()
+                {
+                    return Err(Errno::ESTALE);
+                }
                 let flags = open_flags(flags);
                 let file = sys::openat(self.brick.gfs(), n.handle(), flags, 0)?;
                 if flags & libc::O_TRUNC != 0 {

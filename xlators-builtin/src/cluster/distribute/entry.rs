@@ -60,12 +60,21 @@ fn gfid_for(xdata: &Dict) -> Gfid {
 }
 
 impl Inner {
-    /// The subvolume `loc`'s name hashes to in its parent.
+    /// The subvolume `loc`'s name hashes to in its parent. A remembered
+    /// layout that hashes it to a subvolume being removed is read again
+    /// first: a rebalance may have moved the directory off it since (a
+    /// new name made there now would be left behind, and hold up
+    /// remove-brick's commit). Not yet moved, the name goes there and the
+    /// rebalance takes it along.
     async fn hashed_of(&self, ctx: &CallCtx, loc: &Loc) -> Result<usize, Errno> {
         if !loc.is_entry() {
             return Err(Errno::EINVAL);
         }
-        let dir = self.layout_of(ctx, loc.parent).await?;
+        let mut dir = self.layout_of(ctx, loc.parent).await?;
+        if dir.layout.hashed(&loc.name).is_some_and(|h| !self.active()[h]) {
+            self.dirs.remove(&loc.parent);
+            dir = self.layout_of(ctx, loc.parent).await?;
+        }
         dir.layout.hashed(&loc.name).ok_or_else(|| {
             tracing::warn!(volume = %self.name, name = %loc.name, "no subvolume holds the name's hash");
             Errno::EIO

@@ -8,9 +8,10 @@
 
 use std::sync::atomic::Ordering;
 
-use xlfs_sdk::{CallCtx, Dict, Errno, Fd, Fop, FopResult, Gfid, Loc, Reply, Request};
+use xlfs_sdk::dict::keys;
+use xlfs_sdk::{CallCtx, Dict, Errno, Fd, Fop, FopResult, Gfid, Loc, Reply, Request, Value};
 
-use super::{Inner, Where, fd_id_of, first_error, merge_dir, migrate, strip_private};
+use super::{Inner, LINKTO_XATTR, Where, fd_id_of, first_error, merge_dir, migrate, strip_private};
 
 /// Fops on a directory that change it: sent to every subvolume.
 fn dir_change(fop: &Fop) -> bool {
@@ -45,6 +46,10 @@ impl Inner {
         let gfid = self.gfid_of(ctx, &loc).await?;
         let mut req = req;
         set_gfid(&mut req.fop, gfid);
+        if matches!(req.fop, Fop::Open { .. }) {
+            // Not a migrated source's dead copy: ESTALE, so found again.
+            req.xdata.set(keys::OPEN_DATA_ONLY, Value::Str(LINKTO_XATTR.to_string()));
+        }
         let open_id = fd_id_of(&req.fop);
         let w = self.locate(ctx, gfid).await?;
         let r = self.on_inode(ctx, w, &req).await;

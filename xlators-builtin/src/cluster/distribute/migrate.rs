@@ -36,7 +36,9 @@
 //! 5. mark the source migrated: linkto xattr naming `D`, then mode
 //!    [`LINK_MODE`] (from here a lookup of the name finds the data on
 //!    `D`); then remove the source's name on `S` (the inode lives on while
-//!    fds are open on it) and last the destination's linkto xattr;
+//!    fds are open on it; on a subvolume being removed the name stays, a
+//!    link file, until the commit) and last the destination's linkto
+//!    xattr;
 //! 6. unlock through the fd and close it.
 //!
 //! **Why no write is lost.** A write reaches the source only under
@@ -365,9 +367,18 @@ impl Inner {
     /// run): the marked source's name `loc` on subvolume `src` removed,
     /// then the destination's linkto xattr on `at`. A source not yet marked
     /// (the data still there) is left alone: its file is moved again.
+    ///
+    /// A marked source on a subvolume being removed keeps its name, as the
+    /// link file it now is: a client that has not yet taken the
+    /// `decommissioned-bricks` option (or read the directory's new layout)
+    /// still looks the name up there, trusts an ENOENT from it under a
+    /// settled layout, and would lose the file until it does. The link
+    /// leads it to the data; the brick leaves the volume, link files and
+    /// all, at remove-brick's commit.
     async fn end_switch(&self, ctx: &CallCtx, loc: &Loc, gfid: Gfid, at: usize, src: &str) -> Result<(), Errno> {
         let entry = Loc::entry(loc.parent, loc.name.clone());
-        if let Some(from) = self.index_of(src).filter(|f| *f != at) {
+        let active = self.active();
+        if let Some(from) = self.index_of(src).filter(|f| *f != at && active[*f]) {
             let look = Request::with_xdata(Fop::Lookup { loc: entry.clone() }, super::with_private_keys(&Dict::new()));
             match self.wind(from, ctx, look).await {
                 Ok(rsp) => {

@@ -19,8 +19,9 @@
 //!
 //! **What is listed.** Directories (with `.` and `..`) only from subvolume
 //! 0, where every directory exists, with the attributes of all their
-//! copies merged (a lookup of each); link files (mode `01000`, size 0,
-//! with a linkto xattr) never.
+//! copies merged (a lookup of each); link files (mode `01000` with a
+//! linkto xattr, whatever their size: a migrated source kept as a link
+//! file on a subvolume being removed still holds its old data) never.
 //! A readdir is sent as a readdirp, so that link files can be told apart,
 //! and answered without the attributes.
 
@@ -59,7 +60,6 @@ pub fn decode(cookie: u64, n: usize) -> Option<(usize, u64)> {
 fn is_link_entry(e: &DirEntry, xdata: &Dict) -> bool {
     e.iatt.file_type() == FileType::Regular
         && e.iatt.mode & 0o7777 == LINK_MODE
-        && e.iatt.size == 0
         && xdata.contains(&dirent_xattr(&e.name, LINKTO_XATTR))
 }
 

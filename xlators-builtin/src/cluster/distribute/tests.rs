@@ -984,3 +984,64 @@ async fn a_migration_cut_short_is_finished_by_the_next_and_loses_no_write() {
     assert_eq!(c.places(d), (vec![1], vec![]), "the switch was ended: no linkto xattr left");
     assert_eq!(&through_fresh(&c, d, *g, None).await[..], b"WORLD");
 }
+
+/// A remove-brick seen by one client (the rebalance's) before the others:
+/// a client that has not taken `decommissioned-bricks` keeps looking
+/// names up where its settled layout hashes them, and one that took it
+/// may still remember the layout from before the directory was moved off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_behind_a_remove_brick_find_moved_files_and_create_off_the_leaving_subvolume() {
+    let c = Cluster::new();
+    let leaving = name_of(N - 1);
+    let old = c.node(&[]);
+    old.root().await;
+    let name = c.name_on(".", N - 1, "f");
+    let fd = old.create(Gfid::ROOT, &name).await.expect("create");
+    old.call(Fop::Writev { fd, data: Bytes::from_static(b"hello"), offset: 0, flags: 0 }).await.expect("write");
+    old.release(fd).await;
+    let late = c.node(&[("decommissioned-bricks", &leaving)]);
+    late.root().await;
+    let fresh = c.name_on(".", N - 1, "g");
+
+    let rb = c.node(&[("decommissioned-bricks", &leaving)]);
+    rb.root().await;
+    let fix = Dict::new().with(FIX_LAYOUT_KEY, xlfs_sdk::Value::U64(1));
+    rb.call(Fop::Setxattr { loc: Loc::gfid(Gfid::ROOT), xattrs: fix, flags: 0 }).await.expect("fix-layout");
+    let to = c.layout(".").hashed(&name).expect("hashed");
+    assert_ne!(to, N - 1, "the leaving subvolume holds no range");
+    let done = migrate(&rb, &name, fd.gfid).await.expect("migrate");
+    assert!(done.xdata.contains(MIGRATED_KEY), "{:?}", done.xdata);
+    assert_eq!(c.places(&name), (vec![to], vec![N - 1]), "the source's name stays, a link file");
+    // Listed once, as the data (the kept source still holds its bytes).
+    for plus in [false, true] {
+        let names = old.list(Gfid::ROOT, 4096, plus).await;
+        assert_eq!(names.iter().filter(|n| **n == name).count(), 1, "{names:?}");
+    }
+
+    // The client without the option still remembers the file on the
+    // leaving subvolume: its truncating open there reaches the data, not
+    // the link file the source became.
+    let wr = Fd { id: FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed)), gfid: fd.gfid };
+    let trunc = (libc::O_WRONLY | libc::O_TRUNC) as u32;
+    old.call(Fop::Open { loc: Loc::gfid(fd.gfid), flags: trunc, fd: wr.id }).await.expect("open");
+    old.call(Fop::Writev { fd: wr, data: Bytes::from_static(b"HI"), offset: 0, flags: 0 }).await.expect("write");
+    old.release(wr).await;
+    assert_eq!(std::fs::read(c.path(to, &name)).expect("data"), b"HI", "truncated and written where the data is");
+    // Its settled layout hashes the name to the leaving subvolume, whose
+    // link file leads to the data.
+    assert_eq!(old.lookup(Gfid::ROOT, &name).await.expect("found through the link").gfid, fd.gfid);
+    let rd = Fd { id: FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed)), gfid: fd.gfid };
+    old.call(Fop::Open { loc: Loc::gfid(fd.gfid), flags: libc::O_RDONLY as u32, fd: rd.id }).await.expect("open");
+    let got = old.call(Fop::Readv { fd: rd, size: 64, offset: 0, flags: 0 }).await.expect("read");
+    assert_eq!(&got.reply.into_read().expect("data")[..], b"HI");
+    old.release(rd).await;
+
+    // The client with the option but the old layout remembered: a new
+    // name is made where the directory's new layout hashes it.
+    let g = late.create(Gfid::ROOT, &fresh).await.expect("create");
+    late.release(g).await;
+    let want = c.layout(".").hashed(&fresh).expect("hashed");
+    assert_eq!(c.places(&fresh), (vec![want], vec![]), "made off the leaving subvolume");
+    // The brick that leaves holds link files only (what commit checks).
+    assert!(!c.exists(N - 1, &fresh));
+}
