@@ -143,8 +143,7 @@ const O_DIRECT_MIN_SIZE: Opt<kind::Size> = Opt::size("o-direct-min-size", "512KB
          aggregated 1MB writes), go around the brick's page cache (O_DIRECT through a second descriptor): the \
          brick copies no data into memory it then has to write back, which was 40% of the CPU of a sequential \
          write on a replica-3 volume on one machine. Smaller or unaligned writes, O_APPEND fds and file systems \
-         without O_DIRECT stay buffered (except synchronous ones, O_SYNC or O_DSYNC: a database's log, which \
-         waits for the disk anyway, goes around at any aligned size), and so does everything on a tmpfs or ramfs brick (its pages are the \
+         without O_DIRECT stay buffered, and so does everything on a tmpfs or ramfs brick (its pages are the \
          store: nothing to go around, and the aligned copy would only cost). Reads of such data come from the disk, not the \
          brick's cache. 0: off (GlusterFS's behaviour).",
     );
@@ -566,7 +565,7 @@ impl Inner {
             }
             Fop::Readv { fd, size, offset, .. } => {
                 let f = self.fd(fd.id)?;
-                let around = self.goes_around(self.direct_read_min.load(Ordering::Relaxed), offset, size as usize);
+                let around = self.goes_around(&self.direct_read_min, offset, size as usize);
                 let data = read_at(&f, size as usize, offset, ctx.lent.take(), around)?;
                 ok(Reply::Read { data, iatt: f.iatt()? })
             }
@@ -574,18 +573,14 @@ impl Inner {
                 let f = self.fd(fd.id)?;
                 let file = f.file()?;
                 let pre = f.iatt()?;
-                let sync = flags as i32 & (libc::O_SYNC | libc::O_DSYNC);
-                // A synchronous write (a database's log) waits for the
-                // disk anyway: around the page cache it skips the copy
-                // and the writeback the flush would wait for.
-                let min = self.direct_min.load(Ordering::Relaxed);
-                let around = self.goes_around(if sync != 0 { min.min(1) } else { min }, offset, data.len());
+                let around = self.goes_around(&self.direct_min, offset, data.len());
                 match around.then(|| f.bypass()).flatten() {
                     Some(twin) => write_direct(twin, file, &data, offset)?,
                     None if f.direct => write_direct(file, file, &data, offset)?,
                     None => sys::pwrite_all(file, &data, offset)?,
                 }
                 drop_privs(file, pre.mode, ctx)?;
+                let sync = flags as i32 & (libc::O_SYNC | libc::O_DSYNC);
                 if sync != 0 {
                     sys::fsync(file, sync & libc::O_SYNC != libc::O_SYNC)?;
                 }

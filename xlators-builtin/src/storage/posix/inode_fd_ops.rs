@@ -45,7 +45,8 @@ impl Inner {
     /// cache under the threshold `min` (`o-direct-min-size`,
     /// `o-direct-read-min-size`; 0 off): at least that large, 4 KiB
     /// aligned, and not on a tmpfs or ramfs brick.
-    pub(super) fn goes_around(&self, min: u64, offset: u64, len: usize) -> bool {
+    pub(super) fn goes_around(&self, min: &AtomicU64, offset: u64, len: usize) -> bool {
+        let min = min.load(Ordering::Relaxed);
         min != 0 && !self.in_memory && len as u64 >= min && direct_aligned(offset, len)
     }
 

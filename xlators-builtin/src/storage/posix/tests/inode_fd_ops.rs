@@ -350,14 +350,6 @@ async fn large_aligned_writes_go_around_the_page_cache() {
     let (g, fd) = e.create(Gfid::ROOT, "buffered").await;
     e.write(fd, 0, &data).await;
     assert_eq!(resident_pages(&e.handle_path(g)), 256, "buffered 1 MiB write: every page cached");
-    let log = |off: usize| Fop::Writev {
-        fd,
-        data: Bytes::copy_from_slice(&data[..8192]),
-        offset: off as u64,
-        flags: libc::O_DSYNC as u32,
-    };
-    assert!(e.reply(log(2 * mb)).await.is_ok());
-    assert_eq!(resident_pages(&e.handle_path(g)), 258, "off: a synchronous write is buffered too");
     // Default: a 1 MiB write at an aligned offset skips the cache (when the
     // file system takes O_DIRECT at all: a probe decides), from an
     // unaligned buffer too; smaller, unaligned and O_APPEND writes do not.
@@ -377,18 +369,6 @@ async fn large_aligned_writes_go_around_the_page_cache() {
     if supported {
         assert_eq!(resident_pages(&path), 2 + 64, "small and unaligned writes are buffered");
     }
-    // A synchronous write (a database's log) goes around at any aligned size.
-    let log = Fop::Writev {
-        fd,
-        data: Bytes::copy_from_slice(&data[..8192]),
-        offset: 2 * mb as u64,
-        flags: libc::O_DSYNC as u32,
-    };
-    assert!(e.reply(log).await.is_ok());
-    if supported {
-        assert_eq!(resident_pages(&path), 2 + 64, "an aligned 8 KiB O_DSYNC write left pages cached");
-    }
-    assert_eq!(e.read(fd, 2 * mb as u64, 8192).await.expect("read"), &data[..8192]);
     assert_eq!(e.read(fd, 0, mb as u32).await.expect("read"), data);
     assert_eq!(e.read(fd, mb as u64, mb as u32).await.expect("read"), data);
     assert_eq!(e.read(fd, 3 * mb as u64 + 1, 4096).await.expect("read"), &data[..4096]);
