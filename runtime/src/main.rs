@@ -63,8 +63,9 @@ fn sched_policy() -> Result<libc::c_int, String> {
 /// inherit it. SCHED_BATCH keeps a thread from preempting the one that
 /// woke it: a mount's thread sends a fop to its three bricks and a brick
 /// answers without being switched out after each socket write to run the
-/// peer it just woke (on this 2-core machine: untar + rm -r + drain 9 %
-/// faster, pgbench 1.1x, in alternated runs). Allowed without privileges.
+/// peer it just woke (on this 2-core machine, 5 alternated rounds against
+/// the default policy: pgbench faster in every round, creates 1.32x; see
+/// benches/RESULTS.md). Allowed without privileges.
 fn set_sched_policy(policy: libc::c_int) -> std::io::Result<()> {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler on the calling thread (0) with a valid
