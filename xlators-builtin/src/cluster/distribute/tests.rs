@@ -191,6 +191,12 @@ impl Node {
     async fn rename(&self, from: &str, to: &str) -> FopResult {
         self.call(Fop::Rename { old: Loc::entry(Gfid::ROOT, from), new: Loc::entry(Gfid::ROOT, to), flags: 0 }).await
     }
+    /// Opens file `gfid` by gfid with `flags`.
+    async fn open(&self, gfid: Gfid, flags: i32) -> Fd {
+        let fd = Fd { id: FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed)), gfid };
+        self.call(Fop::Open { loc: Loc::gfid(gfid), flags: flags as u32, fd: fd.id }).await.expect("open");
+        fd
+    }
     async fn release(&self, fd: Fd) {
         self.call(Fop::Release { fd }).await.expect("release");
     }
@@ -446,11 +452,10 @@ async fn lookup_follows_a_link_file_and_rename_keeps_one_name() {
     let got = fresh.lookup(Gfid::ROOT, &b).await.expect("b through its link");
     assert_eq!(got.gfid, fd.gfid);
     assert!(fresh.dht.dump().contains(&("links-followed".to_string(), "1".to_string())));
-    let id = FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed));
-    fresh.call(Fop::Open { loc: Loc::gfid(fd.gfid), flags: libc::O_RDONLY as u32, fd: id }).await.expect("open");
-    let rd = fresh.call(Fop::Readv { fd: Fd { id, gfid: fd.gfid }, size: 16, offset: 0, flags: 0 }).await;
+    let r = fresh.open(fd.gfid, libc::O_RDONLY).await;
+    let rd = fresh.call(Fop::Readv { fd: r, size: 16, offset: 0, flags: 0 }).await;
     assert_eq!(rd.expect("read").reply.into_read().expect("data"), Bytes::from_static(b"hello"));
-    fresh.release(Fd { id, gfid: fd.gfid }).await;
+    fresh.release(r).await;
 
     // Renamed again to a third subvolume: the old link file (step 3) goes
     // last; while it is held the file is already only under the new name.
@@ -925,8 +930,7 @@ async fn through_fresh(c: &Cluster, name: &str, gfid: Gfid, data: Option<&'stati
     let n = c.node(&[]);
     n.root().await;
     assert_eq!(n.lookup(Gfid::ROOT, name).await.expect("lookup").gfid, gfid);
-    let fd = Fd { id: FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed)), gfid };
-    n.call(Fop::Open { loc: Loc::gfid(gfid), flags: libc::O_RDWR as u32, fd: fd.id }).await.expect("open");
+    let fd = n.open(gfid, libc::O_RDWR).await;
     if let Some(d) = data {
         n.call(Fop::Writev { fd, data: Bytes::from_static(d), offset: 0, flags: 0 }).await.expect("write");
     }
@@ -1021,17 +1025,14 @@ async fn clients_behind_a_remove_brick_find_moved_files_and_create_off_the_leavi
     // The client without the option still remembers the file on the
     // leaving subvolume: its truncating open there reaches the data, not
     // the link file the source became.
-    let wr = Fd { id: FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed)), gfid: fd.gfid };
-    let trunc = (libc::O_WRONLY | libc::O_TRUNC) as u32;
-    old.call(Fop::Open { loc: Loc::gfid(fd.gfid), flags: trunc, fd: wr.id }).await.expect("open");
+    let wr = old.open(fd.gfid, libc::O_WRONLY | libc::O_TRUNC).await;
     old.call(Fop::Writev { fd: wr, data: Bytes::from_static(b"HI"), offset: 0, flags: 0 }).await.expect("write");
     old.release(wr).await;
     assert_eq!(std::fs::read(c.path(to, &name)).expect("data"), b"HI", "truncated and written where the data is");
     // Its settled layout hashes the name to the leaving subvolume, whose
     // link file leads to the data.
     assert_eq!(old.lookup(Gfid::ROOT, &name).await.expect("found through the link").gfid, fd.gfid);
-    let rd = Fd { id: FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed)), gfid: fd.gfid };
-    old.call(Fop::Open { loc: Loc::gfid(fd.gfid), flags: libc::O_RDONLY as u32, fd: rd.id }).await.expect("open");
+    let rd = old.open(fd.gfid, libc::O_RDONLY).await;
     let got = old.call(Fop::Readv { fd: rd, size: 64, offset: 0, flags: 0 }).await.expect("read");
     assert_eq!(&got.reply.into_read().expect("data")[..], b"HI");
     old.release(rd).await;
