@@ -339,6 +339,12 @@ impl Inner {
         if a.iter().any(|x| *x) { a } else { vec![true; self.n()] }
     }
 
+    /// Whether subvolume `i` is being removed (not [`Self::active`]); no
+    /// allocation when nothing is.
+    fn leaving(&self, i: usize) -> bool {
+        !self.cfg.read().decommissioned.is_empty() && !self.active()[i]
+    }
+
     fn index_of(&self, name: &str) -> Option<usize> {
         self.children.iter().position(|c| &*c.name == name)
     }

@@ -71,7 +71,7 @@ impl Inner {
             return Err(Errno::EINVAL);
         }
         let mut dir = self.layout_of(ctx, loc.parent).await?;
-        if dir.layout.hashed(&loc.name).is_some_and(|h| !self.active()[h]) {
+        if dir.layout.hashed(&loc.name).is_some_and(|h| self.leaving(h)) {
             self.dirs.remove(&loc.parent);
             dir = self.layout_of(ctx, loc.parent).await?;
         }

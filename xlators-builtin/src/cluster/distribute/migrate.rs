@@ -377,8 +377,7 @@ impl Inner {
     /// all, at remove-brick's commit.
     async fn end_switch(&self, ctx: &CallCtx, loc: &Loc, gfid: Gfid, at: usize, src: &str) -> Result<(), Errno> {
         let entry = Loc::entry(loc.parent, loc.name.clone());
-        let active = self.active();
-        if let Some(from) = self.index_of(src).filter(|f| *f != at && active[*f]) {
+        if let Some(from) = self.index_of(src).filter(|f| *f != at && !self.leaving(*f)) {
             let look = Request::with_xdata(Fop::Lookup { loc: entry.clone() }, super::with_private_keys(&Dict::new()));
             match self.wind(from, ctx, look).await {
                 Ok(rsp) => {
