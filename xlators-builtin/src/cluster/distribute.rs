@@ -198,6 +198,8 @@ impl Config {
 #[derive(Default)]
 struct Stats {
     lookups_everywhere: AtomicU64,
+    /// Lookups everywhere sent a second time after finding no data.
+    lookups_again: AtomicU64,
     links_followed: AtomicU64,
     links_made: AtomicU64,
     dirs_healed: AtomicU64,
@@ -501,6 +503,7 @@ impl Xlator for Distribute {
         let s = &me.stats;
         for (k, v) in [
             ("lookups-everywhere", &s.lookups_everywhere),
+            ("lookups-again", &s.lookups_again),
             ("links-followed", &s.links_followed),
             ("links-made", &s.links_made),
             ("dirs-healed", &s.dirs_healed),

@@ -119,33 +119,29 @@ impl Inner {
     ) -> Result<Found, Errno> {
         self.stats.lookups_everywhere.fetch_add(1, Ordering::Relaxed);
         let req = Request::with_xdata(Fop::Lookup { loc: loc.clone() }, xd.clone());
-        let res = self.fan(&self.all(), ctx, &req).await;
-        if let Some(e) = first_error(&res, &[Errno::ENOENT, Errno::ESTALE]) {
-            return Err(e);
-        }
-        let mut linked = false;
-        let mut data: Option<(usize, Response)> = None;
-        let mut dir: Option<(usize, Response)> = None;
-        for (i, r) in res.into_iter().enumerate() {
-            let Ok(rsp) = r else { continue };
-            let iatt = entry_iatt(&rsp)?;
-            if iatt.is_dir() {
-                if dir.is_none() || Some(i) == hashed {
-                    dir = Some((i, rsp));
+        let mut again = false;
+        loop {
+            let res = self.fan(&self.all(), ctx, &req).await;
+            if let Some(e) = first_error(&res, &[Errno::ENOENT, Errno::ESTALE]) {
+                return Err(e);
+            }
+            match pick_by_name(res, hashed)? {
+                Picked::Dir(i, rsp) => {
+                    let rsp = self.dir_everywhere(ctx, loc, xd, i, rsp).await?;
+                    return Ok(Found { hashed, cached: i, linked: false, rsp });
                 }
-            } else if linkto_of(&iatt, &rsp.xdata).is_some() {
-                linked |= Some(i) == hashed;
-            } else if data.is_none() || Some(i) == hashed {
-                data = Some((i, rsp));
+                Picked::File(i, rsp, linked) => {
+                    self.remember(entry_iatt(&rsp)?.gfid, Where::File(i));
+                    return Ok(Found { hashed, cached: i, linked, rsp });
+                }
+                // Only link files or ENOENT: a migration may have switched
+                // the name between two of the answers (see `lookup_gfid`).
+                Picked::Nothing if !std::mem::replace(&mut again, true) => {
+                    self.stats.lookups_again.fetch_add(1, Ordering::Relaxed);
+                }
+                Picked::Nothing => return Err(Errno::ENOENT),
             }
         }
-        if let Some((i, rsp)) = dir {
-            let rsp = self.dir_everywhere(ctx, loc, xd, i, rsp).await?;
-            return Ok(Found { hashed, cached: i, linked: false, rsp });
-        }
-        let (i, rsp) = data.ok_or(Errno::ENOENT)?;
-        self.remember(entry_iatt(&rsp)?.gfid, Where::File(i));
-        Ok(Found { hashed, cached: i, linked, rsp })
     }
 
     /// A directory found on subvolume `first` (answer `rsp`): looked up on
@@ -185,22 +181,37 @@ impl Inner {
     ) -> Result<(Where, Response), Errno> {
         let xd = with_private_keys(xdata);
         let req = Request::with_xdata(Fop::Lookup { loc: Loc::gfid(gfid) }, xd);
-        let mut res = self.fan(&self.all(), ctx, &req).await;
-        if let Some(e) = first_error(&res, &[Errno::ENOENT, Errno::ESTALE]) {
-            return Err(e);
-        }
-        // Not a link file; of two data files (a migration's switch cut
-        // short before the source was marked), the one that names no source.
-        let found = res
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| {
-                let rsp = r.as_ref().ok()?;
-                let iatt = entry_iatt(rsp).ok()?;
-                (iatt.is_dir() || linkto_of(&iatt, &rsp.xdata).is_none()).then_some((i, iatt, rsp.clone()))
-            })
-            .min_by_key(|(_, iatt, rsp)| linkto_xattr(iatt, &rsp.xdata).is_some());
-        let Some((i, iatt, mut rsp)) = found else { return Err(Errno::ENOENT) };
+        // A migration makes the destination a data file before it marks
+        // the source (migrate.rs, steps 4 and 5), but the answers of one
+        // fan are not taken at one instant: the destination's can come
+        // before the switch and the source's after it, and neither is data
+        // then. A second fan, sent after every answer of the first, finds
+        // the destination switched.
+        let mut again = false;
+        let (i, iatt, mut rsp, mut res) = loop {
+            let res = self.fan(&self.all(), ctx, &req).await;
+            if let Some(e) = first_error(&res, &[Errno::ENOENT, Errno::ESTALE]) {
+                return Err(e);
+            }
+            // Not a link file; of two data files (a migration's switch cut
+            // short before the source was marked), the one that names no source.
+            let found = res
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| {
+                    let rsp = r.as_ref().ok()?;
+                    let iatt = entry_iatt(rsp).ok()?;
+                    (iatt.is_dir() || linkto_of(&iatt, &rsp.xdata).is_none()).then_some((i, iatt, rsp.clone()))
+                })
+                .min_by_key(|(_, iatt, rsp)| linkto_xattr(iatt, &rsp.xdata).is_some());
+            match found {
+                Some((i, iatt, rsp)) => break (i, iatt, rsp, res),
+                None if !std::mem::replace(&mut again, true) => {
+                    self.stats.lookups_again.fetch_add(1, Ordering::Relaxed);
+                }
+                None => return Err(Errno::ENOENT),
+            }
+        };
         if iatt.is_dir() {
             merge_dir(&mut rsp, &mut res);
             self.settle_dir(ctx, None, iatt, res).await?;
@@ -362,6 +373,41 @@ impl Inner {
             None => Ok(()),
         }
     }
+}
+
+/// What the answers of every subvolume for a name show.
+enum Picked {
+    /// A directory, from the hashed subvolume if it has it.
+    Dir(usize, Response),
+    /// A data file, and whether the hashed subvolume holds a link file.
+    File(usize, Response, bool),
+    Nothing,
+}
+
+/// Picks the directory or data file among the answers for a name (the
+/// `hashed` subvolume's preferred).
+fn pick_by_name(res: Vec<FopResult>, hashed: Option<usize>) -> Result<Picked, Errno> {
+    let mut linked = false;
+    let mut data: Option<(usize, Response)> = None;
+    let mut dir: Option<(usize, Response)> = None;
+    for (i, r) in res.into_iter().enumerate() {
+        let Ok(rsp) = r else { continue };
+        let iatt = entry_iatt(&rsp)?;
+        if iatt.is_dir() {
+            if dir.is_none() || Some(i) == hashed {
+                dir = Some((i, rsp));
+            }
+        } else if linkto_of(&iatt, &rsp.xdata).is_some() {
+            linked |= Some(i) == hashed;
+        } else if data.is_none() || Some(i) == hashed {
+            data = Some((i, rsp));
+        }
+    }
+    Ok(match (dir, data) {
+        (Some((i, rsp)), _) => Picked::Dir(i, rsp),
+        (None, Some((i, rsp))) => Picked::File(i, rsp, linked),
+        (None, None) => Picked::Nothing,
+    })
 }
 
 /// The whole-directory lock in the layout heal domain that layout heals

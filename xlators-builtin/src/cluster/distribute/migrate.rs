@@ -51,6 +51,15 @@
 //! with its flags and sends the fop again (see `inode.rs`), so the write
 //! lands on `D` and what it did to the dead source is discarded.
 //!
+//! **Why no lookup misses the file.** From step 2 to step 4 the name
+//! leads to the source's data, from step 4 on to the destination's: at
+//! every instant one of them is data. A lookup on every subvolume (by
+//! gfid, or by name in an unsettled directory) takes its answers at
+//! different instants, though, and may see the destination before step 4
+//! and the source after step 5 (marked, or its name gone): no data. Such
+//! a lookup is sent once more (`lookup.rs`); its answers all come after
+//! the first's, so the destination is data by then.
+//!
 //! **A migration cut short** (a replica set losing quorum, a crash) is
 //! finished by the next rebalance. Before step 5 the source is still the
 //! data (writes after the unlock land there, and lookups go there): the

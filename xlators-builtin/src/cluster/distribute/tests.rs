@@ -24,12 +24,23 @@ use super::*;
 
 const N: usize = 3;
 
-/// Holds fops of one kind until released; can answer statfs itself.
+/// Which fops of the chosen kind a [`Hold`] stops.
+#[derive(Clone, Copy, PartialEq)]
+enum Stop {
+    All,
+    Next,
+    None,
+}
+
+/// Holds fops of one kind until released (all of them, or only the next
+/// one), counting those that came and those answered; can answer statfs
+/// itself.
 struct Hold {
     inner: Arc<dyn Xlator>,
-    kind: Mutex<Option<FopKind>>,
+    kind: Mutex<Option<(FopKind, Stop)>>,
     gate: tokio::sync::Semaphore,
     arrived: AtomicUsize,
+    answered: AtomicUsize,
     statfs: Mutex<Option<Statvfs>>,
 }
 
@@ -40,12 +51,26 @@ impl Hold {
             kind: Mutex::new(None),
             gate: tokio::sync::Semaphore::new(0),
             arrived: AtomicUsize::new(0),
+            answered: AtomicUsize::new(0),
             statfs: Mutex::new(None),
         })
     }
-    fn hold(&self, kind: Option<FopKind>) {
+    fn set(&self, kind: Option<(FopKind, Stop)>) {
         *self.kind.lock() = kind;
         self.arrived.store(0, Ordering::SeqCst);
+        self.answered.store(0, Ordering::SeqCst);
+    }
+    /// Holds every fop of `kind` (None: none).
+    fn hold(&self, kind: Option<FopKind>) {
+        self.set(kind.map(|k| (k, Stop::All)));
+    }
+    /// Holds the next fop of `kind` only.
+    fn hold_next(&self, kind: FopKind) {
+        self.set(Some((kind, Stop::Next)));
+    }
+    /// Counts the fops of `kind`, holding none.
+    fn count(&self, kind: FopKind) {
+        self.set(Some((kind, Stop::None)));
     }
     fn release(&self) {
         self.gate.add_permits(1);
@@ -57,15 +82,32 @@ impl Xlator for Hold {
         if let (Fop::Statfs { .. }, Some(st)) = (&req.fop, *self.statfs.lock()) {
             return Box::pin(std::future::ready(Ok(Response::from(Reply::Statfs(st)))));
         }
-        let held = *self.kind.lock() == Some(req.fop.kind());
-        Box::pin(async move {
-            if held {
-                self.arrived.fetch_add(1, Ordering::SeqCst);
-                if let Ok(p) = self.gate.acquire().await {
-                    p.forget();
+        let stop = {
+            let mut k = self.kind.lock();
+            match *k {
+                Some((kind, stop)) if kind == req.fop.kind() => {
+                    if stop == Stop::Next {
+                        *k = Some((kind, Stop::None));
+                    }
+                    Some(stop)
                 }
+                _ => None,
             }
-            self.inner.call(ctx, req).await
+        };
+        Box::pin(async move {
+            if stop.is_some() {
+                self.arrived.fetch_add(1, Ordering::SeqCst);
+            }
+            if stop.is_some_and(|s| s != Stop::None)
+                && let Ok(p) = self.gate.acquire().await
+            {
+                p.forget();
+            }
+            let r = self.inner.call(ctx, req).await;
+            if stop.is_some() {
+                self.answered.fetch_add(1, Ordering::SeqCst);
+            }
+            r
         })
     }
 }
@@ -1045,4 +1087,61 @@ async fn clients_behind_a_remove_brick_find_moved_files_and_create_off_the_leavi
     assert_eq!(c.places(&fresh), (vec![want], vec![]), "made off the leaving subvolume");
     // The brick that leaves holds link files only (what commit checks).
     assert!(!c.exists(N - 1, &fresh));
+}
+
+/// A lookup everywhere (by gfid, or by name in an unsettled directory)
+/// whose answers straddle a migration's switch: the destination answers
+/// before it (no data there yet), the source after it (a link file now).
+/// The file is found all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_whose_answers_straddle_a_migration_finds_the_file() {
+    let c = Cluster::new();
+    let from = N - 1;
+    let leaving = name_of(from);
+    let maker = c.node(&[]);
+    maker.root().await;
+    let mut files = Vec::new();
+    for p in ["f", "g"] {
+        let name = c.name_on(".", from, p);
+        let fd = maker.create(Gfid::ROOT, &name).await.expect("create");
+        maker.call(Fop::Writev { fd, data: Bytes::from_static(b"hello"), offset: 0, flags: 0 }).await.expect("write");
+        maker.release(fd).await;
+        files.push((name, fd.gfid));
+    }
+    let rb = c.node(&[("decommissioned-bricks", &leaving)]);
+    rb.root().await;
+    let fix = Dict::new().with(FIX_LAYOUT_KEY, xlfs_sdk::Value::U64(1));
+    rb.call(Fop::Setxattr { loc: Loc::gfid(Gfid::ROOT), xattrs: fix, flags: 0 }).await.expect("fix-layout");
+
+    for (k, (name, gfid)) in files.iter().enumerate() {
+        let by_name = k == 1;
+        let to = c.layout(".").hashed(name).expect("hashed");
+        // A client that reads the directory's unsettled layout.
+        let client = Arc::new(c.node(&[("decommissioned-bricks", &leaving)]));
+        client.root().await;
+        c.holds[from].hold_next(FopKind::Lookup);
+        c.holds[to].count(FopKind::Lookup);
+        let asking = {
+            let (client, name, gfid) = (client.clone(), name.clone(), *gfid);
+            tokio::spawn(async move {
+                let loc = if by_name { Loc::entry(Gfid::ROOT, name) } else { Loc::gfid(gfid) };
+                client.call(Fop::Lookup { loc }).await
+            })
+        };
+        // By name: the hashed subvolume first (nothing there), then the fan.
+        let before = if by_name { 2 } else { 1 };
+        until("the destination answered, the source not", Duration::from_secs(10), || {
+            c.holds[from].arrived.load(Ordering::SeqCst) == 1 && c.holds[to].answered.load(Ordering::SeqCst) == before
+        })
+        .await;
+        let done = migrate(&rb, name, *gfid).await.expect("migrate");
+        assert!(done.xdata.contains(MIGRATED_KEY), "{:?}", done.xdata);
+        c.holds[from].release();
+        let found = asking.await.expect("lookup task").unwrap_or_else(|e| panic!("{name} (by name: {by_name}): {e}"));
+        let iatt = found.reply.into_entry().expect("entry");
+        assert_eq!((iatt.gfid, iatt.size), (*gfid, 5), "the data file, by name: {by_name}");
+        assert!(client.dht.dump().contains(&("lookups-again".to_string(), "1".to_string())));
+        c.holds[from].hold(None);
+        c.holds[to].hold(None);
+    }
 }
