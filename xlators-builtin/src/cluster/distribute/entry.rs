@@ -150,6 +150,19 @@ impl Inner {
             _ => None,
         };
         let req = Request::with_xdata(fop, xdata);
+        if !self.layout_of(ctx, loc.parent).await?.settled() || !self.cfg().lookup_optimize {
+            // Files may be away from where their names hash (a rebalance
+            // is spreading the directory): the name may be data elsewhere
+            // with nothing on `h`, where an exclusive create would make it
+            // a second time. (The kernel sends a create without a lookup
+            // before it when the name is not in its cache.)
+            match self.find(ctx, &loc, &Dict::new()).await {
+                Ok(_) if excl == Some(false) => return self.open_existing(ctx, &loc, &req).await,
+                Ok(_) => return Err(Errno::EEXIST),
+                Err(Errno::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
         if at == h {
             let r = match self.wind(h, ctx, req.clone()).await {
                 Err(Errno::EEXIST) if excl == Some(false) => return self.open_existing(ctx, &loc, &req).await,

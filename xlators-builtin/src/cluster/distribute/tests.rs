@@ -1145,3 +1145,44 @@ async fn a_lookup_whose_answers_straddle_a_migration_finds_the_file() {
         c.holds[to].hold(None);
     }
 }
+
+/// In a directory a rebalance is spreading (unsettled layout), a name
+/// whose data is not yet where it hashes: a create without O_EXCL opens
+/// that file, with O_EXCL it fails, and neither makes a second file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_in_an_unsettled_directory_finds_the_name_elsewhere() {
+    let c = Cluster::new();
+    let from = N - 1;
+    let leaving = name_of(from);
+    let maker = c.node(&[]);
+    maker.root().await;
+    let name = c.name_on(".", from, "f");
+    let fd = maker.create(Gfid::ROOT, &name).await.expect("create");
+    maker.call(Fop::Writev { fd, data: Bytes::from_static(b"hello"), offset: 0, flags: 0 }).await.expect("write");
+    maker.release(fd).await;
+    let rb = c.node(&[("decommissioned-bricks", &leaving)]);
+    rb.root().await;
+    let fix = Dict::new().with(FIX_LAYOUT_KEY, xlfs_sdk::Value::U64(1));
+    rb.call(Fop::Setxattr { loc: Loc::gfid(Gfid::ROOT), xattrs: fix, flags: 0 }).await.expect("fix-layout");
+    assert_ne!(c.layout(".").hashed(&name), Some(from));
+
+    let client = c.node(&[("decommissioned-bricks", &leaving)]);
+    client.root().await;
+    let id = FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed));
+    let create = |flags: i32, id| Fop::Create {
+        loc: Loc::entry(Gfid::ROOT, &name),
+        flags: flags as u32,
+        mode: 0o644,
+        umask: 0,
+        fd: id,
+    };
+    let excl = client.call(create(libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, id)).await;
+    assert_eq!(excl.err(), Some(Errno::EEXIST));
+    let opened = client.call(create(libc::O_RDWR | libc::O_CREAT, id)).await.expect("create opens the file");
+    assert_eq!(opened.reply.into_entry().expect("entry").gfid, fd.gfid);
+    let fd2 = Fd { id, gfid: fd.gfid };
+    let got = client.call(Fop::Readv { fd: fd2, size: 64, offset: 0, flags: 0 }).await.expect("read");
+    assert_eq!(&got.reply.into_read().expect("data")[..], b"hello");
+    client.release(fd2).await;
+    assert_eq!(c.places(&name), (vec![from], vec![]), "one file, where it was");
+}
