@@ -217,13 +217,34 @@ fn checker(mnt: PathBuf, model: Arc<Mutex<Model>>, stop: Arc<AtomicBool>) {
                     return;
                 }
                 Err(e) => {
-                    model.lock().expect("model").errors.push(format!("read {name}: {e}"));
+                    let when = utc_now();
+                    let again = std::fs::read(mnt.join(&name)).map(|b| b.len());
+                    let stat = std::fs::metadata(mnt.join(&name)).map(|m| m.len());
+                    let listed = std::fs::read_dir(mnt.join(&name).parent().expect("parent"))
+                        .map(|d| d.flatten().any(|e| e.path() == mnt.join(&name)));
+                    let dump = kit::run_xlfs(&["status".as_ref(), "--dump".as_ref(), mnt.as_os_str()]);
+                    let keep = std::env::temp_dir().join(format!("xlfs-rebalance-dump-{}.txt", std::process::id()));
+                    let _ = std::fs::write(&keep, &dump.stdout);
+                    std::thread::sleep(Duration::from_secs(2));
+                    let later = std::fs::read(mnt.join(&name)).map(|b| b.len());
+                    model.lock().expect("model").errors.push(format!(
+                        "read {name}: {e} (at {when}; read again: {again:?}; stat: {stat:?}; listed: {listed:?}; \
+                         2 s later: {later:?}; the mount's dump is kept in {})",
+                        keep.display()
+                    ));
                     return;
                 }
             }
         }
         round += 1;
     }
+}
+
+/// The time of day (UTC, as the logs print it).
+fn utc_now() -> String {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let s = t.as_secs() % 86_400;
+    format!("{:02}:{:02}:{:02}.{:06}", s / 3600, s / 60 % 60, s % 60, t.subsec_micros())
 }
 
 #[test]

@@ -195,6 +195,15 @@ pub mod keys {
     /// performance/quick-read asks for [`READDIRP_CONTENT`] on its readdirps.
     pub const DIR_PREFETCH: &str = "xlfs.dir-prefetch";
 
+    /// On the readdirps of a whole-directory read whose names are then
+    /// trusted to be all there are (performance/md-cache's
+    /// `dir-prefetch`): a flag, asking whether the listing may be trusted
+    /// so. The reply that ends the listing (no entries) carries it as 0
+    /// when it may not: cluster/distribute's, when the directory's layout
+    /// is unsettled (a rebalance moves its files, and a file that moved
+    /// between the reads of two subvolumes is listed by neither).
+    pub const WHOLE_LISTING: &str = "xlfs.whole-listing";
+
     /// On a readdirp: a u64 byte limit. storage/posix puts the whole
     /// content of each regular entry no larger under the entry's
     /// [`dirent_xattr`]`(name, `[`CONTENT`]`)` reply key (within a per-reply

@@ -236,7 +236,12 @@ impl Drop for Daemon {
             }
         }
         if std::thread::panicking() {
-            eprintln!("--- daemon log ({}) ---\n{}", self.log_path().display(), tail(&self.log(), 80));
+            let log = self.log();
+            let keep = std::env::temp_dir().join(format!("xlfs-daemon-{}.log", std::process::id()));
+            if std::fs::write(&keep, &log).is_ok() {
+                eprintln!("--- the whole daemon log is kept in {} ---", keep.display());
+            }
+            eprintln!("--- daemon log ({}) ---\n{}", self.log_path().display(), tail(&log, 80));
         }
     }
 }

@@ -273,7 +273,8 @@ const PREFETCH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 const PREFETCH_MAX: usize = 8192;
 
 /// Reads directory `dir` whole through `child`, filling the cache as any
-/// readdirp does; marks it listed whole if every entry fit, and wakes the
+/// readdirp does; marks it listed whole if every entry fit (and nothing
+/// below said the listing may miss names: [`keys::WHOLE_LISTING`]), and wakes the
 /// lookups waiting for it. Then reads it once more, marked
 /// [`keys::DIR_PREFETCH`], for the translators below that bring more with
 /// each entry (performance/quick-read: small files' content); that second
@@ -322,7 +323,10 @@ async fn read_dir(child: &Child, cache: Option<Fill<'_>>, ctx: &CallCtx, fd: Fd)
     loop {
         let mut req = Request::new(Fop::Readdirp { fd, size: 128 << 10, offset });
         let plan = match cache {
-            Some((state, _)) => state.lock().plan(&mut req),
+            Some((state, _)) => {
+                req.xdata.set_u64(keys::WHOLE_LISTING, 1);
+                state.lock().plan(&mut req)
+            }
             None => {
                 req.xdata.set_u64(keys::DIR_PREFETCH, 1);
                 None
@@ -333,12 +337,15 @@ async fn read_dir(child: &Child, cache: Option<Fill<'_>>, ctx: &CallCtx, fd: Fd)
             Ok(Response { reply: Reply::Dirents(v), .. }) => v.last().map(|e| (e.d_off, v.len())),
             _ => None,
         };
+        // The end of the listing, which a translator below may say cannot
+        // be trusted to hold every name.
+        let trusted = res.as_ref().is_ok_and(|r| r.xdata.get_u64(keys::WHOLE_LISTING) != Some(0));
         if let (Some(plan), Some((state, clock))) = (plan, cache) {
             state.lock().after(plan, &mut res, clock.now_ns());
         }
         match (res.is_ok(), last) {
             (true, None) => {
-                whole = true;
+                whole = trusted;
                 break;
             }
             (true, Some((off, n))) if seen + n <= PREFETCH_MAX => {

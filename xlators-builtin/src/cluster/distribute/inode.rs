@@ -74,7 +74,10 @@ impl Inner {
                     // Marked migrated, not to be found: an error, never
                     // the dead copy's success.
                     Err(e) if r.is_ok() && e != Errno::ENOENT && e != Errno::ESTALE => Err(e),
-                    _ => r,
+                    found => {
+                        tracing::debug!(volume = %self.name, %gfid, fop = ?req.fop.kind(), "moved, not found elsewhere: {:?}", found.map(|f| f.0));
+                        r
+                    }
                 }
             }
             r => {

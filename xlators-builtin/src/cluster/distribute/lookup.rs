@@ -100,7 +100,10 @@ impl Inner {
                         return Ok(Found { hashed, cached: h, linked: false, rsp });
                     }
                 }
-                Err(Errno::ENOENT) if dir.settled() && self.cfg().lookup_optimize => return Err(Errno::ENOENT),
+                Err(Errno::ENOENT) if dir.settled() && self.cfg().lookup_optimize => {
+                    tracing::debug!(volume = %self.name, name = %loc.name, hashed = h, "not on its hashed subvolume, layout settled");
+                    return Err(Errno::ENOENT);
+                }
                 Err(Errno::ENOENT) => {}
                 Err(e) => return Err(e),
             }
@@ -139,7 +142,10 @@ impl Inner {
                 Picked::Nothing if !std::mem::replace(&mut again, true) => {
                     self.stats.lookups_again.fetch_add(1, Ordering::Relaxed);
                 }
-                Picked::Nothing => return Err(Errno::ENOENT),
+                Picked::Nothing => {
+                    tracing::debug!(volume = %self.name, name = %loc.name, "not found on any subvolume, twice");
+                    return Err(Errno::ENOENT);
+                }
             }
         }
     }
@@ -209,7 +215,10 @@ impl Inner {
                 None if !std::mem::replace(&mut again, true) => {
                     self.stats.lookups_again.fetch_add(1, Ordering::Relaxed);
                 }
-                None => return Err(Errno::ENOENT),
+                None => {
+                    tracing::debug!(volume = %self.name, %gfid, "no data on any subvolume, twice");
+                    return Err(Errno::ENOENT);
+                }
             }
         };
         if iatt.is_dir() {

@@ -24,8 +24,14 @@
 //! file on a subvolume being removed still holds its old data) never.
 //! A readdir is sent as a readdirp, so that link files can be told apart,
 //! and answered without the attributes.
+//!
+//! **Not atomic against migration.** A file a rebalance moves from a
+//! subvolume read later to one read earlier, between the two reads, is in
+//! neither (a link file on both when each was read). A listing asked for
+//! with [`WHOLE_LISTING`] (a cache that then answers ENOENT for names
+//! not in it) says so at its end when the directory's layout is unsettled.
 
-use xlfs_sdk::dict::keys::{DIRENT_XATTRS, dirent_xattr, parse_dirent_xattr};
+use xlfs_sdk::dict::keys::{DIRENT_XATTRS, WHOLE_LISTING, dirent_xattr, parse_dirent_xattr};
 use xlfs_sdk::{
     CallCtx, Dict, DirEntry, Errno, Fd, FileType, Fop, FopResult, Iatt, Loc, Reply, Request, Response, Value,
 };
@@ -125,7 +131,21 @@ impl Inner {
             }
             return Ok(Response { reply: Reply::Dirents(keep), xdata: out });
         }
-        Ok(Response::from(Reply::Dirents(Vec::new())))
+        let mut end = Response::from(Reply::Dirents(Vec::new()));
+        if xdata.contains(WHOLE_LISTING) && !self.settled_now(ctx, fd.gfid).await {
+            end.xdata.set_u64(WHOLE_LISTING, 0);
+        }
+        Ok(end)
+    }
+
+    /// Whether directory `dir`'s layout is settled on the bricks now (read
+    /// again, not remembered): no file of it is being moved, so a listing
+    /// missed none. One that settled while the listing was read was
+    /// invalidated meanwhile (the settle is a setxattr on it), which the
+    /// cache that asked sees.
+    async fn settled_now(&self, ctx: &CallCtx, dir: xlfs_sdk::Gfid) -> bool {
+        self.dirs.remove(&dir);
+        self.layout_of(ctx, dir).await.is_ok_and(|d| d.settled())
     }
 }
 

@@ -1186,3 +1186,48 @@ async fn a_create_in_an_unsettled_directory_finds_the_name_elsewhere() {
     client.release(fd2).await;
     assert_eq!(c.places(&name), (vec![from], vec![]), "one file, where it was");
 }
+
+/// A listing asked for whole says at its end whether it can be trusted to
+/// hold every name: not while the directory's layout is unsettled (files
+/// may move between the reads of two subvolumes), read from the bricks
+/// even when the client remembers the layout settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_listing_is_not_vouched_for_while_files_move() {
+    use xlfs_sdk::dict::keys::WHOLE_LISTING;
+    let c = Cluster::new();
+    let client = c.node(&[]);
+    client.root().await;
+    let fd = client.create(Gfid::ROOT, "f").await.expect("create");
+    client.release(fd).await;
+    // Every page, and what the end of the listing says.
+    let whole = |n: &Node| {
+        let n = Node { dht: n.dht.clone(), ctx: n.ctx.clone() };
+        async move {
+            let id = FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed));
+            n.call(Fop::Opendir { loc: Loc::root(), fd: id }).await.expect("opendir");
+            let fd = Fd { id, gfid: Gfid::ROOT };
+            let mut off = 0;
+            let end = loop {
+                let mut req = Request::new(Fop::Readdirp { fd, size: 4096, offset: off });
+                req.xdata.set_u64(WHOLE_LISTING, 1);
+                let rsp = n.dht.call(n.ctx.clone(), req).await.expect("readdirp");
+                let xdata = rsp.xdata.clone();
+                match rsp.reply.into_dirents().expect("dirents").last() {
+                    Some(e) => off = e.d_off,
+                    None => break xdata,
+                }
+            };
+            n.call(Fop::Releasedir { fd }).await.expect("releasedir");
+            end.get_u64(WHOLE_LISTING)
+        }
+    };
+    assert_eq!(whole(&client).await, None, "settled: trusted");
+    let rb = c.node(&[("decommissioned-bricks", &name_of(N - 1))]);
+    rb.root().await;
+    let fix = Dict::new().with(FIX_LAYOUT_KEY, xlfs_sdk::Value::U64(1));
+    rb.call(Fop::Setxattr { loc: Loc::gfid(Gfid::ROOT), xattrs: fix, flags: 0 }).await.expect("fix-layout");
+    assert_eq!(whole(&client).await, Some(0), "unsettled on the bricks, though remembered settled");
+    let settle = Dict::new().with(SETTLE_KEY, xlfs_sdk::Value::U64(1));
+    rb.call(Fop::Setxattr { loc: Loc::gfid(Gfid::ROOT), xattrs: settle, flags: 0 }).await.expect("settle");
+    assert_eq!(whole(&client).await, None, "settled again");
+}

@@ -39,6 +39,9 @@ struct FsInner {
     names: BTreeMap<(Gfid, String), Gfid>,
     calls: Vec<Request>,
     next: u8,
+    /// End listings asked for whole with "may miss names" (as distribute
+    /// does while a rebalance moves files).
+    inexact: bool,
 }
 
 /// A small file system in memory that answers at once, like storage/posix
@@ -227,6 +230,9 @@ impl FsInner {
                         }
                     }
                     xdata.set_u64(keys::DIRENT_XATTRS, names.len() as u64);
+                }
+                if entries.is_empty() && self.inexact && req.xdata.contains(keys::WHOLE_LISTING) {
+                    xdata.set_u64(keys::WHOLE_LISTING, 0);
                 }
                 Ok(Response { reply: Reply::Dirents(entries), xdata })
             }

@@ -114,6 +114,24 @@ async fn a_lookup_miss_reads_the_directory_whole_and_later_lookups_are_hits() {
     t.fs.add(d, "new", false);
     t.lookup(d, "new").expect("seen after the invalidation");
     assert_eq!(t.fs.count(FopKind::Lookup), before + 1);
+    // A listing the child says may miss names (a rebalance moving files
+    // between the subvolumes distribute reads in turn) is not trusted.
+    let t = setup(&[("cache-invalidation", "on")]);
+    t.fs.0.lock().inexact = true;
+    let d = t.fs.add(Gfid::ROOT, "d", true);
+    t.fs.add(d, "a", false);
+    t.lookup(d, "a").expect("a: a miss, which starts reading d");
+    for _ in 0..1000 {
+        if t.fs.count(FopKind::Releasedir) >= 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(t.dump("dirs-prefetched"), 0);
+    assert!(t.fs.last(FopKind::Readdirp).expect("read").xdata.contains(keys::WHOLE_LISTING));
+    let before = t.fs.count(FopKind::Lookup);
+    assert_eq!(t.lookup(d, "zz"), Err(Errno::ENOENT));
+    assert_eq!(t.fs.count(FopKind::Lookup), before + 1, "asked below");
     // Without cache invalidation nothing is read ahead.
     let t = setup(&[]);
     let d = t.fs.add(Gfid::ROOT, "d", true);
