@@ -25,11 +25,13 @@
 //! A readdir is sent as a readdirp, so that link files can be told apart,
 //! and answered without the attributes.
 //!
-//! **Not atomic against migration.** A file a rebalance moves from a
-//! subvolume read later to one read earlier, between the two reads, is in
-//! neither (a link file on both when each was read). A listing asked for
-//! with [`WHOLE_LISTING`] (a cache that then answers ENOENT for names
-//! not in it) says so at its end when the directory's layout is unsettled.
+//! **Not atomic against migration** (nor is GlusterFS's). A file a
+//! rebalance moves from a subvolume read later to one read earlier,
+//! between the two reads, is in neither (a link file on both when each was
+//! read); one moved the other way is in both. A listing asked for with
+//! [`WHOLE_LISTING`] (a cache that then answers ENOENT for names not in
+//! it) says at its end that it may miss names when the directory's layout
+//! is unsettled.
 
 use xlfs_sdk::dict::keys::{DIRENT_XATTRS, WHOLE_LISTING, dirent_xattr, parse_dirent_xattr};
 use xlfs_sdk::{
