@@ -27,6 +27,7 @@ use parking_lot::{Mutex, MutexGuard};
 use xlfs_sdk::dict::keys::GFID_XATTR;
 use xlfs_sdk::{Errno, Gfid};
 
+use super::purge::Purger;
 use super::sys::{self, Sys, Target, cstr};
 
 /// The hidden directory that holds gfid handles.
@@ -155,6 +156,11 @@ pub(crate) struct Brick {
     pub entry_locks: Stripes,
     /// Directories opened by gfid ([`DirCache`]).
     dirs: DirCache,
+    /// Frees unlinked files behind the unlink (`purge.rs`), when
+    /// `purge_behind` is on.
+    purge: Purger,
+    /// The `unlink-behind` option.
+    pub purge_behind: AtomicBool,
 }
 
 /// Most directories [`DirCache`] keeps open (two generations of half as
@@ -182,8 +188,9 @@ pub(crate) fn handle_rel(g: &Gfid) -> CString {
     CString::new(format!("{a}/{b}/{g}")).unwrap_or_default()
 }
 
-/// `unlink/<gfid>`: where an unlinked open file's handle waits for its last close.
-fn parked_rel(g: &Gfid) -> CString {
+/// `unlink/<gfid>`: where an unlinked open file's handle waits for its last
+/// close, and an unlinked closed file's for the purge thread.
+pub(crate) fn parked_rel(g: &Gfid) -> CString {
     // A formatted gfid holds no NUL.
     CString::new(format!("{UNLINK}/{g}")).unwrap_or_default()
 }
@@ -276,6 +283,7 @@ impl Brick {
             Err(e) => return Err(fail("create .glusterfs/unlink")(e)),
         }
         purge_parked(&path.join(HIDDEN).join(UNLINK));
+        let purge = Purger::new(gfs.try_clone().map_err(|e| fail("open .glusterfs")(Errno::from_io(&e)))?);
         let brick = Brick {
             path: path.to_path_buf(),
             root: Arc::new(root),
@@ -284,6 +292,8 @@ impl Brick {
             inode_locks: Stripes::new(),
             entry_locks: Stripes::new(),
             dirs: DirCache::new(DIR_CACHE),
+            purge,
+            purge_behind: AtomicBool::new(true),
         };
         let h = handle_rel(&Gfid::ROOT);
         match sys::readlinkat(brick.gfs.as_fd(), &h) {
@@ -650,8 +660,20 @@ impl Brick {
     /// Removes a non-directory's handle if it is the inode's last link; a
     /// handle not in its place may be parked (its file was unlinked while
     /// open, and this is its last close), and is dropped there.
+    /// A regular file is parked and left to the purge thread (`purge.rs`)
+    /// when `unlink-behind` is on and its queue has room.
     pub fn remove_handle_if_nameless(&self, g: &Gfid) -> Sys<()> {
         match sys::fstatat(self.gfs.as_fd(), &handle_rel(g), 0) {
+            Ok(st)
+                if st.st_nlink <= 1
+                    && st.st_mode & libc::S_IFMT == libc::S_IFREG
+                    && self.purge_behind.load(Ordering::Relaxed)
+                    && self.purge.has_room() =>
+            {
+                sys::renameat2(self.gfs.as_fd(), &handle_rel(g), self.gfs.as_fd(), &parked_rel(g), 0)?;
+                self.purge.push(*g, st.st_ino);
+                Ok(())
+            }
             Ok(st) if st.st_nlink <= 1 && !(is_lnk(&st) && self.looks_like_dir_handle(g)) => self.remove_handle(g),
             Ok(_) => Ok(()),
             Err(Errno::ENOENT) => self.remove_parked(g),
@@ -672,6 +694,21 @@ impl Brick {
             Ok(_) | Err(Errno::ENOENT) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// How many unlinked files wait for the purge thread.
+    pub fn purge_pending(&self) -> usize {
+        self.purge.pending()
+    }
+
+    /// Frees every unlinked file waiting for the purge thread, now.
+    pub fn purge_now(&self) {
+        self.purge.now();
+    }
+
+    #[cfg(test)]
+    pub fn purge_pause(&self, on: bool) {
+        self.purge.pause(on);
     }
 
     /// Puts a parked handle back in its place (nothing parked is fine):
@@ -727,7 +764,7 @@ fn purge_parked(dir: &Path) {
         }
     }
     if dropped > 0 {
-        tracing::info!(dir = %dir.display(), files = dropped, bytes, "dropped files unlinked while open before the brick last stopped");
+        tracing::info!(dir = %dir.display(), files = dropped, bytes, "dropped files unlinked before the brick last stopped (open then, or waiting to be freed)");
     }
 }
 

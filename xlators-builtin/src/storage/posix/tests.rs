@@ -429,3 +429,58 @@ async fn the_reserve_refuses_what_takes_space_and_lets_writes_resume() {
     ));
     e.release(fd).await;
 }
+
+/// Creates `name` in the root with `mbs` MiB (chunk k filled with k).
+async fn fill_mb(e: &Env, name: &str, mbs: usize) -> Gfid {
+    let (g, fd) = e.create(Gfid::ROOT, name).await;
+    for k in 0..mbs {
+        let data = Bytes::from(vec![k as u8; 1 << 20]);
+        e.reply(Fop::Writev { fd, data, offset: (k << 20) as u64, flags: 0 }).await.expect("write");
+    }
+    e.release(fd).await;
+    g
+}
+
+/// `unlink-behind`: an unlinked closed file is freed by the brick's purge
+/// thread, not in the unlink; a write that finds no room while files wait
+/// frees them and goes through; off, the unlink frees the file.
+#[tokio::test]
+async fn unlinked_files_are_freed_behind_and_before_a_write_runs_out_of_room() {
+    let Some(fs) = SmallFs::mount("16m") else {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let brick = fs.path().join("brick");
+    std::fs::create_dir(&brick).expect("brick");
+    let mut e = env_with(&[]);
+    e.xl = Arc::new(Posix::new(init(&brick, &[("reserve", "0")])).expect("posix"));
+    e.brick = brick.clone();
+    let parked = || std::fs::read_dir(brick.join(".glusterfs/unlink")).expect("unlink dir").count();
+    let mb = 1usize << 20;
+    let unlink = |name: &'static str| Fop::Unlink { loc: Loc::entry(Gfid::ROOT, name), flags: 0 };
+
+    e.xl.inner.brick.purge_pause(true);
+    let a = fill_mb(&e, "a", 12).await;
+    e.run(unlink("a")).await.expect("unlink");
+    assert_eq!(parked(), 1, "a's handle waits in unlink/");
+    assert_eq!(e.stat(a).await.err(), Some(Errno::ENOENT), "gone by gfid at once");
+    assert!(available(&brick) <= 4 * mb as u64, "not freed yet: {}", available(&brick));
+    // 8 MiB more do not fit until a is freed: the write that finds no
+    // room frees it and goes on.
+    let b = fill_mb(&e, "b", 8).await;
+    assert_eq!(parked(), 0, "freed for the write");
+    assert_eq!(e.stat(b).await.expect("b").size, 8 * mb as u64);
+    // The thread frees what it is given.
+    e.xl.inner.brick.purge_pause(false);
+    e.run(unlink("b")).await.expect("unlink");
+    xlfs_sdk::testing::until("b freed by the purge thread", std::time::Duration::from_secs(10), || {
+        parked() == 0 && available(&brick) > 12 * mb as u64
+    })
+    .await;
+    // Off: the unlink frees the file itself.
+    e.xl.reconfigure(&options(&brick, &[("reserve", "0"), ("unlink-behind", "off")])).expect("reconfigure");
+    e.xl.inner.brick.purge_pause(true);
+    fill_mb(&e, "c", 2).await;
+    e.run(unlink("c")).await.expect("unlink");
+    assert_eq!(parked(), 0);
+}
