@@ -1089,6 +1089,28 @@ async fn clients_behind_a_remove_brick_find_moved_files_and_create_off_the_leavi
     assert!(!c.exists(N - 1, &fresh));
 }
 
+/// Files holding "hello", one per prefix, under names that hash to the
+/// last subvolume; then that subvolume's remove-brick as the rebalance
+/// sees it: the root's layout fixed over the others (unsettled). The
+/// files' names and gfids, and the rebalance's client.
+async fn files_then_remove_brick(c: &Cluster, prefixes: &[&str]) -> (Vec<(String, Gfid)>, Node) {
+    let maker = c.node(&[]);
+    maker.root().await;
+    let mut files = Vec::new();
+    for p in prefixes {
+        let name = c.name_on(".", N - 1, p);
+        let fd = maker.create(Gfid::ROOT, &name).await.expect("create");
+        maker.call(Fop::Writev { fd, data: Bytes::from_static(b"hello"), offset: 0, flags: 0 }).await.expect("write");
+        maker.release(fd).await;
+        files.push((name, fd.gfid));
+    }
+    let rb = c.node(&[("decommissioned-bricks", &name_of(N - 1))]);
+    rb.root().await;
+    let fix = Dict::new().with(FIX_LAYOUT_KEY, xlfs_sdk::Value::U64(1));
+    rb.call(Fop::Setxattr { loc: Loc::gfid(Gfid::ROOT), xattrs: fix, flags: 0 }).await.expect("fix-layout");
+    (files, rb)
+}
+
 /// A lookup everywhere (by gfid, or by name in an unsettled directory)
 /// whose answers straddle a migration's switch: the destination answers
 /// before it (no data there yet), the source after it (a link file now).
@@ -1096,22 +1118,8 @@ async fn clients_behind_a_remove_brick_find_moved_files_and_create_off_the_leavi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lookup_whose_answers_straddle_a_migration_finds_the_file() {
     let c = Cluster::new();
-    let from = N - 1;
-    let leaving = name_of(from);
-    let maker = c.node(&[]);
-    maker.root().await;
-    let mut files = Vec::new();
-    for p in ["f", "g"] {
-        let name = c.name_on(".", from, p);
-        let fd = maker.create(Gfid::ROOT, &name).await.expect("create");
-        maker.call(Fop::Writev { fd, data: Bytes::from_static(b"hello"), offset: 0, flags: 0 }).await.expect("write");
-        maker.release(fd).await;
-        files.push((name, fd.gfid));
-    }
-    let rb = c.node(&[("decommissioned-bricks", &leaving)]);
-    rb.root().await;
-    let fix = Dict::new().with(FIX_LAYOUT_KEY, xlfs_sdk::Value::U64(1));
-    rb.call(Fop::Setxattr { loc: Loc::gfid(Gfid::ROOT), xattrs: fix, flags: 0 }).await.expect("fix-layout");
+    let (from, leaving) = (N - 1, name_of(N - 1));
+    let (files, rb) = files_then_remove_brick(&c, &["f", "g"]).await;
 
     for (k, (name, gfid)) in files.iter().enumerate() {
         let by_name = k == 1;
@@ -1152,18 +1160,9 @@ async fn a_lookup_whose_answers_straddle_a_migration_finds_the_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_in_an_unsettled_directory_finds_the_name_elsewhere() {
     let c = Cluster::new();
-    let from = N - 1;
-    let leaving = name_of(from);
-    let maker = c.node(&[]);
-    maker.root().await;
-    let name = c.name_on(".", from, "f");
-    let fd = maker.create(Gfid::ROOT, &name).await.expect("create");
-    maker.call(Fop::Writev { fd, data: Bytes::from_static(b"hello"), offset: 0, flags: 0 }).await.expect("write");
-    maker.release(fd).await;
-    let rb = c.node(&[("decommissioned-bricks", &leaving)]);
-    rb.root().await;
-    let fix = Dict::new().with(FIX_LAYOUT_KEY, xlfs_sdk::Value::U64(1));
-    rb.call(Fop::Setxattr { loc: Loc::gfid(Gfid::ROOT), xattrs: fix, flags: 0 }).await.expect("fix-layout");
+    let (from, leaving) = (N - 1, name_of(N - 1));
+    let (files, _rb) = files_then_remove_brick(&c, &["f"]).await;
+    let (name, gfid) = files[0].clone();
     assert_ne!(c.layout(".").hashed(&name), Some(from));
 
     let client = c.node(&[("decommissioned-bricks", &leaving)]);
@@ -1179,8 +1178,8 @@ async fn a_create_in_an_unsettled_directory_finds_the_name_elsewhere() {
     let excl = client.call(create(libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, id)).await;
     assert_eq!(excl.err(), Some(Errno::EEXIST));
     let opened = client.call(create(libc::O_RDWR | libc::O_CREAT, id)).await.expect("create opens the file");
-    assert_eq!(opened.reply.into_entry().expect("entry").gfid, fd.gfid);
-    let fd2 = Fd { id, gfid: fd.gfid };
+    assert_eq!(opened.reply.into_entry().expect("entry").gfid, gfid);
+    let fd2 = Fd { id, gfid: gfid };
     let got = client.call(Fop::Readv { fd: fd2, size: 64, offset: 0, flags: 0 }).await.expect("read");
     assert_eq!(&got.reply.into_read().expect("data")[..], b"hello");
     client.release(fd2).await;

@@ -367,6 +367,21 @@ impl Drop for SmallFs {
     }
 }
 
+/// A brick with options `opts` on a tmpfs of `size` (None, said, without
+/// root).
+fn on_small_fs(size: &str, opts: &[(&str, &str)]) -> Option<(SmallFs, Env)> {
+    let Some(fs) = SmallFs::mount(size) else {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return None;
+    };
+    let brick = fs.path().join("brick");
+    std::fs::create_dir(&brick).expect("brick");
+    let mut e = env_with(&[]);
+    e.xl = Arc::new(Posix::new(init(&brick, opts)).expect("posix"));
+    e.brick = brick;
+    Some((fs, e))
+}
+
 fn available(path: &Path) -> u64 {
     let f = std::fs::File::open(path).expect("open");
     let v = sys::fstatvfs(f.as_fd()).expect("statvfs");
@@ -375,15 +390,8 @@ fn available(path: &Path) -> u64 {
 
 #[tokio::test]
 async fn the_reserve_refuses_what_takes_space_and_lets_writes_resume() {
-    let Some(fs) = SmallFs::mount("16m") else {
-        eprintln!("skipped: mounting a tmpfs needs root");
-        return;
-    };
-    let brick = fs.path().join("brick");
-    std::fs::create_dir(&brick).expect("brick");
-    let mut e = env_with(&[]);
-    e.xl = Arc::new(Posix::new(init(&brick, &[("reserve", "25%")])).expect("posix"));
-    e.brick = brick.clone();
+    let Some((_fs, e)) = on_small_fs("16m", &[("reserve", "25%")]) else { return };
+    let brick = e.brick.clone();
     let (g, fd) = e.create(Gfid::ROOT, "f").await;
     let mb = 1usize << 20;
     let mut written = 0u64;
@@ -446,15 +454,8 @@ async fn fill_mb(e: &Env, name: &str, mbs: usize) -> Gfid {
 /// frees them and goes through; off, the unlink frees the file.
 #[tokio::test]
 async fn unlinked_files_are_freed_behind_and_before_a_write_runs_out_of_room() {
-    let Some(fs) = SmallFs::mount("16m") else {
-        eprintln!("skipped: mounting a tmpfs needs root");
-        return;
-    };
-    let brick = fs.path().join("brick");
-    std::fs::create_dir(&brick).expect("brick");
-    let mut e = env_with(&[]);
-    e.xl = Arc::new(Posix::new(init(&brick, &[("reserve", "0")])).expect("posix"));
-    e.brick = brick.clone();
+    let Some((_fs, e)) = on_small_fs("16m", &[("reserve", "0")]) else { return };
+    let brick = e.brick.clone();
     let parked = || std::fs::read_dir(brick.join(".glusterfs/unlink")).expect("unlink dir").count();
     let mb = 1usize << 20;
     let unlink = |name: &'static str| Fop::Unlink { loc: Loc::entry(Gfid::ROOT, name), flags: 0 };
