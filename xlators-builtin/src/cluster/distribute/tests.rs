@@ -1179,7 +1179,7 @@ async fn a_create_in_an_unsettled_directory_finds_the_name_elsewhere() {
     assert_eq!(excl.err(), Some(Errno::EEXIST));
     let opened = client.call(create(libc::O_RDWR | libc::O_CREAT, id)).await.expect("create opens the file");
     assert_eq!(opened.reply.into_entry().expect("entry").gfid, gfid);
-    let fd2 = Fd { id, gfid: gfid };
+    let fd2 = Fd { id, gfid };
     let got = client.call(Fop::Readv { fd: fd2, size: 64, offset: 0, flags: 0 }).await.expect("read");
     assert_eq!(&got.reply.into_read().expect("data")[..], b"hello");
     client.release(fd2).await;
