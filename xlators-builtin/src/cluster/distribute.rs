@@ -208,6 +208,9 @@ struct Stats {
     relocated: AtomicU64,
     migrated: AtomicU64,
     fds_moved: AtomicU64,
+    /// Files listed from a subvolume read earlier, which they moved to
+    /// during the listing.
+    moved_listed: AtomicU64,
 }
 
 /// The translator's state.
@@ -220,6 +223,8 @@ struct Inner {
     fds: FdSlots<Where>,
     /// Each open fd's open flags, to open it again where its file moved.
     fd_flags: FdSlots<u32>,
+    /// Names given out per directory fd listing an unsettled directory.
+    listings: FdSlots<Arc<parking_lot::Mutex<readdir::Given>>>,
     /// Serializes the moves of fds whose file migrated.
     fd_moves: tokio::sync::Mutex<()>,
     space: Space,
@@ -262,6 +267,7 @@ impl Distribute {
             dirs: InodeSlots::with_capacity(CACHE_CAP / 4),
             fds: FdSlots::with_capacity(CACHE_CAP),
             fd_flags: FdSlots::with_capacity(CACHE_CAP),
+            listings: FdSlots::with_capacity(1024),
             fd_moves: tokio::sync::Mutex::new(()),
             space: Space::new(n),
             up: Mutex::new((vec![false; n], vec![false; n], false)),
@@ -512,6 +518,7 @@ impl Xlator for Distribute {
             ("relocated", &s.relocated),
             ("migrated", &s.migrated),
             ("fds-moved", &s.fds_moved),
+            ("moved-listed", &s.moved_listed),
         ] {
             out.push((k.to_string(), v.load(Ordering::Relaxed).to_string()));
         }

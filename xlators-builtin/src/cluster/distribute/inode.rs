@@ -168,6 +168,7 @@ impl Inner {
         if release {
             self.fds.remove(&fd.id);
             self.fd_flags.remove(&fd.id);
+            self.listings.remove(&fd.id);
         }
         let r = match w {
             Where::File(i) if !release => {

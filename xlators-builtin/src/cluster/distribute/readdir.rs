@@ -25,17 +25,28 @@
 //! A readdir is sent as a readdirp, so that link files can be told apart,
 //! and answered without the attributes.
 //!
-//! **Not atomic against migration** (nor is GlusterFS's). A file a
-//! rebalance moves from a subvolume read later to one read earlier,
-//! between the two reads, is in neither (a link file on both when each was
-//! read); one moved the other way is in both. A listing asked for with
-//! [`WHOLE_LISTING`] (a cache that then answers ENOENT for names not in
-//! it) says at its end that it may miss names when the directory's layout
-//! is unsettled.
+//! **Files moving during a listing.** A rebalance may move a file between
+//! the reads of two subvolumes: from one read later to one read earlier
+//! it would be in neither listing (a link file on both when each was
+//! read), the other way in both (GlusterFS's readdir has both windows).
+//! While a directory's layout is unsettled (as last read: files move only
+//! then) each directory fd keeps the names it gave out ([`Given`], at most
+//! [`GIVEN_MAX`]): a data file's name given already is skipped, and a link
+//! file leading back to a subvolume read already is looked up and listed,
+//! with the data's attributes and xattrs, when it has data and was not
+//! given. A listing asked for with [`WHOLE_LISTING`] (a cache that then
+//! answers ENOENT for names not in it) also says at its end that it may
+//! miss names when the layout read again from the bricks is unsettled
+//! (one remembered as settled is not tracked).
 
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use xlfs_sdk::dict::keys::{DIRENT_XATTRS, WHOLE_LISTING, dirent_xattr, parse_dirent_xattr};
+
+use parking_lot::Mutex;
 use xlfs_sdk::{
-    CallCtx, Dict, DirEntry, Errno, Fd, FileType, Fop, FopResult, Iatt, Loc, Reply, Request, Response, Value,
+    CallCtx, Dict, DirEntry, Errno, Fd, FileType, Fop, FopResult, Gfid, Iatt, Loc, Reply, Request, Response, Value,
 };
 
 use super::{Inner, LINK_MODE, LINKTO_XATTR, is_private};
@@ -64,6 +75,43 @@ pub fn decode(cookie: u64, n: usize) -> Option<(usize, u64)> {
     Some((i, off))
 }
 
+/// Most names a [`Given`] keeps; a listing beyond it is not deduplicated.
+const GIVEN_MAX: usize = 65536;
+
+/// The names a listing of an unsettled directory gave out on one fd.
+#[derive(Default)]
+pub(super) struct Given {
+    names: HashSet<String>,
+    /// Past [`GIVEN_MAX`]: no longer kept.
+    full: bool,
+}
+
+impl Given {
+    fn has(&self, name: &str) -> bool {
+        self.names.contains(name)
+    }
+
+    /// Records `name` as given; false if it was already.
+    fn give(&mut self, name: &str) -> bool {
+        if self.full {
+            return true;
+        }
+        if self.names.len() >= GIVEN_MAX {
+            self.full = true;
+            self.names = HashSet::new();
+            return true;
+        }
+        self.names.insert(name.to_string())
+    }
+}
+
+/// The subvolume name a link file's entry leads to.
+fn linkto_of_entry(e: &DirEntry, xdata: &Dict) -> Option<String> {
+    let v = xdata.get_bytes(&dirent_xattr(&e.name, LINKTO_XATTR))?;
+    let v = v.strip_suffix(b"\0").unwrap_or(&v);
+    String::from_utf8(v.to_vec()).ok()
+}
+
 /// True for a link file's entry (readdirp attributes and its xattr key).
 fn is_link_entry(e: &DirEntry, xdata: &Dict) -> bool {
     e.iatt.file_type() == FileType::Regular
@@ -87,10 +135,14 @@ impl Inner {
             xdata.keys().any(|k| ["trusted.", "user.", "security.", "system."].iter().any(|p| k.starts_with(p)));
         let mut xd = xdata.clone();
         xd.set(LINKTO_XATTR, Value::U64(0));
+        // An unsettled directory (a rebalance moves its files): the names
+        // given out so far on this fd, so that a file that moved during
+        // the listing is given once (see the module docs).
+        let given = self.given_names(fd, offset);
         while i < n {
             let req = Request::with_xdata(Fop::Readdirp { fd, size, offset: off }, xd.clone());
             let rsp = self.wind(i, ctx, req).await?;
-            let got = rsp.xdata;
+            let mut got = rsp.xdata;
             let entries = rsp.reply.into_dirents()?;
             let Some(last) = entries.last() else {
                 i += 1;
@@ -102,7 +154,19 @@ impl Inner {
             let mut names = Vec::new();
             for mut e in entries {
                 let is_dir = e.d_type == FileType::Directory || e.iatt.is_dir();
-                if (is_dir && i != 0) || is_link_entry(&e, &got) {
+                if is_dir && i != 0 {
+                    continue;
+                }
+                if is_link_entry(&e, &got) {
+                    // A link file leading to a subvolume read already: its
+                    // file may have moved there since it was read.
+                    let back = linkto_of_entry(&e, &got).and_then(|t| self.index_of(&t)).is_some_and(|t| t < i);
+                    let Some(g) = given.as_deref().filter(|_| back) else { continue };
+                    let Some(found) = self.moved_in(ctx, fd.gfid, e, &xdata, g, &mut got).await else { continue };
+                    e = found;
+                } else if let Some(g) = given.as_deref()
+                    && !g.lock().give(&e.name)
+                {
                     continue;
                 }
                 e.d_off = encode(e.d_off, i, n);
@@ -138,6 +202,57 @@ impl Inner {
             end.xdata.set_u64(WHOLE_LISTING, 0);
         }
         Ok(end)
+    }
+
+    /// The record of names given out on `fd` when its directory is
+    /// unsettled (as last read): a new one at offset 0, else the one
+    /// kept; None for a settled directory, one listed past the bound, or
+    /// when the table is full.
+    fn given_names(&self, fd: Fd, offset: u64) -> Option<Arc<Mutex<Given>>> {
+        if self.dirs.get(&fd.gfid).is_none_or(|d| d.settled()) {
+            return None;
+        }
+        if offset == 0 {
+            let g = Arc::new(Mutex::new(Given::default()));
+            return self.listings.insert(fd.id, g.clone()).is_ok().then_some(g);
+        }
+        self.listings.get(&fd.id).filter(|g| !g.lock().full)
+    }
+
+    /// A link file's entry `link` in directory `dir` whose file may have
+    /// moved to a subvolume read already: the file's entry (the data's
+    /// attributes, and in `got` the per-entry xattrs the caller asked
+    /// for, the data's instead of the link file's) if it has data and was
+    /// not given out yet.
+    async fn moved_in(
+        &self,
+        ctx: &CallCtx,
+        dir: Gfid,
+        link: DirEntry,
+        asked: &Dict,
+        given: &Mutex<Given>,
+        got: &mut Dict,
+    ) -> Option<DirEntry> {
+        if given.lock().has(&link.name) {
+            return None;
+        }
+        let f = self.find(ctx, &Loc::entry(dir, link.name.clone()), asked).await.ok()?;
+        let iatt = f.iatt();
+        if iatt.is_dir() || !given.lock().give(&link.name) {
+            return None;
+        }
+        let link_keys: Vec<String> =
+            got.keys().filter(|k| parse_dirent_xattr(k).is_some_and(|(n, _)| n == link.name)).cloned().collect();
+        for k in link_keys {
+            got.remove(&k);
+        }
+        for (k, v) in f.rsp.xdata {
+            if asked.contains(&k) && !is_private(&k) && parse_dirent_xattr(&k).is_none() {
+                got.set(dirent_xattr(&link.name, &k), v);
+            }
+        }
+        self.stats.moved_listed.fetch_add(1, Ordering::Relaxed);
+        Some(DirEntry { iatt, d_type: iatt.file_type(), ..link })
     }
 
     /// Whether directory `dir`'s layout is settled on the bricks now (read

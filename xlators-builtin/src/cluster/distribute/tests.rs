@@ -1094,17 +1094,22 @@ async fn clients_behind_a_remove_brick_find_moved_files_and_create_off_the_leavi
 /// sees it: the root's layout fixed over the others (unsettled). The
 /// files' names and gfids, and the rebalance's client.
 async fn files_then_remove_brick(c: &Cluster, prefixes: &[&str]) -> (Vec<(String, Gfid)>, Node) {
+    files_then_removing(c, N - 1, prefixes).await
+}
+
+/// [`files_then_remove_brick`] of subvolume `from`.
+async fn files_then_removing(c: &Cluster, from: usize, prefixes: &[&str]) -> (Vec<(String, Gfid)>, Node) {
     let maker = c.node(&[]);
     maker.root().await;
     let mut files = Vec::new();
     for p in prefixes {
-        let name = c.name_on(".", N - 1, p);
+        let name = c.name_on(".", from, p);
         let fd = maker.create(Gfid::ROOT, &name).await.expect("create");
         maker.call(Fop::Writev { fd, data: Bytes::from_static(b"hello"), offset: 0, flags: 0 }).await.expect("write");
         maker.release(fd).await;
         files.push((name, fd.gfid));
     }
-    let rb = c.node(&[("decommissioned-bricks", &name_of(N - 1))]);
+    let rb = c.node(&[("decommissioned-bricks", &name_of(from))]);
     rb.root().await;
     let fix = Dict::new().with(FIX_LAYOUT_KEY, xlfs_sdk::Value::U64(1));
     rb.call(Fop::Setxattr { loc: Loc::gfid(Gfid::ROOT), xattrs: fix, flags: 0 }).await.expect("fix-layout");
@@ -1229,4 +1234,53 @@ async fn a_whole_listing_is_not_vouched_for_while_files_move() {
     let settle = Dict::new().with(SETTLE_KEY, xlfs_sdk::Value::U64(1));
     rb.call(Fop::Setxattr { loc: Loc::gfid(Gfid::ROOT), xattrs: settle, flags: 0 }).await.expect("settle");
     assert_eq!(whole(&client).await, None, "settled again");
+}
+
+/// A listing of a directory being rebalanced, with a file moved between
+/// the reads of two subvolumes: from one read later to one read earlier
+/// (it would be in neither), and the other way (it would be in both). It
+/// is listed once, with the data's attributes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_moved_during_a_listing_is_listed_once() {
+    for from in [N - 1, 0] {
+        let c = Cluster::new();
+        let (files, rb) = files_then_removing(&c, from, &["f"]).await;
+        let (name, gfid) = files[0].clone();
+        let to = c.layout(".").hashed(&name).expect("hashed");
+        let client = Arc::new(c.node(&[("decommissioned-bricks", &name_of(from))]));
+        client.root().await;
+        // The listing stops at the later of the two subvolumes.
+        let later = from.max(to);
+        c.holds[later].hold_next(FopKind::Readdirp);
+        let listing = {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let id = FdId(NEXT_FD.fetch_add(1, Ordering::Relaxed));
+                client.call(Fop::Opendir { loc: Loc::root(), fd: id }).await.expect("opendir");
+                let fd = Fd { id, gfid: Gfid::ROOT };
+                let (mut all, mut off) = (Vec::new(), 0);
+                loop {
+                    let rsp = client.call(Fop::Readdirp { fd, size: 4096, offset: off }).await.expect("readdirp");
+                    let batch = rsp.reply.into_dirents().expect("dirents");
+                    let Some(last) = batch.last() else { break };
+                    off = last.d_off;
+                    all.extend(batch.into_iter().map(|e| (e.name, e.iatt)));
+                }
+                client.call(Fop::Releasedir { fd }).await.expect("releasedir");
+                all
+            })
+        };
+        until("the listing reached the later subvolume", Duration::from_secs(10), || {
+            c.holds[later].arrived.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        let done = migrate(&rb, &name, gfid).await.expect("migrate");
+        assert!(done.xdata.contains(MIGRATED_KEY), "{:?}", done.xdata);
+        c.holds[later].release();
+        let all = listing.await.expect("listing task");
+        let found: Vec<&Iatt> = all.iter().filter(|(n, _)| *n == name).map(|(_, a)| a).collect();
+        assert_eq!(found.len(), 1, "moved from {from} to {to}: {all:?}");
+        assert_eq!((found[0].gfid, found[0].size, found[0].mode & 0o7777), (gfid, 5, 0o644));
+        c.holds[later].hold(None);
+    }
 }
