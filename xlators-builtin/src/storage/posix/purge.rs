@@ -48,6 +48,8 @@ struct State {
     stop: bool,
     /// Tests: the thread frees nothing while set.
     paused: bool,
+    /// Files taken from the queue and not freed yet.
+    busy: usize,
 }
 
 struct Shared {
@@ -101,16 +103,22 @@ impl Purger {
         }
     }
 
-    /// How many files wait.
+    /// How many files wait (or are being freed).
     pub fn pending(&self) -> usize {
-        self.shared.st.lock().queue.len()
+        let st = self.shared.st.lock();
+        st.queue.len() + st.busy
     }
 
-    /// Frees every waiting file now, on the calling thread.
+    /// Frees every waiting file now, on the calling thread, and waits for
+    /// the one the thread may be freeing.
     pub fn now(&self) {
         let queued: Vec<(Gfid, u64)> = self.shared.st.lock().queue.drain(..).collect();
         for (g, ino) in queued {
             self.shared.drop_parked(g, ino);
+        }
+        let mut st = self.shared.st.lock();
+        while st.busy > 0 {
+            self.shared.cv.wait_for(&mut st, Duration::from_millis(10));
         }
     }
 }
@@ -144,6 +152,7 @@ impl Shared {
                     if !st.paused
                         && let Some(next) = st.queue.pop_front()
                     {
+                        st.busy += 1;
                         break next;
                     }
                     if self.cv.wait_for(&mut st, IDLE).timed_out() && st.queue.is_empty() {
@@ -153,6 +162,8 @@ impl Shared {
                 }
             };
             self.drop_parked(g, ino);
+            self.st.lock().busy -= 1;
+            self.cv.notify_all();
         }
     }
 

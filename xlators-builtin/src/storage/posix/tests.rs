@@ -454,7 +454,7 @@ async fn fill_mb(e: &Env, name: &str, mbs: usize) -> Gfid {
 /// frees them and goes through; off, the unlink frees the file.
 #[tokio::test]
 async fn unlinked_files_are_freed_behind_and_before_a_write_runs_out_of_room() {
-    let Some((_fs, e)) = on_small_fs("16m", &[("reserve", "0")]) else { return };
+    let Some((_fs, e)) = on_small_fs("16m", &[("reserve", "0"), ("unlink-behind", "on")]) else { return };
     let brick = e.brick.clone();
     let parked = || std::fs::read_dir(brick.join(".glusterfs/unlink")).expect("unlink dir").count();
     let mb = 1usize << 20;
