@@ -320,8 +320,13 @@ fn linkto_xattr(iatt: &xlfs_sdk::Iatt, xdata: &Dict) -> Option<String> {
     if iatt.file_type() != xlfs_sdk::FileType::Regular {
         return None;
     }
-    let v = xdata.get_bytes(LINKTO_XATTR)?;
-    let v = v.strip_suffix(&[0u8]).unwrap_or(&v);
+    linkto_name(&xdata.get_bytes(LINKTO_XATTR)?)
+}
+
+/// The subvolume name a linkto xattr's value holds (a trailing NUL, as
+/// GlusterFS writes it, dropped).
+fn linkto_name(v: &[u8]) -> Option<String> {
+    let v = v.strip_suffix(&[0u8]).unwrap_or(v);
     std::str::from_utf8(v).ok().map(str::to_string)
 }
 

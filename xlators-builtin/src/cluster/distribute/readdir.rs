@@ -107,9 +107,7 @@ impl Given {
 
 /// The subvolume name a link file's entry leads to.
 fn linkto_of_entry(e: &DirEntry, xdata: &Dict) -> Option<String> {
-    let v = xdata.get_bytes(&dirent_xattr(&e.name, LINKTO_XATTR))?;
-    let v = v.strip_suffix(b"\0").unwrap_or(&v);
-    String::from_utf8(v.to_vec()).ok()
+    super::linkto_name(&xdata.get_bytes(&dirent_xattr(&e.name, LINKTO_XATTR))?)
 }
 
 /// True for a link file's entry (readdirp attributes and its xattr key).
