@@ -385,14 +385,19 @@ struct DiskRig {
     fss: Vec<LoopFs>,
 }
 
-/// Three bricks, each on a small ext4 of its own, with posix `reserve`.
-fn full_disk_rig(mib: u64, reserve: &str) -> DiskRig {
+/// Three bricks, each on a small ext4 of its own, with posix `reserve`
+/// and `unlink-behind`.
+fn full_disk_rig(mib: u64, reserve: &str, unlink_behind: bool) -> DiskRig {
     let fss: Vec<LoopFs> = (0..3).map(|_| LoopFs::new(mib)).collect();
+    let behind = if unlink_behind { "on" } else { "off" };
     let configs = fss
         .iter()
         .map(|fs| BrickConfig {
             parent: Some(fs.path().to_path_buf()),
-            posix: vec![("reserve".to_string(), reserve.to_string())],
+            posix: vec![
+                ("reserve".to_string(), reserve.to_string()),
+                ("unlink-behind".to_string(), behind.to_string()),
+            ],
             ..BrickConfig::default()
         })
         .collect();
@@ -403,11 +408,26 @@ fn full_disk_rig(mib: u64, reserve: &str) -> DiskRig {
 
 #[test]
 fn a_full_disk_reports_enospc_and_keeps_what_was_written() {
-    if !can_run("a_full_disk_reports_enospc_and_keeps_what_was_written") {
-        return;
+    if can_run("a_full_disk_reports_enospc_and_keeps_what_was_written") {
+        full_disk_then_room_again(false);
     }
+}
+
+/// The same with the bricks freeing unlinked files behind the unlink: the
+/// space of the removed file may still be held by the purge thread when
+/// the next write comes.
+#[test]
+fn a_full_disk_with_unlink_behind_has_room_again_after_rm() {
+    if can_run("a_full_disk_with_unlink_behind_has_room_again_after_rm") {
+        full_disk_then_room_again(true);
+    }
+}
+
+/// Fills the disk through the mount, checks what was written, removes the
+/// filler and writes again.
+fn full_disk_then_room_again(unlink_behind: bool) {
     const MIB: u64 = 32;
-    let rig = full_disk_rig(MIB, "0");
+    let rig = full_disk_rig(MIB, "0", unlink_behind);
     let DiskRig { m, c, .. } = &rig;
     let precious = m.path().join("precious");
     ledger::write_file(&precious, 7, 1 << 20).expect("write a file while there is room");
@@ -446,7 +466,7 @@ fn storage_reserve_keeps_its_margin() {
     }
     const MIB: u64 = 32;
     const RESERVE: u64 = 8 << 20;
-    let rig = full_disk_rig(MIB, "8MB");
+    let rig = full_disk_rig(MIB, "8MB", false);
     let DiskRig { m, fss, .. } = &rig;
     let (written, _, err) = fill(&m.path().join("fill"), 8, 2 * (MIB << 20));
     assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "the writer gets ENOSPC at the reserve, not {err}");

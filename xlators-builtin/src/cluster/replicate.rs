@@ -90,6 +90,10 @@ use self::read::ReadStats;
 /// Most children AFR takes.
 pub const MAX_CHILDREN: usize = 64;
 
+/// How long the volume waits for a child it has not heard from once the
+/// children up make a quorum, before it says up without it (see `notify`).
+const UP_GRACE: Duration = Duration::from_secs(2);
+
 /// The translator type.
 pub const TYPE: XlatorType = XlatorType {
     name: "cluster/replicate",
@@ -147,9 +151,10 @@ pub(crate) struct Inner {
     volume_id: Option<String>,
     cfg: RwLock<Arc<Config>>,
     up: AtomicU64,
-    /// Children that have said up or down at least once, and whether this
-    /// volume told its parents it is up (see `notify`).
-    announce: Mutex<(Mask, bool)>,
+    /// Children that have said up or down at least once, whether this
+    /// volume told its parents it is up, and whether the wait for the
+    /// children not heard from started (see `notify`).
+    announce: Mutex<(Mask, bool, bool)>,
     local: AtomicU64,
     /// Bumped whenever a child comes up: staleness learned before is
     /// looked up again.
@@ -192,6 +197,22 @@ impl Inner {
     }
 
     /// The runtime to run background work on.
+    /// Says up to the parents, [`UP_GRACE`] after the children up made a
+    /// quorum, if they still do and it was not said yet (a child was not
+    /// heard from).
+    fn announce_up_after_grace(&self) {
+        let mut a = self.announce.lock();
+        let up = self.up_mask();
+        if a.1 || up == 0 || !self.cfg().quorum.met(up, self.children.len()) {
+            a.2 = false;
+            return;
+        }
+        a.1 = true;
+        drop(a);
+        tracing::warn!(volume = %self.name, up = up, "up without hearing from every child");
+        self.events.send(Event::ChildUp);
+    }
+
     fn handle(&self) -> Option<tokio::runtime::Handle> {
         match tokio::runtime::Handle::try_current() {
             Ok(h) => {
@@ -611,7 +632,7 @@ impl Replicate {
             volume_id: VOLUME_ID.given(&options).map(str::to_string),
             cfg: RwLock::new(Arc::new(cfg)),
             up: AtomicU64::new(0),
-            announce: Mutex::new((0, false)),
+            announce: Mutex::new((0, false, false)),
             local: AtomicU64::new(0),
             generation: AtomicU64::new(1),
             // Not known clean until a lookup finds every index empty.
@@ -662,10 +683,14 @@ impl Xlator for Replicate {
             }
         };
         match event {
-            // The volume says it is up once its children up make a quorum
-            // (so that a mount that waited for it can write at once), or,
-            // short of that, once every child has said up or down and one
-            // is up (reads work; writes are refused for quorum). It says
+            // The volume says it is up once every child has said up or
+            // down and one is up (short of a quorum, reads work and writes
+            // are refused), as GlusterFS's AFR waits to have heard from
+            // all. A child that says neither (a host that does not answer
+            // the connect) is waited for [`UP_GRACE`] once the children up
+            // make a quorum: announcing at the quorum alone let a fresh
+            // mount's first writes reach two of three bricks while the
+            // third was still connecting, leaving its copy to heal. It says
             // down when the last child up goes.
             Event::ChildUp | Event::ChildDown => {
                 let mut a = me.announce.lock();
@@ -692,8 +717,24 @@ impl Xlator for Replicate {
                 };
                 a.0 |= bit(i);
                 let n = me.children.len();
-                let ready = up != 0 && (me.cfg().quorum.met(up, n) || a.0 == all(n));
-                if !a.1 && ready {
+                let heard_all = a.0 == all(n);
+                if !a.1 && up != 0 && !heard_all && me.cfg().quorum.met(up, n) && !a.2 {
+                    a.2 = true;
+                    match me.handle() {
+                        Some(h) => {
+                            let me = me.clone();
+                            h.spawn(async move {
+                                tokio::time::sleep(UP_GRACE).await;
+                                me.announce_up_after_grace();
+                            });
+                        }
+                        None => {
+                            a.1 = true;
+                            return Some(Event::ChildUp);
+                        }
+                    }
+                }
+                if !a.1 && up != 0 && heard_all {
                     a.1 = true;
                     Some(Event::ChildUp)
                 } else if a.1 && up == 0 {

@@ -23,6 +23,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
@@ -57,6 +58,9 @@ struct Shared {
     gfs: OwnedFd,
     st: Mutex<State>,
     cv: Condvar,
+    /// Files queued, or taken from the queue and not freed yet, read
+    /// without the lock: every fop of the brick asks.
+    pending: AtomicUsize,
 }
 
 /// The brick's queue of parked handles to drop, and its thread.
@@ -67,7 +71,12 @@ pub(crate) struct Purger {
 impl Purger {
     /// A purger for the handle directory `gfs` (a descriptor of its own).
     pub fn new(gfs: OwnedFd) -> Purger {
-        Purger { shared: Arc::new(Shared { gfs, st: Mutex::new(State::default()), cv: Condvar::new() }) }
+        Purger { shared: Arc::new(Shared {
+            gfs,
+            st: Mutex::new(State::default()),
+            cv: Condvar::new(),
+            pending: AtomicUsize::new(0),
+        }) }
     }
 
     /// Whether a file may be queued now (false: the queue is full, the
@@ -87,6 +96,7 @@ impl Purger {
             return;
         }
         st.queue.push_back((g, ino));
+        self.shared.pending.fetch_add(1, Ordering::Relaxed);
         if st.running {
             drop(st);
             self.shared.cv.notify_one();
@@ -105,17 +115,18 @@ impl Purger {
 
     /// How many files wait (or are being freed).
     pub fn pending(&self) -> usize {
-        let st = self.shared.st.lock();
-        st.queue.len() + st.busy
+        self.shared.pending.load(Ordering::Relaxed)
     }
 
     /// Frees every waiting file now, on the calling thread, and waits for
     /// the one the thread may be freeing.
     pub fn now(&self) {
         let queued: Vec<(Gfid, u64)> = self.shared.st.lock().queue.drain(..).collect();
+        let n = queued.len();
         for (g, ino) in queued {
             self.shared.drop_parked(g, ino);
         }
+        self.shared.pending.fetch_sub(n, Ordering::Relaxed);
         let mut st = self.shared.st.lock();
         while st.busy > 0 {
             self.shared.cv.wait_for(&mut st, Duration::from_millis(10));
@@ -163,6 +174,7 @@ impl Shared {
             };
             self.drop_parked(g, ino);
             self.st.lock().busy -= 1;
+            self.pending.fetch_sub(1, Ordering::Relaxed);
             self.cv.notify_all();
         }
     }

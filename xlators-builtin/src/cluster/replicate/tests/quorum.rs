@@ -75,24 +75,39 @@ async fn a_write_a_majority_refuses_fails_with_their_error() {
     assert_eq!(n.write(fd, 0, b"x").await.err(), Some(Errno::ENOSPC));
 }
 
-/// With quorum auto the volume says it is up once two of three children
-/// are, so a mount that waited for it can write at once; with only one
-/// child left to come, it says so once the others have said down.
+/// The volume says it is up once every child has said up or down and one
+/// is up; a child that says nothing is waited for `UP_GRACE` once the
+/// others make a quorum (with quorum auto, two of three).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn up_is_announced_at_quorum_or_when_every_child_has_reported() {
+async fn up_is_announced_when_every_child_has_reported_or_after_a_grace_at_quorum() {
     let c = Cluster::new();
     let n = c.node("client-a", &[]);
     let fresh = |name: &str| {
-        Replicate::new(ictx(name, TYPE.options, &[("quorum-type", "auto")], n.afr.inner.children.clone()))
-            .expect("replicate")
+        let ctx = ictx(name, TYPE.options, &[("quorum-type", "auto")], n.afr.inner.children.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tx = std::sync::Mutex::new(tx);
+        ctx.events.set_hook(move |e| {
+            let _ = tx.lock().expect("hook").send(e.clone());
+        });
+        (Replicate::new(ctx).expect("replicate"), rx)
     };
-    let v = fresh("v");
+    let (v, v_sent) = fresh("v");
     assert_eq!(v.notify(Event::ChildUp, EventFrom::Child(0)), None, "one of three: no quorum yet");
-    assert_eq!(v.notify(Event::ChildUp, EventFrom::Child(2)), Some(Event::ChildUp), "quorum");
-    assert_eq!(v.notify(Event::ChildUp, EventFrom::Child(1)), None, "already up");
-    let w = fresh("w");
+    assert_eq!(v.notify(Event::ChildUp, EventFrom::Child(2)), None, "quorum, child 1 not heard from");
+    assert_eq!(v.notify(Event::ChildUp, EventFrom::Child(1)), Some(Event::ChildUp), "all up");
+    let w = fresh("w").0;
     assert_eq!(w.notify(Event::ChildUp, EventFrom::Child(1)), None);
     assert_eq!(w.notify(Event::ChildDown, EventFrom::Child(0)), None, "child 2 has not said yet");
     assert_eq!(w.notify(Event::ChildDown, EventFrom::Child(2)), Some(Event::ChildUp), "all said: reads work");
     assert_eq!(w.notify(Event::ChildDown, EventFrom::Child(1)), Some(Event::ChildDown), "none up");
+    // Child 1 never says: up after the grace, once.
+    let (x, x_sent) = fresh("x");
+    assert_eq!(x.notify(Event::ChildUp, EventFrom::Child(0)), None);
+    assert_eq!(x.notify(Event::ChildUp, EventFrom::Child(2)), None, "quorum: the grace starts");
+    let wait = UP_GRACE * 5;
+    assert_eq!(x_sent.recv_timeout(wait), Ok(Event::ChildUp), "up without child 1 after the grace");
+    assert_eq!(x.notify(Event::ChildUp, EventFrom::Child(1)), None, "already up");
+    // v's grace ended after v was up: nothing more is said.
+    std::thread::sleep(UP_GRACE / 4);
+    assert!(v_sent.try_recv().is_err(), "v said up through the sink: {:?}", v_sent.try_recv());
 }
