@@ -64,6 +64,9 @@ fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
     });
     if let Err(got) = seen {
         let bricks: Vec<_> = c.bricks.iter().map(|k| text(&k.dir().join("f"))).collect();
+        for k in &c.bricks {
+            eprintln!("--- brick {} ---\n{}", k.dir().display(), k.log());
+        }
         panic!(
             "create and write: not within {SEEN_WITHIN:?}: b reads {got}, a reads {:?}, the bricks have {bricks:?}\n\
              a: {:?}\nb: {:?}",

@@ -187,6 +187,7 @@ impl UpcallXl {
             }
             self.register(&cfg, &mut table.interest, client, gfids, now);
         }
+        tracing::trace!(client = %client, ?gfids, start, ?raced, "interest");
         for gfid in raced {
             self.sent.fetch_add(1, Ordering::Relaxed);
             self.events.send(Event::Upcall(Upcall::InvalidateFor { gfid, client: client.to_string() }));
@@ -250,6 +251,7 @@ impl UpcallXl {
                 }
             }
         }
+        tracing::trace!(from = %from, ?gfids, ?out, "changed");
         for (gfid, client) in out {
             self.sent.fetch_add(1, Ordering::Relaxed);
             self.events.send(Event::Upcall(Upcall::InvalidateFor { gfid, client: client.to_string() }));
@@ -348,6 +350,15 @@ impl Xlator for UpcallXl {
             let before = named(&fop);
             let start = self.seq();
             let r = self.child.call(ctx.clone(), req).await;
+            if tracing::enabled!(tracing::Level::TRACE) {
+                let sizes: Vec<(Gfid, u64)> = match r.as_ref().map(|x| &x.reply) {
+                    Ok(Reply::Entry { iatt, .. }) => vec![(iatt.gfid, iatt.size)],
+                    Ok(Reply::Dirents(d)) => d.iter().map(|e| (e.iatt.gfid, e.iatt.size)).collect(),
+                    Ok(Reply::PrePost { post, .. }) | Ok(Reply::Attr(post)) => vec![(post.gfid, post.size)],
+                    _ => Vec::new(),
+                };
+                tracing::trace!(client = %ctx.client_id, fop = ?fop.kind(), start, ok = r.is_ok(), ?sizes, "fop");
+            }
             if let Ok(rsp) = &r {
                 // A daemon (self-heal) caches nothing: telling it about
                 // later changes would only cost a message per change.

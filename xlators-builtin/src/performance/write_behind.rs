@@ -32,7 +32,9 @@
 //! recomputed, mtime/ctime now. A write on an inode with no known attributes
 //! is sent synchronously and its real reply seeds them: nothing is invented.
 //! A reply that was overtaken by a later change of the inode's attributes
-//! (a generation count) does not overwrite them.
+//! (a generation count) does not overwrite them, nor does one to a fop sent
+//! before another client's change was announced (an invalidation upcall),
+//! whether the inode was tracked here then or not.
 //!
 //! **Reads and attributes of a dirty inode.** A read entirely covered by
 //! queued data is answered from the queue; otherwise the queued writes it
@@ -564,7 +566,7 @@ impl Xlator for WriteBehind {
                 let mut t = self.inner.t.lock();
                 let oldest = t.oldest_read();
                 if t.inodes.get(gfid).is_some_and(|i| i.removable(oldest)) {
-                    t.inodes.remove(gfid);
+                    t.remove(gfid);
                 }
                 drop(t);
                 self.inner.child.call(ctx, req)

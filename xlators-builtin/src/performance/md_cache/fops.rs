@@ -34,6 +34,7 @@ impl State {
     pub(super) fn answer_attr(&mut self, g: Gfid, now: u64) -> Option<FopResult> {
         match self.attr(g, now) {
             Some(a) => {
+                tracing::trace!(gfid = %g, size = a.size, "stat hit");
                 self.stats.stat_hits += 1;
                 Some(Ok(Reply::Attr(a).into()))
             }
@@ -54,6 +55,7 @@ impl State {
                     }
                     Some(g) if self.fresh(at, now) && (loc.gfid.is_null() || loc.gfid == g) => {
                         if let (Some(iatt), Some(postparent)) = (self.attr(g, now), self.attr(loc.parent, now)) {
+                            tracing::trace!(gfid = %g, size = iatt.size, "lookup hit");
                             self.stats.lookup_hits += 1;
                             return Some(Ok(Reply::Entry { iatt, postparent }.into()));
                         }
@@ -159,6 +161,7 @@ impl State {
     /// Updates the cache from a reply, and strips the keys the plan added.
     pub(super) fn after(&mut self, p: Plan, res: &mut FopResult, now: u64) {
         let start = p.start;
+        tracing::trace!(fop = ?p.fop.kind(), start, epoch = self.epoch, ok = res.is_ok(), "reply");
         match (&p.fop, res) {
             (Fop::Lookup { loc }, Ok(rsp)) => {
                 if let Reply::Entry { iatt, postparent } = &rsp.reply {

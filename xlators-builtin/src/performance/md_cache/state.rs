@@ -235,9 +235,14 @@ impl State {
 
     /// Attributes from a read reply.
     pub(super) fn fill_attr(&mut self, g: Gfid, iatt: Iatt, start: u64, now: u64) {
-        if g.is_null() || iatt.gfid != g || !self.enabled() || !self.may_fill(g, start) {
+        if g.is_null() || iatt.gfid != g || !self.enabled() {
             return;
         }
+        if !self.may_fill(g, start) {
+            tracing::trace!(gfid = %g, size = iatt.size, start, "stale fill dropped");
+            return;
+        }
+        tracing::trace!(gfid = %g, size = iatt.size, start, "filled");
         self.ino_mut(g).attr = Some((iatt, now));
     }
 
@@ -306,6 +311,7 @@ impl State {
         if g.is_null() {
             return;
         }
+        tracing::trace!(gfid = %g, epoch = self.epoch + 1, "invalidated");
         if let Some(i) = self.touch(g) {
             i.attr = None;
             let freed = i.xattr_bytes();

@@ -199,10 +199,17 @@ impl Inner {
             }
             match &resp.reply {
                 Reply::Entry { iatt, .. } => {
-                    // By name: not changed since the lookup began (above).
+                    // By name: not changed since the lookup began (above),
+                    // nor, if not here, invalidated.
                     let g = if iatt.gfid.is_null() { gfid } else { iatt.gfid };
-                    let at = if g == gfid { generation } else { t.generation(g) };
-                    t.observe(g, at, *iatt, seed);
+                    let at = match &reading {
+                        _ if g == gfid => Some(generation),
+                        Some(r) => t.generation_by_name(g, r.since),
+                        None => Some(t.generation(g)),
+                    };
+                    if let Some(at) = at {
+                        t.observe(g, at, *iatt, seed);
+                    }
                 }
                 Reply::Attr(iatt) | Reply::Read { iatt, .. } => t.observe(gfid, generation, *iatt, seed),
                 Reply::PrePost { post, .. } => t.observe(gfid, generation, *post, false),

@@ -103,8 +103,10 @@ pub(super) struct InodeWb {
     pub(super) hold_timer: bool,
     pub(super) last_used: u64,
     /// The table's `clock` when a background write of the inode last came
-    /// back or `base` last changed: attributes a child read before then
-    /// may be older than what this translator answers.
+    /// back, a change sent here was answered, or the attributes became
+    /// unknown: attributes a child read before then may be older than what
+    /// this translator answers. (Attributes merely seen in a reply are
+    /// not a change: a listing read meanwhile saw the child's too.)
     pub(super) changed: u64,
     pub(super) notify: Arc<Notify>,
 }
@@ -274,6 +276,14 @@ pub(super) struct Table {
     pub(super) tick: u64,
     /// Counts changes of inodes (see [`InodeWb::changed`]).
     pub(super) clock: u64,
+    /// The generation of inodes not in the table, and the first of a new
+    /// slot: raised when another client changes an inode not here and
+    /// above the last generation of a slot dropped, so that a reply to a
+    /// fop sent before either does not seed the attributes.
+    pub(super) absent_gen: u64,
+    /// The `clock` when another client last changed an inode not here: a
+    /// lookup by name that began before does not seed the attributes.
+    pub(super) absent_changed: u64,
     /// Reads of attributes in flight ([`Reading`]): the `clock` each began
     /// at, and how many began then.
     pub(super) reads: BTreeMap<u64, u32>,
@@ -294,6 +304,8 @@ impl Table {
             seq: 0,
             tick: 0,
             clock: 0,
+            absent_gen: 0,
+            absent_changed: 0,
             reads: BTreeMap::new(),
             tasks: HashMap::new(),
             next_task: 0,
@@ -317,7 +329,9 @@ impl Table {
             if self.inodes.len() >= MAX_INODES {
                 return None;
             }
-            self.inodes.insert(gfid, InodeWb::new(tick));
+            let mut i = InodeWb::new(tick);
+            i.generation = self.absent_gen;
+            self.inodes.insert(gfid, i);
         }
         let i = self.inodes.get_mut(&gfid)?;
         i.last_used = tick;
@@ -335,8 +349,23 @@ impl Table {
         let (_, cut, _) = idle.select_nth_unstable(k);
         let cut = *cut;
         let before = self.inodes.len();
-        self.inodes.retain(|_, i| !(i.removable(oldest) && i.last_used <= cut));
+        let mut next_gen = self.absent_gen;
+        self.inodes.retain(|_, i| {
+            let keep = !(i.removable(oldest) && i.last_used <= cut);
+            if !keep {
+                next_gen = next_gen.max(i.generation + 1);
+            }
+            keep
+        });
+        self.absent_gen = next_gen;
         self.stats.evictions += (before - self.inodes.len()) as u64;
+    }
+
+    /// Drops the state of `gfid` (see [`Table::absent_gen`]).
+    pub(super) fn remove(&mut self, gfid: &Gfid) {
+        if let Some(i) = self.inodes.remove(gfid) {
+            self.absent_gen = self.absent_gen.max(i.generation + 1);
+        }
     }
 
     /// The deferred error to return on `fd` (its own first, else the
@@ -384,8 +413,18 @@ impl Table {
         true
     }
 
+    /// The generation at which a lookup by name that began at `since`
+    /// (its gfid unknown then) may seed `gfid`'s attributes, if it may
+    /// (changes of a slot since are caught by [`Table::correct`] first).
+    pub(super) fn generation_by_name(&self, gfid: Gfid, since: u64) -> Option<u64> {
+        match self.inodes.get(&gfid) {
+            Some(i) => Some(i.generation),
+            None => (self.absent_changed <= since).then_some(self.absent_gen),
+        }
+    }
+
     pub(super) fn generation(&self, gfid: Gfid) -> u64 {
-        self.inodes.get(&gfid).map_or(0, |i| i.generation)
+        self.inodes.get(&gfid).map_or(self.absent_gen, |i| i.generation)
     }
 
     /// Attributes from a reply of a fop sent when the inode's generation
@@ -397,8 +436,6 @@ impl Table {
         if !seed && !self.inodes.contains_key(&gfid) {
             return;
         }
-        self.clock += 1;
-        let now = self.clock;
         if let Some(i) = self.slot(gfid)
             && i.generation == generation
             && i.changing == 0
@@ -409,7 +446,6 @@ impl Table {
             }
             i.base = Some(a);
             i.generation += 1;
-            i.changed = now;
         }
     }
 
@@ -455,10 +491,16 @@ impl Table {
     /// open, changed by another client): the next write seeds them anew.
     pub(super) fn unknown(&mut self, gfid: Gfid) {
         self.clock += 1;
-        if let Some(i) = self.inodes.get_mut(&gfid) {
-            i.base = None;
-            i.generation += 1;
-            i.changed = self.clock;
+        match self.inodes.get_mut(&gfid) {
+            Some(i) => {
+                i.base = None;
+                i.generation += 1;
+                i.changed = self.clock;
+            }
+            None => {
+                self.absent_gen += 1;
+                self.absent_changed = self.clock;
+            }
         }
     }
 }

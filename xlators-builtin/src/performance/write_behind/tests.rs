@@ -900,3 +900,42 @@ async fn a_listing_shows_the_queued_setattr() {
     settle().await;
     assert_eq!(file.iatt(), post);
 }
+
+/// Another client wrote the file while this one looked it up: the lookup,
+/// which read the file before, is answered after the invalidation and
+/// after a listing began that reads it after. Neither the listing's
+/// attributes nor the next write's are taken from that stale lookup (seen
+/// once on two mounts: the second mount's md-cache kept size 0 after the
+/// first wrote "hello", its listing "corrected" here to the lookup's size).
+#[tokio::test(flavor = "current_thread")]
+async fn a_lookup_answered_after_an_invalidation_neither_seeds_nor_corrects() {
+    let (xl, file) = setup(&[]);
+    let reads = Arc::new(Semaphore::new(0));
+    *file.read_gate.lock() = Some(reads.clone());
+    let x = xl.clone();
+    let lookup =
+        tokio::spawn(async move { x.call(ctx(), Request::new(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") })).await });
+    settle().await;
+    // The other client's write lands and its invalidation arrives.
+    apply(&mut file.data.lock(), 0, b"hello");
+    let ev = Event::Upcall(Upcall::Invalidate { gfid: GFID });
+    assert_eq!(xl.notify(ev.clone(), EventFrom::Child(0)), Some(ev));
+    let x = xl.clone();
+    let listing = tokio::spawn(async move {
+        let fd = Fd { id: FdId(9), gfid: Gfid::ROOT };
+        x.call(ctx(), Request::new(Fop::Readdirp { fd, size: 4096, offset: 0 })).await
+    });
+    settle().await;
+    reads.add_permits(1);
+    let old = lookup.await.expect("task").expect("lookup");
+    assert!(matches!(old.reply, Reply::Entry { iatt, .. } if iatt.size == 0), "{:?}", old.reply);
+    reads.add_permits(1);
+    let rsp = listing.await.expect("task").expect("listing");
+    let Reply::Dirents(d) = &rsp.reply else { panic!("{:?}", rsp.reply) };
+    assert_eq!(d[0].iatt.size, 5, "the listing shows what it read");
+    *file.read_gate.lock() = None;
+    // The lookup's attributes were not taken: the first write is sent
+    // and answered with the file's size.
+    xl.call(ctx(), Request::new(Fop::Open { loc: Loc::gfid(GFID), flags: 0, fd: FdId(1) })).await.expect("open");
+    assert_eq!(write_ok(&xl, fd(1), 0, b"H".to_vec()).await.size, 5);
+}
