@@ -41,19 +41,19 @@ fn worker_threads() -> Result<Option<usize>, String> {
 
 /// The variable choosing the scheduling policy of every thread of an xlfs
 /// process (and of the bricks and mounts a daemon starts, which inherit
-/// it): `normal` (the default) or `batch`.
+/// it): `batch` (the default) or `normal`.
 const SCHED_ENV: &str = "XLFS_SCHED";
 
-/// The policy [`SCHED_ENV`] asks for, None for the default (nothing to
-/// set). Not batch by default yet: see [`set_sched_policy`].
-fn sched_policy() -> Result<Option<libc::c_int>, String> {
+/// The policy [`SCHED_ENV`] asks for: `SCHED_BATCH` unless it says
+/// `normal`.
+fn sched_policy() -> Result<libc::c_int, String> {
     let bad = |v: &str| format!("{SCHED_ENV}={v:?}: expected batch or normal");
     match std::env::var(SCHED_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotPresent) => Ok(libc::SCHED_BATCH),
         Err(std::env::VarError::NotUnicode(v)) => Err(bad(&v.to_string_lossy())),
         Ok(v) => match v.trim() {
-            "batch" => Ok(Some(libc::SCHED_BATCH)),
-            "normal" => Ok(None),
+            "batch" => Ok(libc::SCHED_BATCH),
+            "normal" => Ok(libc::SCHED_OTHER),
             _ => Err(bad(&v)),
         },
     }
@@ -63,12 +63,11 @@ fn sched_policy() -> Result<Option<libc::c_int>, String> {
 /// inherit it. SCHED_BATCH keeps a thread from preempting the one that
 /// woke it: a mount's thread sends a fop to its three bricks and a brick
 /// answers without being switched out after each socket write to run the
-/// peer it just woke (on this 2-core machine: pgbench faster in every
-/// round, creates 1.3x, in alternated runs). Allowed without privileges.
-/// Not the default: with it, CI rehearsals failed now and then, first
-/// the remove-brick test (three migration races, closed on 2026-12-07),
-/// then `two_mounts` and `replica3::up_and_down_keep_the_data` once each
-/// (README "Scheduling policy").
+/// peer it just woke (on this 2-core machine, 5 alternated rounds against
+/// the default policy: pgbench faster in every round, creates 1.32x; see
+/// benches/RESULTS.md). Allowed without privileges. (Opt-in for a day
+/// while tests failed with it now and then: the timing it changes exposed
+/// five races, closed since; README "Scheduling policy".)
 fn set_sched_policy(policy: libc::c_int) -> std::io::Result<()> {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler on the calling thread (0) with a valid
@@ -121,7 +120,7 @@ fn main() -> ExitCode {
     // First, so that every thread started later (logging, runtime, FUSE,
     // sync threads) inherits the policy.
     let sched = match sched_policy() {
-        Ok(p) => p.map_or(Ok(()), set_sched_policy),
+        Ok(p) => set_sched_policy(p),
         Err(e) => {
             eprintln!("xlfs: {e}");
             return ExitCode::FAILURE;

@@ -58,10 +58,6 @@ fn xattr_set(dir: &Path, name: &str) -> bool {
 
 #[test]
 fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
-    // The daemon, its bricks and the mount inherit the policy.
-    // SAFETY: nextest runs each test in a process of its own, and nothing
-    // else runs in this one yet.
-    unsafe { std::env::set_var("XLFS_SCHED", "batch") };
     kit::init_tracing();
     let tmp = tempfile::Builder::new().prefix("xlfs-vol-").tempdir().expect("tempdir");
     let dirs = brick_dirs(tmp.path(), 3);
@@ -82,7 +78,7 @@ fn volume_lifecycle_mount_by_name_live_set_and_brick_restart() {
     assert!(d.ok(&["start", "gv0"]).contains("volume start: gv0: success"));
     let b = d.bricks("gv0");
     assert!(b.iter().all(|(port, pid, up, _)| port.is_some() && pid.is_some() && *up), "{b:?}");
-    // Every thread of every brick runs SCHED_BATCH (XLFS_SCHED, set above).
+    // Every thread of every brick runs SCHED_BATCH (xlfs's default, XLFS_SCHED).
     for (_, pid, _, _) in &b {
         let pid = pid.expect("pid");
         assert_eq!(thread_policies(pid), vec![libc::SCHED_BATCH], "brick {pid}'s threads");

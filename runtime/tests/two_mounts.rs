@@ -54,9 +54,10 @@ fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
     // create + write: b looked first, so a negative entry may be cached.
     assert!(!b.join("f").exists());
     std::fs::write(a.join("f"), b"hello").expect("write on a");
-    // This step failed once in CI (b read the file empty for 5 s): if it
-    // does again, say where the bytes were, to tell a stale cache on b from
-    // a write that a still held.
+    // This step failed now and then (b read the file empty for 5 s and
+    // more: b's write-behind took size 0 from a lookup answered after the
+    // write's invalidation, f261ffa): if it fails again, say where the
+    // bytes were, to tell a stale cache on b from a write that a held.
     let text = |p: &Path| read(p).map(|v| String::from_utf8_lossy(&v).into_owned());
     let seen = within_time(SEEN_WITHIN, || match text(&b.join("f"))? {
         got if got == "hello" => Ok(()),

@@ -914,7 +914,9 @@ async fn a_lookup_answered_after_an_invalidation_neither_seeds_nor_corrects() {
     *file.read_gate.lock() = Some(reads.clone());
     let x = xl.clone();
     let lookup =
-        tokio::spawn(async move { x.call(ctx(), Request::new(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") })).await });
+        tokio::spawn(
+            async move { x.call(ctx(), Request::new(Fop::Lookup { loc: Loc::entry(Gfid::ROOT, "f") })).await },
+        );
     settle().await;
     // The other client's write lands and its invalidation arrives.
     apply(&mut file.data.lock(), 0, b"hello");

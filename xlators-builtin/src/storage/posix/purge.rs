@@ -71,12 +71,14 @@ pub(crate) struct Purger {
 impl Purger {
     /// A purger for the handle directory `gfs` (a descriptor of its own).
     pub fn new(gfs: OwnedFd) -> Purger {
-        Purger { shared: Arc::new(Shared {
-            gfs,
-            st: Mutex::new(State::default()),
-            cv: Condvar::new(),
-            pending: AtomicUsize::new(0),
-        }) }
+        Purger {
+            shared: Arc::new(Shared {
+                gfs,
+                st: Mutex::new(State::default()),
+                cv: Condvar::new(),
+                pending: AtomicUsize::new(0),
+            }),
+        }
     }
 
     /// Whether a file may be queued now (false: the queue is full, the
