@@ -169,15 +169,14 @@ const CTIME: Opt<kind::Bool> = Opt::bool("ctime", true).desc(
          stops (an fdatasync promises no times; writing them each time cost a journal commit per WAL \
          write). Off: every copy shows its own file system's times.",
 );
-const UNLINK_BEHIND: Opt<kind::Bool> = Opt::bool("unlink-behind", false).desc(
+const UNLINK_BEHIND: Opt<kind::Bool> = Opt::bool("unlink-behind", true).desc(
     "Free a regular file whose last name an unlink or rename removed (and that no fd holds open) on a thread \
          of the brick, not in the fop (CephFS's purge queue; MooseFS's chunkservers delete chunks behind the \
          master likewise): the handle, its last link, moves to .glusterfs/unlink and is dropped there shortly \
          after. Freeing the blocks (data and the xattr block) is most of an unlink's time on a file system \
          mounted with discard. At most 65536 files wait (beyond, the unlink frees its file itself); a fop \
          that fails with ENOSPC while files wait frees them and runs again; what waits when the brick stops is \
-         dropped at its next start. statfs shows the space once freed. Off (the default for now): the unlink frees \
-         the file.",
+         dropped at its next start. statfs shows the space once freed. Off: the unlink frees the file.",
 );
 
 const OPTIONS: &[OptionDecl] = &[
