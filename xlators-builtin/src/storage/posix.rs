@@ -909,6 +909,7 @@ impl Xlator for Posix {
             ("max-open-fds".into(), i.max_fds.load(Ordering::Relaxed).to_string()),
             ("shared-brick-count".into(), i.shared.load(Ordering::Relaxed).to_string()),
             ("open-dirs-cached".into(), i.brick.dirs_cached().to_string()),
+            ("xattrs-in-inode".into(), i.brick.xattrs_in_inode.map_or("unknown".into(), |f| f.to_string())),
         ]
     }
 

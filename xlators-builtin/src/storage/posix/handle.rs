@@ -161,6 +161,9 @@ pub(crate) struct Brick {
     purge: Purger,
     /// The `unlink-behind` option.
     pub purge_behind: AtomicBool,
+    /// Whether a file's usual xattrs fit in its inode on this file system
+    /// (None: not known), see [`xattrs_fit_in_inode`].
+    pub xattrs_in_inode: Option<bool>,
 }
 
 /// Most directories [`DirCache`] keeps open (two generations of half as
@@ -284,6 +287,15 @@ impl Brick {
         }
         purge_parked(&path.join(HIDDEN).join(UNLINK));
         let purge = Purger::new(gfs.try_clone().map_err(|e| fail("open .glusterfs")(Errno::from_io(&e)))?);
+        let xattrs_in_inode = xattrs_fit_in_inode(gfs.as_fd());
+        if xattrs_in_inode == Some(false) {
+            tracing::warn!(
+                brick = %path.display(),
+                "a file's xattrs (gfid, replicate's changelog, times: about 150 bytes) do not fit in this file \
+                 system's inodes: every file takes an extra 4 KiB block, written when it is made and freed when it \
+                 is removed; make brick file systems with 512-byte inodes (mkfs.ext4 -I 512, mkfs.xfs -i size=512)"
+            );
+        }
         let brick = Brick {
             path: path.to_path_buf(),
             root: Arc::new(root),
@@ -294,6 +306,7 @@ impl Brick {
             dirs: DirCache::new(DIR_CACHE),
             purge,
             purge_behind: AtomicBool::new(true),
+            xattrs_in_inode,
         };
         let h = handle_rel(&Gfid::ROOT);
         match sys::readlinkat(brick.gfs.as_fd(), &h) {
@@ -741,6 +754,22 @@ impl Brick {
     pub fn force_walk(&self) {
         self.use_openat2.store(false, Ordering::Relaxed);
     }
+}
+
+/// Whether the xattrs a replicated file carries (its gfid, replicate's
+/// `dirty` counters, its times) fit in an inode of the file system holding
+/// `dir`: set on an unnamed file, they fit if the file still has no block
+/// (ext4 counts an external xattr block in `st_blocks`). None when it
+/// cannot be told (no `O_TMPFILE`, no trusted xattrs).
+pub(crate) fn xattrs_fit_in_inode(dir: BorrowedFd<'_>) -> Option<bool> {
+    let f = sys::openat(dir, c".", libc::O_TMPFILE | libc::O_RDWR, 0o600).ok()?;
+    let t = Target::Fd(f.as_fd());
+    let usual: [(&CStr, usize); 3] =
+        [(c"trusted.gfid", 16), (c"trusted.afr.dirty", 12), (c"trusted.xlfs.mdata", 37)];
+    for (name, len) in usual {
+        t.setxattr(name, &vec![1u8; len], 0).ok()?;
+    }
+    Some(t.stat().ok()?.st_blocks == 0)
 }
 
 /// Empties `unlink/` at brick start: what a brick that stopped (or

@@ -343,6 +343,8 @@ fn fops_run_without_a_tokio_runtime() {
 /// every exit path.
 struct SmallFs {
     dir: tempfile::TempDir,
+    /// The image of a loop-mounted file system (dropped after the mount).
+    _image: Option<tempfile::TempDir>,
 }
 
 impl SmallFs {
@@ -352,7 +354,23 @@ impl SmallFs {
         let (src, at, data) = (c("tmpfs"), c(dir.path().to_str().expect("utf-8")), c(&format!("size={size}")));
         // SAFETY: valid strings; mounting over our own empty temp dir.
         let r = unsafe { libc::mount(src.as_ptr(), at.as_ptr(), src.as_ptr(), 0, data.as_ptr().cast()) };
-        (r == 0).then_some(SmallFs { dir })
+        (r == 0).then_some(SmallFs { dir, _image: None })
+    }
+
+    /// An ext4 of `mib` MiB with inodes of `inode_size` bytes, loop-mounted
+    /// (None without root, `mkfs.ext4` or loop devices).
+    fn ext4(mib: u64, inode_size: u32) -> Option<SmallFs> {
+        let image = tempfile::tempdir().expect("tempdir");
+        let img = image.path().join("fs.img");
+        std::fs::File::create(&img).and_then(|f| f.set_len(mib << 20)).expect("image");
+        let run = |cmd: &mut std::process::Command| cmd.output().is_ok_and(|o| o.status.success());
+        let size = inode_size.to_string();
+        if !run(std::process::Command::new("mkfs.ext4").args(["-q", "-F", "-I", &size]).arg(&img)) {
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        run(std::process::Command::new("mount").args(["-o", "loop"]).arg(&img).arg(dir.path()))
+            .then_some(SmallFs { dir, _image: Some(image) })
     }
     fn path(&self) -> &Path {
         self.dir.path()
@@ -484,4 +502,28 @@ async fn unlinked_files_are_freed_behind_and_before_a_write_runs_out_of_room() {
     fill_mb(&e, "c", 2).await;
     e.run(unlink("c")).await.expect("unlink");
     assert_eq!(parked(), 0);
+}
+
+/// The brick tells whether a file's xattrs fit in its inodes: on tmpfs
+/// (in memory) they do; on an ext4 with 128-byte inodes (no room for
+/// xattrs in the inode) they take a block.
+#[test]
+fn the_brick_tells_whether_a_files_xattrs_fit_in_its_inode() {
+    let Some(tmpfs) = SmallFs::mount("4m") else {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let dir = |fs: &SmallFs| std::fs::File::open(fs.path()).expect("open the file system's root");
+    assert_eq!(handle::xattrs_fit_in_inode(dir(&tmpfs).as_fd()), Some(true), "tmpfs");
+    let brick = tmpfs.path().join("brick");
+    std::fs::create_dir(&brick).expect("brick");
+    let xl = Posix::new(init(&brick, &[])).expect("posix");
+    assert!(xl.dump().contains(&("xattrs-in-inode".to_string(), "true".to_string())), "{:?}", xl.dump());
+    let Some(small) = SmallFs::ext4(8, 128) else {
+        eprintln!("skipped: no mkfs.ext4 or loop devices");
+        return;
+    };
+    assert_eq!(handle::xattrs_fit_in_inode(dir(&small).as_fd()), Some(false), "ext4 with 128-byte inodes");
+    let Some(roomy) = SmallFs::ext4(8, 512) else { return };
+    assert_eq!(handle::xattrs_fit_in_inode(dir(&roomy).as_fd()), Some(true), "ext4 with 512-byte inodes");
 }
