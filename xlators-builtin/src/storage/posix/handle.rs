@@ -764,8 +764,7 @@ impl Brick {
 pub(crate) fn xattrs_fit_in_inode(dir: BorrowedFd<'_>) -> Option<bool> {
     let f = sys::openat(dir, c".", libc::O_TMPFILE | libc::O_RDWR, 0o600).ok()?;
     let t = Target::Fd(f.as_fd());
-    let usual: [(&CStr, usize); 3] =
-        [(c"trusted.gfid", 16), (c"trusted.afr.dirty", 12), (c"trusted.xlfs.mdata", 37)];
+    let usual: [(&CStr, usize); 3] = [(c"trusted.gfid", 16), (c"trusted.afr.dirty", 12), (c"trusted.xlfs.mdata", 37)];
     for (name, len) in usual {
         t.setxattr(name, &vec![1u8; len], 0).ok()?;
     }
