@@ -14,7 +14,9 @@
 //! (`quorum`). Fds are opened on every child under the same id (`fds`).
 //!
 //! Up and down: AFR follows each child's ChildUp / ChildDown, says ChildUp
-//! to its parents when the first child is up and ChildDown when none is.
+//! to its parents once every child has said up or down and one is up (or
+//! `UP_GRACE`, 2 s, after the children up made a quorum, for a child that says
+//! nothing) and ChildDown when none is.
 //! A contention upcall for one of its eager locks is consumed here.
 //!
 //! Self-heal (`heal`): a lookup that finds a copy stale starts a

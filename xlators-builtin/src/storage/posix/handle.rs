@@ -162,7 +162,7 @@ pub(crate) struct Brick {
     /// The `unlink-behind` option.
     pub purge_behind: AtomicBool,
     /// Whether a file's usual xattrs fit in its inode on this file system
-    /// (None: not known), see [`xattrs_fit_in_inode`].
+    /// (None: not known), see `xattrs_fit_in_inode`.
     pub xattrs_in_inode: Option<bool>,
 }
 
