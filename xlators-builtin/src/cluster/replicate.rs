@@ -198,7 +198,6 @@ impl Inner {
         self.up.load(Ordering::Acquire)
     }
 
-    /// The runtime to run background work on.
     /// Says up to the parents, [`UP_GRACE`] after the children up made a
     /// quorum, if they still do and it was not said yet (a child was not
     /// heard from).
@@ -215,6 +214,7 @@ impl Inner {
         self.events.send(Event::ChildUp);
     }
 
+    /// The runtime to run background work on.
     fn handle(&self) -> Option<tokio::runtime::Handle> {
         match tokio::runtime::Handle::try_current() {
             Ok(h) => {

@@ -175,7 +175,7 @@ const UNLINK_BEHIND: Opt<kind::Bool> = Opt::bool("unlink-behind", true).desc(
          master likewise): the handle, its last link, moves to .glusterfs/unlink and is dropped there shortly \
          after. Freeing the blocks (data and the xattr block) is most of an unlink's time on a file system \
          mounted with discard. At most 65536 files wait (beyond, the unlink frees its file itself); a fop \
-         that fails with ENOSPC while files wait frees them and runs again; what waits when the brick stops is \
+         that changes the file system and fails with ENOSPC while files wait frees them and runs again; what waits when the brick stops is \
          dropped at its next start. statfs shows the space once freed. Off: the unlink frees the file.",
 );
 
@@ -436,8 +436,11 @@ impl Inner {
     /// stamped change recorded first: see `mdata`).
     fn dispatch(&self, ctx: &CallCtx, req: Request) -> FopResult {
         // Space the purge thread has not freed yet (`unlink-behind`) is
-        // freed before a fop is refused for want of it.
-        let again = (self.brick.purge_pending() > 0).then(|| req.clone());
+        // freed before a fop that changes the file system (a write, a
+        // create, replicate's xattrop...) is refused for want of it. Only
+        // those: an fsync's ENOSPC reports a write-back that failed, once,
+        // and running it again would hide that.
+        let again = (req.fop.is_modifying() && self.brick.purge_pending() > 0).then(|| req.clone());
         match self.dispatch_stamped(ctx, req) {
             Err(Errno::ENOSPC) if let Some(req) = again => {
                 self.brick.purge_now();

@@ -15,8 +15,9 @@
 //! gone and lookups by gfid look in `unlink/` only while an fd is open.
 //!
 //! Bounded: at most [`MAX_PENDING`] files wait; beyond, the unlink frees
-//! its file itself. A fop that fails with ENOSPC while files wait frees
-//! them all and runs again once (see `posix.rs`). What waits when the
+//! its file itself. A fop that changes the file system and fails with
+//! ENOSPC while files wait frees them all and runs again once (see
+//! `posix.rs`). What waits when the
 //! brick stops is dropped at its next start, with the files of fds open
 //! at the stop (`handle.rs`'s `purge_parked`).
 
