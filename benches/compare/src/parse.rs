@@ -73,7 +73,7 @@ fn number_before(rest: &str, marker: &str) -> Option<f64> {
 }
 
 /// The value of `key=` in a label (`numjobs=4`), as text.
-fn field<'a>(label: &'a str, key: &str) -> Option<&'a str> {
+pub(crate) fn field<'a>(label: &'a str, key: &str) -> Option<&'a str> {
     label.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
 }
 

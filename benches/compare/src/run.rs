@@ -146,6 +146,42 @@ fn through_remount(phase: &Sample, work: crate::parse::Work, secs: f64, dc: f64,
     }
 }
 
+/// The row of an untar and the rm of its tree together: the entries over
+/// the time of both, and the CPU of both. A client that answers creates
+/// and writes before its bricks have done them (xlfs's async directory
+/// operations and write-behind) is still storing the tree when `tar`
+/// returns, and `sync -f` does not wait for it (FUSE does not pass syncfs
+/// on), so the rm after it waits for that work: the untar row alone flatters
+/// such a client and the rm row alone blames it. None when `untar` and `rm`
+/// are not the untar and rm of the same number of entries.
+fn untar_cycle(untar: &Sample, rm: &Sample, metered: bool) -> Option<Sample> {
+    let n = |label: &str, phase: &str| -> Option<f64> {
+        let mut words = label.split_whitespace();
+        if words.next()? != phase || label.contains(" + ") {
+            return None;
+        }
+        crate::parse::field(label, "n")?.parse().ok()
+    };
+    let entries = n(&untar.label, "untar")?;
+    if n(&rm.label, "rm-untar")? != entries || untar.value <= 0.0 || rm.value <= 0.0 {
+        return None;
+    }
+    let secs = entries / untar.value + entries / rm.value;
+    let work = crate::parse::Work::Files(entries);
+    let (cc, cb) = (untar.cpu_client_s + rm.cpu_client_s, untar.cpu_bricks_s + rm.cpu_bricks_s);
+    Some(Sample {
+        round: rm.round,
+        system: rm.system.clone(),
+        label: format!("untar + rm-untar n={entries}"),
+        unit: rm.unit.clone(),
+        value: entries / secs,
+        cpu: metered.then(|| (work.cost(cc + cb), work.cost_unit().to_string())),
+        cpu_client_s: cc,
+        cpu_bricks_s: cb,
+        fops: Default::default(),
+    })
+}
+
 impl Ctx {
     /// The xlfs binary of an xlfs system: its column's own, or `--xlfs`.
     fn bin(&self, s: &System) -> PathBuf {
@@ -337,6 +373,16 @@ impl Ctx {
                 cpu_bricks_s: db,
                 fops,
             });
+            let rm = &samples[samples.len() - 1];
+            let cycle = samples
+                .iter()
+                .rev()
+                .find(|u| u.label.split_whitespace().next() == Some("untar"))
+                .and_then(|u| untar_cycle(u, rm, meter.is_some()));
+            if let Some(c) = cycle {
+                pb.suspend(|| eprintln!("  {:<12} {}: {} {}", s.name, c.label, report::num(c.value), c.unit));
+                samples.push(c);
+            }
         }
         let status = child.wait()?;
         RUNNING.store(0, Ordering::SeqCst);
@@ -695,7 +741,39 @@ fn run_all(args: &Args, ctx: &mut Ctx, systems: &[System], rounds: u32) -> Resul
 
 #[cfg(test)]
 mod tests {
-    use super::round_order;
+    use super::{Sample, round_order, untar_cycle};
+
+    fn sample(label: &str, value: f64, cpu_client_s: f64, cpu_bricks_s: f64) -> Sample {
+        Sample {
+            round: 1,
+            system: "xlfs".into(),
+            label: label.into(),
+            unit: "files/s".into(),
+            value,
+            cpu: None,
+            cpu_client_s,
+            cpu_bricks_s,
+            fops: Default::default(),
+        }
+    }
+
+    #[test]
+    fn the_untar_cycle_is_the_untar_and_its_rm_over_their_time() {
+        // 1000 entries: untar 2 s, rm 8 s.
+        let untar = sample("untar n=1000", 500.0, 1.0, 2.0);
+        let rm = sample("rm-untar n=1000", 125.0, 0.5, 4.5);
+        let c = untar_cycle(&untar, &rm, true).expect("a cycle");
+        assert_eq!(c.label, "untar + rm-untar n=1000");
+        assert!((c.value - 100.0).abs() < 1e-9, "1000 entries in 10 s: {}", c.value);
+        let (cost, unit) = c.cpu.clone().expect("metered");
+        assert_eq!(unit, "CPU ms/file");
+        assert!((cost - 8.0).abs() < 1e-9, "8 CPU s over 1000 files: {cost}");
+        assert!(untar_cycle(&untar, &rm, false).expect("a cycle").cpu.is_none());
+        // Not a pair: other phases, other counts, the cycle row itself.
+        assert!(untar_cycle(&sample("rm n=1000", 10.0, 0.0, 0.0), &rm, true).is_none());
+        assert!(untar_cycle(&untar, &sample("rm-untar n=999", 10.0, 0.0, 0.0), true).is_none());
+        assert!(untar_cycle(&c, &rm, true).is_none());
+    }
 
     #[test]
     fn rounds_alternate_the_order_of_the_systems() {
