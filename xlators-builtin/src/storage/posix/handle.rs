@@ -291,9 +291,10 @@ impl Brick {
         if xattrs_in_inode == Some(false) {
             tracing::warn!(
                 brick = %path.display(),
-                "a file's xattrs (gfid, replicate's changelog, times: about 150 bytes) do not fit in this file \
-                 system's inodes: every file takes an extra 4 KiB block, written when it is made and freed when it \
-                 is removed; make brick file systems with 512-byte inodes (mkfs.ext4 -I 512, mkfs.xfs -i size=512)"
+                "a file's xattrs at rest (gfid and times, 88 bytes in ext4's entries) do not fit in this file \
+                 system's inodes: every file takes an extra 4 KiB block, written when it is made, read by every \
+                 cold stat or listing and freed when it is removed; make brick file systems with inodes of at \
+                 least 256 bytes (mkfs.ext4's default, -I 256; mkfs.xfs -i size=512)"
             );
         }
         let brick = Brick {
@@ -756,15 +757,16 @@ impl Brick {
     }
 }
 
-/// Whether the xattrs a replicated file carries (its gfid, replicate's
-/// `dirty` counters, its times) fit in an inode of the file system holding
-/// `dir`: set on an unnamed file, they fit if the file still has no block
-/// (ext4 counts an external xattr block in `st_blocks`). None when it
-/// cannot be told (no `O_TMPFILE`, no trusted xattrs).
+/// Whether the xattrs a replicated file carries at rest (its gfid and its
+/// times; replicate's counters are removed when they return to zero) fit
+/// in an inode of the file system holding `dir`: set on an unnamed file,
+/// they fit if the file still has no block (ext4 counts an external xattr
+/// block in `st_blocks`). None when it cannot be told (no `O_TMPFILE`, no
+/// trusted xattrs).
 pub(crate) fn xattrs_fit_in_inode(dir: BorrowedFd<'_>) -> Option<bool> {
     let f = sys::openat(dir, c".", libc::O_TMPFILE | libc::O_RDWR, 0o600).ok()?;
     let t = Target::Fd(f.as_fd());
-    let usual: [(&CStr, usize); 3] = [(c"trusted.gfid", 16), (c"trusted.afr.dirty", 12), (c"trusted.xlfs.mdata", 37)];
+    let usual: [(&CStr, usize); 2] = [(c"trusted.gfid", 16), (c"trusted.xlfs.mdata", super::mdata::COMPACT_LEN)];
     for (name, len) in usual {
         t.setxattr(name, &vec![1u8; len], 0).ok()?;
     }

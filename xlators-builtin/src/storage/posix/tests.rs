@@ -506,7 +506,8 @@ async fn unlinked_files_are_freed_behind_and_before_a_write_runs_out_of_room() {
 
 /// The brick tells whether a file's xattrs fit in its inodes: on tmpfs
 /// (in memory) they do; on an ext4 with 128-byte inodes (no room for
-/// xattrs in the inode) they take a block.
+/// xattrs in the inode) they take a block; with 256 (mkfs.ext4's default)
+/// or 512-byte inodes they fit.
 #[test]
 fn the_brick_tells_whether_a_files_xattrs_fit_in_its_inode() {
     let Some(tmpfs) = SmallFs::mount("4m") else {
@@ -524,6 +525,43 @@ fn the_brick_tells_whether_a_files_xattrs_fit_in_its_inode() {
         return;
     };
     assert_eq!(handle::xattrs_fit_in_inode(dir(&small).as_fd()), Some(false), "ext4 with 128-byte inodes");
+    let Some(usual) = SmallFs::ext4(8, 256) else { return };
+    assert_eq!(handle::xattrs_fit_in_inode(dir(&usual).as_fd()), Some(true), "ext4 with 256-byte inodes");
     let Some(roomy) = SmallFs::ext4(8, 512) else { return };
     assert_eq!(handle::xattrs_fit_in_inode(dir(&roomy).as_fd()), Some(true), "ext4 with 512-byte inodes");
+}
+
+/// On ext4 with 256-byte inodes a file at rest keeps its xattrs (gfid,
+/// compact times) in its inode: replicate's dirty counter takes a block
+/// while a transaction holds it raised, and the block goes when the
+/// counter returns to zero (the xattr is removed).
+#[tokio::test]
+async fn a_file_at_rest_keeps_its_xattrs_in_a_256_byte_inode() {
+    let Some(fs) = SmallFs::ext4(8, 256) else {
+        eprintln!("skipped: no mkfs.ext4, loop devices or root");
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let brick = fs.path().join("brick");
+    std::fs::create_dir(&brick).expect("brick");
+    let outside = tmp.path().to_path_buf();
+    let xl = Arc::new(Posix::new(init(&brick, &[])).expect("posix"));
+    let e = Env { _tmp: tmp, brick: brick.clone(), outside, xl, ctx: CallCtx::root("test"), next: AtomicU64::new(1) };
+    let stamp = Dict::new().with(crate::storage::posix::mdata::UTIME, Value::U64(1_700_000_000_123_456_789));
+    let (g, fd) = e.try_create(Gfid::ROOT, "f", stamp).await.expect("create");
+    let blocks = || std::fs::symlink_metadata(brick.join("f")).expect("stat f").blocks();
+    let times = xattr(&brick.join("f"), crate::storage::posix::mdata::MDATA_XATTR).expect("stored times");
+    assert_eq!(times.len(), crate::storage::posix::mdata::COMPACT_LEN);
+    assert_eq!(blocks(), 0, "the gfid and the times are in the inode");
+    let dirty = "trusted.afr.dirty";
+    assert_eq!(e.xattrop(g, XattropOp::AddArray, dirty, &be32(&[1, 0, 0])).await.expect("pre-op"), be32(&[1, 0, 0]));
+    assert!(blocks() > 0, "three xattrs take a block: the test tells the cases apart");
+    assert_eq!(e.xattrop(g, XattropOp::AddArray, dirty, &be32(&[-1, 0, 0])).await.expect("post-op"), be32(&[0, 0, 0]));
+    assert_eq!(xattr(&brick.join("f"), dirty), None, "a counter back at zero is removed");
+    assert_eq!(blocks(), 0, "and the block with it");
+    // A counter left raised (a copy blamed) stays.
+    let blame = "trusted.afr.test-client-1";
+    e.xattrop(g, XattropOp::AddArray, blame, &be32(&[1, 0, 0])).await.expect("blame");
+    assert_eq!(xattr(&brick.join("f"), blame), Some(be32(&[1, 0, 0])));
+    e.release(fd).await;
 }

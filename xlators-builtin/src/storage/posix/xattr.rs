@@ -23,6 +23,10 @@ pub(super) fn xattr_name(name: &str) -> Sys<CString> {
     cstr(name.as_bytes())
 }
 
+/// The prefix of replicate's changelog counters (`trusted.afr.dirty`,
+/// `trusted.afr.<child>`), removed by xattrop when they return to zero.
+const CHANGELOG_PREFIX: &str = "trusted.afr.";
+
 pub(super) fn is_xattr_key(k: &str) -> bool {
     ["trusted.", "user.", "security.", "system."].iter().any(|p| k.starts_with(p))
 }
@@ -74,7 +78,17 @@ impl Inner {
             }
             if delta.iter().any(|&b| b != 0) {
                 add_arrays(&mut cur, delta, width);
-                t.setxattr(&name, &cur, 0)?;
+                // Replicate's counters back at zero are removed (absent
+                // reads as zero): with them gone a file's xattrs fit in a
+                // 256-byte inode (see `mdata::COMPACT_LEN`).
+                if key.starts_with(CHANGELOG_PREFIX) && cur.iter().all(|&b| b == 0) {
+                    match t.removexattr(&name) {
+                        Ok(()) | Err(Errno::ENODATA) => {}
+                        Err(e) => return Err(e),
+                    }
+                } else {
+                    t.setxattr(&name, &cur, 0)?;
+                }
             }
             out.set_bytes(key.clone(), cur);
         }

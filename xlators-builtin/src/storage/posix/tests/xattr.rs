@@ -70,10 +70,19 @@ async fn xattrop_adds_and_replies_with_the_result() {
     assert_eq!(e.xattrop(f, XattropOp::AddArray, key, &be32(&[1, 5, -3])).await.expect("add"), be32(&[2, 5, -1]));
     assert_eq!(xattr(&e.brick.join("f"), key), Some(be32(&[2, 5, -1])));
     assert_eq!(e.xattrop(f, XattropOp::AddArray, key, &be32(&[0, 0, 0])).await.expect("read"), be32(&[2, 5, -1]));
+    // Replicate's counters back at zero are removed, and read as zeros.
+    assert_eq!(e.xattrop(f, XattropOp::AddArray, key, &be32(&[-2, -5, 1])).await.expect("zero"), be32(&[0, 0, 0]));
+    assert_eq!(xattr(&e.brick.join("f"), key), None, "a changelog counter at zero is removed");
+    assert_eq!(e.xattrop(f, XattropOp::AddArray, key, &be32(&[0, 0, 0])).await.expect("read"), be32(&[0, 0, 0]));
+    assert_eq!(e.xattrop(f, XattropOp::AddArray, key, &be32(&[2, 5, -1])).await.expect("again"), be32(&[2, 5, -1]));
     // Wrapping, like the C code's 32-bit arithmetic.
     let w = "trusted.wrap";
     e.xattrop(f, XattropOp::AddArray, w, &be32(&[i32::MAX])).await.expect("max");
     assert_eq!(e.xattrop(f, XattropOp::AddArray, w, &be32(&[1])).await.expect("wrap"), be32(&[i32::MIN]));
+    // Other counters are kept at zero.
+    assert_eq!(e.xattrop(f, XattropOp::AddArray, w, &be32(&[i32::MIN])).await.expect("zero"), be32(&[0]));
+    assert_eq!(xattr(&e.brick.join("f"), w), Some(be32(&[0])));
+    e.xattrop(f, XattropOp::AddArray, w, &be32(&[i32::MIN])).await.expect("min");
 
     let k64 = "trusted.glusterfs.quota.size";
     assert_eq!(
