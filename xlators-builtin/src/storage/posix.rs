@@ -285,6 +285,9 @@ struct Inner {
     nfds: AtomicUsize,
     /// Open fds per inode (entries exist only while some fd is open).
     open: Mutex<HashMap<Gfid, u32>>,
+    /// Replicate's counters an xattrop brought back to zero while the inode
+    /// was open, removed at its last close (`xattr`).
+    zeroed: Mutex<HashMap<Gfid, Vec<CString>>>,
     /// `ctime`: stamped times kept and answered with (see `mdata`).
     ctime: AtomicBool,
     /// Stored times of recently seen inodes.
@@ -318,6 +321,7 @@ impl Posix {
             fds: FdSlots::with_capacity(max.max(65536).saturating_mul(16)),
             nfds: AtomicUsize::new(0),
             open: Mutex::new(HashMap::new()),
+            zeroed: Mutex::new(HashMap::new()),
             ctime: AtomicBool::new(CTIME.get(o)),
             times: mdata::cache(),
             deferred: mdata::Deferred::default(),
@@ -736,8 +740,10 @@ impl Inner {
             }
             Fop::Release { fd } | Fop::Releasedir { fd } => {
                 let f = self.fds.remove(&fd.id).ok_or(Errno::EBADF)?;
-                self.write_deferred_times(f.gfid);
+                // Counters at zero go first (at the last close), then the
+                // times: both fit in the inode, all three do not.
                 self.closed(&f);
+                self.write_deferred_times(f.gfid);
                 ok(Reply::Empty)
             }
             Fop::Forget { .. } => ok(Reply::Empty),

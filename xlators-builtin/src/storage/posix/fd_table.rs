@@ -168,6 +168,9 @@ impl Inner {
                 }
             }
         };
+        if left == 0 {
+            self.remove_zeroed(f);
+        }
         if left == 0 && !f.dir {
             self.forget_if_nameless(f.gfid);
         }

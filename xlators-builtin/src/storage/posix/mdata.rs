@@ -34,6 +34,12 @@
 //! system, whose journal commits times within seconds, a crash may lose
 //! the last second of times, never data: fdatasync and O_DSYNC promise no
 //! times. The first data change after a quiet window is written at once.
+//! A regular file made by a create (an fd open on it) keeps its first
+//! times in memory the same way, for a window or until its release (where
+//! replicate's counters back at zero are removed first, see `xattr`): a
+//! small file is written and closed within it, and its gfid with either
+//! its raised dirty counter or its times fits in a 256-byte inode, where
+//! all three took an xattr block allocated and freed per file.
 
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -204,6 +210,22 @@ struct Recent {
 }
 
 impl DeferredState {
+    /// Whether `g` may be tracked: it is, or there is room (made by
+    /// dropping what is past its window and has nothing pending, at most
+    /// every quarter window: a storm of new inodes is written at once
+    /// meanwhile).
+    fn room_for(&mut self, g: &Gfid, now: Instant) -> bool {
+        if self.recent.len() < DEFER_MAX || self.recent.contains_key(g) {
+            return true;
+        }
+        if self.pruned.is_some_and(|t| now.duration_since(t) < DEFER_WINDOW / 4) {
+            return false;
+        }
+        self.pruned = Some(now);
+        self.recent.retain(|_, r| r.pending.is_some() || now.duration_since(r.written) < DEFER_WINDOW);
+        self.recent.len() < DEFER_MAX
+    }
+
     /// Takes `g`'s pending times, if any.
     fn take_one(&mut self, g: &Gfid, now: Instant) -> Option<(bool, Mdata)> {
         let r = self.recent.get_mut(g)?;
@@ -229,6 +251,21 @@ impl Deferred {
         true
     }
 
+    /// Keeps the times of `g`, a file just made, in memory for a window
+    /// (false: too many inodes are tracked, write them now).
+    fn defer_new(&self, g: Gfid, m: Mdata) -> bool {
+        let mut st = self.0.lock();
+        let now = Instant::now();
+        if !st.room_for(&g, now) {
+            return false;
+        }
+        let was = st.recent.insert(g, Recent { dir: false, written: now, pending: Some(m) });
+        if !was.is_some_and(|r| r.pending.is_some()) {
+            st.pending += 1;
+        }
+        true
+    }
+
     /// `g`'s times were just written: a data change (`data`) opens a
     /// window; any write supersedes what was pending.
     fn written(&self, g: Gfid, dir: bool, data: bool) {
@@ -238,19 +275,9 @@ impl Deferred {
         if !data {
             return;
         }
-        if st.recent.len() >= DEFER_MAX && !st.recent.contains_key(&g) {
-            // Pruned at most every quarter window: a storm of new inodes
-            // is written at once meanwhile.
-            if st.pruned.is_some_and(|t| now.duration_since(t) < DEFER_WINDOW / 4) {
-                return;
-            }
-            st.pruned = Some(now);
-            st.recent.retain(|_, r| r.pending.is_some() || now.duration_since(r.written) < DEFER_WINDOW);
-            if st.recent.len() >= DEFER_MAX {
-                return;
-            }
+        if st.room_for(&g, now) {
+            st.recent.insert(g, Recent { dir, written: now, pending: None });
         }
-        st.recent.insert(g, Recent { dir, written: now, pending: None });
     }
 
     fn pending(&self, g: &Gfid) -> Option<Mdata> {
@@ -458,7 +485,15 @@ impl Inner {
                 Change::New => Mdata { ctime: t, mtime: t, atime: t },
             };
             let data = matches!(change, Change::Data) && !full_sync;
-            if data && self.deferred.defer(g, after) {
+            // A file made with an fd open on it (create) gets its first
+            // write and its close within the window most often: its times
+            // wait for them, so that replicate's dirty counter, raised by
+            // that write, is gone before they are written and the three
+            // never share the inode (which holds the gfid and the times,
+            // or the gfid and the counter: else an xattr block is
+            // allocated and freed per file).
+            let new_file = matches!((fop, change), (Fop::Create { .. }, Change::New)) && !dir && open.is_some();
+            if (new_file && self.deferred.defer_new(g, after)) || (data && self.deferred.defer(g, after)) {
                 self.times.put(g, Some(after));
                 out.push((g, before, after));
                 continue;
@@ -521,6 +556,25 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn new_files_are_deferred_past_the_bound_once_older_ones_are_done() {
+        let d = Deferred::default();
+        let t = Timespec { sec: 1_700_000_000, nsec: 0 };
+        let m = Mdata { ctime: t, mtime: t, atime: t };
+        let made: Vec<Gfid> = (0..DEFER_MAX).map(|_| Gfid::random()).collect();
+        for g in &made {
+            assert!(d.defer_new(*g, m));
+        }
+        assert!(!d.defer_new(Gfid::random(), m), "full of pending times: written at once");
+        // Their releases wrote them; a window later there is room again.
+        for g in &made {
+            assert_eq!(d.take_one(*g), Some((false, m)));
+        }
+        std::thread::sleep(DEFER_WINDOW);
+        assert!(d.defer_new(Gfid::random(), m));
+        assert!(d.0.lock().recent.len() < DEFER_MAX);
+    }
 
     #[test]
     fn times_round_trip_and_bad_values_are_refused() {

@@ -531,12 +531,14 @@ fn the_brick_tells_whether_a_files_xattrs_fit_in_its_inode() {
     assert_eq!(handle::xattrs_fit_in_inode(dir(&roomy).as_fd()), Some(true), "ext4 with 512-byte inodes");
 }
 
-/// On ext4 with 256-byte inodes a file at rest keeps its xattrs (gfid,
-/// compact times) in its inode: replicate's dirty counter takes a block
-/// while a transaction holds it raised, and the block goes when the
-/// counter returns to zero (the xattr is removed).
+/// On ext4 with 256-byte inodes a file keeps its xattrs in its inode all
+/// along the usual life of a small file (create, write, close): the gfid
+/// and replicate's dirty counter while it is written, the gfid and its
+/// compact times at rest. Times written while the counter is raised (a
+/// file open for long) take a block, which goes once the counter is back
+/// at zero and the file is closed (at once if it is not open).
 #[tokio::test]
-async fn a_file_at_rest_keeps_its_xattrs_in_a_256_byte_inode() {
+async fn a_file_keeps_its_xattrs_in_a_256_byte_inode() {
     let Some(fs) = SmallFs::ext4(8, 256) else {
         eprintln!("skipped: no mkfs.ext4, loop devices or root");
         return;
@@ -547,21 +549,39 @@ async fn a_file_at_rest_keeps_its_xattrs_in_a_256_byte_inode() {
     let outside = tmp.path().to_path_buf();
     let xl = Arc::new(Posix::new(init(&brick, &[])).expect("posix"));
     let e = Env { _tmp: tmp, brick: brick.clone(), outside, xl, ctx: CallCtx::root("test"), next: AtomicU64::new(1) };
-    let stamp = Dict::new().with(crate::storage::posix::mdata::UTIME, Value::U64(1_700_000_000_123_456_789));
-    let (g, fd) = e.try_create(Gfid::ROOT, "f", stamp).await.expect("create");
-    let blocks = || std::fs::symlink_metadata(brick.join("f")).expect("stat f").blocks();
-    let times = xattr(&brick.join("f"), crate::storage::posix::mdata::MDATA_XATTR).expect("stored times");
-    assert_eq!(times.len(), crate::storage::posix::mdata::COMPACT_LEN);
-    assert_eq!(blocks(), 0, "the gfid and the times are in the inode");
+    let made = Timespec { sec: 1_700_000_000, nsec: 123_456_789 };
+    let stamp = || Dict::new().with(crate::storage::posix::mdata::UTIME, Value::U64(made.to_nanos()));
+    let (g, fd) = e.try_create(Gfid::ROOT, "f", stamp()).await.expect("create");
+    let f = brick.join("f");
+    // In file system blocks (mkfs makes 1 KiB blocks on a small image).
+    let blocks = || {
+        let m = std::fs::symlink_metadata(&f).expect("stat f");
+        m.blocks() * 512 / m.blksize()
+    };
+    let times = || xattr(&f, crate::storage::posix::mdata::MDATA_XATTR);
     let dirty = "trusted.afr.dirty";
+    assert_eq!(times(), None, "a new file's times wait for its first write and close");
+    assert_eq!(e.stat(g).await.expect("stat").mtime, made, "and are answered meanwhile");
     assert_eq!(e.xattrop(g, XattropOp::AddArray, dirty, &be32(&[1, 0, 0])).await.expect("pre-op"), be32(&[1, 0, 0]));
-    assert!(blocks() > 0, "three xattrs take a block: the test tells the cases apart");
+    let w = Fop::Writev { fd, data: Bytes::from_static(b"data"), offset: 0, flags: 0 };
+    e.runx(w, stamp()).await.expect("write");
+    assert_eq!(blocks(), 1, "the data block only: the gfid and the raised counter are in the inode");
     assert_eq!(e.xattrop(g, XattropOp::AddArray, dirty, &be32(&[-1, 0, 0])).await.expect("post-op"), be32(&[0, 0, 0]));
-    assert_eq!(xattr(&brick.join("f"), dirty), None, "a counter back at zero is removed");
-    assert_eq!(blocks(), 0, "and the block with it");
-    // A counter left raised (a copy blamed) stays.
+    assert_eq!(xattr(&f, dirty), Some(be32(&[0, 0, 0])), "kept while the file is open");
+    e.release(fd).await;
+    assert_eq!(xattr(&f, dirty), None, "a counter back at zero is removed at the last close");
+    assert_eq!(times().map(|t| t.len()), Some(crate::storage::posix::mdata::COMPACT_LEN), "then the times are written");
+    assert_eq!(blocks(), 1, "the data block only: the gfid and the times are in the inode");
+    // A counter raised beside the times takes a block; back at zero on a
+    // file not open, it is removed at once, and the block goes.
+    e.xattrop(g, XattropOp::AddArray, dirty, &be32(&[0, 1, 0])).await.expect("pre-op");
+    assert_eq!(blocks(), 2, "gfid, times and counter do not fit: the test tells the cases apart");
+    e.xattrop(g, XattropOp::AddArray, dirty, &be32(&[0, -1, 0])).await.expect("post-op");
+    assert_eq!((xattr(&f, dirty), blocks()), (None, 1));
+    // A counter left raised (a copy blamed) stays, open or not.
+    let fd = e.open(g, libc::O_RDWR).await.expect("open");
     let blame = "trusted.afr.test-client-1";
     e.xattrop(g, XattropOp::AddArray, blame, &be32(&[1, 0, 0])).await.expect("blame");
-    assert_eq!(xattr(&brick.join("f"), blame), Some(be32(&[1, 0, 0])));
     e.release(fd).await;
+    assert_eq!(xattr(&f, blame), Some(be32(&[1, 0, 0])));
 }

@@ -80,14 +80,26 @@ impl Inner {
                 add_arrays(&mut cur, delta, width);
                 // Replicate's counters back at zero are removed (absent
                 // reads as zero): with them gone a file's xattrs fit in a
-                // 256-byte inode (see `mdata::COMPACT_LEN`).
-                if key.starts_with(CHANGELOG_PREFIX) && cur.iter().all(|&b| b == 0) {
+                // 256-byte inode (see `mdata::COMPACT_LEN`). While the
+                // inode is open the next transaction would raise them
+                // again (allocating the xattr block it just freed, a
+                // database's files every second): zeros are kept until
+                // its last close.
+                let at_zero = key.starts_with(CHANGELOG_PREFIX) && cur.iter().all(|&b| b == 0);
+                if at_zero && self.open_count(gfid) == 0 {
                     match t.removexattr(&name) {
                         Ok(()) | Err(Errno::ENODATA) => {}
                         Err(e) => return Err(e),
                     }
                 } else {
                     t.setxattr(&name, &cur, 0)?;
+                    if at_zero {
+                        let mut z = self.zeroed.lock();
+                        let names = z.entry(gfid).or_default();
+                        if !names.contains(&name) {
+                            names.push(name);
+                        }
+                    }
                 }
             }
             out.set_bytes(key.clone(), cur);
@@ -95,6 +107,22 @@ impl Inner {
         let mut rsp = Response::from(Reply::Xattrs(out));
         rsp.xdata = self.fill_xdata(t, gfid, xdata);
         Ok(rsp)
+    }
+}
+
+impl Inner {
+    /// At an inode's last close (inode lock held): removes the counters an
+    /// xattrop left at zero while it was open, if still zero.
+    pub(super) fn remove_zeroed(&self, f: &OpenFd) {
+        let Some(names) = self.zeroed.lock().remove(&f.gfid) else { return };
+        let t = Target::Fd(f.fd.as_fd());
+        for name in names {
+            let mut v = [0u8; 64];
+            let zero = matches!(t.getxattr_into(&name, &mut v), Ok(n) if v[..n].iter().all(|&b| b == 0));
+            if zero && let Err(e) = t.removexattr(&name) {
+                tracing::debug!(gfid = %f.gfid, error = %e, "cannot remove a changelog counter at zero");
+            }
+        }
     }
 }
 

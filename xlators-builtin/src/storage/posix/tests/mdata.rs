@@ -119,8 +119,14 @@ async fn times_of_a_file_written_often_are_written_once_a_window() {
         let w = Fop::Writev { fd, data: Bytes::from_static(b"wal record"), offset: 0, flags: libc::O_DSYNC as u32 };
         e.runx(w, stamp(at(1_700_000_000 + i, 0)))
     };
-    // The first data change is written at once; the next ones in the
-    // window only shown.
+    // A new file's times wait for its first write and close like those of
+    // a data change (here: written when read by name). A window later the
+    // first data change is written at once; the next ones in the window
+    // only shown.
+    assert_eq!(xattr(&e.brick.join("f"), MDATA_XATTR), None);
+    e.run(Fop::Fgetxattr { fd, name: MDATA_XATTR.into() }).await.expect("getxattr");
+    assert_eq!(on_disk(), at(1_700_000_000, 0));
+    tokio::time::sleep(crate::storage::posix::mdata::DEFER_WINDOW).await;
     write(1).await.expect("write");
     assert_eq!(on_disk(), at(1_700_000_001, 0));
     for i in 2..=5 {
