@@ -260,7 +260,7 @@ impl Deferred {
             return false;
         }
         let was = st.recent.insert(g, Recent { dir: false, written: now, pending: Some(m) });
-        if !was.is_some_and(|r| r.pending.is_some()) {
+        if was.is_none_or(|r| r.pending.is_none()) {
             st.pending += 1;
         }
         true
