@@ -34,8 +34,9 @@
 //! - xattrop replies with the values after the change (GlusterFS does the
 //!   same); a value of all zeros only reads. A missing xattr counts as
 //!   zeros, and replicate's counters (`trusted.afr.*`) that return to zero
-//!   are removed, so a file at rest keeps only its gfid and its times,
-//!   which fit in a 256-byte ext4 inode (`mdata`).
+//!   are removed (at once, or at the inode's last close here while it is
+//!   open), so a file at rest keeps only its gfid and its times, which fit
+//!   in a 256-byte ext4 inode (`mdata`).
 //! - Lookup (and xattrop) return, in the reply xdata, the value of each
 //!   request xdata key that names an xattr (`trusted.*`, `user.*`,
 //!   `security.*`, `system.*`) the inode has, and [`OPEN_FD_COUNT`] if asked.

@@ -24,7 +24,8 @@ pub(super) fn xattr_name(name: &str) -> Sys<CString> {
 }
 
 /// The prefix of replicate's changelog counters (`trusted.afr.dirty`,
-/// `trusted.afr.<child>`), removed by xattrop when they return to zero.
+/// `trusted.afr.<child>`), removed when they return to zero (by xattrop,
+/// or at the inode's last close while it is open).
 const CHANGELOG_PREFIX: &str = "trusted.afr.";
 
 pub(super) fn is_xattr_key(k: &str) -> bool {
