@@ -766,10 +766,8 @@ impl Brick {
 pub(crate) fn xattrs_fit_in_inode(dir: BorrowedFd<'_>) -> Option<bool> {
     let f = sys::openat(dir, c".", libc::O_TMPFILE | libc::O_RDWR, 0o600).ok()?;
     let t = Target::Fd(f.as_fd());
-    let usual: [(&CStr, usize); 2] = [(c"trusted.gfid", 16), (c"trusted.xlfs.mdata", super::mdata::COMPACT_LEN)];
-    for (name, len) in usual {
-        t.setxattr(name, &vec![1u8; len], 0).ok()?;
-    }
+    t.setxattr(&gfid_key(), &[1u8; 16], 0).ok()?;
+    t.setxattr(super::mdata::MDATA_C, &[1u8; super::mdata::COMPACT_LEN], 0).ok()?;
     Some(t.stat().ok()?.st_blocks == 0)
 }
 

@@ -57,7 +57,7 @@ pub use xlfs_sdk::dict::keys::UTIME;
 
 /// The xattr holding an inode's times.
 pub const MDATA_XATTR: &str = "trusted.xlfs.mdata";
-const MDATA_C: &CStr = c"trusted.xlfs.mdata";
+pub(super) const MDATA_C: &CStr = c"trusted.xlfs.mdata";
 /// The first encoding's version (its first byte): the three times as
 /// big-endian `i64` seconds and `u32` nanoseconds, 37 bytes. Still read,
 /// and written for a time the compact encoding cannot hold.

@@ -4,11 +4,12 @@
 //! on it, its gfid handle (its last link) moves to `.glusterfs/unlink/`
 //! and a thread of the brick drops it there later.
 //!
-//! Dropping the last link frees the inode's blocks, its data and its
-//! external xattr block (the gfid, AFR and time xattrs do not fit in a
-//! 256-byte inode); on a file system mounted with `discard` each freed
-//! extent is a discard the unlink waits for. Measured on this project's
-//! machine: a brick's UNLINK took 650 us, most of it in
+//! Dropping the last link frees the inode's blocks: its data, and an
+//! external xattr block where its xattrs do not fit in its inode (inodes
+//! smaller than 256 bytes, or replicate's counters left raised); on a file
+//! system mounted with `discard` each freed extent is a discard the unlink
+//! waits for. Measured on this project's machine, when every file still
+//! had such a block: a brick's UNLINK took 650 us, most of it in
 //! `blkdev_issue_discard`, and `rm -rf` of 5000 files waited 1.3 s of its
 //! 1.9 s for the bricks to drain. The rename out of the handle directory
 //! frees nothing, and the file is unreachable from then on: its names are

@@ -109,9 +109,7 @@ impl Inner {
         rsp.xdata = self.fill_xdata(t, gfid, xdata);
         Ok(rsp)
     }
-}
 
-impl Inner {
     /// At an inode's last close (inode lock held): removes the counters an
     /// xattrop left at zero while it was open, if still zero.
     pub(super) fn remove_zeroed(&self, f: &OpenFd) {
