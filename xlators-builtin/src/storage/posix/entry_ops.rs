@@ -278,7 +278,8 @@ impl Inner {
         if !loc.gfid.is_null() && loc.gfid != node.gfid {
             return Err(Errno::ESTALE);
         }
-        let pre = self.node_iatt(&parent)?;
+        // The parent as resolved, a moment ago, is its state before.
+        let pre = iatt(&parent.st, parent.gfid);
         sys::unlinkat(parent.dir_fd()?, &cname, if is_rmdir { libc::AT_REMOVEDIR } else { 0 })?;
         {
             let _i = self.brick.inode_locks.lock_all(&[&[&node.gfid.0]]);
