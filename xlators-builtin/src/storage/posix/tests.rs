@@ -328,16 +328,13 @@ fn reconfigure_changes_limits_only() {
 fn only_fops_that_stay_in_the_page_cache_run_inline() {
     let f = Loc::entry(Gfid::ROOT, "f");
     let unlink = Fop::Unlink { loc: f.clone(), flags: 0 };
-    let rename = Fop::Rename { old: f.clone(), new: Loc::entry(Gfid::ROOT, "g"), flags: 0 };
-    let setattr = Fop::Setattr { loc: f.clone(), attr: SetAttr { mode: Some(0o600), ..SetAttr::default() } };
     // A removed file is freed by the purge thread only with unlink-behind.
-    for fop in [&unlink, &rename] {
-        assert!(inline_ok(fop, true), "{fop:?}");
-        assert!(!inline_ok(fop, false), "{fop:?} frees the file in the fop");
-    }
-    assert!(inline_ok(&setattr, false));
+    assert!(inline_ok(&unlink, true));
+    assert!(!inline_ok(&unlink, false), "an unlink frees the file in the fop");
+    assert!(inline_ok(&Fop::Stat { loc: f.clone() }, false));
     let blocking = [
         Fop::Truncate { loc: f.clone(), offset: 0 },
+        Fop::Rename { old: f.clone(), new: Loc::entry(Gfid::ROOT, "g"), flags: 0 },
         Fop::Rmdir { loc: f.clone(), flags: 0 },
         Fop::Mkdir { loc: f.clone(), mode: 0o755, umask: 0 },
         Fop::Fsync { fd: Fd::default(), datasync: true },
