@@ -132,7 +132,7 @@ const INLINE_FOPS: Opt<kind::Bool> = Opt::bool("inline-fops", true).desc(
          xattr reads and xattrop, open, flush, release, seek, statfs; unlink while unlink-behind frees the \
          files it removes) on the calling task, as part of reading the request, \
          instead of handing each to a sync thread: no thread hand-off per fop (against the blocking pool, \
-         about 14% more pgbench TPS on a replica-3 mount on 2 cores; 11-21% less CPU per file for rm -rf). \
+         about 14% more pgbench TPS on a replica-3 mount on 2 cores; 10-21% less CPU per file for rm -rf). \
          fsync, O_SYNC/O_DSYNC writes, truncate, fallocate, setattr and the other namespace fops always go to \
          a sync thread. Off: every fop does (GlusterFS's io-threads model), for disks where a \
          page-cache miss is slow.",
