@@ -628,7 +628,7 @@ impl Inner {
             Fop::Fsync { fd, datasync } => {
                 let f = self.fd(fd.id)?;
                 if !datasync {
-                    self.write_deferred_times(f.gfid);
+                    self.write_deferred_times(f.gfid, Target::Fd(f.fd.as_fd()));
                 }
                 let pre = f.iatt()?;
                 if xdata.contains(xlfs_sdk::dict::keys::SYNCFS) {
@@ -682,14 +682,14 @@ impl Inner {
             Fop::Getxattr { loc, name } => {
                 let n = self.resolve(&loc)?;
                 if name == mdata::MDATA_XATTR {
-                    self.write_deferred_times(n.gfid);
+                    self.write_deferred_times(n.gfid, self.brick.target(&n));
                 }
                 ok(Reply::Xattrs(get_xattrs(self.brick.target(&n), &name)?))
             }
             Fop::Fgetxattr { fd, name } => {
                 let f = self.fd(fd.id)?;
                 if name == mdata::MDATA_XATTR {
-                    self.write_deferred_times(f.gfid);
+                    self.write_deferred_times(f.gfid, Target::Fd(f.fd.as_fd()));
                 }
                 ok(Reply::Xattrs(get_xattrs(Target::Fd(f.fd.as_fd()), &name)?))
             }
@@ -746,7 +746,7 @@ impl Inner {
                 // Counters at zero go first (at the last close), then the
                 // times: both fit in the inode, all three do not.
                 self.closed(&f);
-                self.write_deferred_times(f.gfid);
+                self.write_deferred_times(f.gfid, Target::Fd(f.fd.as_fd()));
                 ok(Reply::Empty)
             }
             Fop::Forget { .. } => ok(Reply::Empty),

@@ -421,10 +421,13 @@ impl Inner {
     }
 
     /// Writes the times kept in memory for `g` (before its xattr is read by
-    /// name, a full fsync, its release).
-    pub(super) fn write_deferred_times(&self, g: Gfid) {
-        if let Some((dir, m)) = self.deferred.take_one(g) {
-            self.write_times(vec![(g, dir, m)]);
+    /// name, a full fsync, its release) through `t`, the inode the fop has
+    /// at hand (its descriptor: no handle path to walk).
+    pub(super) fn write_deferred_times(&self, g: Gfid, t: Target<'_>) {
+        if let Some((_, m)) = self.deferred.take_one(g)
+            && let Err(e) = t.setxattr(MDATA_C, &m.encode(), 0)
+        {
+            tracing::debug!(%g, "storing deferred times: {e}");
         }
     }
 
