@@ -806,7 +806,8 @@ fn inline_ok(fop: &Fop, freed_behind: bool) -> bool {
         | Fop::Seek { .. } => true,
         // A name removed: the directory and the inode (which the lookup
         // before it read) change in the cache, and a file that loses its
-        // last name is freed by the purge thread, not here.
+        // last name is freed by the purge thread, not here (unless
+        // `purge::MAX_PENDING` wait there already: then it frees its own).
         Fop::Unlink { .. } => freed_behind,
         _ => false,
     }
