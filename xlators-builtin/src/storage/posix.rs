@@ -780,7 +780,8 @@ fn takes_space(fop: &Fop) -> Option<u64> {
 const INLINE_MAX: usize = 128 * 1024;
 
 /// Fops that normally finish in the page cache (see `inline-fops`);
-/// `freed_behind`: `unlink-behind` is on.
+/// `freed_behind`: a file an unlink removes now is freed by the purge
+/// thread ([`handle::Brick::frees_behind`]).
 fn inline_ok(fop: &Fop, freed_behind: bool) -> bool {
     match fop {
         Fop::Readv { size, .. } => (*size as usize) <= INLINE_MAX,
@@ -806,8 +807,7 @@ fn inline_ok(fop: &Fop, freed_behind: bool) -> bool {
         | Fop::Seek { .. } => true,
         // A name removed: the directory and the inode (which the lookup
         // before it read) change in the cache, and a file that loses its
-        // last name is freed by the purge thread, not here (unless
-        // `purge::MAX_PENDING` wait there already: then it frees its own).
+        // last name is freed by the purge thread, not here.
         Fop::Unlink { .. } => freed_behind,
         _ => false,
     }
@@ -852,8 +852,7 @@ impl Xlator for Posix {
             if matches!(req.fop, Fop::Forget { .. }) {
                 return ok(Reply::Empty);
             }
-            let inline = inner.inline.load(Ordering::Relaxed)
-                && inline_ok(&req.fop, inner.brick.purge_behind.load(Ordering::Relaxed));
+            let inline = inner.inline.load(Ordering::Relaxed) && inline_ok(&req.fop, inner.brick.frees_behind());
             // Only a stamped fop can leave times deferred (see `mdata`).
             let stamped = req.xdata.contains(mdata::UTIME);
             let me = inner.clone();

@@ -715,6 +715,13 @@ impl Brick {
         self.purge.pending()
     }
 
+    /// Whether a file that loses its last name now goes to the purge
+    /// thread (`unlink-behind` on and room in its queue) rather than being
+    /// freed by the fop that removed the name.
+    pub fn frees_behind(&self) -> bool {
+        self.purge_behind.load(Ordering::Relaxed) && self.purge.pending() < super::purge::MAX_PENDING
+    }
+
     /// Frees every unlinked file waiting for the purge thread, now.
     pub fn purge_now(&self) {
         self.purge.now();
