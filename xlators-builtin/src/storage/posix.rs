@@ -780,9 +780,9 @@ fn takes_space(fop: &Fop) -> Option<u64> {
 const INLINE_MAX: usize = 128 * 1024;
 
 /// Fops that normally finish in the page cache (see `inline-fops`);
-/// `freed_behind`: a file an unlink removes now is freed by the purge
-/// thread ([`handle::Brick::frees_behind`]).
-fn inline_ok(fop: &Fop, freed_behind: bool) -> bool {
+/// `freed_behind`, asked for an unlink only: a file it removes now is
+/// freed by the purge thread ([`handle::Brick::frees_behind`]).
+fn inline_ok(fop: &Fop, freed_behind: impl FnOnce() -> bool) -> bool {
     match fop {
         Fop::Readv { size, .. } => (*size as usize) <= INLINE_MAX,
         // An O_SYNC / O_DSYNC write fsyncs: the pool, like fsync.
@@ -808,7 +808,7 @@ fn inline_ok(fop: &Fop, freed_behind: bool) -> bool {
         // A name removed: the directory and the inode (which the lookup
         // before it read) change in the cache, and a file that loses its
         // last name is freed by the purge thread, not here.
-        Fop::Unlink { .. } => freed_behind,
+        Fop::Unlink { .. } => freed_behind(),
         _ => false,
     }
 }
@@ -852,7 +852,7 @@ impl Xlator for Posix {
             if matches!(req.fop, Fop::Forget { .. }) {
                 return ok(Reply::Empty);
             }
-            let inline = inner.inline.load(Ordering::Relaxed) && inline_ok(&req.fop, inner.brick.frees_behind());
+            let inline = inner.inline.load(Ordering::Relaxed) && inline_ok(&req.fop, || inner.brick.frees_behind());
             // Only a stamped fop can leave times deferred (see `mdata`).
             let stamped = req.xdata.contains(mdata::UTIME);
             let me = inner.clone();

@@ -678,12 +678,7 @@ impl Brick {
     /// when `unlink-behind` is on and its queue has room.
     pub fn remove_handle_if_nameless(&self, g: &Gfid) -> Sys<()> {
         match sys::fstatat(self.gfs.as_fd(), &handle_rel(g), 0) {
-            Ok(st)
-                if st.st_nlink <= 1
-                    && st.st_mode & libc::S_IFMT == libc::S_IFREG
-                    && self.purge_behind.load(Ordering::Relaxed)
-                    && self.purge.has_room() =>
-            {
+            Ok(st) if st.st_nlink <= 1 && st.st_mode & libc::S_IFMT == libc::S_IFREG && self.frees_behind() => {
                 sys::renameat2(self.gfs.as_fd(), &handle_rel(g), self.gfs.as_fd(), &parked_rel(g), 0)?;
                 self.purge.push(*g, st.st_ino);
                 Ok(())
@@ -719,7 +714,7 @@ impl Brick {
     /// thread (`unlink-behind` on and room in its queue) rather than being
     /// freed by the fop that removed the name.
     pub fn frees_behind(&self) -> bool {
-        self.purge_behind.load(Ordering::Relaxed) && self.purge.pending() < super::purge::MAX_PENDING
+        self.purge_behind.load(Ordering::Relaxed) && self.purge.has_room()
     }
 
     /// Frees every unlinked file waiting for the purge thread, now.

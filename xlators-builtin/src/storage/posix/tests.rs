@@ -329,9 +329,9 @@ fn only_fops_that_stay_in_the_page_cache_run_inline() {
     let f = Loc::entry(Gfid::ROOT, "f");
     let unlink = Fop::Unlink { loc: f.clone(), flags: 0 };
     // A removed file is freed by the purge thread only with unlink-behind.
-    assert!(inline_ok(&unlink, true));
-    assert!(!inline_ok(&unlink, false), "an unlink frees the file in the fop");
-    assert!(inline_ok(&Fop::Stat { loc: f.clone() }, false));
+    assert!(inline_ok(&unlink, || true));
+    assert!(!inline_ok(&unlink, || false), "an unlink frees the file in the fop");
+    assert!(inline_ok(&Fop::Stat { loc: f.clone() }, || false));
     let blocking = [
         Fop::Truncate { loc: f.clone(), offset: 0 },
         Fop::Rename { old: f.clone(), new: Loc::entry(Gfid::ROOT, "g"), flags: 0 },
@@ -340,7 +340,7 @@ fn only_fops_that_stay_in_the_page_cache_run_inline() {
         Fop::Fsync { fd: Fd::default(), datasync: true },
     ];
     for fop in &blocking {
-        assert!(!inline_ok(fop, true), "{fop:?} may wait for the disk");
+        assert!(!inline_ok(fop, || true), "{fop:?} may wait for the disk");
     }
 }
 
