@@ -138,11 +138,23 @@ fn a_mount_killed_mid_burst_leaves_a_prefix_and_heal_makes_the_copies_identical(
             err
         })
     };
-    // Kill while the burst runs and its operations are queued.
+    // Kill while the burst runs and its operations are queued. Whether the
+    // queue builds up on its own depends on how fast the bricks are against
+    // the application (on a loaded machine they kept up with all 2000), so
+    // once half the burst is answered the bricks are frozen (SIGSTOP: their
+    // sockets stay open, nothing answers): the creates answered from then on
+    // can only queue. They are thawed once the mount is dead, and work off
+    // what reached their sockets.
+    let mut frozen = None;
     let (queued, answered) = loop {
         let dm = dump(m.path());
         let (q, a) = (num(&dm, "async-dirops.queued"), num(&dm, "async-dirops.answered"));
-        if q >= KILL_AT_QUEUED && acked.load(Ordering::Acquire) >= KILL_AFTER && !done.load(Ordering::Acquire) {
+        let ran = acked.load(Ordering::Acquire);
+        if ran >= KILL_AFTER && frozen.is_none() {
+            c.bricks.iter().for_each(|b| b.pause());
+            frozen = Some(Instant::now());
+        }
+        if q >= KILL_AT_QUEUED && frozen.is_some() && !done.load(Ordering::Acquire) {
             m.stop_with(libc::SIGKILL);
             break (q, a);
         }
@@ -151,7 +163,13 @@ fn a_mount_killed_mid_burst_leaves_a_prefix_and_heal_makes_the_copies_identical(
             "the burst of {BURST} creates ended before {KILL_AT_QUEUED} were queued past the first {KILL_AFTER} \
              (queued {q}, answered {a})"
         );
+        assert!(
+            frozen.is_none_or(|t| t.elapsed() < Duration::from_secs(30)),
+            "with the bricks frozen after {KILL_AFTER} creates, the queue stayed at {q} of {KILL_AT_QUEUED} \
+             ({ran} creates answered to the application)"
+        );
     };
+    c.bricks.iter().for_each(|b| b.resume());
     let acked_at_kill = acked.load(Ordering::Acquire);
     let _ = xlfs_runtime::fuse::lazy_unmount(m.path());
     let err = burst.join().expect("burst thread");
