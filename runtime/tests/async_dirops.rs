@@ -17,7 +17,10 @@
 //!   by a new mount;
 //! - tar restoring the owner, mode and times of the directories it fills:
 //!   answered early (three setattrs per directory taken into one), right
-//!   on the mount at once and on every brick after `xlfs umount`.
+//!   on the mount at once and on every brick after `xlfs umount`;
+//! - `rm -r` of a tree this mount just made, and on a mount that did not
+//!   make it: the rmdirs of emptied directories answered early (on the
+//!   second mount once the parent's delegation is taken and listed).
 //!
 //! Each test checks through `async-dirops.answered` that operations were in
 //! fact answered early, so none of them passes with the feature inert.
@@ -670,4 +673,75 @@ fn rm_r_of_a_tree_just_made_answers_its_rmdirs_early() {
     let m2 = FuseMount::start(&text, "");
     assert!(!m2.path().join("tree").exists(), "a new mount sees the tree gone");
     assert_eq!(std::fs::read(m2.path().join("kept")).expect("read"), b"kept");
+}
+
+// ---------------------------------------------------------------------------
+// 6. rm -r on a mount that did not make the tree.
+
+/// Waits until the mount has listed `n` delegated directories (their names
+/// are known from then on).
+fn wait_listed(mnt: &Path, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = counter(mnt, "entry-eager-lock.listed");
+        if got >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "only {got} of {n} delegated directories listed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A mount that did not make the tree removes it: the rmdir of a directory
+/// whose delegation it holds (its files were unlinked under it) runs under
+/// that delegation and the parent's, which the rmdir takes; once the
+/// parent is listed, the next emptied directory's rmdir is answered early.
+/// (The FUSE layer names the directory's inode in the rmdir: without it
+/// replicate could not tell which delegation the rmdir removes, returned
+/// it, and locked the name, so no rmdir was ever answered early there.)
+#[test]
+fn rm_r_on_another_mount_answers_rmdirs_early_once_the_parent_is_listed() {
+    let c = Cluster::start(3);
+    let text = c.replica_volfile(&[]);
+    {
+        let m = FuseMount::start(&text, "");
+        for d in 0..2 {
+            let d = m.path().join(format!("tree/d{d}"));
+            std::fs::create_dir_all(&d).expect("mkdir");
+            for f in 0..4 {
+                std::fs::write(d.join(format!("f{f}")), b"x").expect("write");
+            }
+        }
+    }
+    let m = FuseMount::start(&text, "");
+    let top = m.path().join("tree");
+    let answered = || counter(m.path(), "async-dirops.answered");
+    let empty = |d: &Path| {
+        // The first unlink takes the directory's delegation; the others,
+        // once it is listed, are answered early.
+        let listed = counter(m.path(), "entry-eager-lock.listed");
+        std::fs::remove_file(d.join("f0")).expect("unlink f0");
+        wait_listed(m.path(), listed + 1);
+        let before = answered();
+        for f in 1..4 {
+            std::fs::remove_file(d.join(format!("f{f}"))).expect("unlink");
+        }
+        assert_eq!(answered() - before, 3, "unlinks in {} answered early", d.display());
+    };
+    empty(&top.join("d0"));
+    let listed = counter(m.path(), "entry-eager-lock.listed");
+    std::fs::remove_dir(top.join("d0")).expect("rmdir d0");
+    // That rmdir took the delegation of tree and listed it.
+    wait_listed(m.path(), listed + 1);
+    empty(&top.join("d1"));
+    let before = answered();
+    std::fs::remove_dir(top.join("d1")).expect("rmdir d1");
+    assert_eq!(answered() - before, 1, "the rmdir of d1 answered early");
+    assert!(!top.join("d1").exists());
+    let out = run_xlfs(&[std::ffi::OsStr::new("umount"), m.path().as_os_str()]);
+    assert!(out.status.success(), "xlfs umount: {}", String::from_utf8_lossy(&out.stderr));
+    for b in &c.bricks {
+        assert_eq!(brick_tree(b.dir()), vec![PathBuf::from("tree")], "brick {}", b.dir().display());
+    }
+    assert_identical(&c, true);
 }

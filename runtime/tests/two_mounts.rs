@@ -152,6 +152,19 @@ fn every_change_is_seen(afr: &[(&str, &str)], early: bool) {
         (!b.join("d").exists() && names(b).is_empty()).then_some(()).ok_or("still there".into())
     });
 
+    // rmdir of a directory the other mount replaced meanwhile: b names the
+    // inode it knows in the rmdir; whether b was told of the change first
+    // or a brick refuses the old inode as stale (and the kernel looks the
+    // name up again), b removes the directory there now.
+    std::fs::create_dir(a.join("e")).expect("mkdir e");
+    eventually("mkdir e", SEEN_WITHIN, || b.join("e").is_dir().then_some(()).ok_or("absent".into()));
+    std::fs::remove_dir(a.join("e")).expect("rmdir e on a");
+    std::fs::create_dir(a.join("e")).expect("mkdir e again on a");
+    std::fs::remove_dir(b.join("e")).expect("rmdir on b of the directory a made anew");
+    eventually("rmdir of a replaced directory", SEEN_WITHIN, || {
+        (!a.join("e").exists() && names(a).is_empty()).then_some(()).ok_or(format!("{:?}", names(a)))
+    });
+
     // A directory larger than a FUSE batch and a readdir-ahead fill: each
     // listing is whole and current, on the mount that changed it at once,
     // on the other once told.

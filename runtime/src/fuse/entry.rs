@@ -203,12 +203,16 @@ impl Core {
     ) -> Result<(), Errno> {
         let pg = self.gfid(parent)?;
         let mut loc = Loc::entry(pg, name.clone());
-        // A file still open here: name its inode, so the translators that
-        // opened it lazily (performance/open-behind) open it for real first
-        // and its fds keep working after the unlink, as POSIX says.
-        if !dir
-            && let Some(g) = self.inodes.resolve(pg, &name)
-            && self.fds.is_open_on(g)
+        // A directory: name the inode the kernel means (a brick refuses
+        // with ESTALE, and the kernel looks again, if the name is another
+        // directory's by now), so that cluster/replicate can remove it under
+        // the delegation it holds of it (`rm -r` unlinked its names under
+        // it) instead of returning that and locking the name. A file still
+        // open here: name its inode, so the translators that opened it
+        // lazily (performance/open-behind) open it for real first and its
+        // fds keep working after the unlink, as POSIX says.
+        if let Some(g) = self.inodes.resolve(pg, &name)
+            && (dir || self.fds.is_open_on(g))
         {
             loc.gfid = g;
         }
