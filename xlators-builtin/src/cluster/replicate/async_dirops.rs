@@ -310,6 +310,7 @@ impl Inner {
             _ => Gfid::default(),
         };
         self.room_in_queue(cfg.async_queue).await;
+        self.wait_listing(loc.parent).await;
         let early = if what { Early::Add(Name { gfid, dir: ty == libc::S_IFDIR }) } else { Early::Remove };
         let (ticket, parent, post, removed) = self.join_early(loc.parent, &loc.name, early)?;
         let target = if what { gfid } else { removed.unwrap_or_default() };

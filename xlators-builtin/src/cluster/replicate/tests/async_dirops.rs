@@ -498,3 +498,53 @@ async fn a_failed_early_rmdir_is_reported_by_the_parents_fsync() {
         assert_eq!(names_on(&c, i, "d/sub"), vec!["stray".to_string()], "brick {i}");
     }
 }
+
+/// A child that holds every OPENDIR for a while: the listing of a
+/// delegation just taken takes that long.
+struct SlowListing {
+    inner: Arc<dyn Xlator>,
+}
+
+impl Xlator for SlowListing {
+    fn call(&self, ctx: CallCtx, req: Request) -> xlfs_sdk::FopFuture<'_> {
+        if !matches!(req.fop, Fop::Opendir { .. }) {
+            return self.inner.call(ctx, req);
+        }
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            self.inner.call(ctx, req).await
+        })
+    }
+}
+
+/// `rm -r` on a client that did not make the directory: the first unlink
+/// takes the delegation (synchronously) and starts its listing; the next
+/// ones wait for the listing and are answered early, instead of each
+/// running synchronously while it is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlinks_wait_for_the_listing_of_a_delegation_just_taken() {
+    let c = Cluster::new();
+    let a = c.node("client-a", &[("post-op-delay-secs", "1")]);
+    let d = entry_gfid(a.call(mkdir_req(Gfid::ROOT, "d")).await);
+    for k in 0..4 {
+        let (fd, _) = create_in(&a, d, &format!("f{k}")).await.expect("create");
+        a.call(Fop::Release { fd }).await.expect("release");
+    }
+    drain(&a).await;
+    // a returns its delegation of d once idle, so b takes it at once.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while a.dump("entry-eager-lock.held") != "0" {
+        assert!(std::time::Instant::now() < deadline, "a kept its delegation: {:?}", a.afr.dump());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b = c.node_wrapped("client-b", &[("post-op-delay-secs", "3600")], &|_, inner| Arc::new(SlowListing { inner }));
+    for k in 0..4 {
+        b.call(Fop::Unlink { loc: Loc::entry(d, format!("f{k}")), flags: 0 }).await.expect("unlink");
+    }
+    assert_eq!(answered(&b), 3, "every unlink after the first answered early: {:?}", b.afr.dump());
+    drain(&b).await;
+    assert_eq!(b.dump("async-dirops.failed"), "0");
+    for i in 0..N {
+        assert!(names_on(&c, i, "d").is_empty(), "brick {i}: {:?}", names_on(&c, i, "d"));
+    }
+}
