@@ -203,6 +203,134 @@ pub(crate) enum Target<'a> {
     At(BorrowedFd<'a>, &'a CStr),
 }
 
+/// How an xattr call reaches its inode ([`Target::with_path`]).
+enum Via<'a> {
+    Fd(BorrowedFd<'a>),
+    /// A name under a directory, with the `*xattrat` calls.
+    At(BorrowedFd<'a>, &'a CStr),
+    /// The `/proc/self/fd` path of a name under a directory.
+    Path(&'a CStr),
+}
+
+/// Linux 6.13's `getxattrat`, `setxattrat`, `listxattrat` and
+/// `removexattrat`: an xattr of a name in an open directory, without the
+/// kernel resolving `/proc/self/fd/N/NAME` for it (a read costs 1.5 us
+/// here against 3.8 through the `/proc` path; a brick reads a gfid so at
+/// every lookup, unlink and listed entry). An older kernel answers ENOSYS
+/// once and the `/proc` path is used from then on.
+mod xattrat {
+    use std::ffi::CStr;
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::{Sys, errno};
+    use xlfs_sdk::Errno;
+
+    // The same numbers on every architecture that has them (they came after
+    // the tables were unified).
+    const SETXATTRAT: libc::c_long = 463;
+    const GETXATTRAT: libc::c_long = 464;
+    const LISTXATTRAT: libc::c_long = 465;
+    const REMOVEXATTRAT: libc::c_long = 466;
+
+    /// `struct xattr_args` (VER0).
+    #[repr(C)]
+    struct XattrArgs {
+        value: u64,
+        size: u32,
+        flags: u32,
+    }
+
+    static AVAILABLE: AtomicBool = AtomicBool::new(cfg!(any(target_arch = "x86_64", target_arch = "aarch64")));
+
+    pub(super) fn available() -> bool {
+        AVAILABLE.load(Ordering::Relaxed)
+    }
+
+    /// The kernel has no `*xattrat` calls (or a test says so).
+    pub(crate) fn missing() {
+        AVAILABLE.store(false, Ordering::Relaxed);
+    }
+
+    /// The flags for `path` under the directory: never follow the last
+    /// component; an empty path is the directory itself.
+    fn at_flags(path: &CStr) -> libc::c_int {
+        libc::AT_SYMLINK_NOFOLLOW | if path.is_empty() { libc::AT_EMPTY_PATH } else { 0 }
+    }
+
+    /// `syscall`, retried on EINTR, -1 as the errno.
+    fn call(f: impl Fn() -> libc::c_long) -> Sys<libc::c_long> {
+        loop {
+            let r = f();
+            if r != -1 {
+                return Ok(r);
+            }
+            match errno() {
+                Errno::EINTR => {}
+                e => return Err(e),
+            }
+        }
+    }
+
+    pub(super) fn get(dir: BorrowedFd<'_>, path: &CStr, name: &CStr, buf: *mut u8, len: usize) -> Sys<isize> {
+        let mut args = XattrArgs { value: buf as u64, size: u32::try_from(len).unwrap_or(u32::MAX), flags: 0 };
+        let a: *mut XattrArgs = &mut args;
+        // SAFETY: valid descriptor, NUL-terminated strings, `buf` valid for
+        // `len` bytes (the caller's slice) and `args` for its size.
+        let r = call(|| unsafe {
+            libc::syscall(
+                GETXATTRAT,
+                dir.as_raw_fd(),
+                path.as_ptr(),
+                at_flags(path),
+                name.as_ptr(),
+                a,
+                size_of::<XattrArgs>(),
+            )
+        })?;
+        Ok(r as isize)
+    }
+
+    pub(super) fn set(dir: BorrowedFd<'_>, path: &CStr, name: &CStr, value: &[u8], flags: i32) -> Sys<()> {
+        let size = u32::try_from(value.len()).map_err(|_| Errno::E2BIG)?;
+        let args = XattrArgs { value: value.as_ptr() as u64, size, flags: flags as u32 };
+        let a: *const XattrArgs = &args;
+        // SAFETY: as in `get`; the kernel only reads `value`.
+        call(|| unsafe {
+            libc::syscall(
+                SETXATTRAT,
+                dir.as_raw_fd(),
+                path.as_ptr(),
+                at_flags(path),
+                name.as_ptr(),
+                a,
+                size_of::<XattrArgs>(),
+            )
+        })
+        .map(drop)
+    }
+
+    pub(super) fn list(dir: BorrowedFd<'_>, path: &CStr, buf: *mut u8, len: usize) -> Sys<isize> {
+        // SAFETY: as in `get`.
+        let r =
+            call(|| unsafe { libc::syscall(LISTXATTRAT, dir.as_raw_fd(), path.as_ptr(), at_flags(path), buf, len) })?;
+        Ok(r as isize)
+    }
+
+    pub(super) fn remove(dir: BorrowedFd<'_>, path: &CStr, name: &CStr) -> Sys<()> {
+        // SAFETY: as in `get`.
+        call(|| unsafe { libc::syscall(REMOVEXATTRAT, dir.as_raw_fd(), path.as_ptr(), at_flags(path), name.as_ptr()) })
+            .map(drop)
+    }
+}
+
+/// Makes xattr calls by name go through `/proc/self/fd` paths, as on a
+/// kernel without the `*xattrat` calls (for tests of that path).
+#[cfg(test)]
+pub(crate) fn xattrat_off() {
+    xattrat::missing();
+}
+
 fn timespec(t: Option<xlfs_sdk::TimeSet>) -> libc::timespec {
     use xlfs_sdk::TimeSet;
     match t {
@@ -246,25 +374,34 @@ impl Target<'_> {
         }
     }
 
-    fn with_path<R>(&self, f: impl FnOnce(Result<BorrowedFd<'_>, &CStr>) -> Sys<R>) -> Sys<R> {
+    /// Runs an xattr call on the target: by its descriptor, by the name in
+    /// its directory with the kernel's `*xattrat` calls, or (a kernel
+    /// without them) by its `/proc/self/fd` path.
+    fn with_path<R>(&self, f: impl Fn(Via<'_>) -> Sys<R>) -> Sys<R> {
         match *self {
-            Target::Fd(fd) => f(Ok(fd)),
+            Target::Fd(fd) => f(Via::Fd(fd)),
             Target::At(dir, p) => {
+                if xattrat::available() {
+                    match f(Via::At(dir, p)) {
+                        Err(Errno::ENOSYS) => xattrat::missing(),
+                        r => return r,
+                    }
+                }
                 let path = proc_path(dir.as_raw_fd(), p.to_bytes())?;
-                f(Err(&path))
+                f(Via::Path(&path))
             }
         }
     }
 
     /// Reads an xattr into `buf`, returning its length (ERANGE if longer).
     pub(crate) fn getxattr_into(&self, name: &CStr, buf: &mut [u8]) -> Sys<usize> {
-        self.with_path(|t| {
-            let n = match t {
-                Ok(fd) => sys!(libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()))?,
-                Err(p) => sys!(libc::lgetxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()))?,
-            };
-            usize::try_from(n).map_err(|_| Errno::EIO)
-        })
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        let n = self.with_path(|t| match t {
+            Via::Fd(fd) => sys!(libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), ptr.cast(), len)),
+            Via::At(dir, p) => xattrat::get(dir, p, name, ptr, len),
+            Via::Path(p) => sys!(libc::lgetxattr(p.as_ptr(), name.as_ptr(), ptr.cast(), len)),
+        })?;
+        usize::try_from(n).map_err(|_| Errno::EIO)
     }
 
     /// Reads a whole xattr value.
@@ -290,9 +427,12 @@ impl Target<'_> {
     /// Sets an xattr; `flags` are `XATTR_CREATE` / `XATTR_REPLACE`.
     pub(crate) fn setxattr(&self, name: &CStr, value: &[u8], flags: i32) -> Sys<()> {
         self.with_path(|t| match t {
-            Ok(fd) => sys!(libc::fsetxattr(fd.as_raw_fd(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags))
-                .map(drop),
-            Err(p) => {
+            Via::Fd(fd) => {
+                sys!(libc::fsetxattr(fd.as_raw_fd(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags))
+                    .map(drop)
+            }
+            Via::At(dir, p) => xattrat::set(dir, p, name, value, flags),
+            Via::Path(p) => {
                 sys!(libc::lsetxattr(p.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags)).map(drop)
             }
         })
@@ -301,8 +441,9 @@ impl Target<'_> {
     /// Removes an xattr.
     pub(crate) fn removexattr(&self, name: &CStr) -> Sys<()> {
         self.with_path(|t| match t {
-            Ok(fd) => sys!(libc::fremovexattr(fd.as_raw_fd(), name.as_ptr())).map(drop),
-            Err(p) => sys!(libc::lremovexattr(p.as_ptr(), name.as_ptr())).map(drop),
+            Via::Fd(fd) => sys!(libc::fremovexattr(fd.as_raw_fd(), name.as_ptr())).map(drop),
+            Via::At(dir, p) => xattrat::remove(dir, p, name),
+            Via::Path(p) => sys!(libc::lremovexattr(p.as_ptr(), name.as_ptr())).map(drop),
         })
     }
 
@@ -319,13 +460,13 @@ impl Target<'_> {
     /// The names of all xattrs.
     pub(crate) fn listxattr(&self) -> Sys<Vec<Vec<u8>>> {
         let list = |buf: &mut [u8]| {
-            self.with_path(|t| {
-                let n = match t {
-                    Ok(fd) => sys!(libc::flistxattr(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()))?,
-                    Err(p) => sys!(libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()))?,
-                };
-                usize::try_from(n).map_err(|_| Errno::EIO)
-            })
+            let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+            let n = self.with_path(|t| match t {
+                Via::Fd(fd) => sys!(libc::flistxattr(fd.as_raw_fd(), ptr.cast(), len)),
+                Via::At(dir, p) => xattrat::list(dir, p, ptr, len),
+                Via::Path(p) => sys!(libc::llistxattr(p.as_ptr(), ptr.cast(), len)),
+            })?;
+            usize::try_from(n).map_err(|_| Errno::EIO)
         };
         let mut buf = vec![0u8; 1024];
         for _ in 0..4 {

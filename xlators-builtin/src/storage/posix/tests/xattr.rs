@@ -4,6 +4,18 @@ use super::*;
 
 #[tokio::test]
 async fn xattrs_and_their_protection() {
+    xattrs_and_their_protection_here().await;
+}
+
+/// The same through `/proc/self/fd` paths, as on a kernel older than the
+/// `*xattrat` calls (6.13).
+#[tokio::test]
+async fn xattrs_and_their_protection_without_the_xattrat_calls() {
+    super::super::sys::xattrat_off();
+    xattrs_and_their_protection_here().await;
+}
+
+async fn xattrs_and_their_protection_here() {
     let e = env();
     let (f, fd) = e.create(Gfid::ROOT, "f").await;
     let loc = Loc::gfid(f);
@@ -56,6 +68,31 @@ async fn xattrs_and_their_protection() {
     e.setx(Loc::gfid(d), "trusted.glusterfs.dht", b"layout", 0).await.expect("dir xattr");
     assert_eq!(xattr(&e.brick.join("d"), "trusted.glusterfs.dht"), Some(b"layout".to_vec()));
     e.release(fd).await;
+
+    // A file with no descriptor open here: its xattrs by its name.
+    let (g, gfd) = e.create(Gfid::ROOT, "g").await;
+    e.release(gfd).await;
+    let by_name = Loc::entry(Gfid::ROOT, "g");
+    e.setx(by_name.clone(), "user.k", b"v", 0).await.expect("set by name");
+    assert_eq!(e.setx(by_name.clone(), "user.k", b"w", xattr_flags::CREATE).await, Err(Errno::EEXIST));
+    assert_eq!(xattr(&e.brick.join("g"), "user.k"), Some(b"v".to_vec()));
+    let all = e.getx(by_name.clone(), "").await.expect("list by name");
+    assert_eq!(all.get_bytes("user.k").as_deref(), Some(&b"v"[..]));
+    assert_eq!(all.get_bytes(GFID_XATTR).as_deref(), Some(&g.0[..]));
+    let big = vec![7u8; 4000];
+    e.setx(by_name.clone(), "user.big", &big, 0).await.expect("a value longer than the first buffer");
+    assert_eq!(
+        e.getx(by_name.clone(), "user.big").await.expect("get").get_bytes("user.big").as_deref(),
+        Some(&big[..])
+    );
+    e.run(Fop::Removexattr { loc: by_name.clone(), name: "user.k".into() }).await.expect("remove by name");
+    assert_eq!(e.getx(by_name.clone(), "user.k").await.err(), Some(Errno::ENODATA));
+    assert_eq!(xattr(&e.brick.join("g"), "user.k"), None);
+    let rsp = e.runx(Fop::Lookup { loc: by_name }, Dict::new()).await.expect("lookup by name");
+    match rsp.reply {
+        Reply::Entry { iatt, .. } => assert_eq!(iatt.gfid, g),
+        r => panic!("{r:?}"),
+    }
 }
 
 #[tokio::test]
