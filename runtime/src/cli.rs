@@ -27,7 +27,7 @@ pub use daemon::{DaemonArgs, DaemonError, PeerArgs, PeerCommand, VolumeArgs, Vol
 pub use heal::{HealArgs, HealError};
 pub use mount::{MountArgs, MountError, UmountArgs};
 pub use profile::ProfileArgs;
-pub use reload::{ReloadArgs, ReloadError, StatusArgs};
+pub use reload::{ReloadArgs, ReloadError, StatusArgs, SyncArgs};
 pub use up::{DownArgs, UpArgs, UpError};
 pub use volfile::VolfileCommand;
 
@@ -66,6 +66,11 @@ pub enum Command {
     /// Show a mounted client's running graph, its generation and when it
     /// was switched.
     Status(StatusArgs),
+    /// Send what a mounted client delayed (directory operations answered
+    /// early, writes held by write-behind) to the bricks and wait for their
+    /// answers: sync(1) for an xlfs mount, whose process the kernel never
+    /// tells of a sync or syncfs (it does so for virtiofs only).
+    Sync(SyncArgs),
     /// Show where the time goes, per fop and translator, in a mounted
     /// client's graph and its bricks' (or one brick's, with --brick).
     Profile(ProfileArgs),
@@ -184,6 +189,7 @@ impl Cli {
             Command::Heal(args) => args.run(out).await,
             Command::Reload(args) => args.run(out).await,
             Command::Status(args) => args.run(out).await,
+            Command::Sync(args) => args.run().await,
             Command::Profile(args) => args.run(out).await,
             Command::Daemon(args) => args.run(out).await,
             Command::Volume(args) => args.run(out).await,

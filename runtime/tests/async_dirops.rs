@@ -20,7 +20,8 @@
 //!   on the mount at once and on every brick after `xlfs umount`;
 //! - `rm -r` of a tree this mount just made, and on a mount that did not
 //!   make it: the rmdirs of emptied directories answered early (on the
-//!   second mount once the parent's delegation is taken and listed).
+//!   second mount once the parent's delegation is taken and listed);
+//! - `xlfs sync` returning once the bricks have what was answered early.
 //!
 //! Each test checks through `async-dirops.answered` that operations were in
 //! fact answered early, so none of them passes with the feature inert.
@@ -744,4 +745,47 @@ fn rm_r_on_another_mount_answers_rmdirs_early_once_the_parent_is_listed() {
         assert_eq!(brick_tree(b.dir()), vec![PathBuf::from("tree")], "brick {}", b.dir().display());
     }
     assert_identical(&c, true);
+}
+
+// ---------------------------------------------------------------------------
+// 7. xlfs sync.
+
+/// Creates answered early while the bricks are frozen wait in the mount's
+/// queue; `xlfs sync` returns once the bricks have them all (the kernel
+/// never passes a sync or syncfs to a FUSE file system, so this is how a
+/// script waits for the bricks without unmounting).
+#[test]
+fn xlfs_sync_returns_once_the_bricks_have_what_was_answered_early() {
+    const FILES: usize = 50;
+    let c = Cluster::start(3);
+    let text = c.replica_volfile(&[]);
+    let m = FuseMount::start(&text, "");
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).expect("mkdir d");
+    let before = counter(m.path(), "async-dirops.answered");
+    c.bricks.iter().for_each(|b| b.pause());
+    for i in 0..FILES {
+        std::fs::File::create(d.join(burst_name(i))).expect("create");
+    }
+    let queued = counter(m.path(), "async-dirops.queued");
+    let answered = counter(m.path(), "async-dirops.answered") - before;
+    c.bricks.iter().for_each(|b| b.resume());
+    assert!(answered >= FILES as u64, "only {answered} creates answered early");
+    assert!(queued > 0, "nothing queued with the bricks frozen");
+    let out = run_xlfs(&[std::ffi::OsStr::new("sync"), m.path().as_os_str()]);
+    assert!(out.status.success(), "xlfs sync: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(counter(m.path(), "async-dirops.queued"), 0, "queue after xlfs sync");
+    for b in &c.bricks {
+        let names = burst_indices(&b.dir().join("d"));
+        assert_eq!(names.len(), FILES, "brick {} right after xlfs sync", b.dir().display());
+    }
+    assert!(m.log().lines().all(|l| !l.contains(FAILED_LINE)), "an early operation failed:\n{}", m.log());
+    // A mount that is not there: a clear error.
+    let out = run_xlfs(&[std::ffi::OsStr::new("sync"), c.bricks[0].dir().as_os_str()]);
+    assert!(!out.status.success(), "xlfs sync of a directory that is no mount succeeded");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no xlfs mount process"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -52,6 +52,13 @@ pub struct StatusArgs {
     pub dump: bool,
 }
 
+/// `xlfs sync`.
+#[derive(Debug, Args)]
+pub struct SyncArgs {
+    /// The mount point of the client.
+    pub mountpoint: PathBuf,
+}
+
 /// Why a reload or status request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
@@ -133,6 +140,17 @@ impl StatusArgs {
                 out.write_all(text.as_bytes())?;
                 Ok(())
             }
+            (false, text) => Err(ReloadError::Failed(text.trim_end().to_string()).into()),
+        }
+    }
+}
+
+impl SyncArgs {
+    /// Asks the mount process to send what it delayed and waits until the
+    /// bricks have answered for all of it.
+    pub(super) async fn run(self) -> Result<(), CliError> {
+        match ask(&self.mountpoint, "drain").await? {
+            (true, _) => Ok(()),
             (false, text) => Err(ReloadError::Failed(text.trim_end().to_string()).into()),
         }
     }
