@@ -682,15 +682,10 @@ fn rm_r_of_a_tree_just_made_answers_its_rmdirs_early() {
 /// Waits until the mount has listed `n` delegated directories (their names
 /// are known from then on).
 fn wait_listed(mnt: &Path, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    xlfs_sdk::testing::eventually("delegated directories listed", Duration::from_secs(30), || {
         let got = counter(mnt, "entry-eager-lock.listed");
-        if got >= n {
-            return;
-        }
-        assert!(Instant::now() < deadline, "only {got} of {n} delegated directories listed");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        (got >= n).then_some(()).ok_or(format!("only {got} of {n}"))
+    });
 }
 
 /// A mount that did not make the tree removes it: the rmdir of a directory

@@ -258,36 +258,20 @@ mod xattrat {
         libc::AT_SYMLINK_NOFOLLOW | if path.is_empty() { libc::AT_EMPTY_PATH } else { 0 }
     }
 
-    /// `syscall`, retried on EINTR, -1 as the errno.
-    fn call(f: impl Fn() -> libc::c_long) -> Sys<libc::c_long> {
-        loop {
-            let r = f();
-            if r != -1 {
-                return Ok(r);
-            }
-            match errno() {
-                Errno::EINTR => {}
-                e => return Err(e),
-            }
-        }
-    }
-
     pub(super) fn get(dir: BorrowedFd<'_>, path: &CStr, name: &CStr, buf: *mut u8, len: usize) -> Sys<isize> {
         let mut args = XattrArgs { value: buf as u64, size: u32::try_from(len).unwrap_or(u32::MAX), flags: 0 };
         let a: *mut XattrArgs = &mut args;
         // SAFETY: valid descriptor, NUL-terminated strings, `buf` valid for
         // `len` bytes (the caller's slice) and `args` for its size.
-        let r = call(|| unsafe {
-            libc::syscall(
-                GETXATTRAT,
-                dir.as_raw_fd(),
-                path.as_ptr(),
-                at_flags(path),
-                name.as_ptr(),
-                a,
-                size_of::<XattrArgs>(),
-            )
-        })?;
+        let r = sys!(libc::syscall(
+            GETXATTRAT,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            at_flags(path),
+            name.as_ptr(),
+            a,
+            size_of::<XattrArgs>(),
+        ))?;
         Ok(r as isize)
     }
 
@@ -296,31 +280,27 @@ mod xattrat {
         let args = XattrArgs { value: value.as_ptr() as u64, size, flags: flags as u32 };
         let a: *const XattrArgs = &args;
         // SAFETY: as in `get`; the kernel only reads `value`.
-        call(|| unsafe {
-            libc::syscall(
-                SETXATTRAT,
-                dir.as_raw_fd(),
-                path.as_ptr(),
-                at_flags(path),
-                name.as_ptr(),
-                a,
-                size_of::<XattrArgs>(),
-            )
-        })
+        sys!(libc::syscall(
+            SETXATTRAT,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            at_flags(path),
+            name.as_ptr(),
+            a,
+            size_of::<XattrArgs>(),
+        ))
         .map(drop)
     }
 
     pub(super) fn list(dir: BorrowedFd<'_>, path: &CStr, buf: *mut u8, len: usize) -> Sys<isize> {
         // SAFETY: as in `get`.
-        let r =
-            call(|| unsafe { libc::syscall(LISTXATTRAT, dir.as_raw_fd(), path.as_ptr(), at_flags(path), buf, len) })?;
+        let r = sys!(libc::syscall(LISTXATTRAT, dir.as_raw_fd(), path.as_ptr(), at_flags(path), buf, len))?;
         Ok(r as isize)
     }
 
     pub(super) fn remove(dir: BorrowedFd<'_>, path: &CStr, name: &CStr) -> Sys<()> {
         // SAFETY: as in `get`.
-        call(|| unsafe { libc::syscall(REMOVEXATTRAT, dir.as_raw_fd(), path.as_ptr(), at_flags(path), name.as_ptr()) })
-            .map(drop)
+        sys!(libc::syscall(REMOVEXATTRAT, dir.as_raw_fd(), path.as_ptr(), at_flags(path), name.as_ptr())).map(drop)
     }
 }
 

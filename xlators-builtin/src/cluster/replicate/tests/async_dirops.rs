@@ -532,11 +532,10 @@ async fn unlinks_wait_for_the_listing_of_a_delegation_just_taken() {
     }
     drain(&a).await;
     // a returns its delegation of d once idle, so b takes it at once.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while a.dump("entry-eager-lock.held") != "0" {
-        assert!(std::time::Instant::now() < deadline, "a kept its delegation: {:?}", a.afr.dump());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    xlfs_sdk::testing::until("a returns its delegation", Duration::from_secs(20), || {
+        a.dump("entry-eager-lock.held") == "0"
+    })
+    .await;
     let b = c.node_wrapped("client-b", &[("post-op-delay-secs", "3600")], &|_, inner| Arc::new(SlowListing { inner }));
     for k in 0..4 {
         b.call(Fop::Unlink { loc: Loc::entry(d, format!("f{k}")), flags: 0 }).await.expect("unlink");
