@@ -155,11 +155,11 @@ impl Inner {
             return Err(Errno::EINVAL);
         }
         let _l = self.brick.entry_locks.lock_all(&[&[&parent.gfid.0, loc.name.as_bytes()]]);
+        // A gfid already in use on this brick shows when its handle cannot
+        // be made (EEXIST): not looked up first, as that lookup takes the
+        // handle directory's lock once more per create, and the handles of a
+        // directory's files share one handle directory (`Gfid::random_in`).
         let _i = self.brick.inode_locks.lock_all(&[&[&gfid.0]]);
-        if self.brick.handle_exists(&gfid)? {
-            tracing::warn!(%gfid, name = %loc.name, "create refused: the requested gfid is in use on this brick");
-            return Err(Errno::EEXIST);
-        }
         let perm = mode & 0o7777;
         let is_dir = matches!(make, Make::Dir);
         let is_lnk = matches!(make, Make::Symlink(_));
@@ -178,6 +178,7 @@ impl Inner {
                 None
             }
         };
+        let handle_made = std::cell::Cell::new(false);
         let finish = || -> Sys<Node> {
             let dir = if is_dir {
                 Some(Arc::new(sys::openat(pfd, &cname, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)?))
@@ -215,25 +216,30 @@ impl Inner {
                     }
                 }
             }
-            match dir {
-                Some(d) => {
-                    self.brick.make_dir_handle(&gfid, &parent.gfid, cname.as_bytes())?;
-                    self.brick.dir_node(gfid, d)
+            match &dir {
+                Some(_) => self.brick.make_dir_handle(&gfid, &parent.gfid, cname.as_bytes()),
+                None => self.brick.make_link_handle(&gfid, pfd, &cname),
+            }
+            .inspect_err(|e| {
+                if *e == Errno::EEXIST {
+                    tracing::warn!(%gfid, name = %loc.name, "create refused: the requested gfid is in use on this brick");
                 }
-                None => {
-                    self.brick.make_link_handle(&gfid, pfd, &cname)?;
-                    match &file {
-                        Some(f) => Ok(self.brick.file_node(gfid, sys::fstat(f.as_fd())?)),
-                        None => self.brick.handle_node(gfid),
-                    }
-                }
+            })?;
+            handle_made.set(true);
+            match (dir, &file) {
+                (Some(d), _) => self.brick.dir_node(gfid, d),
+                (None, Some(f)) => Ok(self.brick.file_node(gfid, sys::fstat(f.as_fd())?)),
+                (None, None) => self.brick.handle_node(gfid),
             }
         };
         match finish() {
             Ok(node) => Ok((node, self.node_iatt(&parent)?, file)),
             Err(e) => {
                 let _ = sys::unlinkat(pfd, &cname, if is_dir { libc::AT_REMOVEDIR } else { 0 });
-                let _ = self.brick.remove_handle(&gfid);
+                // Another inode's handle (EEXIST above) stays.
+                if handle_made.get() {
+                    let _ = self.brick.remove_handle(&gfid);
+                }
                 Err(e)
             }
         }

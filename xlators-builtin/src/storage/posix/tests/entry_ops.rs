@@ -381,6 +381,13 @@ async fn gfid_req_is_honoured() {
     let dup = e.try_create(Gfid::ROOT, "dup", gfid_xdata(want_f)).await;
     assert_eq!(dup.err(), Some(Errno::EEXIST));
     assert!(!e.brick.join("dup").exists());
+    let dup_dir =
+        e.entry_of(Fop::Mkdir { loc: Loc::entry(Gfid::ROOT, "dupd"), mode: 0o755, umask: 0 }, gfid_xdata(want_d)).await;
+    assert_eq!(dup_dir.err(), Some(Errno::EEXIST));
+    assert!(!e.brick.join("dupd").exists());
+    // The handles of the inodes that hold those gfids stay.
+    assert_eq!(e.stat(want_f).await.expect("the file by gfid").gfid, want_f);
+    assert_eq!(e.stat(want_d).await.expect("the directory by gfid").gfid, want_d);
     // Lookup with the wrong expected gfid is stale.
     let wrong = e.entry_of(Fop::Lookup { loc: Loc::entry(want_d, "f").with_gfid(Gfid::random()) }, Dict::new()).await;
     assert_eq!(wrong.err(), Some(Errno::ESTALE));
