@@ -148,12 +148,14 @@ impl Client {
         Ok(Loc::entry(parent, name))
     }
 
-    fn new_entry_xdata() -> Dict {
-        Dict::new().with(xlfs_sdk::dict::keys::GFID_REQ, Value::Gfid(Gfid::random()))
+    /// xdata for a fop that makes an inode in `parent` (see [`Gfid::random_in`]).
+    fn new_entry_xdata(parent: Gfid) -> Dict {
+        Dict::new().with(xlfs_sdk::dict::keys::GFID_REQ, Value::Gfid(Gfid::random_in(parent)))
     }
 
     async fn entry_reply(&self, fop: Fop) -> Result<Iatt, Errno> {
-        Ok(self.call_x(fop, Self::new_entry_xdata()).await?.reply.into_entry()?)
+        let x = Self::new_entry_xdata(fop.loc().map_or(Gfid::NULL, |l| l.parent));
+        Ok(self.call_x(fop, x).await?.reply.into_entry()?)
     }
 
     /// Attributes of a path (following nothing: a symlink's own attributes).
@@ -264,8 +266,9 @@ impl Client {
     pub async fn create(&self, path: &str, flags: i32, mode: u32) -> Result<File, Errno> {
         let loc = self.entry_loc(path).await?;
         let id = self.new_fd();
+        let x = Self::new_entry_xdata(loc.parent);
         let fop = Fop::Create { loc, flags: (flags | libc::O_CREAT) as u32, mode, umask: 0, fd: id };
-        match self.call_x(fop, Self::new_entry_xdata()).await {
+        match self.call_x(fop, x).await {
             Ok(r) => Ok(self.file(id, r.reply.into_entry()?.gfid, false)),
             Err(Errno::EEXIST) if flags & libc::O_EXCL == 0 => self.open(path, flags & !libc::O_CREAT).await,
             Err(e) => Err(e),

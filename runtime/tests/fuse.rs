@@ -922,6 +922,56 @@ fn unlinked_open_file(v: Volume) {
     }
 }
 
+#[test]
+fn a_directorys_files_share_one_handle_directory_on_the_bricks() {
+    handles_of_a_directory(volume(""));
+}
+
+#[test]
+fn a_directorys_files_share_one_handle_directory_on_two_by_three() {
+    handles_of_a_directory(volume_two_by_three(""));
+}
+
+/// The mount gives the inodes it makes in a directory gfids with the same
+/// first two bytes, so each brick keeps their handles in one
+/// `.glusterfs/xx/yy` (an `rm -r` of a cold directory reads one handle
+/// directory, not one per file); another directory's go elsewhere.
+fn handles_of_a_directory(v: Volume) {
+    let m = v.mount.path();
+    let mut buckets = Vec::new();
+    for dir in ["a", "b"] {
+        std::fs::create_dir(m.join(dir)).expect("mkdir");
+        let names: Vec<String> = (0..24).map(|i| format!("{dir}/f{i}")).collect();
+        for n in &names {
+            std::fs::write(m.join(n), n).expect("create");
+        }
+        std::fs::create_dir(m.join(dir).join("sub")).expect("mkdir sub");
+        // Made on the bricks once the directory's fsync returns.
+        std::fs::File::open(m.join(dir)).and_then(|d| d.sync_all()).expect("fsync the directory");
+        let mut seen = std::collections::BTreeSet::new();
+        for rel in names.iter().map(String::as_str).chain([&*format!("{dir}/sub")]) {
+            let mut copies = 0;
+            for brick in v.brick_dirs() {
+                let c = brick.join(rel);
+                let Some(g) = xlfs_sdk::testing::xattr(&c, "trusted.gfid") else { continue };
+                assert_eq!(g.len(), 16, "{}", c.display());
+                let bucket = format!("{:02x}/{:02x}", g[0], g[1]);
+                let handle = brick
+                    .join(".glusterfs")
+                    .join(&bucket)
+                    .join(xlfs_sdk::Gfid(g[..].try_into().expect("16")).to_string());
+                assert!(handle.symlink_metadata().is_ok(), "{}: no handle {}", c.display(), handle.display());
+                seen.insert(bucket);
+                copies += 1;
+            }
+            assert!(copies > 0, "{rel} on no brick");
+        }
+        assert_eq!(seen.len(), 1, "the handles of {dir}'s inodes are in {seen:?}");
+        buckets.extend(seen);
+    }
+    assert_ne!(buckets[0], buckets[1], "two directories, one handle directory");
+}
+
 /// Puts another io-stats on top of the mount's graph and waits until the
 /// mount runs the new graph (a switch: new connections, fds reopened).
 fn switch_graph(m: &FuseMount) {

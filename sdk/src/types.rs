@@ -30,6 +30,31 @@ impl Gfid {
         Gfid(b)
     }
 
+    /// A fresh random gfid for an inode made in directory `parent`: its
+    /// first two bytes are a hash of `parent`, the same for every inode made
+    /// there, and the rest random (version 4, 106 random bits).
+    ///
+    /// A brick keeps each inode's handle in `.glusterfs/<byte 0>/<byte 1>/`,
+    /// so with wholly random gfids the handles of one directory's files are
+    /// spread over 65536 handle directories: removing (or making) each file
+    /// reads a handle directory of its own from the disk once the cache is
+    /// cold. Made here, the files of a directory share one.
+    #[cfg(not(all(target_family = "wasm", target_os = "unknown")))]
+    pub fn random_in(parent: Gfid) -> Gfid {
+        let mut g = Gfid::random();
+        // splitmix64's finalizer over both halves: every bit of `parent`
+        // moves the two bytes taken.
+        let mix = |mut z: u64| {
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        let x = u128::from_le_bytes(parent.0);
+        let h = mix(x as u64 ^ mix((x >> 64) as u64));
+        g.0[..2].copy_from_slice(&h.to_be_bytes()[..2]);
+        g
+    }
+
     /// Parses the canonical `8-4-4-4-12` hex form.
     pub fn parse(s: &str) -> Option<Gfid> {
         let hex: Vec<u8> = s.bytes().filter(|&c| c != b'-').collect();
@@ -484,6 +509,28 @@ pub mod xattr_flags {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gfids_made_in_a_directory_share_their_first_two_bytes_only() {
+        let parent = Gfid::random();
+        let made: Vec<Gfid> = (0..64).map(|_| Gfid::random_in(parent)).collect();
+        for g in &made {
+            assert_eq!(g.0[..2], made[0].0[..2], "one handle directory for {parent}'s inodes");
+            assert_eq!((g.0[6] >> 4, g.0[8] >> 6), (4, 2), "a version 4 uuid: {g}");
+        }
+        let mut distinct = made.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), made.len(), "the rest is random");
+        assert!(made.iter().all(|g| g.ino() != made[0].ino() || g == &made[0]), "inode numbers differ");
+        // Other directories' inodes spread over the handle directories.
+        let buckets: std::collections::HashSet<[u8; 2]> =
+            (0..1000).map(|_| Gfid::random_in(Gfid::random()).0[..2].try_into().expect("2 bytes")).collect();
+        assert!(buckets.len() > 950, "1000 directories in {} handle directories", buckets.len());
+        let siblings: std::collections::HashSet<u8> =
+            (0u8..=255).map(|i| Gfid::random_in(Gfid([i; 16])).0[0]).collect();
+        assert!(siblings.len() > 128, "gfids that differ little still spread: {} first bytes", siblings.len());
+    }
 
     #[test]
     fn a_setattr_is_predictable_for_root_and_for_the_owner_within_bounds() {

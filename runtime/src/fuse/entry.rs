@@ -175,7 +175,7 @@ impl Core {
         fop: impl FnOnce(Loc) -> Fop,
     ) -> Result<FileAttr, Errno> {
         let pg = self.gfid(parent)?;
-        let xdata = new_entry_xdata();
+        let xdata = new_entry_xdata(pg);
         let iatt = self.call_x(self.ctx(who, 0, true), fop(Loc::entry(pg, name.clone())), xdata).await?.into_entry()?;
         self.entry_attr(pg, &name, &iatt)
     }
@@ -324,9 +324,11 @@ impl Core {
     }
 }
 
-/// xdata for a fop that makes an inode: the gfid it must get.
-pub(super) fn new_entry_xdata() -> Dict {
-    Dict::new().with(GFID_REQ, Value::Gfid(Gfid::random()))
+/// xdata for a fop that makes an inode in directory `parent`: the gfid it
+/// must get ([`Gfid::random_in`]: the handles of a directory's files share a
+/// handle directory on the bricks).
+pub(super) fn new_entry_xdata(parent: Gfid) -> Dict {
+    Dict::new().with(GFID_REQ, Value::Gfid(Gfid::random_in(parent)))
 }
 
 /// An xattr value's bytes.

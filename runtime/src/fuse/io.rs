@@ -82,7 +82,7 @@ impl Core {
         // The fd's gfid is set once the reply names the inode.
         let id = self.new_fd(Gfid::NULL, flags, false)?;
         let fop = Fop::Create { loc: Loc::entry(pg, name.clone()), flags, mode, umask, fd: id };
-        let iatt = match self.call_x(self.ctx(who, 0, true), fop, new_entry_xdata()).await {
+        let iatt = match self.call_x(self.ctx(who, 0, true), fop, new_entry_xdata(pg)).await {
             Ok(Reply::Entry { iatt, .. }) => iatt,
             other => {
                 self.fds.release(id);
