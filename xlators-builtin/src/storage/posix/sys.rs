@@ -216,12 +216,15 @@ enum Via<'a> {
 /// `removexattrat`: an xattr of a name in an open directory, without the
 /// kernel resolving `/proc/self/fd/N/NAME` for it (a read costs 1.5 us
 /// here against 3.8 through the `/proc` path; a brick reads a gfid so at
-/// every lookup, unlink and listed entry). An older kernel answers ENOSYS
-/// once and the `/proc` path is used from then on.
+/// every lookup, unlink and listed entry). They are tried once, on `/`,
+/// before the first use: an older kernel answers ENOSYS, and a seccomp
+/// filter that does not know them (a container runtime's default profile)
+/// EPERM; either way the `/proc` path is used from then on. A later ENOSYS
+/// switches over as well.
 mod xattrat {
     use std::ffi::CStr;
     use std::os::fd::{AsRawFd, BorrowedFd};
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicU8, Ordering};
 
     use super::{Sys, errno};
     use xlfs_sdk::Errno;
@@ -241,15 +244,49 @@ mod xattrat {
         flags: u32,
     }
 
-    static AVAILABLE: AtomicBool = AtomicBool::new(cfg!(any(target_arch = "x86_64", target_arch = "aarch64")));
+    const UNKNOWN: u8 = 0;
+    const YES: u8 = 1;
+    const NO: u8 = 2;
+    static AVAILABLE: AtomicU8 =
+        AtomicU8::new(if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) { UNKNOWN } else { NO });
 
     pub(super) fn available() -> bool {
-        AVAILABLE.load(Ordering::Relaxed)
+        match AVAILABLE.load(Ordering::Relaxed) {
+            UNKNOWN => {
+                let yes = usable(probe());
+                if !yes {
+                    tracing::info!("storage/posix: no getxattrat & co. here; xattrs by name go through /proc paths");
+                }
+                // A test may have said `missing` meanwhile: that stays.
+                let _ = AVAILABLE.compare_exchange(
+                    UNKNOWN,
+                    if yes { YES } else { NO },
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+                AVAILABLE.load(Ordering::Relaxed) == YES
+            }
+            v => v == YES,
+        }
+    }
+
+    /// Whether the calls work, from what a user xattr read of `/` answered:
+    /// the calls missing (ENOSYS) or refused by a filter (EPERM: reading a
+    /// `user.` xattr of `/` is allowed to anyone) mean no.
+    pub(super) fn usable(probe: super::Sys<isize>) -> bool {
+        !matches!(probe, Err(Errno::ENOSYS | Errno::EPERM))
+    }
+
+    fn probe() -> super::Sys<isize> {
+        // SAFETY: AT_FDCWD stands for a descriptor in the *at calls (the
+        // path is absolute anyway); it is never closed.
+        let cwd = unsafe { BorrowedFd::borrow_raw(libc::AT_FDCWD) };
+        get(cwd, c"/", c"user.xlfs.probe", std::ptr::null_mut(), 0)
     }
 
     /// The kernel has no `*xattrat` calls (or a test says so).
     pub(crate) fn missing() {
-        AVAILABLE.store(false, Ordering::Relaxed);
+        AVAILABLE.store(NO, Ordering::Relaxed);
     }
 
     /// The flags for `path` under the directory: never follow the last
@@ -309,6 +346,20 @@ mod xattrat {
 #[cfg(test)]
 pub(crate) fn xattrat_off() {
     xattrat::missing();
+}
+
+#[cfg(test)]
+#[test]
+fn the_xattrat_calls_are_used_unless_missing_or_filtered() {
+    for (probe, want) in [
+        (Err(Errno::ENOSYS), false),
+        (Err(Errno::EPERM), false),
+        (Err(Errno::ENODATA), true),
+        (Err(Errno::EOPNOTSUPP), true),
+        (Ok(0), true),
+    ] {
+        assert_eq!(xattrat::usable(probe), want, "{probe:?}");
+    }
 }
 
 fn timespec(t: Option<xlfs_sdk::TimeSet>) -> libc::timespec {
