@@ -748,12 +748,16 @@ fn rm_r_on_another_mount_answers_rmdirs_early_once_the_parent_is_listed() {
 /// Creates answered early while the bricks are frozen wait in the mount's
 /// queue; `xlfs sync` returns once the bricks have them all (the kernel
 /// never passes a sync or syncfs to a FUSE file system, so this is how a
-/// script waits for the bricks without unmounting).
+/// script waits for the bricks without unmounting). `post-op-delay-secs`
+/// is raised so that `d`'s delegation, which its mkdir sets up, is still
+/// held when the creates come however slow the machine: with the default
+/// 1 s idle it may be returned first, and the first create would then wait
+/// for the frozen bricks to give it back (a CI run failed so).
 #[test]
 fn xlfs_sync_returns_once_the_bricks_have_what_was_answered_early() {
     const FILES: usize = 50;
     let c = Cluster::start(3);
-    let text = c.replica_volfile(&[]);
+    let text = c.replica_volfile(&[("post-op-delay-secs", "120")]);
     let m = FuseMount::start(&text, "");
     let d = m.path().join("d");
     std::fs::create_dir(&d).expect("mkdir d");
