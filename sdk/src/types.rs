@@ -38,7 +38,12 @@ impl Gfid {
     /// so with wholly random gfids the handles of one directory's files are
     /// spread over 65536 handle directories: removing (or making) each file
     /// reads a handle directory of its own from the disk once the cache is
-    /// cold. Made here, the files of a directory share one.
+    /// cold. Made here, the files of a directory share one. The cost: a
+    /// handle directory holds as many entries as the largest directory
+    /// that hashes to it, so on an ext4 brick without `large_dir` (a
+    /// two-level htree, some 20 million 36-character names) a single
+    /// directory of that many files reaches the handle directory's limit
+    /// before its own.
     #[cfg(not(all(target_family = "wasm", target_os = "unknown")))]
     pub fn random_in(parent: Gfid) -> Gfid {
         let mut g = Gfid::random();
