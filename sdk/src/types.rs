@@ -60,19 +60,39 @@ impl Gfid {
         g
     }
 
-    /// Parses the canonical `8-4-4-4-12` hex form.
+    /// Parses the canonical `8-4-4-4-12` hex form (either case).
     pub fn parse(s: &str) -> Option<Gfid> {
-        let hex: Vec<u8> = s.bytes().filter(|&c| c != b'-').collect();
-        if hex.len() != 32 || s.len() != 36 {
+        let s = s.as_bytes();
+        if s.len() != 36 || DASHES.iter().any(|&i| s[i] != b'-') {
             return None;
         }
+        let mut digits =
+            s.iter().enumerate().filter(|(i, _)| !DASHES.contains(i)).map(|(_, &c)| (c as char).to_digit(16));
         let mut out = [0u8; 16];
-        for (i, pair) in hex.chunks(2).enumerate() {
-            let hi = (pair[0] as char).to_digit(16)?;
-            let lo = (pair[1] as char).to_digit(16)?;
-            out[i] = (hi * 16 + lo) as u8;
+        for byte in &mut out {
+            let hi = digits.next()??;
+            let lo = digits.next()??;
+            *byte = (hi * 16 + lo) as u8;
         }
         Some(Gfid(out))
+    }
+
+    /// The canonical `8-4-4-4-12` lower-case hex form as bytes: what
+    /// `Display` writes, made without the formatting machinery (a brick
+    /// builds a handle path from it for every fop).
+    pub fn canonical(&self) -> [u8; 36] {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [b'-'; 36];
+        let mut at = 0;
+        for byte in self.0 {
+            if DASHES.contains(&at) {
+                at += 1;
+            }
+            out[at] = HEX[usize::from(byte >> 4)];
+            out[at + 1] = HEX[usize::from(byte & 15)];
+            at += 2;
+        }
+        out
     }
 
     /// A 64-bit inode number derived from the gfid (as GlusterFS's FUSE bridge
@@ -85,16 +105,12 @@ impl Gfid {
     }
 }
 
+/// Where the canonical form has its dashes.
+const DASHES: [usize; 4] = [8, 13, 18, 23];
+
 impl fmt::Display for Gfid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = &self.0;
-        for (i, byte) in b.iter().enumerate() {
-            if matches!(i, 4 | 6 | 8 | 10) {
-                f.write_str("-")?;
-            }
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
+        f.write_str(std::str::from_utf8(&self.canonical()).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -535,6 +551,33 @@ mod tests {
         let siblings: std::collections::HashSet<u8> =
             (0u8..=255).map(|i| Gfid::random_in(Gfid([i; 16])).0[0]).collect();
         assert!(siblings.len() > 128, "gfids that differ little still spread: {} first bytes", siblings.len());
+    }
+
+    #[test]
+    fn a_gfid_reads_back_from_its_canonical_form_and_nothing_else() {
+        for g in [Gfid::NULL, Gfid::ROOT, Gfid([0xff; 16]), Gfid::random(), Gfid::random()] {
+            let by_bytes: String =
+                g.0.iter()
+                    .enumerate()
+                    .map(|(i, b)| format!("{}{b:02x}", if matches!(i, 4 | 6 | 8 | 10) { "-" } else { "" }))
+                    .collect();
+            assert_eq!(g.to_string(), by_bytes);
+            assert_eq!(g.canonical(), by_bytes.as_bytes());
+            assert_eq!(Gfid::parse(&by_bytes), Some(g));
+            assert_eq!(Gfid::parse(&by_bytes.to_uppercase()), Some(g), "either case");
+        }
+        let good = "00000000-0000-0000-0000-000000000001";
+        assert_eq!(Gfid::parse(good), Some(Gfid::ROOT));
+        for bad in [
+            "",
+            &good[1..],
+            "000000000-000-0000-0000-000000000001",
+            "00000000-0000-0000-0000-00000000000g",
+            "00000000+0000-0000-0000-000000000001",
+            "00000000-0000-0000-0000-0000000000001",
+        ] {
+            assert_eq!(Gfid::parse(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -186,16 +186,26 @@ fn hex_dirs(g: &Gfid) -> (String, String) {
 
 /// `xx/yy/<gfid>`.
 pub(crate) fn handle_rel(g: &Gfid) -> CString {
-    let (a, b) = hex_dirs(g);
+    let c = g.canonical();
+    let mut rel = Vec::with_capacity(6 + c.len() + 1);
+    rel.extend_from_slice(&c[..2]);
+    rel.push(b'/');
+    rel.extend_from_slice(&c[2..4]);
+    rel.push(b'/');
+    rel.extend_from_slice(&c);
     // A formatted gfid holds no NUL.
-    CString::new(format!("{a}/{b}/{g}")).unwrap_or_default()
+    CString::new(rel).unwrap_or_default()
 }
 
 /// `unlink/<gfid>`: where an unlinked open file's handle waits for its last
 /// close, and an unlinked closed file's for the purge thread.
 pub(crate) fn parked_rel(g: &Gfid) -> CString {
+    let mut rel = Vec::with_capacity(UNLINK.len() + 1 + 36 + 1);
+    rel.extend_from_slice(UNLINK.as_bytes());
+    rel.push(b'/');
+    rel.extend_from_slice(&g.canonical());
     // A formatted gfid holds no NUL.
-    CString::new(format!("{UNLINK}/{g}")).unwrap_or_default()
+    CString::new(rel).unwrap_or_default()
 }
 
 /// The symlink target of a directory handle: `../../xx/yy/<parent>/<name>`.
