@@ -27,7 +27,7 @@ use parking_lot::{Mutex, MutexGuard};
 use xlfs_sdk::dict::keys::GFID_XATTR;
 use xlfs_sdk::{Errno, Gfid};
 
-use super::purge::Purger;
+use super::purge::{Purger, Work};
 use super::sys::{self, Sys, Target, cstr};
 
 /// The hidden directory that holds gfid handles.
@@ -684,13 +684,37 @@ impl Brick {
     /// Removes a non-directory's handle if it is the inode's last link; a
     /// handle not in its place may be parked (its file was unlinked while
     /// open, and this is its last close), and is dropped there.
-    /// A regular file is parked and left to the purge thread (`purge.rs`)
-    /// when `unlink-behind` is on and its queue has room.
+    /// A regular file is left to the purge thread (`purge.rs`) when
+    /// `unlink-behind` is on and its queue has room: its handle removed
+    /// and a descriptor of it queued, or its handle parked.
     pub fn remove_handle_if_nameless(&self, g: &Gfid) -> Sys<()> {
-        match sys::fstatat(self.gfs.as_fd(), &handle_rel(g), 0) {
-            Ok(st) if st.st_nlink <= 1 && st.st_mode & libc::S_IFMT == libc::S_IFREG && self.frees_behind() => {
-                sys::renameat2(self.gfs.as_fd(), &handle_rel(g), self.gfs.as_fd(), &parked_rel(g), 0)?;
-                self.purge.push(*g, st.st_ino);
+        let h = handle_rel(g);
+        let behind = self.frees_behind();
+        let held = if behind && self.purge.can_hold() {
+            match sys::openat(self.gfs.as_fd(), &h, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+                Ok(fd) => Some(fd),
+                Err(Errno::ENOENT) => return self.remove_parked(g),
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        let st = match &held {
+            Some(fd) => sys::fstat(fd.as_fd()),
+            None => sys::fstatat(self.gfs.as_fd(), &h, 0),
+        };
+        match st {
+            Ok(st) if st.st_nlink <= 1 && st.st_mode & libc::S_IFMT == libc::S_IFREG && behind => {
+                match held {
+                    Some(fd) => {
+                        sys::unlinkat(self.gfs.as_fd(), &h, 0)?;
+                        self.purge.push(Work::Held(fd));
+                    }
+                    None => {
+                        sys::renameat2(self.gfs.as_fd(), &h, self.gfs.as_fd(), &parked_rel(g), 0)?;
+                        self.purge.push(Work::Parked(*g, st.st_ino));
+                    }
+                }
                 Ok(())
             }
             Ok(st) if st.st_nlink <= 1 && !(is_lnk(&st) && self.looks_like_dir_handle(g)) => self.remove_handle(g),

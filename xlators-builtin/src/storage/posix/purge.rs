@@ -1,19 +1,34 @@
 //! Freeing unlinked files behind the unlink (CephFS's purge queue, the
 //! chunk deletion MooseFS leaves to its chunkservers): when an unlink or a
 //! rename over a file removes a regular file's last name and no fd is open
-//! on it, its gfid handle (its last link) moves to `.glusterfs/unlink/`
-//! and a thread of the brick drops it there later.
+//! on it, a thread of the brick frees it later.
 //!
-//! Dropping the last link frees the inode's blocks: its data, and an
+//! Dropping an inode's last reference frees its blocks: its data, and an
 //! external xattr block where its xattrs do not fit in its inode (inodes
 //! smaller than 256 bytes, or replicate's counters left raised); on a file
 //! system mounted with `discard` each freed extent is a discard the unlink
 //! waits for. Measured on this project's machine, when every file still
 //! had such a block: a brick's UNLINK took 650 us, most of it in
 //! `blkdev_issue_discard`, and `rm -rf` of 5000 files waited 1.3 s of its
-//! 1.9 s for the bricks to drain. The rename out of the handle directory
-//! frees nothing, and the file is unreachable from then on: its names are
-//! gone and lookups by gfid look in `unlink/` only while an fd is open.
+//! 1.9 s for the bricks to drain.
+//!
+//! Two ways to leave the freeing to the thread, both unreachable by name
+//! or gfid from then on:
+//! - **Held** (while fewer than [`MAX_HELD`] are): the unlink opens the
+//!   gfid handle (its last link) `O_PATH`, removes it, and queues the
+//!   descriptor; the thread's close is the inode's last reference. One
+//!   directory operation per file (the handle's removal) and none for the
+//!   thread. A brick that crashes with descriptors queued leaves their
+//!   inodes linkless: a journaled ext4 or XFS frees them when it is
+//!   mounted again (its orphan list), an ext4 without a journal at its
+//!   next `e2fsck`.
+//! - **Parked**: the handle moves to `.glusterfs/unlink/` and the thread
+//!   removes it there; what waits when the brick stops is dropped at its
+//!   next start, with the files of fds open at the stop (`handle.rs`'s
+//!   `purge_parked`). Two directory operations more per file and one
+//!   for the thread (held instead: `rm -rf` of 5000 files in 0.95 s
+//!   against 1.04 s at 12 % less CPU of mount and bricks, six alternated
+//!   pairs; benches/RESULTS.md).
 //!
 //! Bounded: at most [`MAX_PENDING`] files wait; beyond, the unlink frees
 //! its file itself. A fop that changes the file system and fails with
@@ -36,15 +51,27 @@ use super::sys;
 
 /// Most files waiting to be freed.
 pub(crate) const MAX_PENDING: usize = 65536;
+/// Most of them kept by a descriptor (each one counts against the
+/// process's open-file limit).
+pub(crate) const MAX_HELD: usize = 1024;
+
+/// A file left to the purge thread.
+pub(crate) enum Work {
+    /// Its handle parked in `unlink/`, and its inode number: a parked name
+    /// found holding another inode (the gfid made again, then unlinked
+    /// while open, parked over this one) is left alone.
+    Parked(Gfid, u64),
+    /// A descriptor of the inode, whose links are all gone.
+    Held(OwnedFd),
+}
+
 /// How long the purge thread waits for work before it ends.
 const IDLE: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct State {
-    /// Each parked file's gfid and inode number: a parked name found
-    /// holding another inode (the gfid made again, then unlinked while
-    /// open, parked over this one) is left alone.
-    queue: VecDeque<(Gfid, u64)>,
+    /// What waits, in the order it came.
+    queue: VecDeque<Work>,
     /// A purge thread runs.
     running: bool,
     /// The brick is going away: the thread ends.
@@ -63,6 +90,8 @@ struct Shared {
     /// Files queued, or taken from the queue and not freed yet, read
     /// without the lock: every fop of the brick asks.
     pending: AtomicUsize,
+    /// Of those, the ones kept by a descriptor.
+    held: AtomicUsize,
 }
 
 /// The brick's queue of parked handles to drop, and its thread.
@@ -79,6 +108,7 @@ impl Purger {
                 st: Mutex::new(State::default()),
                 cv: Condvar::new(),
                 pending: AtomicUsize::new(0),
+                held: AtomicUsize::new(0),
             }),
         }
     }
@@ -90,16 +120,23 @@ impl Purger {
         st.queue.len() < MAX_PENDING && !st.stop
     }
 
-    /// Queues the parked handle of `g` (inode `ino`), freed in place when
-    /// the queue filled up meanwhile.
-    pub fn push(&self, g: Gfid, ino: u64) {
+    /// Whether a file may be queued as a descriptor now (false: park it).
+    pub fn can_hold(&self) -> bool {
+        self.shared.held.load(Ordering::Relaxed) < MAX_HELD
+    }
+
+    /// Queues a file, freed in place when the queue filled up meanwhile.
+    pub fn push(&self, w: Work) {
         let mut st = self.shared.st.lock();
         if st.queue.len() >= MAX_PENDING || st.stop {
             drop(st);
-            self.shared.drop_parked(g, ino);
+            self.shared.free(w);
             return;
         }
-        st.queue.push_back((g, ino));
+        if matches!(w, Work::Held(_)) {
+            self.shared.held.fetch_add(1, Ordering::Relaxed);
+        }
+        st.queue.push_back(w);
         self.shared.pending.fetch_add(1, Ordering::Relaxed);
         if st.running {
             drop(st);
@@ -125,10 +162,10 @@ impl Purger {
     /// Frees every waiting file now, on the calling thread, and waits for
     /// the one the thread may be freeing.
     pub fn now(&self) {
-        let queued: Vec<(Gfid, u64)> = self.shared.st.lock().queue.drain(..).collect();
+        let queued: Vec<Work> = self.shared.st.lock().queue.drain(..).collect();
         let n = queued.len();
-        for (g, ino) in queued {
-            self.shared.drop_parked(g, ino);
+        for w in queued {
+            self.shared.taken(w);
         }
         self.shared.pending.fetch_sub(n, Ordering::Relaxed);
         let mut st = self.shared.st.lock();
@@ -157,7 +194,7 @@ impl Drop for Purger {
 impl Shared {
     fn run(&self) {
         loop {
-            let (g, ino) = {
+            let w = {
                 let mut st = self.st.lock();
                 loop {
                     if st.stop {
@@ -176,10 +213,26 @@ impl Shared {
                     }
                 }
             };
-            self.drop_parked(g, ino);
+            self.taken(w);
             self.st.lock().busy -= 1;
             self.pending.fetch_sub(1, Ordering::Relaxed);
             self.cv.notify_all();
+        }
+    }
+
+    /// Frees a file taken from the queue.
+    fn taken(&self, w: Work) {
+        if matches!(w, Work::Held(_)) {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.free(w);
+    }
+
+    fn free(&self, w: Work) {
+        match w {
+            Work::Parked(g, ino) => self.drop_parked(g, ino),
+            // The inode's last reference: closing it frees the file.
+            Work::Held(fd) => drop(fd),
         }
     }
 

@@ -501,7 +501,8 @@ async fn unlinked_files_are_freed_behind_and_before_a_write_runs_out_of_room() {
     e.xl.inner.brick.purge_pause(true);
     let a = fill_mb(&e, "a", 12).await;
     e.run(unlink("a")).await.expect("unlink");
-    assert_eq!(parked(), 1, "a's handle waits in unlink/");
+    assert_eq!(e.xl.inner.brick.purge_pending(), 1, "a waits for the purge thread");
+    assert_eq!(parked(), 0, "by a descriptor: no name left for a");
     assert_eq!(e.stat(a).await.err(), Some(Errno::ENOENT), "gone by gfid at once");
     assert!(available(&brick) <= 4 * mb as u64, "not freed yet: {}", available(&brick));
     // 8 MiB more do not fit until a is freed: the write that finds no
@@ -522,6 +523,39 @@ async fn unlinked_files_are_freed_behind_and_before_a_write_runs_out_of_room() {
     fill_mb(&e, "c", 2).await;
     e.run(unlink("c")).await.expect("unlink");
     assert_eq!(parked(), 0);
+    assert_eq!(e.xl.inner.brick.purge_pending(), 0);
+}
+
+/// Past `MAX_HELD` files kept by descriptors, an unlinked file's handle is
+/// parked in `unlink/` instead; the thread frees both kinds, and none of
+/// them is reachable by gfid meanwhile.
+#[tokio::test]
+async fn past_the_held_descriptors_unlinked_files_are_parked() {
+    let e = env_with(&[("unlink-behind", "on")]);
+    let parked = || std::fs::read_dir(e.brick.join(".glusterfs/unlink")).expect("unlink dir").count();
+    let handle = |g: Gfid| e.brick.join(format!(".glusterfs/{:02x}/{:02x}/{g}", g.0[0], g.0[1]));
+    e.xl.inner.brick.purge_pause(true);
+    let n = super::purge::MAX_HELD + 2;
+    let mut gfids = Vec::new();
+    for i in 0..n {
+        let (g, fd) = e.create(Gfid::ROOT, &format!("f{i}")).await;
+        e.release(fd).await;
+        gfids.push(g);
+    }
+    for i in 0..n {
+        e.run(Fop::Unlink { loc: Loc::entry(Gfid::ROOT, format!("f{i}")), flags: 0 }).await.expect("unlink");
+    }
+    assert_eq!(e.xl.inner.brick.purge_pending(), n);
+    assert_eq!(parked(), 2, "the two past the held descriptors are parked");
+    for g in [gfids[0], gfids[n - 1]] {
+        assert_eq!(e.stat(g).await.err(), Some(Errno::ENOENT), "held or parked, gone by gfid");
+        assert!(!handle(g).exists(), "{g}'s handle is gone from its handle directory");
+    }
+    e.xl.inner.brick.purge_pause(false);
+    xlfs_sdk::testing::until("all freed by the purge thread", std::time::Duration::from_secs(30), || {
+        e.xl.inner.brick.purge_pending() == 0 && parked() == 0
+    })
+    .await;
 }
 
 /// The brick tells whether a file's xattrs fit in its inodes: on tmpfs
