@@ -179,7 +179,7 @@ const UNLINK_BEHIND: Opt<kind::Bool> = Opt::bool("unlink-behind", true).desc(
     "Free a regular file whose last name an unlink or rename removed (and that no fd holds open) on a thread \
          of the brick, not in the fop (CephFS's purge queue; MooseFS's chunkservers delete chunks behind the \
          master likewise): the handle, its last link, is removed with a descriptor of the file kept for the \
-         thread, whose close frees it (at most 1024 such; beyond, the handle moves to .glusterfs/unlink and is \
+         thread, whose close frees it (at most 1024 such, or an eighth of the open-file limit; beyond, the handle moves to .glusterfs/unlink and is \
          dropped there). Freeing the blocks (data, and an xattr block where the xattrs do not fit in the inode) is most \
          of an unlink's time on a file system mounted with discard. At most 65536 files wait (beyond, the unlink frees its file itself); a fop \
          that changes the file system and fails with ENOSPC while files wait frees them and runs again; what waits when the brick stops is \

@@ -694,7 +694,8 @@ impl Brick {
             match sys::openat(self.gfs.as_fd(), &h, libc::O_PATH | libc::O_NOFOLLOW, 0) {
                 Ok(fd) => Some(fd),
                 Err(Errno::ENOENT) => return self.remove_parked(g),
-                Err(e) => return Err(e),
+                // No descriptor to spare (EMFILE, ENFILE): park it.
+                Err(_) => None,
             }
         } else {
             None
@@ -759,6 +760,11 @@ impl Brick {
     #[cfg(test)]
     pub fn purge_pause(&self, on: bool) {
         self.purge.pause(on);
+    }
+
+    #[cfg(test)]
+    pub fn purge_max_held(&self) -> usize {
+        self.purge.max_held()
     }
 
     /// Puts a parked handle back in its place (nothing parked is fine):

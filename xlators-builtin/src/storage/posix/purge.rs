@@ -52,7 +52,7 @@ use super::sys;
 /// Most files waiting to be freed.
 pub(crate) const MAX_PENDING: usize = 65536;
 /// Most of them kept by a descriptor (each one counts against the
-/// process's open-file limit).
+/// process's open-file limit, of which they take an eighth at most).
 pub(crate) const MAX_HELD: usize = 1024;
 
 /// A file left to the purge thread.
@@ -92,6 +92,8 @@ struct Shared {
     pending: AtomicUsize,
     /// Of those, the ones kept by a descriptor.
     held: AtomicUsize,
+    /// How many may be ([`MAX_HELD`], or an eighth of the open-file limit).
+    max_held: usize,
 }
 
 /// The brick's queue of parked handles to drop, and its thread.
@@ -109,6 +111,7 @@ impl Purger {
                 cv: Condvar::new(),
                 pending: AtomicUsize::new(0),
                 held: AtomicUsize::new(0),
+                max_held: MAX_HELD.min(open_file_limit() / 8),
             }),
         }
     }
@@ -122,7 +125,7 @@ impl Purger {
 
     /// Whether a file may be queued as a descriptor now (false: park it).
     pub fn can_hold(&self) -> bool {
-        self.shared.held.load(Ordering::Relaxed) < MAX_HELD
+        self.shared.held.load(Ordering::Relaxed) < self.shared.max_held
     }
 
     /// Queues a file, freed in place when the queue filled up meanwhile.
@@ -177,6 +180,11 @@ impl Purger {
 
 #[cfg(test)]
 impl Purger {
+    /// How many files may wait kept by a descriptor.
+    pub fn max_held(&self) -> usize {
+        self.shared.max_held
+    }
+
     /// Stops (or lets go on) the thread's freeing.
     pub fn pause(&self, on: bool) {
         self.shared.st.lock().paused = on;
@@ -189,6 +197,16 @@ impl Drop for Purger {
         self.shared.st.lock().stop = true;
         self.shared.cv.notify_all();
     }
+}
+
+/// The process's soft limit on open files.
+fn open_file_limit() -> usize {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit fills the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 0;
+    }
+    usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
 }
 
 impl Shared {

@@ -526,7 +526,8 @@ async fn unlinked_files_are_freed_behind_and_before_a_write_runs_out_of_room() {
     assert_eq!(e.xl.inner.brick.purge_pending(), 0);
 }
 
-/// Past `MAX_HELD` files kept by descriptors, an unlinked file's handle is
+/// Past the files it may keep by descriptors (`MAX_HELD`, or an eighth
+/// of the open-file limit), an unlinked file's handle is
 /// parked in `unlink/` instead; the thread frees both kinds, and none of
 /// them is reachable by gfid meanwhile.
 #[tokio::test]
@@ -535,7 +536,9 @@ async fn past_the_held_descriptors_unlinked_files_are_parked() {
     let parked = || std::fs::read_dir(e.brick.join(".glusterfs/unlink")).expect("unlink dir").count();
     let handle = |g: Gfid| e.brick.join(format!(".glusterfs/{:02x}/{:02x}/{g}", g.0[0], g.0[1]));
     e.xl.inner.brick.purge_pause(true);
-    let n = super::purge::MAX_HELD + 2;
+    let held = e.xl.inner.brick.purge_max_held();
+    assert!(held > 0 && held <= super::purge::MAX_HELD);
+    let n = held + 2;
     let mut gfids = Vec::new();
     for i in 0..n {
         let (g, fd) = e.create(Gfid::ROOT, &format!("f{i}")).await;
