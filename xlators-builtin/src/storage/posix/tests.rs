@@ -526,6 +526,31 @@ async fn unlinked_files_are_freed_behind_and_before_a_write_runs_out_of_room() {
     assert_eq!(e.xl.inner.brick.purge_pending(), 0);
 }
 
+/// An unlinked file whose handle cannot be opened for want of a
+/// descriptor is parked, never left with its handle in place.
+#[tokio::test]
+async fn an_unlink_without_a_descriptor_to_spare_parks_the_file() {
+    let e = env_with(&[("unlink-behind", "on")]);
+    let parked = || std::fs::read_dir(e.brick.join(".glusterfs/unlink")).expect("unlink dir").count();
+    e.xl.inner.brick.purge_pause(true);
+    let (g, fd) = e.create(Gfid::ROOT, "f").await;
+    e.release(fd).await;
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit on a valid struct; this test's
+    // process is its own (nextest).
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    // No new descriptor at all (the limit bounds descriptor numbers).
+    let low = libc::rlimit { rlim_cur: 0, rlim_max: lim.rlim_max };
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+    let r = e.run(Fop::Unlink { loc: Loc::entry(Gfid::ROOT, "f"), flags: 0 }).await;
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+    r.expect("unlink");
+    assert_eq!(parked(), 1, "parked for want of a descriptor");
+    assert_eq!(e.stat(g).await.err(), Some(Errno::ENOENT));
+    e.xl.inner.brick.purge_pause(false);
+    xlfs_sdk::testing::until("freed", std::time::Duration::from_secs(10), || parked() == 0).await;
+}
+
 /// Past the files it may keep by descriptors (`MAX_HELD`, or an eighth
 /// of the open-file limit), an unlinked file's handle is
 /// parked in `unlink/` instead; the thread frees both kinds, and none of
