@@ -80,6 +80,10 @@ impl Env {
     fn handle_path(&self, g: Gfid) -> PathBuf {
         self.brick.join(".glusterfs").join(handle::handle_rel(&g).to_str().expect("utf8"))
     }
+    /// How many handles are parked in `.glusterfs/unlink`.
+    fn parked(&self) -> usize {
+        std::fs::read_dir(self.brick.join(".glusterfs/unlink")).expect("unlink dir").count()
+    }
     async fn entry_of(&self, fop: Fop, xdata: Dict) -> Result<Iatt, Errno> {
         match self.runx(fop, xdata).await?.reply {
             Reply::Entry { iatt, .. } => Ok(iatt),
@@ -494,7 +498,6 @@ async fn fill_mb(e: &Env, name: &str, mbs: usize) -> Gfid {
 async fn unlinked_files_are_freed_behind_and_before_a_write_runs_out_of_room() {
     let Some((_fs, e)) = on_small_fs("16m", &[("reserve", "0"), ("unlink-behind", "on")]) else { return };
     let brick = e.brick.clone();
-    let parked = || std::fs::read_dir(brick.join(".glusterfs/unlink")).expect("unlink dir").count();
     let mb = 1usize << 20;
     let unlink = |name: &'static str| Fop::Unlink { loc: Loc::entry(Gfid::ROOT, name), flags: 0 };
 
@@ -502,19 +505,19 @@ async fn unlinked_files_are_freed_behind_and_before_a_write_runs_out_of_room() {
     let a = fill_mb(&e, "a", 12).await;
     e.run(unlink("a")).await.expect("unlink");
     assert_eq!(e.xl.inner.brick.purge_pending(), 1, "a waits for the purge thread");
-    assert_eq!(parked(), 0, "by a descriptor: no name left for a");
+    assert_eq!(e.parked(), 0, "by a descriptor: no name left for a");
     assert_eq!(e.stat(a).await.err(), Some(Errno::ENOENT), "gone by gfid at once");
     assert!(available(&brick) <= 4 * mb as u64, "not freed yet: {}", available(&brick));
     // 8 MiB more do not fit until a is freed: the write that finds no
     // room frees it and goes on.
     let b = fill_mb(&e, "b", 8).await;
-    assert_eq!(parked(), 0, "freed for the write");
+    assert_eq!(e.parked(), 0, "freed for the write");
     assert_eq!(e.stat(b).await.expect("b").size, 8 * mb as u64);
     // The thread frees what it is given.
     e.xl.inner.brick.purge_pause(false);
     e.run(unlink("b")).await.expect("unlink");
     xlfs_sdk::testing::until("b freed by the purge thread", std::time::Duration::from_secs(10), || {
-        parked() == 0 && available(&brick) > 12 * mb as u64
+        e.parked() == 0 && available(&brick) > 12 * mb as u64
     })
     .await;
     // Off: the unlink frees the file itself.
@@ -522,7 +525,7 @@ async fn unlinked_files_are_freed_behind_and_before_a_write_runs_out_of_room() {
     e.xl.inner.brick.purge_pause(true);
     fill_mb(&e, "c", 2).await;
     e.run(unlink("c")).await.expect("unlink");
-    assert_eq!(parked(), 0);
+    assert_eq!(e.parked(), 0);
     assert_eq!(e.xl.inner.brick.purge_pending(), 0);
 }
 
@@ -531,7 +534,6 @@ async fn unlinked_files_are_freed_behind_and_before_a_write_runs_out_of_room() {
 #[tokio::test]
 async fn an_unlink_without_a_descriptor_to_spare_parks_the_file() {
     let e = env_with(&[("unlink-behind", "on")]);
-    let parked = || std::fs::read_dir(e.brick.join(".glusterfs/unlink")).expect("unlink dir").count();
     e.xl.inner.brick.purge_pause(true);
     let (g, fd) = e.create(Gfid::ROOT, "f").await;
     e.release(fd).await;
@@ -545,10 +547,10 @@ async fn an_unlink_without_a_descriptor_to_spare_parks_the_file() {
     let r = e.run(Fop::Unlink { loc: Loc::entry(Gfid::ROOT, "f"), flags: 0 }).await;
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
     r.expect("unlink");
-    assert_eq!(parked(), 1, "parked for want of a descriptor");
+    assert_eq!(e.parked(), 1, "parked for want of a descriptor");
     assert_eq!(e.stat(g).await.err(), Some(Errno::ENOENT));
     e.xl.inner.brick.purge_pause(false);
-    xlfs_sdk::testing::until("freed", std::time::Duration::from_secs(10), || parked() == 0).await;
+    xlfs_sdk::testing::until("freed", std::time::Duration::from_secs(10), || e.parked() == 0).await;
 }
 
 /// Past the files it may keep by descriptors (`MAX_HELD`, or an eighth
@@ -558,8 +560,6 @@ async fn an_unlink_without_a_descriptor_to_spare_parks_the_file() {
 #[tokio::test]
 async fn past_the_held_descriptors_unlinked_files_are_parked() {
     let e = env_with(&[("unlink-behind", "on")]);
-    let parked = || std::fs::read_dir(e.brick.join(".glusterfs/unlink")).expect("unlink dir").count();
-    let handle = |g: Gfid| e.brick.join(format!(".glusterfs/{:02x}/{:02x}/{g}", g.0[0], g.0[1]));
     e.xl.inner.brick.purge_pause(true);
     let held = e.xl.inner.brick.purge_max_held();
     assert!(held > 0 && held <= super::purge::MAX_HELD);
@@ -574,14 +574,14 @@ async fn past_the_held_descriptors_unlinked_files_are_parked() {
         e.run(Fop::Unlink { loc: Loc::entry(Gfid::ROOT, format!("f{i}")), flags: 0 }).await.expect("unlink");
     }
     assert_eq!(e.xl.inner.brick.purge_pending(), n);
-    assert_eq!(parked(), 2, "the two past the held descriptors are parked");
+    assert_eq!(e.parked(), 2, "the two past the held descriptors are parked");
     for g in [gfids[0], gfids[n - 1]] {
         assert_eq!(e.stat(g).await.err(), Some(Errno::ENOENT), "held or parked, gone by gfid");
-        assert!(!handle(g).exists(), "{g}'s handle is gone from its handle directory");
+        assert!(!e.handle_path(g).exists(), "{g}'s handle is gone from its handle directory");
     }
     e.xl.inner.brick.purge_pause(false);
     xlfs_sdk::testing::until("all freed by the purge thread", std::time::Duration::from_secs(30), || {
-        e.xl.inner.brick.purge_pending() == 0 && parked() == 0
+        e.xl.inner.brick.purge_pending() == 0 && e.parked() == 0
     })
     .await;
 }
