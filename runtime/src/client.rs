@@ -154,7 +154,7 @@ impl Client {
     }
 
     async fn entry_reply(&self, fop: Fop) -> Result<Iatt, Errno> {
-        let x = Self::new_entry_xdata(fop.loc().map_or(Gfid::NULL, |l| l.parent));
+        let x = Self::new_entry_xdata(fop.parent());
         Ok(self.call_x(fop, x).await?.reply.into_entry()?)
     }
 

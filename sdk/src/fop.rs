@@ -366,6 +366,12 @@ impl Fop {
         self.loc().map(|l| l.gfid).unwrap_or(Gfid::NULL)
     }
 
+    /// The directory holding the location a path-based fop acts on (the
+    /// source's for rename and link); NULL for fops by fd or gfid alone.
+    pub fn parent(&self) -> Gfid {
+        self.loc().map_or(Gfid::NULL, |l| l.parent)
+    }
+
     /// True for fops that change data, metadata or the namespace.
     pub fn is_modifying(&self) -> bool {
         self.kind().is_modifying()

@@ -508,7 +508,7 @@ impl Locks {
                 }
                 let mut gfid = fop.gfid();
                 if gfid.is_null() {
-                    gfid = fop.loc().map_or(Gfid::NULL, |l| l.parent);
+                    gfid = fop.parent();
                 }
                 let lookup = fop.kind() == FopKind::Lookup;
                 let res = self.child.call(ctx, Request { fop, xdata }).await;

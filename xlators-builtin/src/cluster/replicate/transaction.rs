@@ -406,7 +406,7 @@ impl Inner {
         if matches!(req.fop, Fop::Create { .. } | Fop::Mknod { .. } | Fop::Mkdir { .. } | Fop::Symlink { .. })
             && !matches!(req.xdata.get(GFID_REQ), Some(Value::Gfid(g)) if !g.is_null())
         {
-            let parent = req.fop.loc().map_or(Gfid::NULL, |l| l.parent);
+            let parent = req.fop.parent();
             req.xdata.set(GFID_REQ, Value::Gfid(Gfid::random_in(parent)));
         }
         if let Some(r) = self.try_early(ctx, &req).await {
