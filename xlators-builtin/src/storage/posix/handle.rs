@@ -180,19 +180,25 @@ pub(crate) const DIR_CACHE: usize = 1024;
 /// brick's back) is resolved again.
 type DirCache = super::gen_cache::GenCache<Arc<OwnedFd>>;
 
-fn hex_dirs(g: &Gfid) -> (String, String) {
-    (format!("{:02x}", g.0[0]), format!("{:02x}", g.0[1]))
+/// `xx/yy`: the two directories `g`'s handle is in (its first two bytes).
+fn hex_dirs(g: &Gfid) -> [u8; 5] {
+    let c = g.canonical();
+    [c[0], c[1], b'/', c[2], c[3]]
 }
 
 /// `xx/yy/<gfid>`.
 pub(crate) fn handle_rel(g: &Gfid) -> CString {
-    let c = g.canonical();
-    let mut rel = Vec::with_capacity(6 + c.len() + 1);
-    rel.extend_from_slice(&c[..2]);
+    handle_dir_path(g, &[&g.canonical()])
+}
+
+/// `xx/yy/` of `g` followed by `parts` (none holds a NUL).
+fn handle_dir_path(g: &Gfid, parts: &[&[u8]]) -> CString {
+    let mut rel = Vec::with_capacity(6 + parts.iter().map(|p| p.len()).sum::<usize>() + 1);
+    rel.extend_from_slice(&hex_dirs(g));
     rel.push(b'/');
-    rel.extend_from_slice(&c[2..4]);
-    rel.push(b'/');
-    rel.extend_from_slice(&c);
+    for p in parts {
+        rel.extend_from_slice(p);
+    }
     // A formatted gfid holds no NUL.
     CString::new(rel).unwrap_or_default()
 }
@@ -223,8 +229,7 @@ fn parse_dir_handle(t: &[u8]) -> Option<(Gfid, &[u8])> {
     let uuid = std::str::from_utf8(rest.get(..36)?).ok()?;
     let name = rest.get(36..)?.strip_prefix(b"/")?;
     let g = Gfid::parse(uuid)?;
-    let (a, b) = hex_dirs(&g);
-    if dirs != format!("{a}/{b}/").as_bytes() || !valid_name(name) {
+    if dirs[..5] != hex_dirs(&g) || dirs[5] != b'/' || !valid_name(name) {
         return None;
     }
     Some((g, name))
@@ -609,15 +614,14 @@ impl Brick {
     /// exists for all but a brick's first few hundred inodes, and the outer
     /// one only when that fails for its lack.
     fn handle_dirs(&self, g: &Gfid) -> Sys<()> {
-        let (a, b) = hex_dirs(g);
-        let mk = |d: &str| match sys::mkdirat(self.gfs.as_fd(), &cstr(d.as_bytes())?, 0o700) {
+        let inner = hex_dirs(g);
+        let mk = |d: &[u8]| match sys::mkdirat(self.gfs.as_fd(), &cstr(d)?, 0o700) {
             Ok(()) | Err(Errno::EEXIST) => Ok(()),
             Err(e) => Err(e),
         };
-        let inner = format!("{a}/{b}");
         match mk(&inner) {
             Err(Errno::ENOENT) => {
-                mk(&a)?;
+                mk(&inner[..2])?;
                 mk(&inner)
             }
             r => r,
@@ -653,8 +657,7 @@ impl Brick {
     pub fn rewrite_dir_handle(&self, g: &Gfid, parent: &Gfid, name: &[u8]) -> Sys<()> {
         self.dirs.remove(g);
         self.handle_dirs(g)?;
-        let (a, b) = hex_dirs(g);
-        let tmp = cstr(format!("{a}/{b}/.{g}.tmp").as_bytes())?;
+        let tmp = handle_dir_path(g, &[b".", &g.canonical(), b".tmp"]);
         match sys::unlinkat(self.gfs.as_fd(), &tmp, 0) {
             Ok(()) | Err(Errno::ENOENT) => {}
             Err(e) => return Err(e),
