@@ -182,9 +182,10 @@ const UNLINK_BEHIND: Opt<kind::Bool> = Opt::bool("unlink-behind", true).desc(
          thread, whose close frees it (at most 1024 such, or an eighth of the open-file limit; beyond, the handle moves to .glusterfs/unlink and is \
          dropped there). Freeing the blocks (data, and an xattr block where the xattrs do not fit in the inode) is most \
          of an unlink's time on a file system mounted with discard. At most 65536 files wait (beyond, the unlink frees its file itself); a fop \
-         that changes the file system and fails with ENOSPC while files wait frees them and runs again; what waits when the brick stops is \
-         dropped at its next start (a file kept by a descriptor at a crash is freed by the brick file \
-         system's orphan recovery, or by e2fsck on an ext4 without a journal). statfs shows the space once freed. \
+         that changes the file system and fails with ENOSPC while files wait frees them and runs again; when the brick stops, \
+         the files kept by a descriptor are freed as it exits and the parked ones at its next start (if the machine itself \
+         crashes, the brick file system's orphan recovery frees the former, or e2fsck on an ext4 without a journal). \
+         statfs shows the space once freed. \
          Off: the unlink frees the file.",
 );
 
@@ -577,6 +578,10 @@ impl Inner {
                 }
                 let (np, ncn) = self.entry(&new, Errno::EPERM)?;
                 let _l = self.brick.entry_locks.lock_all(&[&[&np.gfid.0, new.name.as_bytes()]]);
+                // Under the inode lock an unlink of the inode's last name
+                // either sees this name (and keeps the handle) or has
+                // removed the handle before the link looks for it.
+                let _i = self.brick.inode_locks.lock_all(&[&[&src.gfid.0]]);
                 sys::linkat(self.brick.gfs(), src.handle(), np.dir_fd()?, &ncn)?;
                 // A file unlinked while open has a name again (replicate's
                 // entry heal links a name to an inode by gfid): its handle
@@ -597,6 +602,10 @@ impl Inner {
                     return Err(Errno::ESTALE);
                 }
                 let flags = open_flags(flags);
+                // Under the inode lock an unlink of the last name either
+                // counts this fd (and parks the handle) or has removed the
+                // handle before the open.
+                let _i = self.brick.inode_locks.lock_all(&[&[&n.gfid.0]]);
                 let file = sys::openat(self.brick.gfs(), n.handle(), flags, 0)?;
                 if flags & libc::O_TRUNC != 0 {
                     drop_privs(file.as_fd(), sys::fstat(file.as_fd())?.st_mode, ctx)?;

@@ -692,40 +692,38 @@ impl Brick {
     /// and a descriptor of it queued, or its handle parked.
     pub fn remove_handle_if_nameless(&self, g: &Gfid) -> Sys<()> {
         let h = handle_rel(g);
-        let behind = self.frees_behind();
-        let held = if behind && self.purge.can_hold() {
+        // Every last close of a file asks, most of them for a file that has
+        // names: one fstatat answers those.
+        let st = match sys::fstatat(self.gfs.as_fd(), &h, 0) {
+            Err(Errno::ENOENT) => return self.remove_parked(g),
+            r => r?,
+        };
+        if st.st_nlink > 1 {
+            return Ok(());
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || !self.frees_behind() {
+            return if is_lnk(&st) && self.looks_like_dir_handle(g) { Ok(()) } else { self.remove_handle(g) };
+        }
+        if self.purge.can_hold() {
             match sys::openat(self.gfs.as_fd(), &h, libc::O_PATH | libc::O_NOFOLLOW, 0) {
-                Ok(fd) => Some(fd),
+                Ok(fd) => {
+                    let now = sys::fstat(fd.as_fd())?;
+                    if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev) || now.st_nlink > 1 {
+                        // Linked or made again meanwhile: no longer nameless.
+                        return Ok(());
+                    }
+                    sys::unlinkat(self.gfs.as_fd(), &h, 0)?;
+                    self.purge.push(Work::Held(fd));
+                    return Ok(());
+                }
                 Err(Errno::ENOENT) => return self.remove_parked(g),
                 // No descriptor to spare (EMFILE, ENFILE): park it.
-                Err(_) => None,
+                Err(_) => {}
             }
-        } else {
-            None
-        };
-        let st = match &held {
-            Some(fd) => sys::fstat(fd.as_fd()),
-            None => sys::fstatat(self.gfs.as_fd(), &h, 0),
-        };
-        match st {
-            Ok(st) if st.st_nlink <= 1 && st.st_mode & libc::S_IFMT == libc::S_IFREG && behind => {
-                match held {
-                    Some(fd) => {
-                        sys::unlinkat(self.gfs.as_fd(), &h, 0)?;
-                        self.purge.push(Work::Held(fd));
-                    }
-                    None => {
-                        sys::renameat2(self.gfs.as_fd(), &h, self.gfs.as_fd(), &parked_rel(g), 0)?;
-                        self.purge.push(Work::Parked(*g, st.st_ino));
-                    }
-                }
-                Ok(())
-            }
-            Ok(st) if st.st_nlink <= 1 && !(is_lnk(&st) && self.looks_like_dir_handle(g)) => self.remove_handle(g),
-            Ok(_) => Ok(()),
-            Err(Errno::ENOENT) => self.remove_parked(g),
-            Err(e) => Err(e),
         }
+        sys::renameat2(self.gfs.as_fd(), &h, self.gfs.as_fd(), &parked_rel(g), 0)?;
+        self.purge.push(Work::Parked(*g, st.st_ino));
+        Ok(())
     }
 
     /// Moves the handle of a non-directory whose last name was removed
@@ -768,6 +766,11 @@ impl Brick {
     #[cfg(test)]
     pub fn purge_max_held(&self) -> usize {
         self.purge.max_held()
+    }
+
+    #[cfg(test)]
+    pub fn purge_held(&self) -> usize {
+        self.purge.held()
     }
 
     /// Puts a parked handle back in its place (nothing parked is fine):

@@ -14,14 +14,17 @@
 //!
 //! Two ways to leave the freeing to the thread, both unreachable by name
 //! or gfid from then on:
-//! - **Held** (while fewer than [`MAX_HELD`] are): the unlink opens the
-//!   gfid handle (its last link) `O_PATH`, removes it, and queues the
-//!   descriptor; the thread's close is the inode's last reference. One
-//!   directory operation per file (the handle's removal) and none for the
-//!   thread. A brick that crashes with descriptors queued leaves their
-//!   inodes linkless: a journaled ext4 or XFS frees them when it is
-//!   mounted again (its orphan list), an ext4 without a journal at its
-//!   next `e2fsck`.
+//! - **Held** (while fewer than [`MAX_HELD`], or an eighth of the
+//!   open-file limit, are; unlinks running at once on several threads may
+//!   each take the last place): the unlink opens the gfid handle (its
+//!   last link) `O_PATH`, removes it, and queues the descriptor; the
+//!   thread's close is the inode's last reference. One directory
+//!   operation per file (the handle's removal) and none for the thread.
+//!   When the brick exits, however it exits, the kernel closes what is
+//!   queued and so frees the files; only a crash of the machine leaves
+//!   their inodes linkless, for a journaled ext4 or XFS to free when it
+//!   is mounted again (its orphan list), or for `e2fsck` on an ext4
+//!   without a journal.
 //! - **Parked**: the handle moves to `.glusterfs/unlink/` and the thread
 //!   removes it there; what waits when the brick stops is dropped at its
 //!   next start, with the files of fds open at the stop (`handle.rs`'s
@@ -30,12 +33,14 @@
 //!   against 1.04 s at 12 % less CPU of mount and bricks, six alternated
 //!   pairs; benches/RESULTS.md).
 //!
+//! An open by gfid and a link of the inode take the inode lock the unlink
+//! holds, so neither finds the file between the unlink's check of its
+//! links and the handle's removal.
+//!
 //! Bounded: at most [`MAX_PENDING`] files wait; beyond, the unlink frees
 //! its file itself. A fop that changes the file system and fails with
 //! ENOSPC while files wait frees them all and runs again once (see
-//! `posix.rs`). What waits when the
-//! brick stops is dropped at its next start, with the files of fds open
-//! at the stop (`handle.rs`'s `purge_parked`).
+//! `posix.rs`).
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
@@ -111,6 +116,8 @@ impl Purger {
                 cv: Condvar::new(),
                 pending: AtomicUsize::new(0),
                 held: AtomicUsize::new(0),
+                // Read once: the brick raises its limit before it builds
+                // its graph (`raise_open_file_limit`).
                 max_held: MAX_HELD.min(open_file_limit() / 8),
             }),
         }
@@ -183,6 +190,11 @@ impl Purger {
     /// How many files may wait kept by a descriptor.
     pub fn max_held(&self) -> usize {
         self.shared.max_held
+    }
+
+    /// How many files wait kept by a descriptor.
+    pub fn held(&self) -> usize {
+        self.shared.held.load(Ordering::Relaxed)
     }
 
     /// Stops (or lets go on) the thread's freeing.

@@ -126,6 +126,7 @@ async fn rename_across_directories_rewrites_handles() {
 #[tokio::test]
 async fn rename_over_a_file_drops_or_keeps_its_handle() {
     let e = env();
+    e.xl.inner.brick.purge_pause(true);
     let (src, s) = e.create(Gfid::ROOT, "src").await;
     let (closed, c) = e.create(Gfid::ROOT, "closed").await;
     let (open, o) = e.create(Gfid::ROOT, "open").await;
@@ -136,6 +137,9 @@ async fn rename_over_a_file_drops_or_keeps_its_handle() {
         .await
         .expect("rename");
     assert!(std::fs::symlink_metadata(e.handle_path(closed)).is_err(), "replaced file's handle stays");
+    // unlink-behind (on by default): the replaced file waits for the purge
+    // thread, kept by a descriptor, its handle removed rather than parked.
+    assert_eq!((e.parked(), e.xl.inner.brick.purge_held()), (0, 1));
     assert_eq!(e.lookup(Gfid::ROOT, "closed").await.expect("new").gfid, src);
     e.reply(Fop::Rename { old: Loc::entry(Gfid::ROOT, "closed"), new: Loc::entry(Gfid::ROOT, "open"), flags: 0 })
         .await
@@ -147,6 +151,7 @@ async fn rename_over_a_file_drops_or_keeps_its_handle() {
     e.release(o).await;
     assert!(std::fs::symlink_metadata(&parked).is_err());
     assert!(std::fs::symlink_metadata(e.handle_path(open)).is_err());
+    e.xl.inner.brick.purge_pause(false);
 }
 
 #[tokio::test]
