@@ -200,6 +200,16 @@ async fn hard_links_and_symlinks() {
         .await
         .expect("link symlink");
     assert_eq!((l2.gfid, l2.nlink), (s.gfid, 2));
+    // Its last name gone, a symlink's handle is removed at once: only
+    // regular files are left to the purge thread (unlink-behind, on).
+    e.xl.inner.brick.purge_pause(true);
+    e.run(Fop::Unlink { loc: Loc::entry(Gfid::ROOT, "sl"), flags: 0 }).await.expect("unlink one name");
+    assert!(std::fs::symlink_metadata(e.handle_path(s.gfid)).is_ok(), "a name is left");
+    e.run(Fop::Unlink { loc: Loc::entry(d, "sl2"), flags: 0 }).await.expect("unlink the last name");
+    assert!(std::fs::symlink_metadata(e.handle_path(s.gfid)).is_err(), "handle removed");
+    assert_eq!((e.parked(), e.xl.inner.brick.purge_pending()), (0, 0), "nothing left to the purge thread");
+    assert_eq!(e.stat(s.gfid).await.err(), Some(Errno::ENOENT));
+    e.xl.inner.brick.purge_pause(false);
 }
 
 #[tokio::test]
