@@ -335,13 +335,26 @@ fn only_fops_that_stay_in_the_page_cache_run_inline() {
     // A removed file is freed by the purge thread only with unlink-behind.
     assert!(inline_ok(&unlink, || true));
     assert!(!inline_ok(&unlink, || false), "an unlink frees the file in the fop");
-    assert!(inline_ok(&Fop::Stat { loc: f.clone() }, || false));
+    let create = |flags: i32| Fop::Create { loc: f.clone(), flags: flags as u32, mode: 0o644, umask: 0, fd: FdId(1) };
+    let open = |flags: i32| Fop::Open { loc: f.clone(), flags: flags as u32, fd: FdId(1) };
+    let inline = [
+        Fop::Stat { loc: f.clone() },
+        Fop::Mkdir { loc: f.clone(), mode: 0o755, umask: 0 },
+        create(libc::O_WRONLY | libc::O_EXCL),
+        create(libc::O_WRONLY | libc::O_TRUNC | libc::O_EXCL),
+        open(libc::O_RDWR),
+    ];
+    for fop in &inline {
+        assert!(inline_ok(fop, || false), "{fop:?} stays in cached metadata");
+    }
     let blocking = [
         Fop::Truncate { loc: f.clone(), offset: 0 },
         Fop::Rename { old: f.clone(), new: Loc::entry(Gfid::ROOT, "g"), flags: 0 },
         Fop::Rmdir { loc: f.clone(), flags: 0 },
-        Fop::Mkdir { loc: f.clone(), mode: 0o755, umask: 0 },
         Fop::Fsync { fd: Fd::default(), datasync: true },
+        // Truncating an existing file frees its blocks.
+        create(libc::O_WRONLY | libc::O_TRUNC),
+        open(libc::O_WRONLY | libc::O_TRUNC),
     ];
     for fop in &blocking {
         assert!(!inline_ok(fop, || true), "{fop:?} may wait for the disk");
