@@ -340,6 +340,7 @@ fn only_fops_that_stay_in_the_page_cache_run_inline() {
     let inline = [
         Fop::Stat { loc: f.clone() },
         Fop::Mkdir { loc: f.clone(), mode: 0o755, umask: 0 },
+        Fop::Setattr { loc: f.clone(), attr: SetAttr { mode: Some(0o600), ..SetAttr::default() } },
         create(libc::O_WRONLY | libc::O_EXCL),
         create(libc::O_WRONLY | libc::O_TRUNC | libc::O_EXCL),
         open(libc::O_RDWR),
