@@ -313,6 +313,17 @@ impl Plugin {
     }
 }
 
+/// The `plugin.NAME.OPTION` that overrides where the module asks to sit
+/// (not passed to the plugin: a plugin cannot declare an option of this
+/// name).
+pub const PLACEMENT_OPTION: &str = "placement";
+
+/// The placement a `plugin.NAME.placement` value names.
+pub fn placement_value(value: &str) -> Result<xlfs_sdk::guest::sys::Placement, String> {
+    xlfs_sdk::guest::sys::Placement::from_name(value)
+        .ok_or_else(|| format!("option '{PLACEMENT_OPTION}': '{value}' is not one of top, cluster"))
+}
+
 /// Checks a `plugin.NAME` key and loads its module through the registry's
 /// specializer for `plugin/wasm` or `plugin/dylib`; returns the module's
 /// type (its option declarations).
@@ -329,6 +340,10 @@ fn check_plugin_option(ty: &xlfs_sdk::XlatorType, key: &str, option: &str, value
     let bad = |why: String| KeyError::Plugin { key: key.to_string(), why };
     if option == "module" {
         return Err(bad("the module is the value of the plugin's own key".into()));
+    }
+    if option == PLACEMENT_OPTION {
+        let value = value.trim();
+        return placement_value(value).map(|_| value.to_string()).map_err(bad);
     }
     let d = ty.options.iter().find(|d| d.matches(option));
     let d = d.ok_or_else(|| bad(format!("the plugin's module declares no option '{option}'")))?;
@@ -585,7 +600,8 @@ pub fn help(reg: &Registry) -> Vec<KeyHelp> {
         form: "as the plugin declares it".into(),
         default: "(the plugin's default)".into(),
         description: "An option the plugin NAME declares (its module's descriptor); checked against that \
-                      declaration, so plugin.NAME must be set first."
+                      declaration, so plugin.NAME must be set first. One is the host's: plugin.NAME.placement \
+                      (top or cluster) puts the plugin there whatever its module asks."
             .into(),
     });
     out
@@ -664,6 +680,14 @@ mod tests {
         let options = keys_of(&[("plugin.pt.tail", "on"), ("plugin.pt-x.tail", "off"), ("plugin.q.tail", "on")]);
         let got: Vec<(&str, &String)> = plugin_options(&options, "pt").collect();
         assert_eq!(got, vec![("tail", &"on".to_string())]);
+        // placement is the host's, whatever the module declares.
+        let ty = reg.get("debug/io-stats").expect("a type");
+        assert_eq!(
+            check_plugin_option(ty, "plugin.pt.placement", "placement", " cluster ").expect("host's"),
+            "cluster"
+        );
+        let e = check_plugin_option(ty, "plugin.pt.placement", "placement", "bottom").expect_err("bad").to_string();
+        assert!(e.contains("key plugin.pt.placement") && e.contains("'bottom' is not one of top, cluster"), "{e}");
     }
 
     #[test]

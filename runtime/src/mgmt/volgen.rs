@@ -18,7 +18,9 @@ use xlfs_sdk::options::parse_bool;
 
 use xlfs_sdk::guest::sys::Placement;
 
-use super::keys::{KEYS, PLUGIN_PREFIX, Plugin, Target, plugin, plugin_option, plugin_options};
+use super::keys::{
+    KEYS, PLACEMENT_OPTION, PLUGIN_PREFIX, Plugin, Target, placement_value, plugin, plugin_option, plugin_options,
+};
 use super::spec::VolumeSpec;
 
 pub mod local;
@@ -85,7 +87,12 @@ fn client_volfile_placing(
         }
         let mut p = plugin(key, value).map_err(|e| VolgenError::Plugin(e.to_string()))?;
         p.options = plugin_options(&spec.options, &p.name).map(|(o, v)| (o.to_string(), v.clone())).collect();
-        let at = placement(&p).map_err(VolgenError::Plugin)?;
+        let at = match p.options.remove(PLACEMENT_OPTION) {
+            Some(v) => {
+                placement_value(&v).map_err(|e| VolgenError::Plugin(format!("key {key}.{PLACEMENT_OPTION}: {e}")))?
+            }
+            None => placement(&p).map_err(VolgenError::Plugin)?,
+        };
         plugins.push((p, at));
     }
     if spec.replica == 0 || spec.bricks.is_empty() || !spec.bricks.len().is_multiple_of(spec.replica) {
@@ -314,6 +321,20 @@ mod tests {
                 && text.contains("type performance/read-ahead\n    subvolumes net\n"),
             "{text}"
         );
+        // plugin.NAME.placement overrides the module's ask, and is not
+        // passed to the plugin.
+        s.options.insert("plugin.net.placement".into(), "top".into());
+        let text = client_volfile_placing(&s, &[1, 2, 3], &at).expect("volgen");
+        assert!(
+            text.contains("volume net\n    type plugin/dylib\n    option module /p/libnet.so\n    subvolumes log\n")
+                && text.contains("type performance/read-ahead\n    subvolumes a-net\n")
+                && !text.contains("option placement"),
+            "{text}"
+        );
+        s.options.insert("plugin.net.placement".into(), "middle".into());
+        let e = client_volfile_placing(&s, &[1, 2, 3], &at).expect_err("bad placement").to_string();
+        assert!(e.contains("key plugin.net.placement") && e.contains("'middle' is not one of top, cluster"), "{e}");
+        s.options.remove("plugin.net.placement");
         // A module that cannot be read fails the volfile, naming the key.
         let e = client_volfile(&s, &[1, 2, 3]).expect_err("no such module").to_string();
         assert!(e.contains("key plugin.a-net") && e.contains("/p/libanet.so"), "{e}");

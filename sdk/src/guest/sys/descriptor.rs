@@ -162,6 +162,11 @@ impl Placement {
             Placement::Cluster => "cluster",
         }
     }
+
+    /// The placement [`Placement::name`] spells `name`.
+    pub fn from_name(name: &str) -> Option<Placement> {
+        [Placement::Top, Placement::Cluster].into_iter().find(|p| p.name() == name)
+    }
 }
 
 /// One option a plugin declares (an owned [`OptionDecl`]).
