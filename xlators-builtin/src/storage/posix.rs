@@ -134,8 +134,10 @@ const INLINE_FOPS: Opt<kind::Bool> = Opt::bool("inline-fops", true).desc(
          the calling task, as part of reading the request, instead of handing each to a sync thread: no thread hand-off \
          per fop (against the blocking pool, about 14% more pgbench TPS on a replica-3 mount on 2 cores; 10-21% less \
          CPU per file for rm -rf; creates 12% and an untar 15% sooner). fsync, O_SYNC/O_DSYNC writes, truncate and \
-         truncating opens, fallocate, rename and rmdir always go to a sync thread. Off: every fop does (GlusterFS's io-threads model), for disks where a \
-         page-cache miss is slow.",
+         truncating opens, fallocate, rename and rmdir always go to a sync thread. Journaled file systems gain too: \
+         bricks on XFS and on ext4 with a journal untarred 20-30% sooner with it on, also while a 1 GiB write ran \
+         on the same mount. Off: every fop does (GlusterFS's io-threads model), for disks where a page-cache miss \
+         is slow.",
 );
 const RESERVE: Opt<kind::Str> = Opt::str("reserve", "1").desc(
     "Space the brick keeps free (GlusterFS's storage.reserve): a percentage of its file system (a bare \
