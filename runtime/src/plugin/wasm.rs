@@ -2,21 +2,21 @@
 //! interruption (a background thread ticks the epoch every [`TICK`]), one
 //! [`Linker`] with the host functions as imports of module `xlfs`, and per
 //! node one [`Store`] and instance, bounded by a memory limit and a
-//! deadline per call. Compiled modules are cached by the loader (`plugin.rs`).
+//! deadline per call. Compiled modules are cached by the loader (`plugin.rs`) in the
+//! process, and their machine code on disk between processes ([`code_cache`]).
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use wasmtime::{
-    Caller, Config, Engine, InstancePre, Linker, Memory, Module as WasmModuleCode, ResourceLimiter, Store, Trap,
-    TypedFunc,
-};
+use wasmtime::{Caller, Config, Engine, InstancePre, Linker, Memory, ResourceLimiter, Store, Trap, TypedFunc};
 use xlfs_sdk::Errno;
 use xlfs_sdk::guest::sys::{self, NodeExports, PolicyExports, exports, imports, node_exports, policy_exports};
 
 use super::node::{Fault, Guest, GuestLimits, HostCtx, Module, PolicyCall};
 use super::{Described, PluginError, check_version, decode_descriptor};
+
+mod code_cache;
 
 /// How often the epoch advances: the granularity of `plugin-call-timeout`.
 pub(crate) const TICK: Duration = Duration::from_millis(10);
@@ -209,7 +209,7 @@ struct WasmModule {
 pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<Described, PluginError> {
     let fail = |reason: String| PluginError::Load { path: path.into(), reason };
     let engine = engine().map_err(fail)?;
-    let code = WasmModuleCode::new(engine, bytes).map_err(|e| PluginError::NotAPlugin {
+    let code = code_cache::compile(engine, bytes).map_err(|e| PluginError::NotAPlugin {
         path: path.into(),
         reason: format!("not a WebAssembly module wasmtime accepts: {e:#}"),
     })?;
