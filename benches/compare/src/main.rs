@@ -91,6 +91,11 @@ pub struct Args {
     /// `wasm:/abs/path/policy.wasm` or `dylib:/abs/path/libpolicy.so`; repeatable.
     #[arg(long, value_name = "SPEC")]
     pub lock_plugin: Vec<String>,
+    /// seq-read-matrix: a read-ahead policy plugin as one more policy (a
+    /// column with client io-threads off and one with them on), as
+    /// `wasm:/abs/path/policy.wasm` or `dylib:/abs/path/libpolicy.so`; repeatable.
+    #[arg(long, value_name = "SPEC")]
+    pub ra_plugin: Vec<String>,
     /// fio-seq: size of each job's file (default 512m with one job, 256m
     /// with more; 128m with --quick).
     #[arg(long)]

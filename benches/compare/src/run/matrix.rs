@@ -79,8 +79,18 @@ pub(super) fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>
     if args.preset == Some(Preset::SeqReadMatrix) {
         // Where GlusterFS puts them: io-threads on top of the client's
         // performance translators, read-ahead just above write-behind.
+        // Each policy: its column name and the value of read-ahead's
+        // `policy` option.
+        let mut policies: Vec<Option<(String, String)>> = vec![
+            None,
+            Some(("tolerant".into(), "tolerant".into())),
+            Some(("gluster-strict".into(), "gluster-strict".into())),
+        ];
+        for spec in &args.ra_plugin {
+            policies.push(Some((format!("plugin:{}", plugin_stem(spec)), spec.clone())));
+        }
         for iot in [false, true] {
-            for ra in [None, Some("tolerant"), Some("gluster-strict")] {
+            for ra in &policies {
                 let mut perf = Vec::new();
                 if iot {
                     perf.push("io-threads");
@@ -90,13 +100,14 @@ pub(super) fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>
                     perf.push("read-ahead");
                 }
                 perf.push("write-behind");
-                let name = format!("xlfs ra={} iot={}", ra.unwrap_or("off"), if iot { "on" } else { "off" });
+                let ra_name = ra.as_ref().map_or("off", |(n, _)| n.as_str());
+                let name = format!("xlfs ra={ra_name} iot={}", if iot { "on" } else { "off" });
                 v.push(System {
                     dir: work.join(format!("xm{}", v.len())),
                     name,
                     kind: Kind::Xlfs {
                         args: vec!["--perf".into(), perf.join(",")],
-                        ra_policy: ra.map(String::from),
+                        ra_policy: ra.as_ref().map(|(_, spec)| spec.clone()),
                         bin: None,
                     },
                     fresh: true,
@@ -127,10 +138,7 @@ pub(super) fn systems(args: &Args, work: &Path, vol: &str) -> Result<Vec<System>
         let mut policies: Vec<(String, String)> =
             ["fd-count", "inodelk-count", "notify"].iter().map(|p| (p.to_string(), p.to_string())).collect();
         for spec in &args.lock_plugin {
-            let stem = Path::new(spec.split_once(':').map_or(spec.as_str(), |(_, p)| p))
-                .file_stem()
-                .map_or("plugin".into(), |s| s.to_string_lossy().into_owned());
-            policies.push((format!("plugin:{stem}"), spec.clone()));
+            policies.push((format!("plugin:{}", plugin_stem(spec)), spec.clone()));
         }
         for (name, spec) in policies {
             let dir = work.join(format!("xl{}", v.len()));
@@ -302,4 +310,42 @@ pub(super) fn workloads(args: &Args, work: &Path) -> Result<Vec<Workload>> {
         });
     }
     Ok(v)
+}
+
+/// The file stem of a policy module spec (`wasm:/p/ra.wasm` -> `ra`), to
+/// name its column.
+fn plugin_stem(spec: &str) -> String {
+    Path::new(spec.split_once(':').map_or(spec, |(_, p)| p))
+        .file_stem()
+        .map_or("plugin".into(), |s| s.to_string_lossy().into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn the_read_matrix_has_a_column_per_policy_plugin_too() {
+        let args = Args::parse_from([
+            "xlfs-bench",
+            "--preset",
+            "seq-read-matrix",
+            "--ra-plugin",
+            "wasm:/p/xlfs_plugin_ra_tolerant.wasm",
+        ]);
+        let systems = systems(&args, Path::new("/w"), "gv").expect("systems");
+        let names: Vec<&str> = systems.iter().map(|s| s.name.as_str()).collect();
+        for iot in ["off", "on"] {
+            for ra in ["off", "tolerant", "gluster-strict", "plugin:xlfs_plugin_ra_tolerant"] {
+                assert!(names.contains(&format!("xlfs ra={ra} iot={iot}").as_str()), "{names:?}");
+            }
+        }
+        let plugin =
+            systems.iter().find(|s| s.name == "xlfs ra=plugin:xlfs_plugin_ra_tolerant iot=on").expect("column");
+        let Kind::Xlfs { args, ra_policy, .. } = &plugin.kind else { panic!("an xlfs column") };
+        assert_eq!(ra_policy.as_deref(), Some("wasm:/p/xlfs_plugin_ra_tolerant.wasm"));
+        assert!(args.iter().any(|a| a.starts_with("io-threads,") && a.contains("read-ahead")), "{args:?}");
+        assert_eq!(names.iter().filter(|n| n.starts_with("glusterfs")).count(), 4);
+    }
 }
