@@ -287,7 +287,7 @@ pub(crate) fn load(kind: Kind, path: &Path) -> Result<Arc<Loaded>, PluginError> 
     }
     let started = std::time::Instant::now();
     let Described { version, desc, policies, node_exports, module } = match kind {
-        Kind::Wasm => wasm::load(path, &bytes)?,
+        Kind::Wasm => wasm::load(path, &bytes, &key.1)?,
         Kind::Dylib => dylib::load(path, &bytes)?,
     };
     tracing::info!(target: "xlfs::plugin", module = %path.display(), plugin = %desc.name, abi = %version,

@@ -320,8 +320,11 @@ pub const PLACEMENT_OPTION: &str = "placement";
 
 /// The placement a `plugin.NAME.placement` value names.
 pub fn placement_value(value: &str) -> Result<xlfs_sdk::guest::sys::Placement, String> {
-    xlfs_sdk::guest::sys::Placement::from_name(value)
-        .ok_or_else(|| format!("option '{PLACEMENT_OPTION}': '{value}' is not one of top, cluster"))
+    use xlfs_sdk::guest::sys::Placement;
+    Placement::from_name(value).ok_or_else(|| {
+        let names: Vec<&str> = Placement::ALL.iter().map(|p| p.name()).collect();
+        format!("option '{PLACEMENT_OPTION}': '{value}' is not one of {}", names.join(", "))
+    })
 }
 
 /// Checks a `plugin.NAME` key and loads its module through the registry's

@@ -205,11 +205,12 @@ struct WasmModule {
     node_exports: NodeExports,
 }
 
-/// Compiles, checks and describes the module in `bytes`.
-pub(super) fn load(path: &Path, bytes: &[u8]) -> Result<Described, PluginError> {
+/// Compiles, checks and describes the module in `bytes` (whose SHA-256 is
+/// `sha256`).
+pub(super) fn load(path: &Path, bytes: &[u8], sha256: &[u8; 32]) -> Result<Described, PluginError> {
     let fail = |reason: String| PluginError::Load { path: path.into(), reason };
     let engine = engine().map_err(fail)?;
-    let code = code_cache::compile(engine, bytes).map_err(|e| PluginError::NotAPlugin {
+    let code = code_cache::compile(engine, bytes, sha256).map_err(|e| PluginError::NotAPlugin {
         path: path.into(),
         reason: format!("not a WebAssembly module wasmtime accepts: {e:#}"),
     })?;

@@ -29,13 +29,12 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sha2::{Digest, Sha256};
 use wasmtime::{Engine, Module};
 
 /// Most compiled modules kept.
 pub(super) const MAX_ENTRIES: usize = 64;
 
-/// Modules loaded from the cache in this process (for tests and logs).
+/// Modules loaded from the cache in this process (read by the tests).
 pub(super) static HITS: AtomicU64 = AtomicU64::new(0);
 
 /// The cache directory this process uses, if any.
@@ -97,17 +96,18 @@ fn owned_by_me(m: &std::fs::Metadata) -> Result<(), String> {
     Ok(())
 }
 
-/// The module in `bytes`, compiled, from the cache when it holds it.
-pub(super) fn compile(engine: &Engine, bytes: &[u8]) -> wasmtime::Result<Module> {
+/// The module in `bytes` (whose SHA-256 the loader already took for its
+/// own cache: `sha256`), compiled, from the cache when it holds it.
+pub(super) fn compile(engine: &Engine, bytes: &[u8], sha256: &[u8; 32]) -> wasmtime::Result<Module> {
     match dir() {
-        Some(dir) => compile_in(engine, bytes, dir),
+        Some(dir) => compile_in(engine, bytes, sha256, dir),
         None => Module::new(engine, bytes),
     }
 }
 
 /// [`compile`] with the cache in `dir` (already checked).
-pub(super) fn compile_in(engine: &Engine, bytes: &[u8], dir: &Path) -> wasmtime::Result<Module> {
-    let path = dir.join(entry_name(engine, bytes));
+pub(super) fn compile_in(engine: &Engine, bytes: &[u8], sha256: &[u8; 32], dir: &Path) -> wasmtime::Result<Module> {
+    let path = dir.join(entry_name(engine, sha256));
     if let Ok(m) = std::fs::symlink_metadata(&path)
         && m.is_file()
         && owned_by_me(&m).is_ok()
@@ -139,10 +139,10 @@ pub(super) fn compile_in(engine: &Engine, bytes: &[u8], dir: &Path) -> wasmtime:
 
 /// The entry's file name: the module's SHA-256 and the engine's
 /// compatibility hash.
-fn entry_name(engine: &Engine, bytes: &[u8]) -> String {
+fn entry_name(engine: &Engine, sha256: &[u8; 32]) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut h);
-    let sha: String = Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
+    let sha: String = sha256.iter().map(|b| format!("{b:02x}")).collect();
     format!("{sha}-{:016x}.cwasm", h.finish())
 }
 
@@ -185,7 +185,13 @@ fn evict(dir: &Path, keep: usize) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
     use std::os::unix::fs::PermissionsExt;
+
+    /// `compile_in` as the loader calls it, with the module's SHA-256.
+    fn load(engine: &Engine, bytes: &[u8], dir: &Path) -> wasmtime::Result<Module> {
+        compile_in(engine, bytes, &Sha256::digest(bytes).into(), dir)
+    }
 
     /// The smallest valid module, and one with a different body.
     const EMPTY: &[u8] = b"\0asm\x01\0\0\0";
@@ -209,23 +215,23 @@ mod tests {
         let dir = tmp.path().join("cache");
         trusted_dir(&dir).expect("made");
         assert_eq!(std::fs::metadata(&dir).expect("dir").mode() & 0o777, 0o700);
-        compile_in(&engine, EMPTY, &dir).expect("compiled");
+        load(&engine, EMPTY, &dir).expect("compiled");
         let files = cwasm(&dir);
         assert_eq!(files.len(), 1, "{files:?}");
         let hits = HITS.load(Ordering::Relaxed);
-        compile_in(&engine, EMPTY, &dir).expect("from the cache");
+        load(&engine, EMPTY, &dir).expect("from the cache");
         assert!(HITS.load(Ordering::Relaxed) > hits, "the second load is a hit");
         // A damaged entry is compiled again and replaced.
         std::fs::write(&files[0], b"not machine code").expect("damage");
         let hits = HITS.load(Ordering::Relaxed);
-        compile_in(&engine, EMPTY, &dir).expect("compiled again");
+        load(&engine, EMPTY, &dir).expect("compiled again");
         assert!(std::fs::read(&files[0]).expect("entry").len() > 16, "replaced");
-        compile_in(&engine, EMPTY, &dir).expect("from the cache again");
+        load(&engine, EMPTY, &dir).expect("from the cache again");
         assert!(HITS.load(Ordering::Relaxed) > hits);
         // Another module is another entry; beyond the bound the oldest goes.
-        compile_in(&engine, NAMED, &dir).expect("compiled");
+        load(&engine, NAMED, &dir).expect("compiled");
         assert_eq!(cwasm(&dir).len(), 2);
-        let newest = entry_name(&engine, NAMED);
+        let newest = entry_name(&engine, &Sha256::digest(NAMED).into());
         evict(&dir, 1).expect("evict");
         let left = cwasm(&dir);
         assert!(left.len() == 1 && left[0].ends_with(&newest), "{left:?}");

@@ -163,9 +163,12 @@ impl Placement {
         }
     }
 
+    /// Every placement, in tag order.
+    pub const ALL: [Placement; 2] = [Placement::Top, Placement::Cluster];
+
     /// The placement [`Placement::name`] spells `name`.
     pub fn from_name(name: &str) -> Option<Placement> {
-        [Placement::Top, Placement::Cluster].into_iter().find(|p| p.name() == name)
+        Placement::ALL.into_iter().find(|p| p.name() == name)
     }
 }
 
