@@ -156,7 +156,12 @@ fn store(dir: &Path, path: &Path, code: &[u8]) -> std::io::Result<()> {
         .create_new(true)
         .mode(0o600)
         .open(&tmp)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, code))
+        .and_then(|mut f| {
+            std::io::Write::write_all(&mut f, code)?;
+            // The same clock as a hit's touch: the kernel's write time is
+            // coarser and can sort a new entry before one touched just now.
+            f.set_modified(std::time::SystemTime::now())
+        })
         .and_then(|()| std::fs::rename(&tmp, path));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -229,6 +234,10 @@ mod tests {
         load(&engine, EMPTY, &dir).expect("from the cache again");
         assert!(HITS.load(Ordering::Relaxed) > hits);
         // Another module is another entry; beyond the bound the oldest goes.
+        // (The first entry is made an hour older so the order does not
+        // rest on two timestamps taken a few microseconds apart.)
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options().write(true).open(&files[0]).and_then(|f| f.set_modified(hour_ago)).expect("backdate");
         load(&engine, NAMED, &dir).expect("compiled");
         assert_eq!(cwasm(&dir).len(), 2);
         let newest = entry_name(&engine, &Sha256::digest(NAMED).into());
