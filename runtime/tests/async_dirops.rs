@@ -121,6 +121,7 @@ fn a_mount_killed_mid_burst_leaves_a_prefix_and_heal_makes_the_copies_identical(
     let tmp = tempfile::tempdir().expect("tmp");
     let vol = volfile_file(tmp.path(), &text);
     let mut m = FuseMount::start(&text, "");
+    let mount_pid = m.pid();
     let d = m.path().join("d");
     std::fs::create_dir(&d).expect("mkdir d");
 
@@ -179,6 +180,29 @@ fn a_mount_killed_mid_burst_leaves_a_prefix_and_heal_makes_the_copies_identical(
     let err = burst.join().expect("burst thread");
     assert!(!is_mounted(m.path()), "the dead mount is detached");
     assert!(queued > 0 && answered >= queued, "queued {queued}, answered {answered}");
+
+    // The thawed bricks work off what reached their sockets before the
+    // mount died: count their names once each has seen the connection
+    // close and its names have stopped changing (counted too early, a
+    // brick still creating showed fewer names than heal later found).
+    let gone = format!("-{mount_pid}-rep3-client-");
+    for b in &c.bricks {
+        assert!(
+            b.wait_log_line(&["disconnected", &gone], Duration::from_secs(30)),
+            "brick {} never saw the killed mount's connection close",
+            b.dir().display()
+        );
+    }
+    let counts = || c.bricks.iter().map(|b| burst_indices(&b.dir().join("d")).len()).collect::<Vec<_>>();
+    let mut last = counts();
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = counts();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
 
     // Each brick: a prefix of the creation order.
     let mut prefix = Vec::new();
