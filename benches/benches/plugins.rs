@@ -7,6 +7,9 @@
 //!
 //! The plugins are built from source first (`runtime/tests/plugin_kit`,
 //! needs `rustup target add wasm32-unknown-unknown`).
+//! `XLFS_BENCH_WASM=FILE` puts another build of the WebAssembly
+//! pass-through in the `wasm` columns (to compare two builds of the guest
+//! side in one bench binary).
 
 #[path = "../../runtime/tests/plugin_kit/mod.rs"]
 mod plugin_kit;
@@ -33,7 +36,8 @@ fn graph(rt: &tokio::runtime::Runtime, layer: Layer<'_>) -> Graph {
 
 fn plugins(c: &mut Criterion) {
     let rt = runtime();
-    let wasm = plugin_kit::wasm("passthrough").display().to_string();
+    let wasm =
+        std::env::var("XLFS_BENCH_WASM").unwrap_or_else(|_| plugin_kit::wasm("passthrough").display().to_string());
     let dylib = plugin_kit::dylib("passthrough").display().to_string();
     let ctx = CallCtx::root("bench");
     let fd = Fd { id: FdId(1), gfid: Gfid::ROOT };

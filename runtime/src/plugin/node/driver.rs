@@ -269,7 +269,6 @@ impl Core {
         {
             let _ = self.rt.set(h);
         }
-        let Some(me) = self.me.upgrade() else { return Err(Errno::ENOTCONN) };
         let _permit = match self.permits.try_acquire() {
             Ok(p) => p,
             Err(tokio::sync::TryAcquireError::NoPermits) => self.permits.acquire().await.map_err(|_| Errno::EIO)?,
@@ -279,16 +278,6 @@ impl Core {
         let kind = req.fop.kind();
         let frame = self.next_frame.fetch_add(1, Ordering::Relaxed);
         let cell = Arc::new(FrameCell::default());
-        let deadline = tokio::time::Instant::now() + self.limits.frame_timeout;
-        let mut driver = Driver {
-            core: me,
-            frame,
-            cell: cell.clone(),
-            calls: SmallVec::new(),
-            deadline: deadline.into_std(),
-            detached: false,
-            finished: false,
-        };
         let data = sys::take_fop_data(&mut req.fop);
         let entered = self.with_guest(None, |g, msg| {
             let payload = match data {
@@ -300,24 +289,38 @@ impl Core {
             };
             msg.clear();
             sys::encode_call(Some(&ctx), &req, msg);
-            self.frames.lock().insert(frame, FrameEntry { cell, ctx, kind, req: Some(req), wound: 0 });
+            self.frames.lock().insert(frame, FrameEntry { cell: cell.clone(), ctx, kind, req: Some(req), wound: 0 });
             g.on_fop(frame, msg, payload).map(Ok)
         });
-        match entered {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) | Err(e) => {
-                // The frame failed before the guest saw it (or with it).
-                self.frames.lock().remove(&frame);
-                return Err(e);
-            }
-        }
         // Tail-wound at once (a pass-through): the frame is over and its
         // call is the fop's own, awaited here like a native translator's
         // child call: no driver, no boxed call, no frame-timeout (which
-        // bounds a frame until it ends).
-        if let Some(Wound { target, ctx, req, _count, .. }) = driver.cell.take_sole_tail() {
-            driver.finished = true;
+        // bounds a frame until it ends), not even the clock read.
+        if let Ok(Ok(())) = entered
+            && let Some(Wound { target, ctx, req, _count, .. }) = cell.take_sole_tail()
+        {
             return target.call(ctx, req).await;
+        }
+        // Otherwise a driver runs what the guest wound (also when it
+        // failed after winding: its drop hands the calls on).
+        let Some(me) = self.me.upgrade() else {
+            self.frames.lock().remove(&frame);
+            return Err(Errno::ENOTCONN);
+        };
+        let deadline = tokio::time::Instant::now() + self.limits.frame_timeout;
+        let mut driver = Driver {
+            core: me,
+            frame,
+            cell,
+            calls: SmallVec::new(),
+            deadline: deadline.into_std(),
+            detached: false,
+            finished: false,
+        };
+        if let Ok(Err(e)) | Err(e) = entered {
+            // The frame failed before the guest saw it (or with it).
+            self.frames.lock().remove(&frame);
+            return Err(e);
         }
         // Most frames end in their first poll (a pass-through over a child
         // that answers at once): no timer for those.

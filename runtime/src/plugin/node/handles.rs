@@ -3,13 +3,13 @@
 //! per-inode and per-fd context values are [`Slots`](xlfs_sdk::slots::Slots)
 //! in [`Core`].)
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
 use xlfs_sdk::Errno;
+use xlfs_sdk::slots::IdMap;
 
 use super::{Core, MAX_BUFFER_BYTES, MAX_BUFFERS, MAX_TIMERS, neg};
 
@@ -18,7 +18,9 @@ use super::{Core, MAX_BUFFER_BYTES, MAX_BUFFERS, MAX_TIMERS, neg};
 /// pass-through never frees, or buffers it makes as large as it likes).
 #[derive(Default)]
 pub(super) struct Bufs {
-    map: HashMap<u32, Bytes>,
+    /// By handle (as u64: the cheap hash of [`IdMap`], not SipHash: three
+    /// lookups per WRITE a plugin sees).
+    map: IdMap<Bytes>,
     next: u32,
     /// Bytes behind the handles.
     bytes: usize,
@@ -31,20 +33,20 @@ impl Bufs {
         }
         loop {
             self.next = self.next.wrapping_add(1).max(1);
-            if !self.map.contains_key(&self.next) {
+            if let std::collections::hash_map::Entry::Vacant(e) = self.map.entry(u64::from(self.next)) {
                 self.bytes += b.len();
-                self.map.insert(self.next, b);
+                e.insert(b);
                 return Ok(self.next);
             }
         }
     }
 
     pub(super) fn get(&self, h: u32) -> Option<Bytes> {
-        self.map.get(&h).cloned()
+        self.map.get(&u64::from(h)).cloned()
     }
 
     pub(super) fn remove(&mut self, h: u32) -> Option<Bytes> {
-        let b = self.map.remove(&h)?;
+        let b = self.map.remove(&u64::from(h))?;
         self.bytes -= b.len();
         Some(b)
     }

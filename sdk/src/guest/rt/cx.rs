@@ -140,7 +140,7 @@ impl<S> Cx<'_, S> {
         let mut msg = std::mem::take(self.scratch);
         msg.clear();
         abi::encode(result, &mut msg);
-        let as_came = may_be_as_came && self.incoming.take().is_some_and(|came| came == msg.as_slice());
+        let as_came = may_be_as_came && self.incoming.take().is_some_and(|came| super::same_bytes(came, &msg));
         self.send_unwind(if as_came { &[] } else { &msg }, handle);
         *self.scratch = msg;
     }
@@ -224,7 +224,7 @@ impl<S> Cx<'_, S> {
         // The fop as it came (a WRITE's data field empty, as it arrived),
         // as the frame's caller: the host reuses what it decoded.
         let req_bytes = &self.scratch[sys::CALL_HEADER..];
-        if ctx.is_none() && self.host.as_is() && req_bytes == self.came {
+        if ctx.is_none() && self.host.as_is() && super::same_bytes(req_bytes, self.came) {
             return self.host.raw_wind(self.frame, child, flags | sys::WIND_AS_IS, &[], handle);
         }
         self.host.raw_wind(self.frame, child, flags, self.scratch, handle)
