@@ -120,28 +120,28 @@ pub(crate) struct PluginXlator {
 
 impl Xlator for PluginXlator {
     fn call(&self, ctx: CallCtx, req: Request) -> FopFuture<'_> {
-        Box::pin(async move {
-            let core = &self.core;
-            // The host keeps context slots for the guest: drop them when
-            // the inode or fd goes, whether or not the guest sees the fop.
-            match &req.fop {
-                Fop::Forget { gfid } => {
-                    core.inode_ctx.remove(gfid);
-                }
-                Fop::Release { fd } | Fop::Releasedir { fd } => {
-                    core.fd_ctx.remove(&fd.id);
-                }
-                _ => {}
+        let core = &self.core;
+        // The host keeps context slots for the guest: drop them when the
+        // inode or fd goes, whether or not the guest sees the fop.
+        match &req.fop {
+            Fop::Forget { gfid } => {
+                core.inode_ctx.remove(gfid);
             }
-            if core.desc().fops.contains(req.fop.kind()) {
-                return core.run_fop(ctx, req).await;
+            Fop::Release { fd } | Fop::Releasedir { fd } => {
+                core.fd_ctx.remove(&fd.id);
             }
-            core.passed.fetch_add(1, Ordering::Relaxed);
-            match core.children.first() {
-                Some(c) => c.call(ctx, req).await,
-                None => Err(Errno::ENOSYS),
-            }
-        })
+            _ => {}
+        }
+        // The frame's future itself, or the child's: no future around
+        // either (it would be moved and polled once more per fop).
+        if core.desc().fops.contains(req.fop.kind()) {
+            return Box::pin(core.run_fop(ctx, req));
+        }
+        core.passed.fetch_add(1, Ordering::Relaxed);
+        match core.children.first() {
+            Some(c) => c.call(ctx, req),
+            None => Box::pin(std::future::ready(Err(Errno::ENOSYS))),
+        }
     }
 
     fn notify(&self, event: Event, from: EventFrom) -> Option<Event> {
